@@ -1,0 +1,35 @@
+# Two commands from a fresh clone: `make demo` and `make test`.
+# Both create .venv and install the project with constraints.txt, which pins the local CPU build of
+# torch (an unpinned torch would pull gigabytes of CUDA packages).
+
+PYTHON ?= python3
+VENV := .venv
+BIN := $(VENV)/bin
+STAMP := $(VENV)/.installed
+DEMO_OUT ?= nccl-doctor-out/demo
+
+.PHONY: demo test install bench clean
+
+$(STAMP): pyproject.toml constraints.txt
+	$(PYTHON) -m venv $(VENV)
+	$(BIN)/python -m pip install --quiet --upgrade pip
+	$(BIN)/python -m pip install --quiet -c constraints.txt -e '.[test]'
+	touch $(STAMP)
+
+install: $(STAMP)
+
+# A small built-in job that crashes (per-rank padded all_gather), run under the doctor. The job
+# fails on purpose, so its exit status is not make's: the diagnosis is what this target shows.
+demo: $(STAMP)
+	-$(BIN)/nccl-doctor run --force --out $(DEMO_OUT) -- \
+		$(BIN)/torchrun --nproc-per-node 2 -m nccl_doctor.examples.padded_gather
+	@echo "Replay it any time with: $(BIN)/nccl-doctor replay $(DEMO_OUT)"
+
+test: $(STAMP)
+	$(BIN)/python -m pytest -q
+
+bench: $(STAMP)
+	$(BIN)/python benchmarks/recorder_overhead.py
+
+clean:
+	rm -rf $(VENV) nccl-doctor-out .pytest_cache

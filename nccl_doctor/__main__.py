@@ -1,0 +1,3 @@
+from nccl_doctor.cli.main import main
+
+raise SystemExit(main())

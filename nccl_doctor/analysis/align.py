@@ -1,0 +1,74 @@
+"""Line up every rank's collectives by (process group, sequence number)."""
+
+from __future__ import annotations
+
+from collections import defaultdict
+from dataclasses import dataclass
+
+from nccl_doctor.model import Event, EventKind, EventState, RankTrace, TraceSet
+
+#: Ops that are one operation under several names (deprecated aliases and renames).
+OP_ALIASES = {
+    "_all_gather_base": "all_gather_into_tensor",
+    "all_gather_single": "all_gather_into_tensor",
+    "_reduce_scatter_base": "reduce_scatter_tensor",
+    "reduce_scatter_single": "reduce_scatter_tensor",
+}
+
+
+def canonical_op(op: str) -> str:
+    return OP_ALIASES.get(op, op)
+
+
+def leaf_collectives(trace: RankTrace) -> list[Event]:
+    """Collectives that took a sequence number themselves (not wrappers around others)."""
+    parents = {e.parent for e in trace.events if e.parent}
+    return [
+        e for e in trace.events
+        if e.kind is EventKind.COLLECTIVE and e.seq >= 0 and e.idx not in parents
+        and not e.is_composite and e.seq_delta != 0
+    ]
+
+
+@dataclass(frozen=True)
+class GroupTimeline:
+    """Per group: each rank's collectives by aligned sequence number."""
+
+    name: str
+    members: tuple[int, ...]
+    calls: dict[int, dict[int, Event]]  # align_seq -> rank -> event
+    last_seq: dict[int, int]  # rank -> highest align_seq entered (0: none)
+
+    def seqs(self) -> list[int]:
+        return sorted(self.calls)
+
+
+def timelines(traces: TraceSet) -> dict[str, GroupTimeline]:
+    calls: dict[str, dict[int, dict[int, Event]]] = defaultdict(lambda: defaultdict(dict))
+    for rank, trace in traces.ranks.items():
+        for e in leaf_collectives(trace):
+            calls[e.group][e.align_seq].setdefault(rank, e)
+    out = {}
+    for name, by_seq in calls.items():
+        members = traces.group_members(name)
+        last = {r: 0 for r in members if r in traces.ranks}
+        for seq, by_rank in by_seq.items():
+            for rank in by_rank:
+                last[rank] = max(last.get(rank, 0), seq)
+        out[name] = GroupTimeline(name, members, dict(by_seq), last)
+    return out
+
+
+def blocked_event(trace: RankTrace) -> Event | None:
+    """The innermost call the rank was still inside at the end of its capture, if any."""
+    for e in reversed(trace.events):
+        if e.state is EventState.ENTERED and e.kind is not EventKind.GROUP:
+            return e
+    return None
+
+
+def last_leaf(trace: RankTrace) -> Event | None:
+    leaves = [e for e in trace.events if e.kind in (EventKind.COLLECTIVE, EventKind.P2P)]
+    parents = {e.parent for e in trace.events if e.parent}
+    leaves = [e for e in leaves if e.idx not in parents]
+    return leaves[-1] if leaves else None

@@ -1,0 +1,49 @@
+"""Shared wording for findings: how to name a call, a rank's fate, a list of ranks."""
+
+from __future__ import annotations
+
+from nccl_doctor import frames
+from nccl_doctor.model import Callsite, Event, EventState, RankTrace
+
+
+def site(c: Callsite | None) -> str:
+    return f"{frames.short_path(c.path)}:{c.line}" if c is not None else "?"
+
+
+def call_site(e: Event) -> str:
+    return site(e.callsite or e.api_callsite)
+
+
+def call_name(e: Event) -> str:
+    """``all_gather #3 (group 0)``."""
+    return f"{e.op} #{e.align_seq} (group {e.group})"
+
+
+def state_words(e: Event) -> str:
+    return {
+        EventState.ENTERED: "still inside it",
+        EventState.RETURNED: "returned",
+        EventState.FAILED: "it raised",
+        EventState.ISSUED: "issued (async)",
+    }[e.state]
+
+
+def ranks_text(ranks: list[int] | tuple[int, ...]) -> str:
+    ranks = sorted(ranks)
+    if len(ranks) == 1:
+        return f"rank {ranks[0]}"
+    if len(ranks) > 2 and ranks == list(range(ranks[0], ranks[-1] + 1)):
+        return f"ranks {ranks[0]}-{ranks[-1]}"
+    return "ranks " + ", ".join(str(r) for r in ranks)
+
+
+def fate(trace: RankTrace) -> str:
+    """What became of a rank, with where: 'exited cleanly after train.py:40 (all_reduce #9)'."""
+    from nccl_doctor.analysis.align import last_leaf
+
+    last = last_leaf(trace)
+    after = f" after {call_site(last)} ({call_name(last)})" if last is not None else ""
+    text = trace.exit.describe()
+    if trace.exit.callsite is not None:
+        text += f" at {site(trace.exit.callsite)}"
+    return text + after

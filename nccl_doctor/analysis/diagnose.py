@@ -1,0 +1,130 @@
+"""Run the passes, pick the root cause, and assemble the ``Diagnosis``."""
+
+from __future__ import annotations
+
+from dataclasses import replace
+from pathlib import Path
+from typing import Callable
+
+from nccl_doctor.analysis.align import blocked_event, last_leaf
+from nccl_doctor.analysis.describe import call_name, call_site
+from nccl_doctor.analysis.exited import detect_rank_exited
+from nccl_doctor.analysis.mismatch import detect_collective_mismatch
+from nccl_doctor.analysis.missing import detect_missing_collective
+from nccl_doctor.diagnosis import Diagnosis, Finding, FindingKind, RankSummary, Severity, Verdict
+from nccl_doctor.model import ExitKind, RankTrace, TraceSet
+
+Pass = Callable[[TraceSet], list[Finding]]
+
+#: The analysis passes, in order. Each is pure and accepts any TraceSet, empty included.
+PASSES: tuple[Pass, ...] = (
+    detect_collective_mismatch,
+    detect_missing_collective,
+    detect_rank_exited,
+)
+
+_DESYNC = {FindingKind.COLLECTIVE_MISMATCH, FindingKind.MISSING_COLLECTIVE}
+_STATE = {
+    ExitKind.CLEAN: "exited", ExitKind.EXCEPTION: "exception", ExitKind.SIGNAL: "signal",
+    ExitKind.VANISHED: "vanished",
+}
+
+
+def analyze(traces: TraceSet, passes: tuple[Pass, ...] = PASSES) -> Diagnosis:
+    findings = [f for p in passes for f in p(traces)]
+    findings = _rank_findings(findings, traces)
+    notes = list(traces.problems)
+    if not traces.ranks:
+        notes.append("no rank joined a process group: there are no collectives to analyse")
+    return Diagnosis(
+        verdict=_verdict(findings, traces), findings=tuple(findings),
+        ranks=tuple(_summaries(traces)), world_size=traces.world_size, command=traces.command,
+        exit_status=traces.exit_status, notes=tuple(notes),
+        groups={name: g.ranks for name, g in sorted(traces.groups.items())}, source=traces.source,
+    )
+
+
+def _rank_findings(findings: list[Finding], traces: TraceSet) -> list[Finding]:
+    """Mark the root cause and put it first; later findings are consequences or context."""
+    errors = [f for f in findings if f.severity is Severity.ERROR]
+    if not errors:
+        return findings
+    exits = [f for f in errors if f.kind is FindingKind.RANK_EXITED]
+    candidates = []
+    for f in errors:
+        # A rank missing from a collective because it exited: the exit is the cause.
+        explained = f.kind is FindingKind.MISSING_COLLECTIVE and any(
+            set(f.ranks) <= set(x.ranks) for x in exits
+        )
+        if not explained:
+            candidates.append(f)
+    candidates = candidates or errors
+    first = min(candidates, key=lambda f: (f.time_ns is None, f.time_ns or 0))
+    rest = [f for f in findings if f is not first]
+    rest.sort(key=lambda f: (f.severity is not Severity.ERROR, f.time_ns or 0))
+    return [replace(first, root_cause=True, **_consequences(first, traces))] + rest
+
+
+def _consequences(root: Finding, traces: TraceSet) -> dict:
+    """What the other ranks suffered afterwards (the cascade), stated as such."""
+    lines, items = [], []
+    for rank, trace in sorted(traces.ranks.items()):
+        if not trace.exit.abnormal:
+            continue
+        if rank in root.ranks and root.kind is FindingKind.RANK_EXITED:
+            continue  # its own exit is the finding's title
+        last = last_leaf(trace)
+        where = f" in {call_name(last)}" if last is not None else ""
+        text = f"rank {rank} then {trace.exit.describe(short=True)}{where}"
+        lines.append(text)
+        items.append({"rank": rank, "exit": trace.exit.kind.value, "detail": text})
+    if not lines:
+        return {}
+    detail = root.detail + "\nAfterwards (consequences, not causes): " + "; ".join(lines) + "."
+    return {"detail": detail, "evidence": {**root.evidence, "consequences": items}}
+
+
+def _verdict(findings: list[Finding], traces: TraceSet) -> Verdict:
+    running = any(t.exit.kind is ExitKind.RUNNING for t in traces.ranks.values())
+    if running and any(f.kind in _DESYNC for f in findings):
+        return Verdict.HANG
+    abnormal = any(t.exit.abnormal for t in traces.ranks.values())
+    failed = traces.exit_status not in (None, 0)
+    if abnormal or failed or any(f.severity is Severity.ERROR for f in findings):
+        return Verdict.CRASH
+    if any(f.severity is Severity.WARNING for f in findings):
+        return Verdict.SUSPECT
+    return Verdict.OK
+
+
+def _summaries(traces: TraceSet) -> list[RankSummary]:
+    out = [_summary(t) for _, t in sorted(traces.ranks.items())]
+    for rank in range(traces.world_size):
+        if rank not in traces.ranks:
+            out.append(RankSummary(
+                rank=rank, host="", pid=0, state="no_capture", exit_code=None, signal=None,
+                exit_detail="left no capture", last_collective=None, stack_summary=None,
+                capture={},
+            ))
+    return sorted(out, key=lambda s: s.rank)
+
+
+def _summary(trace: RankTrace) -> RankSummary:
+    ex = trace.exit
+    state = _STATE.get(ex.kind) or ("blocked" if blocked_event(trace) else "running")
+    last = last_leaf(trace)
+    last_json = None
+    if last is not None:
+        last_json = {
+            "group": last.group, "seq": last.align_seq, "op": last.op,
+            "state": last.state.name.lower(), "callsite": call_site(last), "input": last.input,
+        }
+    return RankSummary(
+        rank=trace.rank, host=trace.meta.host, pid=trace.meta.pid, state=state,
+        exit_code=ex.code, signal=ex.signal, exit_detail=ex.describe(short=True),
+        last_collective=last_json, stack_summary=None,
+        capture={
+            "file": Path(trace.path).name, "events": len(trace.events),
+            "complete": trace.integrity.complete, "integrity": trace.integrity.describe(),
+        },
+    )

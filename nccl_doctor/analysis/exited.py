@@ -1,0 +1,76 @@
+"""``rank_exited``: a rank ended (clean exit, exception, signal) while its peers still needed it,
+or ended abnormally outside any collective."""
+
+from __future__ import annotations
+
+from collections import defaultdict
+
+from nccl_doctor.analysis.align import last_leaf, timelines
+from nccl_doctor.analysis.describe import call_name, call_site, fate, ranks_text, site
+from nccl_doctor.analysis.missing import HINT_EXITED
+from nccl_doctor.diagnosis import Finding, FindingKind, Severity
+from nccl_doctor.model import EventState, ExitKind, TraceSet
+
+HINT_CRASH = (
+    "Fix the error this rank raised; its peers only failed because it was gone. Launch with "
+    "torchrun's --max-restarts, or catch the error on every rank alike, to keep ranks in step."
+)
+
+
+def detect_rank_exited(traces: TraceSet) -> list[Finding]:
+    needed: dict[int, list[tuple[str, int]]] = defaultdict(list)  # rank -> [(group, seq needed)]
+    for name, timeline in timelines(traces).items():
+        top = max(timeline.last_seq.values(), default=0)
+        for rank, last in timeline.last_seq.items():
+            if last < top:
+                needed[rank].append((name, last + 1))
+
+    groups: dict[tuple, list[int]] = defaultdict(list)
+    for rank, trace in sorted(traces.ranks.items()):
+        ex = trace.exit
+        if ex.kind is ExitKind.RUNNING:
+            continue
+        last = last_leaf(trace)
+        inside = last is not None and last.state in (EventState.ENTERED, EventState.FAILED)
+        if rank not in needed and (not ex.abnormal or inside):
+            # A clean exit nobody waited for is normal; a death inside a collective is the
+            # consequence of that collective's problem, which the desync passes report.
+            continue
+        key = (ex.kind, ex.code, ex.signal, ex.exception, str(ex.callsite), rank in needed)
+        groups[key].append(rank)
+
+    findings = []
+    for (kind, code, signal, exception, _site, was_needed), ranks in groups.items():
+        trace = traces.ranks[ranks[0]]
+        ex = trace.exit
+        last = last_leaf(trace)
+        detail = [f"{ranks_text(ranks)} {fate(trace)}."]
+        if was_needed:
+            waits = sorted({g_s for r in ranks for g_s in needed[r]})
+            detail.append(
+                "Its peers went on to " + ", ".join(f"collective #{s} of group {g}" for g, s in waits)
+                + ", which it never entered."
+            )
+        where = site(ex.callsite) if ex.callsite else call_site(last) if last else None
+        title = f"{ranks_text(ranks)} {ex.describe()}"
+        if ex.callsite is not None:
+            title += f" at {site(ex.callsite)}"
+        elif last is not None:
+            title += f" after {call_name(last)} at {call_site(last)}"
+        if was_needed:
+            title += " while its peers still needed it"
+        t = ex.time_ns or (last.t_exit_ns or last.t_enter_ns if last else None)
+        findings.append(Finding(
+            kind=FindingKind.RANK_EXITED, severity=Severity.ERROR, title=title,
+            detail="\n".join(detail), ranks=tuple(ranks),
+            hint=HINT_EXITED if was_needed and not ex.abnormal else HINT_CRASH,
+            group=last.group if last else None, seq=last.align_seq if last else None,
+            op=last.op if last else None, callsite=where,
+            evidence={
+                "exit": kind.value, "exit_code": code, "signal": signal, "exception": exception,
+                "last_collective": call_name(last) if last else None,
+                "needed_in": [{"group": g, "seq": s} for r in ranks for g, s in needed.get(r, [])],
+            },
+            time_ns=t,
+        ))
+    return findings

@@ -1,0 +1,116 @@
+"""``collective_mismatch``: ranks entered collective #N of a group with different arguments."""
+
+from __future__ import annotations
+
+from collections import defaultdict
+from typing import Any
+
+from nccl_doctor.analysis.align import canonical_op, timelines
+from nccl_doctor.analysis.describe import call_site, ranks_text
+from nccl_doctor.diagnosis import Finding, FindingKind, Severity
+from nccl_doctor.model import Event, TraceSet, parse_tensor_desc
+
+# Which argument must have the same shape and dtype on every rank, per op. all_to_all_single with
+# split sizes and the list forms (whose lists exist on the root only) are not compared.
+_SAME_INPUT = {
+    "all_reduce", "all_reduce_coalesced", "all_gather", "all_gather_into_tensor", "reduce",
+    "broadcast", "gather", "reduce_scatter_tensor", "reduce_scatter", "all_to_all",
+}
+_SAME_OUTPUT = {"scatter"}
+_ROOTED = {"reduce", "broadcast", "gather", "scatter"}
+
+HINTS = {
+    "op": "The ranks took different code paths, so their calls no longer pair up: look for a "
+          "branch on the rank (if rank == 0: ...), an exception caught on one rank, or a loop "
+          "whose length differs per rank. Every rank must issue the same collectives in the same "
+          "order.",
+    "shape": "Each rank passed a tensor of a different shape. The usual cause is per-rank padding "
+             "(each rank pads to its own longest sequence): pad to a length agreed across ranks, or "
+             "gather a reduced value (tensor.mean(), counts) instead of the tensor itself.",
+    "dtype": "Cast to one dtype on every rank before the collective (mixed precision on some "
+             "ranks only?).",
+    "root": "Pass the same src/dst on every rank.",
+    "group_size": "The ranks disagree about the group's membership: call new_group on every rank, "
+                  "in the same order, with the same ranks.",
+}
+
+
+def _signature(e: Event) -> dict[str, Any]:
+    op = canonical_op(e.op)
+    desc = e.input if op in _SAME_INPUT else e.output if op in _SAME_OUTPUT else ""
+    sigs = parse_tensor_desc(desc)
+    return {
+        "op": op,
+        "group_size": e.group_size,
+        "root": e.peer if op in _ROOTED else None,
+        "dtype": tuple(s.dtype for s in sigs),
+        "shape": tuple((s.count, s.shape) for s in sigs),
+    }
+
+
+def _describe(aspect: str, e: Event) -> str:
+    if aspect == "op":
+        return e.op
+    if aspect in ("shape", "dtype"):
+        op = canonical_op(e.op)
+        return (e.output if op in _SAME_OUTPUT else e.input) or "-"
+    if aspect == "root":
+        return f"root {e.peer}"
+    return f"group of {e.group_size}"
+
+
+def detect_collective_mismatch(traces: TraceSet) -> list[Finding]:
+    findings = []
+    for name, timeline in sorted(timelines(traces).items()):
+        for seq in timeline.seqs():
+            by_rank = timeline.calls[seq]
+            if len(by_rank) < 2:
+                continue
+            sigs = {rank: _signature(e) for rank, e in by_rank.items()}
+            aspect = next(
+                (a for a in ("op", "group_size", "root", "dtype", "shape")
+                 if len({repr(s[a]) for s in sigs.values()}) > 1),
+                None,
+            )
+            if aspect is None:
+                continue
+            findings.append(_finding(name, seq, by_rank, sigs, aspect))
+            break  # the first divergence of a group is the cause; what follows is cascade
+    return findings
+
+
+def _finding(group: str, seq: int, by_rank: dict[int, Event], sigs: dict, aspect: str) -> Finding:
+    classes: dict[str, list[int]] = defaultdict(list)
+    for rank in sorted(by_rank):
+        classes[repr(sigs[rank][aspect])].append(rank)
+    ordered = sorted(classes.values(), key=lambda rs: (-len(rs), rs[0]))
+    majority = ordered[0] if len(ordered[0]) > len(ordered[1]) else None
+    odd = sorted(r for rs in ordered if rs is not majority for r in rs)
+    sides = []
+    for rs in ordered:
+        e = by_rank[rs[0]]
+        sides.append({
+            "ranks": rs, "op": e.op, "value": _describe(aspect, e), "input": e.input,
+            "output": e.output, "callsite": call_site(e), "state": e.state.name.lower(),
+        })
+    first = by_rank[odd[0]]
+    ops = sorted({e.op for e in by_rank.values()})
+    op_text = " / ".join(ops)
+    values = "; ".join(f"{ranks_text(s['ranks'])}: {s['value']}" for s in sides)
+    noun = {"group_size": "group sizes", "root": "roots", "op": "ops"}.get(aspect, aspect + "s")
+    title = f"{op_text} #{seq} of group {group}: {noun} differ ({values})"
+    lines = [
+        f"{ranks_text(s['ranks'])}: {s['op']}({s['input'] or '-'}) at {s['callsite']} "
+        f"[{s['state']}]" for s in sides
+    ]
+    if majority is None:
+        lines.append("No majority: every side is as likely to be the odd one out.")
+    else:
+        lines.append(f"The odd {ranks_text(odd)} disagree with the majority ({ranks_text(majority)}).")
+    return Finding(
+        kind=FindingKind.COLLECTIVE_MISMATCH, severity=Severity.ERROR, title=title,
+        detail="\n".join(lines), ranks=tuple(odd), hint=HINTS[aspect], group=group, seq=seq,
+        op=first.op, callsite=call_site(first),
+        evidence={"aspect": aspect, "sides": sides, "majority": majority},
+        time_ns=min(e.t_enter_ns for e in by_rank.values()),
+    )

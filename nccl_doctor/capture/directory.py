@@ -1,0 +1,180 @@
+"""A capture directory: ``manifest.json`` plus one capture file per rank process.
+
+``load_capture_dir`` turns it into a ``TraceSet``; ``Manifest`` is written by the supervisor.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from dataclasses import asdict, dataclass, field, replace
+from pathlib import Path
+from typing import Any
+
+from nccl_doctor._version import __version__
+from nccl_doctor.capture import format as fmt
+from nccl_doctor.capture.reader import read_capture
+from nccl_doctor.errors import (
+    CaptureNotFound, CorruptCapture, DoctorError, NotACapture, UnsupportedVersion,
+)
+from nccl_doctor.model import ExitKind, GroupInfo, RankExit, RankTrace, TraceSet
+
+MANIFEST = "manifest.json"
+MANIFEST_FORMAT = "nccl-doctor-capture"
+REPORT_JSON = "report.json"
+
+
+@dataclass(frozen=True)
+class Manifest:
+    command: tuple[str, ...]
+    started_at: float
+    run_id: str
+    format: str = MANIFEST_FORMAT
+    format_version: int = fmt.FORMAT_VERSION
+    tool_version: str = __version__
+    ended_at: float | None = None
+    exit_status: int | None = None
+    world_size: int | None = None
+    hosts: tuple[str, ...] = ()
+    captures: tuple[str, ...] = ()
+    extra: dict[str, Any] = field(default_factory=dict)
+
+    def to_json(self) -> dict[str, Any]:
+        d = asdict(self)
+        d["command"], d["hosts"], d["captures"] = list(self.command), list(self.hosts), list(
+            self.captures
+        )
+        return d
+
+    def write(self, directory: Path) -> Path:
+        path = directory / MANIFEST
+        tmp = directory / f".{MANIFEST}.tmp"
+        tmp.write_text(json.dumps(self.to_json(), indent=2, sort_keys=True) + "\n")
+        os.replace(tmp, path)  # readers never see half a manifest
+        return path
+
+
+def read_manifest(directory: Path) -> Manifest | None:
+    path = directory / MANIFEST
+    if not path.is_file():
+        return None
+    try:
+        raw = json.loads(path.read_text("utf-8"))
+    except (OSError, ValueError):
+        raise CorruptCapture(f"{path} is not valid JSON: the capture directory is damaged") from None
+    if not isinstance(raw, dict) or raw.get("format") != MANIFEST_FORMAT:
+        raise NotACapture(f"{path} is not an nccl-doctor manifest (no \"format\": \"{MANIFEST_FORMAT}\")")
+    version = raw.get("format_version")
+    if version != fmt.FORMAT_VERSION:
+        raise UnsupportedVersion(
+            f"{path} is capture format version {version}, this nccl-doctor reads version "
+            f"{fmt.FORMAT_VERSION}: replay it with the nccl-doctor release that recorded it"
+        )
+    try:
+        return Manifest(
+            command=tuple(str(c) for c in raw.get("command", [])),
+            started_at=float(raw.get("started_at", 0.0)), run_id=str(raw.get("run_id", "")),
+            tool_version=str(raw.get("tool_version", "")), ended_at=raw.get("ended_at"),
+            exit_status=raw.get("exit_status"), world_size=raw.get("world_size"),
+            hosts=tuple(raw.get("hosts", [])), captures=tuple(raw.get("captures", [])),
+            extra=dict(raw.get("extra", {})),
+        )
+    except (TypeError, ValueError):
+        raise CorruptCapture(f"{path} has fields of the wrong type: the capture is damaged") from None
+
+
+def capture_files(directory: Path) -> list[Path]:
+    return sorted(directory.glob(f"*{fmt.CAPTURE_SUFFIX}"))
+
+
+def load_capture_dir(path: Path, *, job_ended: bool | None = None) -> TraceSet:
+    """Load every rank's capture under ``path`` (a directory, or one ``.ndcap`` file).
+
+    ``job_ended`` says whether the job is over (ranks with no exit record then count as vanished);
+    by default the manifest's ``ended_at`` decides.
+    """
+    if not path.exists():
+        raise CaptureNotFound(
+            f"{path} does not exist: pass the --out directory of an `nccl-doctor run`"
+        )
+    manifest = None
+    if path.is_file():
+        if path.suffix != fmt.CAPTURE_SUFFIX:
+            raise NotACapture(
+                f"{path} is not a capture: pass a capture directory or a {fmt.CAPTURE_SUFFIX} file"
+            )
+        files = [path]
+    else:
+        if not any(path.iterdir()):
+            raise CaptureNotFound(f"{path} is empty: it holds no capture (was the job ever run?)")
+        manifest = read_manifest(path)
+        files = capture_files(path)
+        if manifest is None and not files:
+            raise NotACapture(
+                f"{path} is not an nccl-doctor capture directory "
+                f"(no {MANIFEST}, no *{fmt.CAPTURE_SUFFIX} files)"
+            )
+    if job_ended is None:
+        job_ended = manifest is not None and manifest.ended_at is not None
+
+    traces: dict[int, RankTrace] = {}
+    problems: list[str] = []
+    errors: list[DoctorError] = []
+    for f in files:
+        try:
+            trace = read_capture(f)
+        except DoctorError as err:
+            errors.append(err)
+            problems.append(str(err))
+            continue
+        if job_ended and trace.exit.kind is ExitKind.RUNNING:
+            trace = replace(trace, exit=RankExit(ExitKind.VANISHED))
+        previous = traces.get(trace.rank)
+        if previous is not None:
+            older, trace = sorted((previous, trace), key=lambda t: t.meta.started_ns)
+            problems.append(
+                f"rank {trace.rank} has several captures (a restarted job?): using "
+                f"{Path(trace.path).name}, ignoring {Path(older.path).name}"
+            )
+        traces[trace.rank] = trace
+    if files and not traces:
+        if all(isinstance(e, UnsupportedVersion) for e in errors):
+            raise errors[0]
+        if len(errors) == 1:
+            raise errors[0]
+        raise CorruptCapture(
+            f"none of the {len(files)} capture files in {path} can be read ({errors[0]})"
+        )
+    for rank, trace in sorted(traces.items()):
+        if not trace.integrity.complete:
+            problems.append(
+                f"rank {rank}'s capture is incomplete ({trace.integrity.describe()}): "
+                "its last events may be missing"
+            )
+
+    sizes = [t.meta.world_size for t in traces.values()]
+    if manifest is not None and manifest.world_size:
+        sizes.append(manifest.world_size)
+    world = max(sizes, default=0)
+    return TraceSet(
+        ranks=traces, groups=_groups(traces.values()), world_size=world,
+        command=manifest.command if manifest else (), problems=tuple(problems),
+        exit_status=manifest.exit_status if manifest else None, source=str(path),
+    )
+
+
+def _groups(traces: Any) -> dict[str, GroupInfo]:
+    groups: dict[str, GroupInfo] = {}
+    for trace in traces:
+        for note in trace.notes:
+            if note.get("note") != "group" or not isinstance(note.get("name"), str):
+                continue
+            ranks = note.get("ranks")
+            if not isinstance(ranks, list) or not all(isinstance(r, int) for r in ranks):
+                continue
+            name = note["name"]
+            if name not in groups or len(ranks) > len(groups[name].ranks):
+                groups[name] = GroupInfo(
+                    name, tuple(ranks), str(note.get("backend", "")), str(note.get("desc", ""))
+                )
+    return groups

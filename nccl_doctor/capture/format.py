@@ -1,0 +1,88 @@
+"""Layout of a per-rank capture file (format version 1).
+
+One file per process that joined a process group. It is a fixed-size memory-mapped file, so the
+recorder's hot path makes no system call, the data survive SIGKILL/SIGABRT of the rank (the pages
+belong to the page cache, not to the process) and the supervisor can read them while the rank lives
+or hangs. Its size is fixed when it is created, so a long job never grows it.
+
+    header   HEADER_SIZE bytes: magic, version, geometry, two live counters, metadata JSON
+    strings  an append-only table of interned strings and JSON notes (entries with a CRC)
+    ring     ``capacity`` fixed-size event records; record i lives in slot i % capacity
+
+An event record is written twice: the *enter* part (with a CRC32) when a call starts, and the
+16-byte *exit* part when it returns, guarded by a check word derived from the record's index so
+that an exit left over from a previous lap of the ring, or a torn write, is detected.
+"""
+
+from __future__ import annotations
+
+import enum
+import struct
+import zlib
+
+MAGIC = b"NCDOCCAP"
+FORMAT_VERSION = 1
+HEADER_SIZE = 4096
+RECORD_SIZE = 128
+DEFAULT_RING_RECORDS = 32768  # 4 MiB of events per rank
+DEFAULT_STRTAB_BYTES = 1 << 20  # 1 MiB of interned strings and notes per rank
+CAPTURE_SUFFIX = ".ndcap"
+
+# magic, version, header size, record size, capacity, ring offset, strtab offset, strtab size, created
+HEADER = struct.Struct("<8sIIIIQQQQ")
+STRTAB_USED_OFFSET = 72  # u64: bytes of the string table in use (offset 64 is reserved)
+COUNTER = struct.Struct("<Q")
+META_OFFSET = 256
+META_HEAD = struct.Struct("<II")  # length, crc32 of the JSON that follows
+META_MAX = HEADER_SIZE - META_OFFSET - META_HEAD.size
+
+# Enter part of a record; the CRC32 of these bytes follows them.
+#   idx parent t_enter seq nbytes thread | op group in out | user file/line/func | api file/line |
+#   extra peer group_size seq_offset kind flags
+ENTER = struct.Struct("<QQQqQQIIIIIIIIIIiiIBBH")
+CRC = struct.Struct("<I")
+EXIT_OFFSET = ENTER.size + CRC.size + 4  # 112
+# Exit part: t_exit, seq delta (PyTorch's group sequence number after minus before), state, check
+EXIT = struct.Struct("<QhHI")
+assert EXIT_OFFSET + EXIT.size == RECORD_SIZE
+
+# String table entry: payload length, kind, id; then the payload and the CRC32 of kind+id+payload.
+STR_HEAD = struct.Struct("<IBxxxI")
+
+
+class StrKind(enum.IntEnum):
+    STRING = 1  # an interned string, referenced by id from records
+    NOTE = 2  # a JSON object: lifecycle (exit, exception), group definitions
+
+
+class EventKind(enum.IntEnum):
+    COLLECTIVE = 1  # all_reduce, all_gather, broadcast, barrier, ... (every member takes part)
+    P2P = 2  # send / recv / isend / irecv (matched pairwise)
+    WAIT = 3  # Work.wait() on an async op; ``parent`` is the op's record
+    GROUP = 4  # new_group / split: creates a process group
+    INIT = 5  # init_process_group
+    DESTROY = 6  # destroy_process_group
+
+
+class EventFlag(enum.IntFlag):
+    NONE = 0
+    ASYNC = 1  # called with async_op=True (or isend/irecv)
+    COALESCED = 2  # a *_coalesced op, or issued inside a coalescing manager
+    NONUNIFORM_LIST = 4  # a tensor list whose members differ in shape or dtype
+    COMPOSITE = 8  # a wrapper around other recorded calls (object collectives, _base aliases)
+
+
+class EventState(enum.IntEnum):
+    ENTERED = 0  # no exit written: the call is still running, or the process died inside it
+    RETURNED = 1  # returned normally (for NCCL: enqueued on the GPU, not necessarily complete)
+    FAILED = 2  # raised an exception
+    ISSUED = 3  # async op returned its Work; see the WAIT record for completion
+
+
+def exit_check(idx: int, t_exit: int, seq_delta: int, state: int) -> int:
+    """Check word binding an exit part to its record (cheap: no CRC on the exit path)."""
+    return (idx * 0x9E3779B1 ^ t_exit ^ (state << 20) ^ (seq_delta & 0xFFFF)) & 0xFFFFFFFF
+
+
+def crc32(data: bytes) -> int:
+    return zlib.crc32(data) & 0xFFFFFFFF

@@ -1,0 +1,244 @@
+"""The one reader of capture files: bytes on disk -> a typed ``RankTrace``.
+
+Never executes anything from the file; every field is bounds- and CRC-checked. Raises
+``NotACapture`` / ``UnsupportedVersion`` / ``CorruptCapture`` for files it cannot use at all; a file
+that is only partly damaged loads, with the damage described in ``RankTrace.integrity``.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+import struct
+from pathlib import Path
+from typing import Any
+
+from nccl_doctor import frames
+from nccl_doctor.capture import format as fmt
+from nccl_doctor.errors import CorruptCapture, NotACapture, UnsupportedVersion
+from nccl_doctor.model import (
+    Callsite, Event, EventFlag, EventKind, EventState, ExitKind, Integrity, RankExit, RankMeta,
+    RankTrace,
+)
+
+
+def read_header(data: bytes, path: Path) -> tuple[int, ...]:
+    if len(data) < fmt.HEADER.size or data[:8] != fmt.MAGIC:
+        raise NotACapture(f"{path} is not an nccl-doctor capture file (no capture header)")
+    magic, version, header_size, record_size, capacity, ring_off, str_off, str_size, created = (
+        fmt.HEADER.unpack_from(data, 0)
+    )
+    if version != fmt.FORMAT_VERSION:
+        raise UnsupportedVersion(
+            f"{path} is capture format version {version}, this nccl-doctor reads version "
+            f"{fmt.FORMAT_VERSION}: replay it with the nccl-doctor release that recorded it"
+        )
+    if (
+        header_size != fmt.HEADER_SIZE
+        or record_size != fmt.RECORD_SIZE
+        or capacity <= 0
+        or str_off != fmt.HEADER_SIZE
+        or ring_off != str_off + str_size
+    ):
+        raise CorruptCapture(f"{path} has a damaged capture header: the file cannot be read")
+    return capacity, ring_off, str_off, str_size, created
+
+
+def read_meta(data: bytes, path: Path) -> dict[str, Any]:
+    if len(data) < fmt.HEADER_SIZE:
+        raise CorruptCapture(f"{path} is truncated inside its header: the file cannot be read")
+    length, crc = fmt.META_HEAD.unpack_from(data, fmt.META_OFFSET)
+    start = fmt.META_OFFSET + fmt.META_HEAD.size
+    raw = data[start : start + length]
+    if length > fmt.META_MAX or fmt.crc32(raw) != crc:
+        raise CorruptCapture(f"{path} has corrupt metadata (CRC mismatch): the file cannot be read")
+    try:
+        meta = json.loads(raw)
+    except ValueError:
+        raise CorruptCapture(f"{path} has unreadable metadata: the file cannot be read") from None
+    if not isinstance(meta, dict) or not isinstance(meta.get("rank"), int):
+        raise CorruptCapture(f"{path} has metadata without a rank: the file cannot be read")
+    return meta
+
+
+def _read_strings(
+    data: bytes, str_off: int, str_size: int
+) -> tuple[dict[int, str], list[dict[str, Any]], int]:
+    strings: dict[int, str] = {0: ""}
+    notes: list[dict[str, Any]] = []
+    bad = 0
+    (used,) = fmt.COUNTER.unpack_from(data, fmt.STRTAB_USED_OFFSET)
+    end = str_off + min(used, str_size)
+    pos = str_off
+    while pos + fmt.STR_HEAD.size <= min(end, len(data)):
+        length, kind, sid = fmt.STR_HEAD.unpack_from(data, pos)
+        if length == 0 and kind == 0:
+            break
+        body_end = pos + fmt.STR_HEAD.size + length
+        if body_end + fmt.CRC.size > min(end, len(data)):
+            bad += 1
+            break
+        body = data[pos + 4 : body_end]
+        (crc,) = fmt.CRC.unpack_from(data, body_end)
+        pos = body_end + fmt.CRC.size
+        if fmt.crc32(body) != crc:
+            bad += 1
+            break  # lengths after a corrupt entry cannot be trusted
+        payload = body[8:].decode("utf-8", "replace")
+        if kind == fmt.StrKind.STRING:
+            strings[sid] = payload
+        elif kind == fmt.StrKind.NOTE:
+            try:
+                note = json.loads(payload)
+            except ValueError:
+                bad += 1
+                continue
+            if isinstance(note, dict):
+                notes.append(note)
+    return strings, notes, bad
+
+
+def _callsite(strings: dict[int, str], file_id: int, line: int, func_id: int) -> Callsite | None:
+    if not file_id:
+        return None
+    return Callsite(strings.get(file_id, "<?>"), line, strings.get(func_id, ""))
+
+
+def _read_events(
+    data: bytes, capacity: int, ring_off: int, strings: dict[int, str]
+) -> tuple[list[Event], int, int, bool]:
+    # No per-event counter is kept (it would cost the hot path a write): scan every slot. A
+    # record is trusted only if its CRC holds and its index belongs in its slot.
+    ring_end = ring_off + capacity * fmt.RECORD_SIZE
+    truncated = len(data) < ring_end
+    events: list[Event] = []
+    torn = 0
+    count = 0
+    for slot in range(capacity):
+        off = ring_off + slot * fmt.RECORD_SIZE
+        if off + fmt.RECORD_SIZE > len(data):
+            break
+        if not any(data[off : off + fmt.RECORD_SIZE]):
+            continue  # never written
+        raw = data[off : off + fmt.ENTER.size]
+        (crc,) = fmt.CRC.unpack_from(data, off + fmt.ENTER.size)
+        if fmt.crc32(raw) != crc:
+            torn += 1
+            continue
+        f = fmt.ENTER.unpack(raw)
+        idx = f[0]
+        if idx < 1 or (idx - 1) % capacity != slot:
+            torn += 1
+            continue
+        count = max(count, idx)
+        t_exit, seq_delta, state, check = fmt.EXIT.unpack_from(data, off + fmt.EXIT_OFFSET)
+        if t_exit and check == fmt.exit_check(idx, t_exit, seq_delta, state) and state in (1, 2, 3):
+            st, exit_ns, delta = EventState(state), t_exit, seq_delta
+        else:
+            if t_exit or check:
+                torn += 1  # an exit part cut off mid-write
+            st, exit_ns, delta = EventState.ENTERED, None, None
+        (idx, parent, t_enter, seq, nbytes, thread, op, group, in_d, out_d, uf, ul, ufn, af, al,
+         extra, peer, gsize, seq_off, kind, flags, _pad) = f
+        try:
+            ekind = EventKind(kind)
+        except ValueError:
+            torn += 1
+            continue
+        events.append(Event(
+            idx=idx, parent=parent, kind=ekind, op=strings.get(op, "<?>"),
+            group=strings.get(group, "<?>"), seq=seq, seq_offset=seq_off, seq_delta=delta,
+            state=st, flags=EventFlag(flags), t_enter_ns=t_enter, t_exit_ns=exit_ns,
+            thread=thread, input=strings.get(in_d, ""), output=strings.get(out_d, ""),
+            nbytes=nbytes, peer=peer, group_size=gsize, callsite=_callsite(strings, uf, ul, ufn),
+            api_callsite=_callsite(strings, af, al, 0), extra=strings.get(extra, ""),
+        ))
+    events.sort(key=lambda e: e.idx)
+    return events, torn, max(0, count - capacity), truncated
+
+
+_FAULT_SIGNALS = {
+    "Aborted": "SIGABRT", "Segmentation fault": "SIGSEGV", "Bus error": "SIGBUS",
+    "Floating point exception": "SIGFPE", "Illegal instruction": "SIGILL",
+}
+_FRAME_RE = re.compile(r'^\s*File "(.+)", line (\d+) in (.+)$')
+
+
+def parse_fault(text: str) -> tuple[str, Callsite | None] | None:
+    """Signal name and innermost user frame from a faulthandler dump (None if no fault)."""
+    m = re.search(r"Fatal Python error: ([^\n]+)", text)
+    if not m:
+        return None
+    reason = m.group(1).strip()
+    signal = _FAULT_SIGNALS.get(reason, reason)
+    current = text.split("Current thread", 1)[-1] if "Current thread" in text else text
+    site = None
+    for line in current.splitlines():
+        fm = _FRAME_RE.match(line)
+        if fm and not frames.is_wrapper_file(fm.group(1)):
+            site = Callsite(fm.group(1), int(fm.group(2)), fm.group(3).strip())
+            break  # faulthandler lists the most recent call first
+    return signal, site
+
+
+def _exit_from(notes: list[dict[str, Any]], fault_text: str | None) -> RankExit:
+    fault = parse_fault(fault_text) if fault_text else None
+    if fault is not None:
+        return RankExit(ExitKind.SIGNAL, signal=fault[0], callsite=fault[1])
+    by_kind = {n.get("note"): n for n in notes}
+    exc = by_kind.get("exception")
+    if exc is not None:
+        site = None
+        if isinstance(exc.get("path"), str) and isinstance(exc.get("line"), int):
+            site = Callsite(exc["path"], exc["line"], str(exc.get("function", "")))
+        return RankExit(
+            ExitKind.EXCEPTION, code=1, exception=f"{exc.get('type')}: {exc.get('message')}",
+            callsite=site, time_ns=exc.get("time_ns"),
+        )
+    code = by_kind.get("sys_exit", {}).get("code")
+    ext = by_kind.get("exit")
+    if ext is not None:
+        return RankExit(
+            ExitKind.CLEAN, code=code if isinstance(code, int) else 0, time_ns=ext.get("time_ns"),
+        )
+    return RankExit(ExitKind.RUNNING)
+
+
+def _meta(meta: dict[str, Any]) -> RankMeta:
+    def opt_int(key: str) -> int | None:
+        v = meta.get(key)
+        return v if isinstance(v, int) else None
+
+    return RankMeta(
+        rank=meta["rank"], world_size=opt_int("world_size") or 0,
+        local_rank=opt_int("local_rank"), node_rank=opt_int("node_rank"),
+        host=str(meta.get("host", "")), pid=opt_int("pid") or 0,
+        started_ns=opt_int("started_ns") or 0, run_id=str(meta.get("run_id", "")),
+        argv=tuple(str(a) for a in meta.get("argv", ()) or ()),
+        versions={str(k): str(v) for k, v in (meta.get("versions") or {}).items()},
+        env={str(k): str(v) for k, v in (meta.get("env") or {}).items()},
+    )
+
+
+def read_capture(path: Path) -> RankTrace:
+    """Load one capture file (and its faulthandler file beside it, if any)."""
+    try:
+        data = path.read_bytes()
+    except OSError as err:
+        raise CorruptCapture(f"{path} cannot be read: {err.strerror}") from None
+    capacity, ring_off, str_off, str_size, _created = read_header(data, path)
+    meta = read_meta(data, path)
+    strings, notes, bad_strings = _read_strings(data, str_off, str_size)
+    try:
+        events, torn, overwritten, truncated = _read_events(data, capacity, ring_off, strings)
+    except struct.error:
+        raise CorruptCapture(f"{path} has unreadable event records") from None
+    fault_path = path.with_suffix(".fault")
+    fault_text = None
+    if fault_path.is_file():
+        fault_text = fault_path.read_text("utf-8", "replace")[:1_000_000]
+    return RankTrace(
+        meta=_meta(meta), events=tuple(events), exit=_exit_from(notes, fault_text),
+        integrity=Integrity(torn, truncated, overwritten, bad_strings), path=str(path),
+        notes=tuple(notes),
+    )

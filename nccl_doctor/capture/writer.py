@@ -1,0 +1,143 @@
+"""The recorder's side of the capture format: an mmap'd ring buffer and string table.
+
+Everything here runs inside the user's rank. ``begin`` and ``end`` are the hot path: they pack into
+the mapping and bump a counter, with no system call. Only creating the file, interning a string
+the first time it is seen and writing a note touch anything else.
+"""
+
+from __future__ import annotations
+
+import itertools
+import json
+import mmap
+import os
+import threading
+import time
+import zlib
+from pathlib import Path
+from typing import Any
+
+from nccl_doctor.capture import format as fmt
+
+
+class CaptureWriter:
+    """Writes one capture file. Events may come from any thread; notes take ``lock``."""
+
+    def __init__(
+        self,
+        path: Path,
+        meta: dict[str, Any],
+        *,
+        capacity: int = fmt.DEFAULT_RING_RECORDS,
+        strtab_bytes: int = fmt.DEFAULT_STRTAB_BYTES,
+    ) -> None:
+        if capacity < 16:
+            raise ValueError(f"ring capacity {capacity} is too small (minimum 16 records)")
+        self.path = path
+        self.capacity = capacity
+        self.strtab_offset = fmt.HEADER_SIZE
+        self.strtab_size = strtab_bytes
+        self.ring_offset = self.strtab_offset + strtab_bytes
+        size = self.ring_offset + capacity * fmt.RECORD_SIZE
+        meta_bytes = json.dumps(meta, sort_keys=True, default=str).encode()
+        if len(meta_bytes) > fmt.META_MAX:
+            raise ValueError(f"capture metadata is {len(meta_bytes)} bytes (max {fmt.META_MAX})")
+        fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_EXCL, 0o644)
+        try:
+            os.ftruncate(fd, size)  # sparse: pages take disk space only once written
+            self._mm = mmap.mmap(fd, size, mmap.MAP_SHARED, mmap.PROT_READ | mmap.PROT_WRITE)
+        finally:
+            os.close(fd)
+        mm = self._mm
+        fmt.META_HEAD.pack_into(mm, fmt.META_OFFSET, len(meta_bytes), fmt.crc32(meta_bytes))
+        start = fmt.META_OFFSET + fmt.META_HEAD.size
+        mm[start : start + len(meta_bytes)] = meta_bytes
+        fmt.HEADER.pack_into(
+            mm, 0, fmt.MAGIC, fmt.FORMAT_VERSION, fmt.HEADER_SIZE, fmt.RECORD_SIZE, capacity,
+            self.ring_offset, self.strtab_offset, strtab_bytes, time.time_ns(),
+        )
+        self.count = 0  # index of the latest record started; record numbers (idx) start at 1
+        self.next_index = itertools.count(1).__next__  # atomic under the GIL: no lock needed
+        self.ring = memoryview(self._mm)
+        self._strtab_used = 0
+        self._strings: dict[str, int] = {"": 0}
+        self.lock = threading.Lock()
+        self.closed = False
+
+    # -- strings and notes (rare) ------------------------------------------------------------
+    def intern(self, text: str) -> int:
+        """Id of ``text`` in the string table; 0 (the empty string) when the table is full."""
+        sid = self._strings.get(text)
+        if sid is not None:
+            return sid
+        sid = len(self._strings)
+        if not self._append(fmt.StrKind.STRING, sid, text.encode("utf-8", "replace")):
+            return 0
+        self._strings[text] = sid
+        return sid
+
+    def note(self, kind: str, **fields: Any) -> bool:
+        """Append a JSON note (lifecycle, group definition); never overwritten by the ring."""
+        fields["note"] = kind
+        fields.setdefault("time_ns", time.time_ns())
+        payload = json.dumps(fields, sort_keys=True, default=str).encode()
+        return self._append(fmt.StrKind.NOTE, 0, payload)
+
+    def _append(self, kind: int, sid: int, payload: bytes) -> bool:
+        with self.lock:
+            return self._append_locked(kind, sid, payload)
+
+    def _append_locked(self, kind: int, sid: int, payload: bytes) -> bool:
+        if self.closed:
+            return False
+        need = fmt.STR_HEAD.size + len(payload) + fmt.CRC.size
+        # keep room for a terminating zero length word
+        if self._strtab_used + need + 4 > self.strtab_size:
+            return False
+        off = self.strtab_offset + self._strtab_used
+        head = fmt.STR_HEAD.pack(len(payload), kind, sid)
+        body = head[4:] + payload  # kind + id + payload, covered by the CRC
+        self._mm[off : off + need] = head + payload + fmt.CRC.pack(fmt.crc32(body))
+        self._strtab_used += need
+        fmt.COUNTER.pack_into(self._mm, fmt.STRTAB_USED_OFFSET, self._strtab_used)
+        return True
+
+    # -- events (hot path) -------------------------------------------------------------------
+    def begin(self, fields: tuple) -> int:
+        """Write the enter part of a new record. ``fields`` are ENTER's fields after ``idx``.
+
+        (The recorder inlines this on its hot path; keep the two in step.)
+        """
+        self.count = idx = self.next_index()
+        raw = _pack(idx, *fields)
+        off = self.ring_offset + ((idx - 1) % self.capacity) * _RECORD
+        self.ring[off : off + _RECORD] = raw + _crc(raw).to_bytes(4, "little") + _BLANK_TAIL
+        return idx
+
+    def record(self, idx: int) -> tuple | None:
+        """The ENTER fields of record ``idx`` as written, or None once the ring has lapped it."""
+        if self.count - idx >= self.capacity:
+            return None
+        off = self.ring_offset + ((idx - 1) % self.capacity) * _RECORD
+        return fmt.ENTER.unpack_from(self.ring, off)
+
+    def end(self, idx: int, state: int, seq_delta: int) -> None:
+        """Write the exit part of record ``idx`` unless the ring has lapped it since."""
+        if self.count - idx >= self.capacity or self.closed:
+            return
+        t_exit = time.time_ns()
+        off = self.ring_offset + ((idx - 1) % self.capacity) * fmt.RECORD_SIZE + fmt.EXIT_OFFSET
+        fmt.EXIT.pack_into(
+            self._mm, off, t_exit, seq_delta, state, fmt.exit_check(idx, t_exit, seq_delta, state)
+        )
+
+    def close(self) -> None:
+        """Stop writing. The mapping stays valid for other threads still holding a reference."""
+        self.closed = True
+
+
+_BLANK_TAIL = bytes(fmt.RECORD_SIZE - fmt.ENTER.size - fmt.CRC.size)
+_RECORD = fmt.RECORD_SIZE
+_pack = fmt.ENTER.pack
+_crc = zlib.crc32
+

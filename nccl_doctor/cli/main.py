@@ -1,0 +1,56 @@
+"""``nccl-doctor`` entry point: ``main(argv) -> int``."""
+
+from __future__ import annotations
+
+import argparse
+import os
+import sys
+import traceback
+from typing import Sequence
+
+from nccl_doctor._version import __version__
+from nccl_doctor.cli import replay, run
+from nccl_doctor.errors import DoctorError, ExitStatus
+
+COMMANDS = (run, replay)
+
+
+class _Parser(argparse.ArgumentParser):
+    def error(self, message: str) -> None:  # one line, exit status 2, like every other error
+        self.exit(ExitStatus.USAGE, f"nccl-doctor: error: {message} (see nccl-doctor --help)\n")
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = _Parser(
+        prog="nccl-doctor",
+        description="Record every rank's collectives and diagnose hangs, desyncs and crashes of "
+                    "distributed PyTorch jobs.",
+    )
+    parser.add_argument("--version", action="version", version=f"nccl-doctor {__version__}")
+    sub = parser.add_subparsers(dest="command", metavar="COMMAND", parser_class=_Parser)
+    for command in COMMANDS:
+        command.register(sub)
+    return parser
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    parser = build_parser()
+    args = parser.parse_args(argv)
+    if args.command is None:
+        parser.print_help(sys.stderr)
+        return ExitStatus.USAGE
+    try:
+        return int(args.func(args))
+    except DoctorError as err:
+        sys.stderr.write(f"nccl-doctor: error: {err}\n")
+        return err.exit_status
+    except KeyboardInterrupt:
+        return 130
+    except Exception as err:  # a bug of ours: one line, the traceback only on request
+        if os.environ.get("NCCL_DOCTOR_DEBUG"):
+            traceback.print_exc()
+        sys.stderr.write(
+            f"nccl-doctor: internal error: {type(err).__name__}: {err} "
+            "(set NCCL_DOCTOR_DEBUG=1 for the traceback, and please report it)\n"
+        )
+        return ExitStatus.INTERNAL

@@ -1,0 +1,23 @@
+"""Helpers shared by commands that write or print a diagnosis."""
+
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+
+from nccl_doctor.diagnosis import Diagnosis
+from nccl_doctor.errors import OutputExists
+from nccl_doctor.reporters import format_for, get_reporter
+
+
+def emit(diagnosis: Diagnosis, output: Path | None, fmt: str | None, force: bool) -> None:
+    """Render to ``output`` (refusing to overwrite without --force) or to stdout."""
+    reporter = get_reporter(format_for(output, fmt))
+    if output is None:
+        reporter.render(diagnosis, sys.stdout, color=sys.stdout.isatty())
+        return
+    if output.exists() and not force:
+        raise OutputExists(f"{output} already exists: pass --force to overwrite it")
+    with output.open("w") as fh:
+        reporter.render(diagnosis, fh)
+    sys.stderr.write(f"Wrote {output}\n")

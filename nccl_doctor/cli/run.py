@@ -1,0 +1,73 @@
+"""``nccl-doctor run [options] -- COMMAND...``: run a job under the doctor."""
+
+from __future__ import annotations
+
+import argparse
+import sys
+import time
+from pathlib import Path
+
+from nccl_doctor.capture import format as fmt
+from nccl_doctor.capture.directory import MANIFEST, REPORT_JSON
+from nccl_doctor.errors import OutputExists, UsageError
+from nccl_doctor.reporters.console import ConsoleReporter
+from nccl_doctor.supervisor.supervisor import Supervisor
+
+HELP = "run a launch command (torchrun, accelerate launch, deepspeed, python) under the doctor"
+_OURS = (f"*{fmt.CAPTURE_SUFFIX}", "*.fault", MANIFEST, REPORT_JSON)
+
+
+def register(sub: argparse._SubParsersAction) -> None:
+    p = sub.add_parser(
+        "run", help=HELP, description=HELP[0].upper() + HELP[1:] + ". The command's output "
+        "passes through unchanged; nccl-doctor exits with the command's own exit status.",
+        usage="nccl-doctor run [--out DIR] [--force] [--quiet] -- COMMAND [ARGS...]",
+    )
+    p.add_argument("--out", type=Path, default=None, metavar="DIR",
+                   help="capture directory (default: nccl-doctor-out/run-YYYYmmdd-HHMMSS)")
+    p.add_argument("--force", action="store_true",
+                   help="reuse a non-empty --out DIR (its earlier captures and reports are removed)")
+    p.add_argument("--quiet", action="store_true",
+                   help="print no summary (report.json is still written)")
+    p.add_argument("command", nargs=argparse.REMAINDER, metavar="COMMAND",
+                   help="the launch command, after --")
+    p.set_defaults(func=run)
+
+
+def prepare_out_dir(out: Path | None, force: bool) -> Path:
+    if out is None:
+        return Path("nccl-doctor-out") / time.strftime("run-%Y%m%d-%H%M%S")
+    if out.exists() and not out.is_dir():
+        raise UsageError(f"--out {out} exists and is not a directory")
+    if out.is_dir() and any(out.iterdir()):
+        if not force:
+            raise OutputExists(
+                f"--out {out} is not empty: pass --force to replace its capture, or choose "
+                "another directory"
+            )
+        for pattern in _OURS:  # only our own files: never the user's
+            for path in out.glob(pattern):
+                path.unlink()
+    return out
+
+
+def run(args: argparse.Namespace) -> int:
+    command = list(args.command)
+    if command and command[0] == "--":
+        command = command[1:]
+    if not command:
+        raise UsageError("no command to run: put it after --, e.g. "
+                         "nccl-doctor run -- torchrun --nproc-per-node 2 train.py")
+    out = prepare_out_dir(args.out, args.force)
+    result = Supervisor(command, out).run()
+    err = sys.stderr
+    if result.stopped_orphans:
+        err.write("nccl-doctor: processes of the job outlived its launcher; they were stopped\n")
+    if result.analysis_error is not None:
+        err.write(f"nccl-doctor: could not analyse the capture: {result.analysis_error}\n")
+    elif result.diagnosis is not None and not args.quiet:
+        err.write("\n")
+        ConsoleReporter().render(result.diagnosis, err, color=err.isatty())
+    if result.report_path is not None and not args.quiet:
+        err.write(f"Wrote {result.report_path}\n")
+    return result.exit_status

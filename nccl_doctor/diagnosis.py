@@ -1,0 +1,114 @@
+"""The typed result of an analysis: a ``Diagnosis`` made of ``Finding``s and ``RankSummary``s.
+
+Reporters render it; ``to_json`` is ``report.json`` (schema_version 1, see docs/report-schema.md).
+"""
+
+from __future__ import annotations
+
+import enum
+from dataclasses import dataclass, field
+from typing import Any, Mapping
+
+from nccl_doctor._version import __version__
+
+SCHEMA_VERSION = 1
+
+
+class Verdict(str, enum.Enum):
+    OK = "ok"
+    SUSPECT = "suspect"
+    HANG = "hang"
+    CRASH = "crash"
+
+
+class Severity(str, enum.Enum):
+    INFO = "info"
+    WARNING = "warning"
+    ERROR = "error"
+
+
+class FindingKind(str, enum.Enum):
+    MISSING_COLLECTIVE = "missing_collective"
+    COLLECTIVE_MISMATCH = "collective_mismatch"
+    RANK_EXITED = "rank_exited"
+    STALL = "stall"
+    GPU_BUSY_HANG = "gpu_busy_hang"
+    STRAGGLER = "straggler"
+    SHARED_RNG_STATE = "shared_rng_state"
+    IDENTICAL_COMPLETIONS = "identical_completions"
+    DEGENERATE_SIGNAL = "degenerate_signal"
+
+
+@dataclass(frozen=True)
+class Finding:
+    kind: FindingKind
+    severity: Severity
+    title: str  # one line: what went wrong, where
+    detail: str  # a few lines: both sides, what each rank did
+    ranks: tuple[int, ...]  # the culprit rank(s)
+    hint: str = ""  # how to fix it
+    group: str | None = None
+    seq: int | None = None  # sequence number within the group (collectives only)
+    op: str | None = None
+    callsite: str | None = None  # "path:line" of the culprit's call
+    evidence: Mapping[str, Any] = field(default_factory=dict)
+    root_cause: bool = False
+    time_ns: int | None = None  # when the divergence happened (orders findings)
+
+    def to_json(self) -> dict[str, Any]:
+        return {
+            "kind": self.kind.value, "severity": self.severity.value, "title": self.title,
+            "detail": self.detail, "ranks": list(self.ranks), "hint": self.hint,
+            "group": self.group, "seq": self.seq, "op": self.op, "callsite": self.callsite,
+            "root_cause": self.root_cause, "evidence": dict(self.evidence),
+        }
+
+
+@dataclass(frozen=True)
+class RankSummary:
+    rank: int
+    host: str
+    pid: int
+    state: str  # exited | exception | signal | vanished | running | blocked | no_capture
+    exit_code: int | None
+    signal: str | None
+    exit_detail: str
+    last_collective: Mapping[str, Any] | None
+    stack_summary: str | None
+    capture: Mapping[str, Any]
+
+    def to_json(self) -> dict[str, Any]:
+        return {
+            "rank": self.rank, "host": self.host, "pid": self.pid, "state": self.state,
+            "exit_code": self.exit_code, "signal": self.signal, "exit_detail": self.exit_detail,
+            "last_collective": dict(self.last_collective) if self.last_collective else None,
+            "stack_summary": self.stack_summary, "capture": dict(self.capture),
+        }
+
+
+@dataclass(frozen=True)
+class Diagnosis:
+    verdict: Verdict
+    findings: tuple[Finding, ...]  # root cause first
+    ranks: tuple[RankSummary, ...]
+    world_size: int
+    command: tuple[str, ...] = ()
+    exit_status: int | None = None
+    notes: tuple[str, ...] = ()  # what the analysis could not see (incomplete captures, ...)
+    groups: Mapping[str, tuple[int, ...]] = field(default_factory=dict)
+    source: str = ""
+
+    @property
+    def root_cause(self) -> Finding | None:
+        return next((f for f in self.findings if f.root_cause), None)
+
+    def to_json(self) -> dict[str, Any]:
+        return {
+            "schema_version": SCHEMA_VERSION, "tool_version": __version__,
+            "command": list(self.command), "verdict": self.verdict.value,
+            "exit_status": self.exit_status, "world_size": self.world_size,
+            "ranks": [r.to_json() for r in self.ranks],
+            "findings": [f.to_json() for f in self.findings],
+            "groups": {name: list(ranks) for name, ranks in self.groups.items()},
+            "notes": list(self.notes), "source": self.source,
+        }

@@ -1,0 +1,33 @@
+"""Names shared by the supervisor and the in-rank recorder (the handshake).
+
+Declared once here; nothing else spells these strings.
+"""
+
+from __future__ import annotations
+
+#: Capture directory. Its presence turns the recorder on in every Python process of the job.
+CAPTURE_DIR = "NCCL_DOCTOR_DIR"
+#: Set to "0" to keep the bootstrap from recording even though NCCL_DOCTOR_DIR is set.
+ENABLE = "NCCL_DOCTOR_ENABLE"
+#: Number of event records in each rank's ring buffer (bounds the capture file's size).
+RING_RECORDS = "NCCL_DOCTOR_RING_RECORDS"
+#: Bytes reserved for each rank's interned string table.
+STRTAB_BYTES = "NCCL_DOCTOR_STRTAB_BYTES"
+#: Directory that holds nccl_doctor's sitecustomize bootstrap (prepended to PYTHONPATH).
+BOOTSTRAP_PATH = "NCCL_DOCTOR_BOOTSTRAP"
+#: Directory from which the job's interpreters can import nccl_doctor if it is not installed there.
+PACKAGE_PARENT = "NCCL_DOCTOR_PACKAGE_PARENT"
+#: Identifier of one `nccl-doctor run`, written into every capture so stray files are recognised.
+RUN_ID = "NCCL_DOCTOR_RUN_ID"
+
+# Variables set by launchers (torchrun, accelerate, deepspeed, SLURM) that the recorder reads.
+LAUNCHER_RANK = ("RANK", "PMI_RANK", "OMPI_COMM_WORLD_RANK", "SLURM_PROCID")
+LAUNCHER_LOCAL_RANK = ("LOCAL_RANK", "MPI_LOCALRANKID", "OMPI_COMM_WORLD_LOCAL_RANK", "SLURM_LOCALID")
+LAUNCHER_WORLD_SIZE = ("WORLD_SIZE", "PMI_SIZE", "OMPI_COMM_WORLD_SIZE", "SLURM_NTASKS")
+NODE_RANK = ("NODE_RANK", "GROUP_RANK", "SLURM_NODEID")
+#: Environment variables copied into each capture's metadata (for diagnosis and known-issue rules).
+RECORDED_ENV = (
+    "MASTER_ADDR", "MASTER_PORT", "NODE_RANK", "GROUP_RANK", "LOCAL_WORLD_SIZE",
+    "TORCHELASTIC_RESTART_COUNT", "TORCHELASTIC_RUN_ID", "CUDA_VISIBLE_DEVICES",
+    "TORCH_DISTRIBUTED_DEBUG", "NCCL_DEBUG", "ACCELERATE_MIXED_PRECISION", "SLURM_JOB_ID",
+)

@@ -1,0 +1,54 @@
+"""The one error family of nccl-doctor, and the exit statuses the CLI maps it to.
+
+Library code raises these; only ``nccl_doctor.cli`` catches them, prints one line and exits.
+"""
+
+from __future__ import annotations
+
+
+class ExitStatus:
+    """Documented exit statuses of the ``nccl-doctor`` command (see README, "Exit status")."""
+
+    OK = 0
+    USAGE = 2  # bad flag or argument (argparse uses 2 as well)
+    NOT_FOUND = 3  # an input path does not exist, or is empty
+    NOT_A_CAPTURE = 4  # the input exists but is not an nccl-doctor capture
+    UNSUPPORTED_VERSION = 5  # a capture written by an incompatible version
+    CORRUPT = 6  # a capture whose data cannot be read at all
+    OUTPUT_EXISTS = 7  # would overwrite an output without --force
+    LAUNCH_FAILED = 8  # the job's command could not be started
+    INTERNAL = 70  # a bug in nccl-doctor (EX_SOFTWARE)
+
+
+class DoctorError(Exception):
+    """An error a user can fix. ``str(err)`` is the whole one-line message."""
+
+    exit_status = ExitStatus.INTERNAL
+
+
+class UsageError(DoctorError):
+    exit_status = ExitStatus.USAGE
+
+
+class CaptureNotFound(DoctorError):
+    exit_status = ExitStatus.NOT_FOUND
+
+
+class NotACapture(DoctorError):
+    exit_status = ExitStatus.NOT_A_CAPTURE
+
+
+class UnsupportedVersion(DoctorError):
+    exit_status = ExitStatus.UNSUPPORTED_VERSION
+
+
+class CorruptCapture(DoctorError):
+    exit_status = ExitStatus.CORRUPT
+
+
+class OutputExists(DoctorError):
+    exit_status = ExitStatus.OUTPUT_EXISTS
+
+
+class LaunchFailed(DoctorError):
+    exit_status = ExitStatus.LAUNCH_FAILED

@@ -1,0 +1,1 @@
+"""Small runnable jobs used by `make demo` and the tests."""

@@ -1,0 +1,52 @@
+"""Which source files belong to torch and the libraries that wrap it (for callsites).
+
+Used by the recorder's hot path (through a per-code-object cache) and by the readers of stacks.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+
+#: Top-level packages whose frames are never "the user's line": torch itself, and the libraries that
+#: wrap torch.distributed on the user's behalf.
+WRAPPER_PACKAGES = ("torch", "accelerate", "deepspeed", "transformers", "trl", "nccl_doctor")
+_INTERNAL = ("torch", "nccl_doctor")  # frames never shown even as the direct API caller
+
+_SEP = re.escape(os.sep)
+
+
+def _pattern(packages: tuple[str, ...]) -> re.Pattern[str]:
+    names = "|".join(re.escape(p) for p in packages)
+    return re.compile(rf"{_SEP}(?:{names}){_SEP}|^<frozen |^<string>$")
+
+
+_WRAPPER_RE = _pattern(WRAPPER_PACKAGES)
+_INTERNAL_RE = _pattern(_INTERNAL)
+
+
+def is_wrapper_file(path: str) -> bool:
+    """True for torch, the wrapping libraries, nccl_doctor itself and frozen importlib frames."""
+    return bool(_WRAPPER_RE.search(path)) and not _is_user_copy(path)
+
+
+def is_internal_file(path: str) -> bool:
+    """True for torch, nccl_doctor and frozen frames: never the direct caller worth naming."""
+    return bool(_INTERNAL_RE.search(path)) and not _is_user_copy(path)
+
+
+def _is_user_copy(path: str) -> bool:
+    # nccl_doctor ships example programs and reproducers; they are "user code" for callsites.
+    return f"{os.sep}nccl_doctor{os.sep}examples{os.sep}" in path or (
+        f"{os.sep}nccl_doctor{os.sep}reproducers{os.sep}" in path
+    )
+
+
+def short_path(path: str, cwd: str | None = None) -> str:
+    """A path relative to ``cwd`` when it lies below it, else as recorded."""
+    cwd = cwd or os.getcwd()
+    try:
+        rel = os.path.relpath(path, cwd)
+    except ValueError:
+        return path
+    return path if rel.startswith("..") else rel

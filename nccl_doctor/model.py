@@ -1,0 +1,231 @@
+"""The typed trace model: what a loaded capture directory is.
+
+Produced by ``nccl_doctor.capture.reader``; consumed by the analysis passes. Frozen dataclasses and
+enums only: no I/O, no torch.
+"""
+
+from __future__ import annotations
+
+import enum
+import re
+from dataclasses import dataclass, field
+from typing import Any, Mapping
+
+from nccl_doctor.capture.format import EventFlag, EventKind, EventState
+
+__all__ = [
+    "Callsite", "Event", "EventFlag", "EventKind", "EventState", "ExitKind", "RankExit", "RankMeta",
+    "Integrity", "RankTrace", "GroupInfo", "TraceSet", "TensorSig", "parse_tensor_desc",
+]
+
+
+@dataclass(frozen=True)
+class Callsite:
+    path: str
+    line: int
+    function: str = ""
+
+    def __str__(self) -> str:
+        return f"{self.path}:{self.line}"
+
+    def to_json(self) -> dict[str, Any]:
+        return {"path": self.path, "line": self.line, "function": self.function}
+
+
+@dataclass(frozen=True)
+class TensorSig:
+    """One tensor (or uniform tensor list) as the recorder described it: ``4*float32[2,7,32]``."""
+
+    dtype: str
+    shape: tuple[int, ...]
+    count: int = 1  # members of a uniform list; 1 for a single tensor
+
+    def __str__(self) -> str:
+        dims = ",".join(str(d) for d in self.shape)
+        return f"{self.count}*{self.dtype}[{dims}]" if self.count != 1 else f"{self.dtype}[{dims}]"
+
+
+_SIG = re.compile(r"^(?:(\d+)\*)?([A-Za-z0-9_.]+)\[([0-9,]*)\]$")
+
+
+def parse_tensor_desc(desc: str) -> tuple[TensorSig, ...]:
+    """Parse the recorder's tensor description (``;``-separated for non-uniform lists)."""
+    sigs = []
+    for part in desc.split(";") if desc else ():
+        m = _SIG.match(part.strip())
+        if not m:
+            continue
+        count, dtype, dims = m.groups()
+        shape = tuple(int(d) for d in dims.split(",") if d)
+        sigs.append(TensorSig(dtype, shape, int(count) if count else 1))
+    return tuple(sigs)
+
+
+@dataclass(frozen=True)
+class Event:
+    """One recorded call into torch.distributed."""
+
+    idx: int  # 1-based record number within the rank's capture
+    parent: int  # idx of the enclosing recorded call (object collective, async op), 0 if none
+    kind: EventKind
+    op: str
+    group: str  # process group name (PyTorch's group_name)
+    seq: int  # PyTorch's per-group sequence number of this call (-1: not known)
+    seq_offset: int  # p2p calls that bumped the group's sequence number before this one
+    seq_delta: int | None  # how much the call advanced the group's sequence number (None: no exit)
+    state: EventState
+    flags: EventFlag
+    t_enter_ns: int
+    t_exit_ns: int | None
+    thread: int
+    input: str  # tensor description, e.g. "float32[2,7,32]"
+    output: str
+    nbytes: int
+    peer: int  # root (src/dst) of a rooted collective, or the p2p peer, as a global rank; -1 none
+    group_size: int
+    callsite: Callsite | None  # first frame outside torch and the libraries that wrap it
+    api_callsite: Callsite | None  # first frame outside torch: the direct caller of the API
+    extra: str = ""
+
+    @property
+    def align_seq(self) -> int:
+        """Sequence number of a collective among the group's collectives (p2p bumps removed)."""
+        return self.seq - self.seq_offset if self.seq >= 0 else -1
+
+    @property
+    def is_composite(self) -> bool:
+        return bool(self.flags & EventFlag.COMPOSITE)
+
+    @property
+    def done(self) -> bool:
+        return self.state is not EventState.ENTERED
+
+    @property
+    def where(self) -> str:
+        return str(self.callsite or self.api_callsite or "?")
+
+
+class ExitKind(enum.Enum):
+    RUNNING = "running"  # no sign of an exit (live capture, or the job was still running)
+    CLEAN = "exit"  # the interpreter shut down normally (atexit ran)
+    EXCEPTION = "exception"  # an uncaught exception ended the main thread
+    SIGNAL = "signal"  # a fatal signal (SIGABRT, SIGSEGV, ...) caught by faulthandler
+    VANISHED = "vanished"  # the process is gone with no record of how: SIGKILL, OOM killer, os._exit
+
+
+@dataclass(frozen=True)
+class RankExit:
+    kind: ExitKind
+    code: int | None = None  # exit status when known
+    signal: str | None = None  # signal name when known
+    exception: str | None = None  # "RuntimeError: message"
+    callsite: Callsite | None = None  # where the exception / signal hit (innermost user frame)
+    time_ns: int | None = None
+
+    @property
+    def abnormal(self) -> bool:
+        if self.kind in (ExitKind.EXCEPTION, ExitKind.SIGNAL, ExitKind.VANISHED):
+            return True
+        return self.kind is ExitKind.CLEAN and self.code not in (None, 0)
+
+    def describe(self, short: bool = False) -> str:
+        if self.kind is ExitKind.EXCEPTION and short and self.exception:
+            # gloo/NCCL messages start with "[/path/to/file.cc:123] ": keep what follows
+            tp, _, msg = self.exception.partition(": ")
+            msg = re.sub(r"^\[[^\]]*\]\s*", "", msg)
+            text = f"raised {tp}: {msg}"
+            return text if len(text) <= 60 else text[:57] + "..."
+        if self.kind is ExitKind.CLEAN:
+            return "exited cleanly" if not self.code else f"exited with status {self.code}"
+        if self.kind is ExitKind.EXCEPTION:
+            return f"raised {self.exception}"
+        if self.kind is ExitKind.SIGNAL:
+            return f"was killed by {self.signal}"
+        if self.kind is ExitKind.VANISHED:
+            return "ended with no exit record (SIGKILL, the OOM killer or os._exit)"
+        return "was still running"
+
+
+@dataclass(frozen=True)
+class RankMeta:
+    rank: int
+    world_size: int
+    local_rank: int | None
+    node_rank: int | None
+    host: str
+    pid: int
+    started_ns: int
+    run_id: str = ""
+    argv: tuple[str, ...] = ()
+    versions: Mapping[str, str] = field(default_factory=dict)
+    env: Mapping[str, str] = field(default_factory=dict)
+
+
+@dataclass(frozen=True)
+class Integrity:
+    """What the reader could not trust in one capture file."""
+
+    torn_records: int = 0  # records whose CRC failed (a write cut off by a kill, or corruption)
+    truncated: bool = False  # the file is shorter than its header says
+    overwritten: int = 0  # oldest records lost to the ring wrapping (bounded capture)
+    bad_strings: int = 0  # string table entries that failed their CRC
+
+    @property
+    def complete(self) -> bool:
+        return not (self.torn_records or self.truncated or self.bad_strings)
+
+    def describe(self) -> str:
+        parts = []
+        if self.truncated:
+            parts.append("file truncated")
+        if self.torn_records:
+            parts.append(f"{self.torn_records} torn record(s)")
+        if self.bad_strings:
+            parts.append(f"{self.bad_strings} corrupt string(s)")
+        if self.overwritten:
+            parts.append(f"{self.overwritten} oldest event(s) overwritten by the ring")
+        return ", ".join(parts) or "complete"
+
+
+@dataclass(frozen=True)
+class GroupInfo:
+    name: str
+    ranks: tuple[int, ...]  # global ranks, in group-rank order
+    backend: str = ""
+    desc: str = ""
+
+
+@dataclass(frozen=True)
+class RankTrace:
+    meta: RankMeta
+    events: tuple[Event, ...]
+    exit: RankExit
+    integrity: Integrity
+    path: str = ""
+    notes: tuple[Mapping[str, Any], ...] = ()
+
+    @property
+    def rank(self) -> int:
+        return self.meta.rank
+
+    def last_event(self) -> Event | None:
+        return self.events[-1] if self.events else None
+
+
+@dataclass(frozen=True)
+class TraceSet:
+    """Every rank of one job, as loaded from a capture directory."""
+
+    ranks: Mapping[int, RankTrace]
+    groups: Mapping[str, GroupInfo]
+    world_size: int
+    command: tuple[str, ...] = ()
+    exit_status: int | None = None  # the launched command's exit status, when the supervisor saw it
+    problems: tuple[str, ...] = ()  # files the loader skipped or could only partly read
+    source: str = ""
+
+    def group_members(self, name: str) -> tuple[int, ...]:
+        info = self.groups.get(name)
+        if info is not None and info.ranks:
+            return info.ranks
+        return tuple(r for r, t in self.ranks.items() if any(e.group == name for e in t.events))

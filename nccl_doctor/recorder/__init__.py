@@ -1,0 +1,1 @@
+"""The in-rank recorder: patches torch.distributed and writes the rank's capture file."""

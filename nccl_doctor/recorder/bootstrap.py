@@ -1,0 +1,128 @@
+"""Start the recorder in a job's Python process, with no change to the user's code.
+
+``nccl-doctor run`` puts ``nccl_doctor/_bootstrap`` on PYTHONPATH; its ``sitecustomize`` calls
+``activate()`` in every Python process of the job (torchrun's workers, accelerate, deepspeed,
+``python -m``, multiprocessing spawn children). ``activate`` only installs an import hook: torch is
+patched when the process itself imports ``torch.distributed``, so a helper process that never
+touches torch pays nothing. Stdlib imports only, at module level.
+"""
+
+from __future__ import annotations
+
+import importlib.abc
+import os
+import sys
+from pathlib import Path
+from typing import Any, Callable
+
+from nccl_doctor import env
+
+_TARGET = "torch.distributed"
+_recorder: Any = None
+
+
+def recorder() -> Any:
+    """The process's recorder, or None."""
+    return _recorder
+
+
+def activate() -> bool:
+    """Arm the recorder if NCCL_DOCTOR_DIR is set (and NCCL_DOCTOR_ENABLE is not "0")."""
+    directory = os.environ.get(env.CAPTURE_DIR)
+    if not directory or os.environ.get(env.ENABLE, "1") == "0":
+        return False
+    install(Path(directory), lazy=True)
+    return True
+
+
+def install(directory: Path, *, lazy: bool = False) -> Any:
+    """Create the recorder for ``directory`` and patch torch.distributed (now, or at its import)."""
+    global _recorder
+    if _recorder is None:
+        from nccl_doctor.capture import format as fmt
+        from nccl_doctor.recorder.core import Recorder
+
+        _recorder = Recorder(
+            directory.absolute(),
+            capacity=_env_size(env.RING_RECORDS, fmt.DEFAULT_RING_RECORDS, 16),
+            strtab_bytes=_env_size(env.STRTAB_BYTES, fmt.DEFAULT_STRTAB_BYTES, 4096),
+        )
+        os.register_at_fork(after_in_child=_after_fork)
+    module = sys.modules.get(_TARGET)
+    if module is not None and hasattr(module, "all_reduce"):
+        _patch(module)
+    elif lazy:
+        sys.meta_path.insert(0, _PostImportFinder(_TARGET, _patch))
+    else:
+        import torch.distributed
+
+        _patch(torch.distributed)
+    return _recorder
+
+
+def _patch(module: Any) -> None:
+    try:
+        if getattr(module, "is_available", lambda: False)():
+            _recorder.patch(module)
+    except Exception as err:  # never break the user's import of torch
+        _recorder.fail(err)
+
+
+def _after_fork() -> None:
+    if _recorder is not None:
+        _recorder.after_fork_in_child()
+
+
+def _env_size(name: str, default: int, minimum: int) -> int:
+    try:
+        return max(minimum, int(os.environ.get(name, default)))
+    except ValueError:
+        return default
+
+
+class _PostImportFinder(importlib.abc.MetaPathFinder):
+    """Runs ``callback(module)`` right after ``name`` has been imported, then removes itself."""
+
+    def __init__(self, name: str, callback: Callable[[Any], None]) -> None:
+        self.name, self.callback, self._busy = name, callback, False
+
+    def find_spec(self, fullname: str, path: Any = None, target: Any = None) -> Any:
+        if fullname != self.name or self._busy:
+            return None
+        self._busy = True
+        try:
+            spec = None
+            for finder in sys.meta_path:
+                if finder is self or not hasattr(finder, "find_spec"):
+                    continue
+                spec = finder.find_spec(fullname, path, target)
+                if spec is not None:
+                    break
+        finally:
+            self._busy = False
+        if spec is None or spec.loader is None or not hasattr(spec.loader, "exec_module"):
+            return spec
+        spec.loader = _CallbackLoader(spec.loader, self)
+        return spec
+
+    def loaded(self, module: Any) -> None:
+        try:
+            sys.meta_path.remove(self)
+        except ValueError:
+            pass
+        self.callback(module)
+
+
+class _CallbackLoader(importlib.abc.Loader):
+    def __init__(self, loader: Any, finder: _PostImportFinder) -> None:
+        self._loader, self._finder = loader, finder
+
+    def create_module(self, spec: Any) -> Any:
+        return self._loader.create_module(spec)
+
+    def exec_module(self, module: Any) -> None:
+        self._loader.exec_module(module)
+        self._finder.loaded(module)
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self._loader, name)

@@ -1,0 +1,493 @@
+"""The recorder inside a rank: wraps torch.distributed calls and writes them to the capture.
+
+Rules it lives by: it never changes what a call does or returns, never raises into user code
+(an internal error disables it with one line on stderr and the job goes on), issues no collective
+of its own, and keeps its hot path free of system calls.
+"""
+
+from __future__ import annotations
+
+import atexit
+import faulthandler
+import functools
+import inspect
+import os
+import re
+import socket
+import sys
+import threading
+import time
+import weakref
+import zlib
+from pathlib import Path
+from typing import Any, Callable
+
+from nccl_doctor import env, frames
+from nccl_doctor._version import __version__
+from nccl_doctor.capture import format as fmt
+from nccl_doctor.capture.format import EventFlag, EventKind, EventState
+from nccl_doctor.capture.writer import _BLANK_TAIL, CaptureWriter
+from nccl_doctor.recorder.describe import Describer
+from nccl_doctor.recorder.specs import SPECS, Spec
+
+_RECORD = fmt.RECORD_SIZE
+_pack = fmt.ENTER.pack
+_exit_pack = fmt.EXIT.pack_into
+_EXIT_AT = fmt.EXIT_OFFSET
+_crc = zlib.crc32
+get_ident = threading.get_ident
+_MAX_PENDING = 4096  # async works awaiting wait(); older ones are forgotten
+
+
+class _Group:
+    """What the recorder caches about one process group."""
+
+    __slots__ = ("name_id", "size", "ranks", "seq", "p2p_bumps")
+
+    def __init__(self, name_id: int, size: int, ranks: tuple[int, ...], seq: Callable | None):
+        self.name_id, self.size, self.ranks, self.seq = name_id, size, ranks, seq
+        self.p2p_bumps = 0
+
+
+class _Call:
+    """A spec with its parameter positions resolved against the real function."""
+
+    __slots__ = ("spec", "kind", "flags", "op_id", "group", "inp", "out", "roots", "async_",
+                 "measure")
+
+    def __init__(self, spec: Spec, fn: Callable) -> None:
+        try:
+            params = list(inspect.signature(fn).parameters)
+        except (TypeError, ValueError):
+            params = []
+
+        def at(name: str | None) -> tuple[int, str] | None:
+            if name is None:
+                return None
+            return (params.index(name) if name in params else 10_000, name)
+
+        flags = spec.flags | (EventFlag.ASYNC if spec.always_async else EventFlag.NONE)
+        self.spec, self.kind, self.flags, self.op_id = spec, int(spec.kind), int(flags), 0
+        self.group, self.inp, self.out = at(spec.group), at(spec.inp), at(spec.out)
+        self.roots = tuple(
+            (at(r), r.startswith("group_")) for r in spec.roots if r in params
+        )
+        self.async_ = None if spec.always_async else at("async_op")
+        # A plain collective advances its group's sequence number by exactly one (gloo and NCCL);
+        # p2p, composite, coalesced and monitored calls are measured after they return.
+        self.measure = bool(
+            spec.kind != EventKind.COLLECTIVE or flags & ~EventFlag.ASYNC
+            or spec.name == "monitored_barrier"
+        )
+
+
+def _arg(args: tuple, kwargs: dict, where: tuple[int, str] | None, default: Any = None) -> Any:
+    if where is None:
+        return default
+    pos, name = where
+    if pos < len(args):
+        return args[pos]
+    return kwargs.get(name, default)
+
+
+class Recorder:
+    def __init__(self, directory: Path, *, capacity: int, strtab_bytes: int) -> None:
+        self.directory = directory
+        self.capacity = capacity
+        self.strtab_bytes = strtab_bytes
+        self.enabled = True
+        self.writer: CaptureWriter | None = None
+        self.describer: Describer | None = None
+        self.c10d: Any = None
+        self.default_pg: Any = None
+        self._groups: dict[Any, _Group] = {}
+        self._tls = threading.local()
+        self._pending: dict[int, tuple] = {}
+        self._calls: list[_Call] = []
+        self._hooks_installed = False
+        self._fault_file: Any = None
+        self._pid = os.getpid()
+
+    # -- failure: one line, then out of the way ----------------------------------------------
+    def fail(self, err: BaseException) -> None:
+        if not self.enabled:
+            return
+        self.enabled = False
+        try:
+            sys.stderr.write(
+                f"nccl-doctor: recorder disabled after an internal error ({err!r}); "
+                "the job continues unrecorded\n"
+            )
+        except Exception:
+            pass
+
+    # -- the capture file --------------------------------------------------------------------
+    def open(self) -> None:
+        """Create the rank's capture once its process group exists (rank is known then)."""
+        if self.writer is not None or not self.enabled:
+            return
+        c10d = self.c10d
+        rank, world = c10d.get_rank(), c10d.get_world_size()
+        host = socket.gethostname()
+        self.directory.mkdir(parents=True, exist_ok=True)
+        safe_host = re.sub(r"[^A-Za-z0-9_-]", "_", host)[:64]
+        stem = f"rank{rank:05d}.{safe_host}.{os.getpid()}"
+        meta = {
+            "rank": rank, "world_size": world, "host": host, "pid": os.getpid(),
+            "local_rank": _env_int(env.LAUNCHER_LOCAL_RANK), "node_rank": _env_int(env.NODE_RANK),
+            "started_ns": time.time_ns(), "run_id": os.environ.get(env.RUN_ID, ""),
+            "argv": [a[:200] for a in sys.argv[:32]],
+            "versions": _versions(),
+            "env": {k: os.environ[k][:200] for k in env.RECORDED_ENV if k in os.environ},
+        }
+        path = self.directory / f"{stem}{fmt.CAPTURE_SUFFIX}"
+        n = 0
+        while path.exists():  # a previous job in the same directory reused this pid
+            n += 1
+            path = self.directory / f"{stem}-{n}{fmt.CAPTURE_SUFFIX}"
+        writer = CaptureWriter(path, meta, capacity=self.capacity, strtab_bytes=self.strtab_bytes)
+        self.describer = Describer(writer.intern)
+        for call in self._calls:
+            call.op_id = writer.intern(call.spec.name)
+        self._wait_op = writer.intern("wait")
+        self._init_op = writer.intern("init_process_group")
+        self.writer = writer
+        self.default_pg = c10d._get_default_group()
+        self._group(self.default_pg)
+        self._install_lifecycle_hooks(path)
+
+    def _group(self, pg: Any) -> _Group | None:
+        grec = self._groups.get(pg)
+        if grec is not None:
+            return grec
+        c10d, w = self.c10d, self.writer
+        if pg is None or isinstance(pg, int) or w is None:
+            return None  # NON_GROUP_MEMBER: the call is a no-op on this rank
+        name = c10d._get_process_group_name(pg)
+        try:
+            ranks = tuple(c10d.get_process_group_ranks(pg))
+        except Exception:
+            ranks = ()
+        seq = getattr(pg, "_get_sequence_number_for_group", None)
+        try:
+            seq is not None and seq()
+        except Exception:
+            seq = None
+        grec = _Group(w.intern(name), pg.size(), ranks, seq)
+        self._groups[pg] = grec
+        try:
+            backend = str(c10d.get_backend(pg))
+        except Exception:
+            backend = ""
+        desc = getattr(pg, "group_desc", "")
+        w.note("group", name=name, ranks=list(ranks), backend=backend, desc=str(desc))
+        return grec
+
+    # -- hot path ----------------------------------------------------------------------------
+    def enter(self, call: _Call, args: tuple, kwargs: dict, frame: Any) -> tuple | None:
+        n = len(args)
+        where = call.group
+        pg = None
+        if where is not None:
+            pg = args[where[0]] if where[0] < n else kwargs.get(where[1]) if kwargs else None
+        if pg is None:
+            pg = self.default_pg
+        grec = self._groups.get(pg) or self._group(pg)
+        if grec is None:
+            return None
+        seq = grec.seq() + 1 if grec.seq is not None else -1
+        d = self.describer
+        inp_id = nbytes = out_id = 0
+        where = call.inp
+        if where is not None:
+            x = args[where[0]] if where[0] < n else kwargs.get(where[1]) if kwargs else None
+            if x is not None:
+                inp_id, nbytes = d.tensor(x)
+        where = call.out
+        if where is not None:
+            x = args[where[0]] if where[0] < n else kwargs.get(where[1]) if kwargs else None
+            if x is not None:
+                out_id = d.tensor(x)[0]
+        peer = -1
+        for where, relative in call.roots:
+            r = _arg(args, kwargs, where)
+            if r is not None:
+                peer = grec.ranks[r] if relative and 0 <= r < len(grec.ranks) else r
+                break
+        flags = call.flags
+        where = call.async_
+        if where is not None and (
+            args[where[0]] if where[0] < n else kwargs.get(where[1]) if kwargs else False
+        ):
+            flags |= EventFlag.ASYNC
+        uf, ul, ufn, af, al = d.callsites(frame)
+        tls = self._tls.__dict__
+        stack = tls.get("stack")
+        if stack is None:
+            stack = tls["stack"] = []
+        # CaptureWriter.begin, inlined: this is the hot path.
+        w = self.writer
+        w.count = idx = w.next_index()
+        raw = _pack(
+            idx, stack[-1] if stack else 0, time.time_ns(), seq, nbytes, get_ident(),
+            call.op_id, grec.name_id, inp_id, out_id, uf, ul, ufn, af, al, 0, peer, grec.size,
+            grec.p2p_bumps, call.kind, flags, 0,
+        )
+        off = w.ring_offset + ((idx - 1) % w.capacity) * _RECORD
+        w.ring[off : off + _RECORD] = raw + _crc(raw).to_bytes(4, "little") + _BLANK_TAIL
+        stack.append(idx)
+        return idx, grec, seq, stack, flags
+
+    def leave(self, call: _Call, token: tuple, state: int, result: Any) -> None:
+        try:
+            idx, grec, seq, stack, flags = token
+            if stack and stack[-1] == idx:
+                stack.pop()
+            delta = 1
+            if call.measure:
+                delta = grec.seq() + 1 - seq if seq >= 0 else 0
+                if call.kind == EventKind.P2P and delta > 0 and not stack:
+                    grec.p2p_bumps += delta  # keeps collectives aligned across ranks
+            if result is not None and flags & EventFlag.ASYNC:
+                state = EventState.ISSUED
+                self._track(result, idx, grec, token)
+            # CaptureWriter.end, inlined (hot path); the check word is format.exit_check's.
+            w = self.writer
+            if w.count - idx < w.capacity:
+                t_exit = time.time_ns()
+                _exit_pack(
+                    w.ring, w.ring_offset + ((idx - 1) % w.capacity) * _RECORD + _EXIT_AT,
+                    t_exit, delta, state,
+                    (idx * 0x9E3779B1 ^ t_exit ^ (state << 20) ^ (delta & 0xFFFF)) & 0xFFFFFFFF,
+                )
+        except Exception as err:
+            self.fail(err)
+
+    def _track(self, result: Any, idx: int, grec: _Group, token: tuple) -> None:
+        works = result if isinstance(result, list) else (result,)
+        pending = self._pending
+        for work in works:
+            if len(pending) >= _MAX_PENDING:
+                pending.pop(next(iter(pending)))
+            try:
+                key = id(work)
+                ref = weakref.ref(work, lambda _r, k=key: pending.pop(k, None))
+            except TypeError:
+                ref = None
+            pending[id(work)] = (ref, idx, grec, self.writer.record(idx))
+
+    def wait_enter(self, work: Any, frame: Any) -> tuple | None:
+        entry = self._pending.pop(id(work), None)
+        if entry is None:
+            return None
+        ref, parent, grec, f = entry
+        if (ref is not None and ref() is not work) or f is None:
+            return None
+        # f: the async op's ENTER fields (idx first); the wait inherits its group, seq and tensors
+        uf, ul, ufn, af, al = self.describer.callsites(frame)
+        tls = self._tls.__dict__
+        stack = tls.get("stack")
+        if stack is None:
+            stack = tls["stack"] = []
+        w = self.writer
+        idx = w.begin((
+            parent, time.time_ns(), f[3], f[4], get_ident(), self._wait_op, f[7], f[8], f[9],
+            uf, ul, ufn, af, al, f[6], f[16], f[17], f[18], int(EventKind.WAIT), 0, 0,
+        ))
+        stack.append(idx)
+        return idx, grec, -1, stack, 0
+
+    # -- lifecycle ---------------------------------------------------------------------------
+    def _install_lifecycle_hooks(self, path: Path) -> None:
+        if self._hooks_installed:
+            return
+        self._hooks_installed = True
+        w = self.writer
+        atexit.register(self._on_exit)
+        previous_hook = sys.excepthook
+
+        def excepthook(tp: type, value: BaseException, tb: Any) -> None:
+            try:
+                self._on_exception(tp, value, tb)
+            finally:
+                previous_hook(tp, value, tb)
+
+        sys.excepthook = excepthook
+        real_exit = sys.exit
+
+        @functools.wraps(real_exit)
+        def exit(status: Any = None) -> None:
+            try:
+                if self.writer is not None:
+                    code = status if isinstance(status, int) else (0 if status is None else 1)
+                    self.writer.note("sys_exit", code=code)
+            except Exception:
+                pass
+            real_exit(status)
+
+        sys.exit = exit
+        if not faulthandler.is_enabled():  # never take over a faulthandler the user set up
+            try:
+                self._fault_file = open(path.with_suffix(".fault"), "w")
+                faulthandler.enable(self._fault_file, all_threads=True)
+            except OSError:
+                self._fault_file = None
+        w.note("init", backend=str(self.c10d.get_backend()))
+
+    def _on_exit(self) -> None:
+        if self.writer is not None and os.getpid() == self._pid:
+            try:
+                self.writer.note("exit")
+            except Exception:
+                pass
+
+    def _on_exception(self, tp: type, value: BaseException, tb: Any) -> None:
+        if self.writer is None or os.getpid() != self._pid:
+            return
+        site = None
+        while tb is not None:  # innermost frame in the user's code
+            if not frames.is_wrapper_file(tb.tb_frame.f_code.co_filename):
+                site = tb
+            tb = tb.tb_next
+        fields: dict[str, Any] = {"type": tp.__name__, "message": str(value)[:500]}
+        if site is not None:
+            fields.update(path=site.tb_frame.f_code.co_filename, line=site.tb_lineno,
+                          function=site.tb_frame.f_code.co_name)
+        self.writer.note("exception", **fields)
+
+    def after_fork_in_child(self) -> None:
+        """A forked child (a DataLoader worker) must not write into its parent's capture."""
+        self.writer = None
+        self.describer = None
+        self.default_pg = None
+        self._groups = {}
+        self._pending = {}
+        self._tls = threading.local()
+        self._hooks_installed = False
+        self._pid = os.getpid()
+
+    # -- patching ----------------------------------------------------------------------------
+    def patch(self, dist_module: Any) -> None:
+        """Wrap torch.distributed's functions (in c10d and everywhere they were imported)."""
+        c10d = sys.modules["torch.distributed.distributed_c10d"]
+        self.c10d = c10d
+        replaced: dict[int, Callable] = {}
+        for spec in SPECS:
+            fn = getattr(c10d, spec.name, None)
+            if fn is None or getattr(fn, "__nccl_doctor__", False):
+                continue
+            call = _Call(spec, fn)
+            self._calls.append(call)
+            replaced[id(fn)] = _wrap(self, call, fn)
+        init = getattr(c10d, "init_process_group", None)
+        if init is not None and not getattr(init, "__nccl_doctor__", False):
+            replaced[id(init)] = _wrap_init(self, init)
+        for module in [c10d, dist_module] + [
+            m for n, m in list(sys.modules.items())
+            if n.startswith("torch.distributed.") and m is not None and m is not c10d
+        ]:
+            namespace = getattr(module, "__dict__", {})
+            for name, value in list(namespace.items()):
+                new = replaced.get(id(value))
+                if new is not None and getattr(new, "__wrapped__", None) is value:
+                    namespace[name] = new
+        _patch_wait(self, c10d.Work)
+        if c10d.is_initialized():
+            self.open()
+
+
+def _wrap(rec: Recorder, call: _Call, fn: Callable) -> Callable:
+    getframe = sys._getframe
+
+    @functools.wraps(fn)
+    def wrapper(*args: Any, **kwargs: Any) -> Any:
+        if rec.writer is None or not rec.enabled:
+            return fn(*args, **kwargs)
+        try:
+            token = rec.enter(call, args, kwargs, getframe(1))
+        except Exception as err:
+            rec.fail(err)
+            return fn(*args, **kwargs)
+        if token is None:
+            return fn(*args, **kwargs)
+        try:
+            result = fn(*args, **kwargs)
+        except BaseException:
+            rec.leave(call, token, EventState.FAILED, None)
+            raise
+        rec.leave(call, token, EventState.RETURNED, result)
+        return result
+
+    wrapper.__nccl_doctor__ = True  # type: ignore[attr-defined]
+    return wrapper
+
+
+def _wrap_init(rec: Recorder, fn: Callable) -> Callable:
+    @functools.wraps(fn)
+    def init_process_group(*args: Any, **kwargs: Any) -> Any:
+        result = fn(*args, **kwargs)
+        try:
+            rec.open()
+        except Exception as err:
+            rec.fail(err)
+        return result
+
+    init_process_group.__nccl_doctor__ = True  # type: ignore[attr-defined]
+    return init_process_group
+
+
+def _patch_wait(rec: Recorder, work_cls: Any) -> None:
+    real_wait = work_cls.wait
+    if getattr(real_wait, "__nccl_doctor__", False):
+        return
+    getframe = sys._getframe
+
+    def wait(self: Any, *args: Any, **kwargs: Any) -> Any:
+        token = None
+        if rec.writer is not None and rec.enabled and rec._pending:
+            try:
+                token = rec.wait_enter(self, getframe(1))
+            except Exception as err:
+                rec.fail(err)
+        if token is None:
+            return real_wait(self, *args, **kwargs)
+        try:
+            result = real_wait(self, *args, **kwargs)
+        except BaseException:
+            rec.leave(_WAIT_CALL, token, EventState.FAILED, None)
+            raise
+        rec.leave(_WAIT_CALL, token, EventState.RETURNED, None)
+        return result
+
+    wait.__nccl_doctor__ = True  # type: ignore[attr-defined]
+    wait.__doc__ = real_wait.__doc__
+    work_cls.wait = wait
+
+
+class _WaitCall:
+    kind = int(EventKind.WAIT)
+    measure = False
+
+
+_WAIT_CALL: Any = _WaitCall()
+
+
+def _env_int(names: tuple[str, ...]) -> int | None:
+    for name in names:
+        value = os.environ.get(name)
+        if value is not None:
+            try:
+                return int(value)
+            except ValueError:
+                return None
+    return None
+
+
+def _versions() -> dict[str, str]:
+    out = {"python": sys.version.split()[0], "nccl_doctor": __version__}
+    for name in ("torch", "transformers", "trl", "accelerate", "deepspeed", "vllm"):
+        module = sys.modules.get(name)
+        version = getattr(module, "__version__", None) if module is not None else None
+        if version is not None:
+            out[name] = str(version)
+    return out

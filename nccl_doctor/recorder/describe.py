@@ -1,0 +1,108 @@
+"""Cheap, cached descriptions of call arguments and callsites for the recorder's hot path."""
+
+from __future__ import annotations
+
+import sys
+from types import CodeType, FrameType
+from typing import Any, Callable
+
+from nccl_doctor import frames
+
+_UNIFORM_CHECK_LIMIT = 16  # lists longer than this are described by their first member
+
+
+class Describer:
+    """Interns tensor descriptions and callsites through ``intern`` (the capture's string table)."""
+
+    def __init__(self, intern: Callable[[str], int]) -> None:
+        self._intern = intern
+        self._tensor: dict[Any, int] = {}
+        # Keyed by id(code): hashing a code object hashes its whole body on every call. The value
+        # holds the code object, so it stays alive and its id cannot be reused.
+        self._code: dict[int, tuple[bool, bool, int, int, CodeType]] = {}
+        self._lines: dict[tuple[int, int], int] = {}
+
+    # -- tensors -----------------------------------------------------------------------------
+    def tensor(self, t: Any) -> tuple[int, int]:
+        """(string id of the description, bytes) for a tensor, a list of tensors, or an object."""
+        shape = getattr(t, "shape", None)
+        if shape is not None:
+            key = (t.dtype, shape)
+            sid = self._tensor.get(key)
+            if sid is None:
+                sid = self._tensor[key] = self._intern(_sig(t.dtype, shape))
+            return sid, t.nbytes
+        if isinstance(t, (list, tuple)):
+            return self._tensor_list(t)
+        return self._intern_const("object"), 0
+
+    def _tensor_list(self, items: list | tuple) -> tuple[int, int]:
+        n = len(items)
+        if n == 0:
+            return self._intern_const("[]"), 0
+        first = items[0]
+        shape = getattr(first, "shape", None)
+        if shape is None:
+            if isinstance(first, (list, tuple)):
+                return self._intern_const(f"{n}*list"), 0
+            return self._intern_const(f"{n}*object"), 0
+        if n <= _UNIFORM_CHECK_LIMIT:
+            dtype = first.dtype
+            for other in items:
+                if other.shape != shape or other.dtype != dtype:
+                    desc = ";".join(_sig(x.dtype, x.shape) for x in items)
+                    return self._intern(desc), sum(x.nbytes for x in items)
+        key = (n, first.dtype, shape)
+        sid = self._tensor.get(key)
+        if sid is None:
+            sid = self._tensor[key] = self._intern(f"{n}*{_sig(first.dtype, shape)}")
+        return sid, first.nbytes * n
+
+    def _intern_const(self, text: str) -> int:
+        sid = self._tensor.get(text)
+        if sid is None:
+            sid = self._tensor[text] = self._intern(text)
+        return sid
+
+    # -- callsites ---------------------------------------------------------------------------
+    def callsites(self, frame: FrameType | None) -> tuple[int, int, int, int, int]:
+        """(user file, line, function, api file, api line) string ids / numbers.
+
+        The user callsite is the first frame outside torch and its wrapping libraries; the API
+        callsite is the first frame outside torch (it may be in accelerate or trl). Line numbers
+        are cached by (code, instruction offset): ``f_lineno`` decodes the line table each time.
+        """
+        api_file = api_line = 0
+        cache, lines = self._code, self._lines
+        while frame is not None:
+            code = frame.f_code
+            cid = id(code)
+            info = cache.get(cid)
+            if info is None:
+                info = cache[cid] = self._code_info(code)
+            if not info[1]:
+                key = (cid, frame.f_lasti)
+                line = lines.get(key)
+                if line is None:
+                    line = lines[key] = frame.f_lineno or 0
+                if not api_file:
+                    api_file, api_line = info[2], line
+                if not info[0]:
+                    return info[2], line, info[3], api_file, api_line
+            frame = frame.f_back
+        return 0, 0, 0, api_file, api_line
+
+    def _code_info(self, code: CodeType) -> tuple[bool, bool, int, int, CodeType]:
+        path = code.co_filename
+        return (
+            frames.is_wrapper_file(path),
+            frames.is_internal_file(path),
+            self._intern(path),
+            self._intern(code.co_qualname if sys.version_info >= (3, 11) else code.co_name),
+            code,
+        )
+
+
+def _sig(dtype: Any, shape: Any) -> str:
+    name = str(dtype).rpartition(".")[2]
+    return f"{name}[{','.join(str(int(d)) for d in shape)}]"

@@ -1,0 +1,10 @@
+from __future__ import annotations
+
+from typing import Protocol, TextIO
+
+from nccl_doctor.diagnosis import Diagnosis
+
+
+class Reporter(Protocol):
+    def render(self, diagnosis: Diagnosis, stream: TextIO, *, color: bool = False) -> None:
+        """Write ``diagnosis`` to ``stream``."""

@@ -1,0 +1,66 @@
+from __future__ import annotations
+
+from typing import TextIO
+
+from rich.console import Console
+from rich.markup import escape
+from rich.table import Table
+
+from nccl_doctor.diagnosis import Diagnosis, Finding, Verdict
+
+_VERDICT_STYLE = {
+    Verdict.OK: "bold green", Verdict.SUSPECT: "bold yellow", Verdict.HANG: "bold red",
+    Verdict.CRASH: "bold red",
+}
+_VERDICT_WORDS = {
+    Verdict.OK: "no problem found",
+    Verdict.SUSPECT: "the job ran, but something is wrong",
+    Verdict.HANG: "the job is hung",
+    Verdict.CRASH: "the job failed",
+}
+
+
+class ConsoleReporter:
+    """A human summary: verdict, root cause with its fix, other findings, then the ranks."""
+
+    def render(self, diagnosis: Diagnosis, stream: TextIO, *, color: bool = False) -> None:
+        console = Console(file=stream, force_terminal=color, no_color=not color, width=110,
+                          highlight=False, soft_wrap=False)
+        d = diagnosis
+        style = _VERDICT_STYLE[d.verdict]
+        status = "" if d.exit_status is None else f", exit status {d.exit_status}"
+        console.print(
+            f"[{style}]nccl-doctor: {d.verdict.value.upper()}[/] - {_VERDICT_WORDS[d.verdict]} "
+            f"({d.world_size} rank{'s' if d.world_size != 1 else ''}{status})"
+        )
+        for f in d.findings:
+            self._finding(console, f)
+        if d.ranks:
+            console.print(self._ranks_table(d))
+        for note in d.notes:
+            console.print(f"[yellow]note:[/] {escape(note)}")
+
+    def _finding(self, console: Console, f: Finding) -> None:
+        label = "ROOT CAUSE" if f.root_cause else f.severity.value
+        style = "bold red" if f.root_cause else "yellow"
+        console.print(f"\n[{style}]{label}[/] [bold]{f.kind.value}[/]: {escape(f.title)}")
+        for line in f.detail.splitlines():
+            console.print(f"    {escape(line)}")
+        if f.callsite:
+            console.print(f"    [dim]callsite:[/] {escape(f.callsite)}")
+        if f.hint and f.root_cause:
+            console.print(f"    [green]fix:[/] {escape(f.hint)}")
+
+    def _ranks_table(self, d: Diagnosis) -> Table:
+        table = Table(title=None, show_edge=False, pad_edge=False, box=None, header_style="bold")
+        for col in ("rank", "host", "pid", "state", "last collective"):
+            table.add_column(col)
+        table.add_column("where", overflow="fold")
+        for r in d.ranks:
+            last = r.last_collective or {}
+            op = f"{last.get('op')} #{last.get('seq')} g{last.get('group')} ({last.get('state')})" \
+                if last else "-"
+            table.add_row(str(r.rank), r.host or "-", str(r.pid or "-"),
+                          escape(r.exit_detail if r.state != "running" else r.state),
+                          escape(op), escape(str(last.get("callsite", "-"))))
+        return table

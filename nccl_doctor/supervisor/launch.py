@@ -1,0 +1,95 @@
+"""Start the job in its own process group with the recorder injected; forward signals; reap."""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import time
+from pathlib import Path
+from typing import Mapping, Sequence
+
+import nccl_doctor
+from nccl_doctor import env
+from nccl_doctor.errors import LaunchFailed
+
+BOOTSTRAP_DIR = Path(nccl_doctor.__file__).parent / "_bootstrap"
+PACKAGE_PARENT = Path(nccl_doctor.__file__).parent.parent
+
+
+def job_environment(base: Mapping[str, str], capture_dir: Path, run_id: str) -> dict[str, str]:
+    """The job's environment: the user's, plus what arms the recorder in every Python process."""
+    out = dict(base)
+    paths = [str(BOOTSTRAP_DIR)] + [p for p in out.get("PYTHONPATH", "").split(os.pathsep) if p]
+    out["PYTHONPATH"] = os.pathsep.join(paths)
+    out[env.CAPTURE_DIR] = str(capture_dir.absolute())
+    out[env.PACKAGE_PARENT] = str(PACKAGE_PARENT)
+    out[env.BOOTSTRAP_PATH] = str(BOOTSTRAP_DIR)
+    out[env.RUN_ID] = run_id
+    return out
+
+
+class Job:
+    """The launched command: a process-group leader whose group is the whole job."""
+
+    def __init__(self, command: Sequence[str], environment: Mapping[str, str]) -> None:
+        try:
+            # Its own session and process group: the supervisor can stop the job as a whole, and
+            # the terminal's Ctrl-C reaches the supervisor, which forwards it.
+            self.proc = subprocess.Popen(list(command), env=dict(environment), start_new_session=True)
+        except FileNotFoundError:
+            raise LaunchFailed(
+                f"cannot run {command[0]!r}: command not found (is it installed, on PATH?)"
+            ) from None
+        except PermissionError:
+            raise LaunchFailed(f"cannot run {command[0]!r}: permission denied") from None
+        except OSError as err:
+            raise LaunchFailed(f"cannot run {command[0]!r}: {err.strerror}") from None
+        self.pgid = self.proc.pid
+        self.started = time.time()
+
+    @property
+    def pid(self) -> int:
+        return self.proc.pid
+
+    def poll(self) -> int | None:
+        return self.proc.poll()
+
+    def signal(self, sig: int) -> None:
+        """Send ``sig`` to every process of the job."""
+        try:
+            os.killpg(self.pgid, sig)
+        except ProcessLookupError:
+            pass
+
+    def group_alive(self) -> bool:
+        try:
+            os.killpg(self.pgid, 0)
+        except ProcessLookupError:
+            return False
+        except PermissionError:
+            return True
+        return True
+
+    def reap_stragglers(self, grace: float = 5.0) -> bool:
+        """After the leader exits, give leftover processes ``grace`` seconds, then stop them.
+
+        Returns True if any process had to be stopped (an orphan the launcher left behind).
+        """
+        deadline = time.monotonic() + grace
+        while self.group_alive() and time.monotonic() < deadline:
+            time.sleep(0.1)
+        if not self.group_alive():
+            return False
+        self.signal(signal.SIGTERM)
+        deadline = time.monotonic() + 5.0
+        while self.group_alive() and time.monotonic() < deadline:
+            time.sleep(0.1)
+        if self.group_alive():
+            self.signal(signal.SIGKILL)
+        return True
+
+
+def exit_status(returncode: int) -> int:
+    """A shell's view of a return code: killed by signal N -> 128 + N."""
+    return 128 - returncode if returncode < 0 else returncode

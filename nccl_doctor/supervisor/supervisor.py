@@ -1,0 +1,139 @@
+"""The supervisor loop: launch, watch, collect, analyse, report.
+
+Post-mortem for now: it waits for the job and diagnoses it after it ends. The live watchdog plugs
+into ``Supervisor.tick`` (it runs every ``poll_interval`` while the job lives).
+"""
+
+from __future__ import annotations
+
+import enum
+import os
+import signal
+import time
+import uuid
+from dataclasses import dataclass, replace
+from pathlib import Path
+from typing import Callable, Sequence
+
+from nccl_doctor.analysis import analyze
+from nccl_doctor.capture.directory import (
+    REPORT_JSON, Manifest, capture_files, load_capture_dir,
+)
+from nccl_doctor.diagnosis import Diagnosis
+from nccl_doctor.errors import DoctorError
+from nccl_doctor.reporters.json import JsonReporter
+from nccl_doctor.supervisor.launch import Job, exit_status, job_environment
+
+
+class State(enum.Enum):
+    STARTING = "starting"
+    RUNNING = "running"
+    ENDED = "ended"
+    ANALYSING = "analysing"
+    DONE = "done"
+
+
+_ALLOWED = {
+    State.STARTING: {State.RUNNING, State.DONE},
+    State.RUNNING: {State.ENDED},
+    State.ENDED: {State.ANALYSING},
+    State.ANALYSING: {State.DONE},
+    State.DONE: set(),
+}
+
+
+@dataclass(frozen=True)
+class RunResult:
+    exit_status: int
+    diagnosis: Diagnosis | None
+    report_path: Path | None
+    analysis_error: str | None = None
+    stopped_orphans: bool = False
+
+
+class Supervisor:
+    def __init__(self, command: Sequence[str], out_dir: Path, *, poll_interval: float = 0.2,
+                 environ: dict[str, str] | None = None) -> None:
+        self.command = tuple(command)
+        self.out_dir = out_dir
+        self.poll_interval = poll_interval
+        self.environ = dict(os.environ if environ is None else environ)
+        self.state = State.STARTING
+        self.run_id = uuid.uuid4().hex[:12]
+        self.job: Job | None = None
+        self._signals = 0
+        self.listeners: list[Callable[[Supervisor], None]] = []  # called every tick
+
+    def _to(self, new: State) -> None:
+        if new not in _ALLOWED[self.state]:
+            raise RuntimeError(f"supervisor: {self.state.value} -> {new.value} is not allowed")
+        self.state = new
+
+    def run(self) -> RunResult:
+        self.out_dir.mkdir(parents=True, exist_ok=True)
+        manifest = Manifest(command=self.command, started_at=time.time(), run_id=self.run_id)
+        manifest.write(self.out_dir)
+        environment = job_environment(self.environ, self.out_dir, self.run_id)
+        previous = self._install_signal_forwarding()
+        try:
+            self.job = Job(self.command, environment)
+            self._to(State.RUNNING)
+            while (code := self.job.poll()) is None:
+                self.tick()
+                time.sleep(self.poll_interval)
+        except DoctorError:
+            self.state = State.DONE
+            raise
+        finally:
+            self._restore_signals(previous)
+        self._to(State.ENDED)
+        stopped = self.job.reap_stragglers()
+        status = exit_status(code)
+        manifest = replace(manifest, ended_at=time.time(), exit_status=status)
+        self._to(State.ANALYSING)
+        diagnosis, report, error = self._analyse(manifest)
+        self._to(State.DONE)
+        return RunResult(status, diagnosis, report, error, stopped)
+
+    def tick(self) -> None:
+        for listener in self.listeners:
+            listener(self)
+
+    def _analyse(self, manifest: Manifest) -> tuple[Diagnosis | None, Path | None, str | None]:
+        manifest.write(self.out_dir)  # ended_at and the exit status, which the loader reads
+        try:
+            traces = load_capture_dir(self.out_dir, job_ended=True)
+        except DoctorError as err:
+            return None, None, str(err)
+        hosts = tuple(sorted({t.meta.host for t in traces.ranks.values()}))
+        manifest = replace(manifest, world_size=traces.world_size, hosts=hosts,
+                           captures=tuple(f.name for f in capture_files(self.out_dir)))
+        manifest.write(self.out_dir)
+        diagnosis = analyze(traces)
+        report = self.out_dir / REPORT_JSON
+        tmp = report.with_name(f".{report.name}.tmp")
+        with tmp.open("w") as fh:
+            JsonReporter().render(diagnosis, fh)
+        os.replace(tmp, report)
+        return diagnosis, report, None
+
+    # -- signals: the job is in its own process group, so forward what the terminal sends -----
+    def _install_signal_forwarding(self) -> dict[int, object]:
+        previous = {}
+        for sig in (signal.SIGINT, signal.SIGTERM, signal.SIGHUP):
+            try:
+                previous[sig] = signal.signal(sig, self._forward)
+            except ValueError:  # not the main thread (embedded use): nothing to forward
+                pass
+        return previous
+
+    def _restore_signals(self, previous: dict[int, object]) -> None:
+        for sig, handler in previous.items():
+            signal.signal(sig, handler)  # type: ignore[arg-type]
+
+    def _forward(self, sig: int, _frame: object) -> None:
+        if self.job is None:
+            return
+        self._signals += 1
+        # A third interrupt means "stop now": the job ignored two polite ones.
+        self.job.signal(signal.SIGKILL if self._signals >= 3 else sig)
