@@ -20,9 +20,17 @@ def canonical_op(op: str) -> str:
     return OP_ALIASES.get(op, op)
 
 
+def wrapper_indices(trace: RankTrace) -> set[int]:
+    """Records that enclose other recorded calls (object collectives, aliases, batches).
+
+    A WAIT record's parent is the async op it waits on, not an enclosing call: not counted.
+    """
+    return {e.parent for e in trace.events if e.parent and e.kind is not EventKind.WAIT}
+
+
 def leaf_collectives(trace: RankTrace) -> list[Event]:
     """Collectives that took a sequence number themselves (not wrappers around others)."""
-    parents = {e.parent for e in trace.events if e.parent}
+    parents = wrapper_indices(trace)
     return [
         e for e in trace.events
         if e.kind is EventKind.COLLECTIVE and e.seq >= 0 and e.idx not in parents
@@ -69,6 +77,6 @@ def blocked_event(trace: RankTrace) -> Event | None:
 
 def last_leaf(trace: RankTrace) -> Event | None:
     leaves = [e for e in trace.events if e.kind in (EventKind.COLLECTIVE, EventKind.P2P)]
-    parents = {e.parent for e in trace.events if e.parent}
+    parents = wrapper_indices(trace)
     leaves = [e for e in leaves if e.idx not in parents]
     return leaves[-1] if leaves else None

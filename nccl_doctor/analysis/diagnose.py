@@ -31,7 +31,7 @@ _STATE = {
 
 
 def analyze(traces: TraceSet, passes: tuple[Pass, ...] = PASSES) -> Diagnosis:
-    findings = [f for p in passes for f in p(traces)]
+    findings = _first_divergence_per_group([f for p in passes for f in p(traces)])
     findings = _rank_findings(findings, traces)
     notes = list(traces.problems)
     if not traces.ranks:
@@ -42,6 +42,18 @@ def analyze(traces: TraceSet, passes: tuple[Pass, ...] = PASSES) -> Diagnosis:
         exit_status=traces.exit_status, notes=tuple(notes),
         groups={name: g.ranks for name, g in sorted(traces.groups.items())}, source=traces.source,
     )
+
+
+def _first_divergence_per_group(findings: list[Finding]) -> list[Finding]:
+    """Keep one desync finding per group: the lowest sequence number (the cascade follows it)."""
+    first: dict[str, Finding] = {}
+    for f in findings:
+        if f.kind in _DESYNC and f.group is not None:
+            best = first.get(f.group)
+            key = (f.seq or 0, f.kind is not FindingKind.COLLECTIVE_MISMATCH)
+            if best is None or key < (best.seq or 0, best.kind is not FindingKind.COLLECTIVE_MISMATCH):
+                first[f.group] = f
+    return [f for f in findings if f.kind not in _DESYNC or f.group is None or first[f.group] is f]
 
 
 def _rank_findings(findings: list[Finding], traces: TraceSet) -> list[Finding]:

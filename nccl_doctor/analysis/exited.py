@@ -32,9 +32,12 @@ def detect_rank_exited(traces: TraceSet) -> list[Finding]:
             continue
         last = last_leaf(trace)
         inside = last is not None and last.state in (EventState.ENTERED, EventState.FAILED)
-        if rank not in needed and (not ex.abnormal or inside):
-            # A clean exit nobody waited for is normal; a death inside a collective is the
-            # consequence of that collective's problem, which the desync passes report.
+        if not ex.abnormal and rank not in needed:
+            continue  # a clean exit nobody waited for is how jobs end
+        if inside and ex.kind in (ExitKind.EXCEPTION, ExitKind.SIGNAL):
+            # An error raised inside a collective (gloo's size check, "connection closed") is
+            # the consequence of that collective's problem, which the desync passes report.
+            # A rank that vanished there (OOM killer, SIGKILL) may be the cause: keep it.
             continue
         key = (ex.kind, ex.code, ex.signal, ex.exception, str(ex.callsite), rank in needed)
         groups[key].append(rank)

@@ -23,8 +23,10 @@ from nccl_doctor.model import (
 
 
 def read_header(data: bytes, path: Path) -> tuple[int, ...]:
-    if len(data) < fmt.HEADER.size or data[:8] != fmt.MAGIC:
+    if data[:8] != fmt.MAGIC:
         raise NotACapture(f"{path} is not an nccl-doctor capture file (no capture header)")
+    if len(data) < fmt.HEADER.size:
+        raise CorruptCapture(f"{path} is truncated inside its header: the file cannot be read")
     magic, version, header_size, record_size, capacity, ring_off, str_off, str_size, created = (
         fmt.HEADER.unpack_from(data, 0)
     )

@@ -124,7 +124,11 @@ class Recorder:
     # -- the capture file --------------------------------------------------------------------
     def open(self) -> None:
         """Create the rank's capture once its process group exists (rank is known then)."""
-        if self.writer is not None or not self.enabled:
+        if not self.enabled:
+            return
+        if self.writer is not None:  # init_process_group again, after a destroy
+            self.default_pg = self.c10d._get_default_group()
+            self._group(self.default_pg)
             return
         c10d = self.c10d
         rank, world = c10d.get_rank(), c10d.get_world_size()
@@ -334,8 +338,24 @@ class Recorder:
                 self._fault_file = None
         w.note("init", backend=str(self.c10d.get_backend()))
 
+    def forget(self, pg: Any = None) -> None:
+        """Drop references to destroyed process groups (``None``: all of them).
+
+        Holding a ProcessGroup past destroy_process_group would keep its gloo/NCCL threads alive
+        until interpreter teardown, where their destructors can abort the process.
+        """
+        if pg is None or pg is self.default_pg:
+            self._groups.clear()
+            self.default_pg = None
+        else:
+            self._groups.pop(pg, None)
+        self._pending.clear()
+
     def _on_exit(self) -> None:
-        if self.writer is not None and os.getpid() == self._pid:
+        if os.getpid() != self._pid:
+            return
+        self.forget()
+        if self.writer is not None:
             try:
                 self.writer.note("exit")
             except Exception:
@@ -379,6 +399,9 @@ class Recorder:
             call = _Call(spec, fn)
             self._calls.append(call)
             replaced[id(fn)] = _wrap(self, call, fn)
+        destroy = getattr(c10d, "destroy_process_group", None)
+        if destroy is not None and id(destroy) in replaced:
+            replaced[id(destroy)] = _forgetting(self, replaced[id(destroy)])
         init = getattr(c10d, "init_process_group", None)
         if init is not None and not getattr(init, "__nccl_doctor__", False):
             replaced[id(init)] = _wrap_init(self, init)
@@ -420,6 +443,24 @@ def _wrap(rec: Recorder, call: _Call, fn: Callable) -> Callable:
 
     wrapper.__nccl_doctor__ = True  # type: ignore[attr-defined]
     return wrapper
+
+
+def _forgetting(rec: Recorder, recorded: Callable) -> Callable:
+    """destroy_process_group, recorded, after which the recorder lets go of the group."""
+
+    @functools.wraps(recorded)
+    def destroy_process_group(*args: Any, **kwargs: Any) -> Any:
+        try:
+            return recorded(*args, **kwargs)
+        finally:
+            try:
+                rec.forget(args[0] if args else kwargs.get("group"))
+            except Exception as err:
+                rec.fail(err)
+
+    destroy_process_group.__nccl_doctor__ = True  # type: ignore[attr-defined]
+    destroy_process_group.__wrapped__ = recorded.__wrapped__  # type: ignore[attr-defined]
+    return destroy_process_group
 
 
 def _wrap_init(rec: Recorder, fn: Callable) -> Callable:

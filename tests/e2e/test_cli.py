@@ -1,0 +1,151 @@
+"""The `nccl-doctor` command as a user runs it: exit statuses, output, bad input."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import struct
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import psutil
+import pytest
+
+from nccl_doctor.errors import ExitStatus
+
+from .conftest import CLI, doctor
+
+
+def one_error_line(proc: subprocess.CompletedProcess) -> str:
+    lines = [ln for ln in proc.stderr.splitlines() if ln.strip()]
+    assert len(lines) == 1, proc.stderr
+    assert "Traceback" not in proc.stderr
+    assert lines[0].startswith("nccl-doctor: error: ")
+    return lines[0]
+
+
+def test_run_passes_output_through_and_keeps_the_exit_status(tmp_path):
+    job = "import sys; print('out line'); print('err line', file=sys.stderr); sys.exit(3)"
+    proc = doctor("run", "--out", str(tmp_path / "o"), "--", sys.executable, "-c", job)
+    assert proc.returncode == 3
+    assert proc.stdout == "out line\n"  # the doctor writes nothing to the job's stdout
+    assert proc.stderr.startswith("err line\n")
+    manifest = json.loads((tmp_path / "o" / "manifest.json").read_text())
+    assert manifest["exit_status"] == 3 and manifest["format_version"] == 1
+    report = json.loads((tmp_path / "o" / "report.json").read_text())
+    assert report["verdict"] == "crash" and report["exit_status"] == 3
+    assert any("no rank joined" in n for n in report["notes"])
+
+
+def test_run_without_a_command_is_a_usage_error(tmp_path):
+    proc = doctor("run", "--out", str(tmp_path / "o"))
+    assert proc.returncode == ExitStatus.USAGE
+    assert "no command to run" in one_error_line(proc)
+
+
+def test_run_refuses_a_non_empty_out_dir_without_force(tmp_path):
+    (tmp_path / "o").mkdir()
+    (tmp_path / "o" / "keep.txt").write_text("user data")
+    proc = doctor("run", "--out", str(tmp_path / "o"), "--", sys.executable, "-c", "pass")
+    assert proc.returncode == ExitStatus.OUTPUT_EXISTS
+    assert "--force" in one_error_line(proc)
+    proc = doctor("run", "--force", "--out", str(tmp_path / "o"), "--", sys.executable, "-c", "pass")
+    assert proc.returncode == 0
+    assert (tmp_path / "o" / "keep.txt").read_text() == "user data"  # never the user's files
+
+
+def test_run_of_a_missing_program(tmp_path):
+    proc = doctor("run", "--out", str(tmp_path / "o"), "--", "no-such-program-xyz")
+    assert proc.returncode == ExitStatus.LAUNCH_FAILED
+    assert "command not found" in one_error_line(proc)
+
+
+@pytest.mark.parametrize("setup,status,words", [
+    ("missing", ExitStatus.NOT_FOUND, "does not exist"),
+    ("empty", ExitStatus.NOT_FOUND, "is empty"),
+    ("foreign", ExitStatus.NOT_A_CAPTURE, "not an nccl-doctor capture"),
+    ("version", ExitStatus.UNSUPPORTED_VERSION, "format version 99"),
+    ("corrupt", ExitStatus.CORRUPT, "cannot be read"),
+])
+def test_replay_bad_input(tmp_path, capture_copy, setup, status, words):
+    target = tmp_path / "x"
+    if setup == "empty":
+        target.mkdir()
+    elif setup == "foreign":
+        target.mkdir()
+        (target / "notes.txt").write_text("hello")
+    elif setup == "version":
+        target = capture_copy
+        for f in target.glob("*.ndcap"):
+            with f.open("r+b") as fh:
+                fh.seek(8)
+                fh.write(struct.pack("<I", 99))
+        manifest = json.loads((target / "manifest.json").read_text())
+        manifest["format_version"] = 99
+        (target / "manifest.json").write_text(json.dumps(manifest))
+    elif setup == "corrupt":
+        target = capture_copy
+        for f in target.glob("*.ndcap"):
+            f.write_bytes(f.read_bytes()[:200])  # cut inside the header of every rank
+    proc = doctor("replay", str(target))
+    assert proc.returncode == status, proc.stderr
+    assert words in one_error_line(proc)
+
+
+def test_replay_of_a_partly_torn_capture_says_which_rank(capture_copy):
+    files = sorted(capture_copy.glob("*.ndcap"))
+    data = bytearray(files[1].read_bytes())
+    ring = struct.unpack_from("<Q", data, 24)[0]  # ring offset, from the header
+    data[ring + 30] ^= 0xFF  # one byte inside rank 1's first event record
+    files[1].write_bytes(bytes(data))
+    proc = doctor("replay", "--format", "json", str(capture_copy))
+    assert proc.returncode == 0, proc.stderr
+    report = json.loads(proc.stdout)
+    assert any("rank 1's capture is incomplete" in n and "torn" in n for n in report["notes"])
+    assert report["ranks"][1]["capture"]["complete"] is False
+    assert report["ranks"][0]["capture"]["complete"] is True
+
+
+def test_replay_writes_json_and_refuses_to_overwrite(clean_capture, tmp_path):
+    out = tmp_path / "r.json"
+    proc = doctor("replay", str(clean_capture), "-o", str(out))
+    assert proc.returncode == 0, proc.stderr
+    assert f"Wrote {out}" in proc.stderr
+    report = json.loads(out.read_text())
+    assert report["schema_version"] == 1 and report["verdict"] == "ok"
+    assert [r["rank"] for r in report["ranks"]] == [0, 1]
+    again = doctor("replay", str(clean_capture), "-o", str(out))
+    assert again.returncode == ExitStatus.OUTPUT_EXISTS
+    console = doctor("replay", str(clean_capture))
+    assert console.returncode == 0 and "OK" in console.stdout
+
+
+def test_ctrl_c_reaches_the_job_and_leaves_no_process(tmp_path):
+    job = ("import time, sys\nprint('ready', flush=True)\n"
+           "try:\n    time.sleep(60)\nexcept KeyboardInterrupt:\n"
+           "    print('job got SIGINT', flush=True); sys.exit(5)\n")
+    proc = subprocess.Popen([*CLI, "run", "--quiet", "--out", str(tmp_path / "o"), "--",
+                             sys.executable, "-c", job], stdout=subprocess.PIPE, text=True)
+    assert proc.stdout.readline() == "ready\n"
+    children = psutil.Process(proc.pid).children(recursive=True)
+    assert children
+    os.kill(proc.pid, signal.SIGINT)  # what a terminal's Ctrl-C sends to the foreground doctor
+    out, _ = proc.communicate(timeout=60)
+    assert "job got SIGINT" in out
+    assert proc.returncode == 5  # the job's own status
+    time.sleep(0.2)
+    assert not [c for c in children if c.is_running() and c.status() != psutil.STATUS_ZOMBIE]
+
+
+def test_make_demo_job_is_diagnosed(tmp_path):
+    out = tmp_path / "demo"
+    proc = doctor("run", "--out", str(out), "--", sys.executable, "-m", "torch.distributed.run",
+                  "--standalone", "--nproc-per-node=2", "-m", "nccl_doctor.examples.padded_gather")
+    assert proc.returncode != 0
+    assert "ROOT CAUSE collective_mismatch" in proc.stderr
+    assert f"Wrote {out / 'report.json'}" in proc.stderr
+    replay = doctor("replay", "--format", "json", str(out))
+    assert json.loads(replay.stdout)["findings"][0]["seq"] == 7

@@ -1,0 +1,92 @@
+"""Real torchrun jobs (gloo, CPU) under `Supervisor`: the diagnosis of each failure family."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+
+from nccl_doctor.analysis.align import leaf_collectives
+from nccl_doctor.capture.directory import load_capture_dir
+from nccl_doctor.diagnosis import FindingKind, Verdict
+
+
+def job(name: str) -> str:
+    return str(Path(__file__).parent / "jobs" / name)
+
+
+pytestmark = pytest.mark.integration
+
+
+def test_padded_all_gather_is_a_shape_mismatch(run_job):
+    run = run_job(2, "-m", "nccl_doctor.examples.padded_gather")
+    d = run.diagnosis
+    assert run.exit_status != 0
+    assert d.verdict is Verdict.CRASH
+    root = d.root_cause
+    assert root is not None and root.kind is FindingKind.COLLECTIVE_MISMATCH
+    assert root.evidence["aspect"] == "shape"
+    assert (root.group, root.seq, root.op) == ("0", 7, "all_gather")  # 6 metrics, then the logits
+    values = {s["value"] for s in root.evidence["sides"]}
+    assert values == {"float32[2,7,32]", "float32[2,9,32]"}
+    sites = {s["callsite"] for s in root.evidence["sides"]}
+    assert len(sites) == 1 and sites.pop().endswith("nccl_doctor/examples/padded_gather.py:29")
+    assert set(root.ranks) == {0, 1}
+    # the peers' connection errors are consequences, not findings of their own
+    assert not [f for f in d.findings if f.kind is FindingKind.RANK_EXITED]
+    report = json.loads((run.out / "report.json").read_text())
+    assert report["findings"][0]["kind"] == "collective_mismatch"
+    assert report["findings"][0]["seq"] == 7
+
+
+@pytest.mark.parametrize("nproc,leaver", [(2, 1), (4, 2)])
+def test_rank_leaving_early_is_blamed(run_job, nproc, leaver):
+    run = run_job(nproc, job("early_exit.py"), env={"LEAVER": str(leaver)})
+    d = run.diagnosis
+    assert run.exit_status != 0  # the peers failed
+    root = d.root_cause
+    assert root is not None and root.kind is FindingKind.RANK_EXITED, d.findings
+    assert root.ranks == (leaver,)
+    assert root.evidence["exit"] == "exit" and root.evidence["exit_code"] == 0
+    assert "early_exit.py:16" in root.title  # where it left: after its last all_reduce
+    assert root.evidence["last_collective"] == "all_reduce #3 (group 0)"
+    assert "while its peers still needed it" in root.title
+    # the peers' "Connection closed" errors are reported as consequences only
+    others = [r for r in range(nproc) if r != leaver]
+    assert {c["rank"] for c in root.evidence.get("consequences", [])} <= set(others)
+    missing = [f for f in d.findings if f.kind is FindingKind.MISSING_COLLECTIVE]
+    assert missing and missing[0].ranks == (leaver,) and missing[0].seq == 4
+    assert not any(set(f.ranks) & set(others) for f in d.findings)
+
+
+def test_op_mismatch_names_the_odd_rank(run_job):
+    run = run_job(4, job("op_mismatch.py"))
+    d = run.diagnosis
+    root = d.root_cause
+    assert root is not None and root.kind is FindingKind.COLLECTIVE_MISMATCH, d.findings
+    assert root.evidence["aspect"] == "op"
+    assert root.ranks == (1,)
+    assert root.evidence["majority"] == [0, 2, 3]
+    assert root.seq == 3 and root.group == "0"
+    ops = {s["op"] for s in root.evidence["sides"]}
+    assert ops == {"all_reduce", "broadcast"}
+    assert root.callsite.endswith("op_mismatch.py:15")
+
+
+@pytest.mark.parametrize("nproc", [2, 4])
+def test_clean_job_is_ok(run_job, nproc):
+    run = run_job(nproc, job("clean.py"))
+    d = run.diagnosis
+    assert run.exit_status == 0
+    assert d.verdict is Verdict.OK, [f.title for f in d.findings]
+    assert d.findings == ()
+    assert len(d.ranks) == nproc and all(r.state == "exited" for r in d.ranks)
+    # every rank recorded the same collectives of the world group, in the same order
+    ts = load_capture_dir(run.out)
+    per_rank = {
+        r: [(e.op, e.align_seq) for e in leaf_collectives(t) if e.group == "0"]
+        for r, t in ts.ranks.items()
+    }
+    assert len({tuple(v) for v in per_rank.values()}) == 1
+    assert len(per_rank[0]) >= 3 * 6
