@@ -91,11 +91,14 @@ def main() -> int:
           f"calls, medians")
     print(f"  bare                             {bare:8.2f} us/call")
     print(f"  nccl-doctor recorder             {rec:8.2f} us/call   "
-          f"ratio {rec / bare:.3f}   adds {added:.2f} us/call (median paired difference)")
+          f"ratio {rec / bare:.3f}   adds {rec - bare:.2f} us/call (difference of medians), "
+          f"{added:.2f} us/call (median of paired round differences)")
     print(f"  TORCH_DISTRIBUTED_DEBUG=DETAIL   {d_med:8.2f} us/call   "
           f"ratio {d_med / p_med:.3f}   adds {d_med - p_med:.2f} us/call (vs bare processes "
           f"alternated with it: {p_med:.2f} us/call)")
-    print(f"  recorder budget 3.00 us/call: {'met' if added <= 3.0 else 'EXCEEDED'}")
+    worst = max(added, rec - bare)
+    print(f"  recorder budget 3.00 us/call: {'met' if worst <= 3.0 else 'EXCEEDED'} "
+          f"(by the larger of the two estimates, {worst:.2f} us/call)")
     return 0
 
 

@@ -16,7 +16,7 @@ class Describer:
 
     def __init__(self, intern: Callable[[str], int]) -> None:
         self._intern = intern
-        self._tensor: dict[Any, int] = {}
+        self._tensor: dict[Any, tuple[int, int]] = {}  # key -> (string id, bytes)
         # Keyed by id(code): hashing a code object hashes its whole body on every call. The value
         # holds the code object, so it stays alive and its id cannot be reused.
         self._code: dict[int, tuple[bool, bool, int, int, CodeType]] = {}
@@ -28,10 +28,10 @@ class Describer:
         shape = getattr(t, "shape", None)
         if shape is not None:
             key = (t.dtype, shape)
-            sid = self._tensor.get(key)
-            if sid is None:
-                sid = self._tensor[key] = self._intern(_sig(t.dtype, shape))
-            return sid, t.nbytes
+            found = self._tensor.get(key)
+            if found is None:  # (id, bytes): bytes follow from dtype and shape
+                found = self._tensor[key] = (self._intern(_sig(t.dtype, shape)), t.nbytes)
+            return found
         if isinstance(t, (list, tuple)):
             return self._tensor_list(t)
         return self._intern_const("object"), 0
@@ -53,16 +53,18 @@ class Describer:
                     desc = ";".join(_sig(x.dtype, x.shape) for x in items)
                     return self._intern(desc), sum(x.nbytes for x in items)
         key = (n, first.dtype, shape)
-        sid = self._tensor.get(key)
-        if sid is None:
-            sid = self._tensor[key] = self._intern(f"{n}*{_sig(first.dtype, shape)}")
-        return sid, first.nbytes * n
+        found = self._tensor.get(key)
+        if found is None:
+            found = self._tensor[key] = (
+                self._intern(f"{n}*{_sig(first.dtype, shape)}"), first.nbytes * n
+            )
+        return found
 
     def _intern_const(self, text: str) -> int:
-        sid = self._tensor.get(text)
-        if sid is None:
-            sid = self._tensor[text] = self._intern(text)
-        return sid
+        found = self._tensor.get(text)
+        if found is None:
+            found = self._tensor[text] = (self._intern(text), 0)
+        return found[0]
 
     # -- callsites ---------------------------------------------------------------------------
     def callsites(self, frame: FrameType | None) -> tuple[int, int, int, int, int]:
