@@ -46,12 +46,14 @@ def analyze(traces: TraceSet, passes: tuple[Pass, ...] = PASSES) -> Diagnosis:
 
 def _first_divergence_per_group(findings: list[Finding]) -> list[Finding]:
     """Keep one desync finding per group: the lowest sequence number (the cascade follows it)."""
+    def order(f: Finding) -> tuple[int, bool]:  # lowest seq; a mismatch before a missing call
+        return (f.seq or 0, f.kind is not FindingKind.COLLECTIVE_MISMATCH)
+
     first: dict[str, Finding] = {}
     for f in findings:
         if f.kind in _DESYNC and f.group is not None:
             best = first.get(f.group)
-            key = (f.seq or 0, f.kind is not FindingKind.COLLECTIVE_MISMATCH)
-            if best is None or key < (best.seq or 0, best.kind is not FindingKind.COLLECTIVE_MISMATCH):
+            if best is None or order(f) < order(best):
                 first[f.group] = f
     return [f for f in findings if f.kind not in _DESYNC or f.group is None or first[f.group] is f]
 
