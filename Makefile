@@ -10,7 +10,7 @@ DEMO_OUT ?= nccl-doctor-out/demo
 
 .PHONY: demo test install bench clean
 
-$(STAMP): pyproject.toml constraints.txt
+$(STAMP): pyproject.toml setup.py constraints.txt nccl_doctor/capture/_ring.c
 	$(PYTHON) -m venv $(VENV)
 	$(BIN)/python -m pip install --quiet --upgrade pip
 	$(BIN)/python -m pip install --quiet -c constraints.txt -e '.[test]'
@@ -32,4 +32,4 @@ bench: $(STAMP)
 	$(BIN)/python benchmarks/recorder_overhead.py
 
 clean:
-	rm -rf $(VENV) nccl-doctor-out .pytest_cache
+	rm -rf $(VENV) nccl-doctor-out .pytest_cache build nccl_doctor/capture/_ring*.so

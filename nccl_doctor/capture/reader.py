@@ -1,6 +1,6 @@
 """The one reader of capture files: bytes on disk -> a typed ``RankTrace``.
 
-Never executes anything from the file; every field is bounds- and CRC-checked. Raises
+Never executes anything from the file; every field is bounds- and checksum-checked. Raises
 ``NotACapture`` / ``UnsupportedVersion`` / ``CorruptCapture`` for files it cannot use at all; a file
 that is only partly damaged loads, with the damage described in ``RankTrace.integrity``.
 """
@@ -110,7 +110,7 @@ def _read_events(
     data: bytes, capacity: int, ring_off: int, strings: dict[int, str]
 ) -> tuple[list[Event], int, int, bool]:
     # No per-event counter is kept (it would cost the hot path a write): scan every slot. A
-    # record is trusted only if its CRC holds and its index belongs in its slot.
+    # record is trusted only if its check holds and its index belongs in its slot.
     ring_end = ring_off + capacity * fmt.RECORD_SIZE
     truncated = len(data) < ring_end
     events: list[Event] = []
@@ -123,8 +123,8 @@ def _read_events(
         if not any(data[off : off + fmt.RECORD_SIZE]):
             continue  # never written
         raw = data[off : off + fmt.ENTER.size]
-        (crc,) = fmt.CRC.unpack_from(data, off + fmt.ENTER.size)
-        if fmt.crc32(raw) != crc:
+        (check,) = fmt.CRC.unpack_from(data, off + fmt.ENTER.size)
+        if fmt.record_check(raw) != check:
             torn += 1
             continue
         f = fmt.ENTER.unpack(raw)

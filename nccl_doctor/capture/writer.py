@@ -1,23 +1,22 @@
 """The recorder's side of the capture format: an mmap'd ring buffer and string table.
 
-Everything here runs inside the user's rank. ``begin`` and ``end`` are the hot path: they pack into
-the mapping and bump a counter, with no system call. Only creating the file, interning a string
+Everything here runs inside the user's rank. Writing events (``events``, see ring.py) is the hot
+path: it packs into the mapping and bumps a counter, with no system call. Only creating the file, interning a string
 the first time it is seen and writing a note touch anything else.
 """
 
 from __future__ import annotations
 
-import itertools
 import json
 import mmap
 import os
 import threading
 import time
-import zlib
 from pathlib import Path
 from typing import Any
 
 from nccl_doctor.capture import format as fmt
+from nccl_doctor.capture.ring import make_ring
 
 
 class CaptureWriter:
@@ -56,8 +55,7 @@ class CaptureWriter:
             mm, 0, fmt.MAGIC, fmt.FORMAT_VERSION, fmt.HEADER_SIZE, fmt.RECORD_SIZE, capacity,
             self.ring_offset, self.strtab_offset, strtab_bytes, time.time_ns(),
         )
-        self.count = 0  # index of the latest record started; record numbers (idx) start at 1
-        self.next_index = itertools.count(1).__next__  # atomic under the GIL: no lock needed
+        self.events = make_ring(self._mm, self.ring_offset, capacity)  # the hot path writes here
         self.ring = memoryview(self._mm)
         self._strtab_used = 0
         self._strings: dict[str, int] = {"": 0}
@@ -102,42 +100,30 @@ class CaptureWriter:
         fmt.COUNTER.pack_into(self._mm, fmt.STRTAB_USED_OFFSET, self._strtab_used)
         return True
 
-    # -- events (hot path) -------------------------------------------------------------------
-    def begin(self, fields: tuple) -> int:
-        """Write the enter part of a new record. ``fields`` are ENTER's fields after ``idx``.
+    # -- events (the recorder calls ``events`` directly on its hot path) ----------------------
+    @property
+    def count(self) -> int:
+        """Index of the latest record started; record indices start at 1."""
+        return self.events.count
 
-        (The recorder inlines this on its hot path; keep the two in step.)
-        """
-        self.count = idx = self.next_index()
-        raw = _pack(idx, *fields)
-        off = self.ring_offset + ((idx - 1) % self.capacity) * _RECORD
-        self.ring[off : off + _RECORD] = raw + _crc(raw).to_bytes(4, "little") + _BLANK_TAIL
-        return idx
+    def begin(self, fields: tuple) -> int:
+        """Write the enter part of a new record. ``fields`` are ENTER's fields after ``idx``."""
+        return self.events.begin(*fields)
 
     def record(self, idx: int) -> tuple | None:
         """The ENTER fields of record ``idx`` as written, or None once the ring has lapped it."""
-        if self.count - idx >= self.capacity:
+        if self.events.count - idx >= self.capacity:
             return None
-        off = self.ring_offset + ((idx - 1) % self.capacity) * _RECORD
+        off = self.ring_offset + ((idx - 1) % self.capacity) * fmt.RECORD_SIZE
         return fmt.ENTER.unpack_from(self.ring, off)
 
     def end(self, idx: int, state: int, seq_delta: int) -> None:
         """Write the exit part of record ``idx`` unless the ring has lapped it since."""
-        if self.count - idx >= self.capacity or self.closed:
-            return
-        t_exit = time.time_ns()
-        off = self.ring_offset + ((idx - 1) % self.capacity) * fmt.RECORD_SIZE + fmt.EXIT_OFFSET
-        fmt.EXIT.pack_into(
-            self._mm, off, t_exit, seq_delta, state, fmt.exit_check(idx, t_exit, seq_delta, state)
-        )
+        if not self.closed:
+            self.events.end(idx, state, seq_delta)
 
     def close(self) -> None:
         """Stop writing. The mapping stays valid for other threads still holding a reference."""
         self.closed = True
 
-
-_BLANK_TAIL = bytes(fmt.RECORD_SIZE - fmt.ENTER.size - fmt.CRC.size)
-_RECORD = fmt.RECORD_SIZE
-_pack = fmt.ENTER.pack
-_crc = zlib.crc32
 

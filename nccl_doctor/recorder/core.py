@@ -10,7 +10,6 @@ from __future__ import annotations
 import atexit
 import faulthandler
 import functools
-import inspect
 import os
 import re
 import socket
@@ -18,7 +17,6 @@ import sys
 import threading
 import time
 import weakref
-import zlib
 from pathlib import Path
 from typing import Any, Callable
 
@@ -26,20 +24,15 @@ from nccl_doctor import env, frames
 from nccl_doctor._version import __version__
 from nccl_doctor.capture import format as fmt
 from nccl_doctor.capture.format import EventFlag, EventKind, EventState
-from nccl_doctor.capture.writer import _BLANK_TAIL, CaptureWriter
+from nccl_doctor.capture.writer import CaptureWriter
 from nccl_doctor.recorder.describe import Describer
-from nccl_doctor.recorder.specs import SPECS, Spec
+from nccl_doctor.recorder.specs import SPECS
+from nccl_doctor.recorder.wrappers import BoundCall, forgetting, patch_wait, wrap, wrap_init
 
-_RECORD = fmt.RECORD_SIZE
-_pack = fmt.ENTER.pack
-_exit_pack = fmt.EXIT.pack_into
-_EXIT_AT = fmt.EXIT_OFFSET
-_crc = zlib.crc32
-get_ident = threading.get_ident
 _MAX_PENDING = 4096  # async works awaiting wait(); older ones are forgotten
 
 
-class _Group:
+class GroupRecord:
     """What the recorder caches about one process group."""
 
     __slots__ = ("name_id", "size", "ranks", "seq", "p2p_bumps")
@@ -47,47 +40,6 @@ class _Group:
     def __init__(self, name_id: int, size: int, ranks: tuple[int, ...], seq: Callable | None):
         self.name_id, self.size, self.ranks, self.seq = name_id, size, ranks, seq
         self.p2p_bumps = 0
-
-
-class _Call:
-    """A spec with its parameter positions resolved against the real function."""
-
-    __slots__ = ("spec", "kind", "flags", "op_id", "group", "inp", "out", "roots", "async_",
-                 "measure")
-
-    def __init__(self, spec: Spec, fn: Callable) -> None:
-        try:
-            params = list(inspect.signature(fn).parameters)
-        except (TypeError, ValueError):
-            params = []
-
-        def at(name: str | None) -> tuple[int, str] | None:
-            if name is None:
-                return None
-            return (params.index(name) if name in params else 10_000, name)
-
-        flags = spec.flags | (EventFlag.ASYNC if spec.always_async else EventFlag.NONE)
-        self.spec, self.kind, self.flags, self.op_id = spec, int(spec.kind), int(flags), 0
-        self.group, self.inp, self.out = at(spec.group), at(spec.inp), at(spec.out)
-        self.roots = tuple(
-            (at(r), r.startswith("group_")) for r in spec.roots if r in params
-        )
-        self.async_ = None if spec.always_async else at("async_op")
-        # A plain collective advances its group's sequence number by exactly one (gloo and NCCL);
-        # p2p, composite, coalesced and monitored calls are measured after they return.
-        self.measure = bool(
-            spec.kind != EventKind.COLLECTIVE or flags & ~EventFlag.ASYNC
-            or spec.name == "monitored_barrier"
-        )
-
-
-def _arg(args: tuple, kwargs: dict, where: tuple[int, str] | None, default: Any = None) -> Any:
-    if where is None:
-        return default
-    pos, name = where
-    if pos < len(args):
-        return args[pos]
-    return kwargs.get(name, default)
 
 
 class Recorder:
@@ -100,10 +52,11 @@ class Recorder:
         self.describer: Describer | None = None
         self.c10d: Any = None
         self.default_pg: Any = None
-        self._groups: dict[Any, _Group] = {}
-        self._tls = threading.local()
-        self._pending: dict[int, tuple] = {}
-        self._calls: list[_Call] = []
+        # The wrappers bind these dicts once: they are cleared, never replaced.
+        self.groups: dict[Any, GroupRecord] = {}
+        self.stacks: dict[int, list[int]] = {}  # thread id -> indices of its calls in progress
+        self.pending: dict[int, tuple] = {}  # id(Work) -> the async op it came from
+        self._calls: list[BoundCall] = []
         self._hooks_installed = False
         self._fault_file: Any = None
         self._pid = os.getpid()
@@ -128,7 +81,7 @@ class Recorder:
             return
         if self.writer is not None:  # init_process_group again, after a destroy
             self.default_pg = self.c10d._get_default_group()
-            self._group(self.default_pg)
+            self.group(self.default_pg)
             return
         c10d = self.c10d
         rank, world = c10d.get_rank(), c10d.get_world_size()
@@ -157,11 +110,12 @@ class Recorder:
         self._init_op = writer.intern("init_process_group")
         self.writer = writer
         self.default_pg = c10d._get_default_group()
-        self._group(self.default_pg)
+        self.group(self.default_pg)
         self._install_lifecycle_hooks(path)
 
-    def _group(self, pg: Any) -> _Group | None:
-        grec = self._groups.get(pg)
+    def group(self, pg: Any) -> GroupRecord | None:
+        """The cached record of ``pg`` (None when this rank is not a member)."""
+        grec = self.groups.get(pg)
         if grec is not None:
             return grec
         c10d, w = self.c10d, self.writer
@@ -177,8 +131,8 @@ class Recorder:
             seq is not None and seq()
         except Exception:
             seq = None
-        grec = _Group(w.intern(name), pg.size(), ranks, seq)
-        self._groups[pg] = grec
+        grec = GroupRecord(w.intern(name), pg.size(), ranks, seq)
+        self.groups[pg] = grec
         try:
             backend = str(c10d.get_backend(pg))
         except Exception:
@@ -187,89 +141,28 @@ class Recorder:
         w.note("group", name=name, ranks=list(ranks), backend=backend, desc=str(desc))
         return grec
 
-    # -- hot path ----------------------------------------------------------------------------
-    def enter(self, call: _Call, args: tuple, kwargs: dict, frame: Any) -> tuple | None:
-        n = len(args)
-        where = call.group
-        pg = None
-        if where is not None:
-            pg = args[where[0]] if where[0] < n else kwargs.get(where[1]) if kwargs else None
-        if pg is None:
-            pg = self.default_pg
-        grec = self._groups.get(pg) or self._group(pg)
-        if grec is None:
-            return None
-        seq = grec.seq() + 1 if grec.seq is not None else -1
-        d = self.describer
-        inp_id = nbytes = out_id = 0
-        where = call.inp
-        if where is not None:
-            x = args[where[0]] if where[0] < n else kwargs.get(where[1]) if kwargs else None
-            if x is not None:
-                inp_id, nbytes = d.tensor(x)
-        where = call.out
-        if where is not None:
-            x = args[where[0]] if where[0] < n else kwargs.get(where[1]) if kwargs else None
-            if x is not None:
-                out_id = d.tensor(x)[0]
-        peer = -1
-        for where, relative in call.roots:
-            r = _arg(args, kwargs, where)
-            if r is not None:
-                peer = grec.ranks[r] if relative and 0 <= r < len(grec.ranks) else r
-                break
-        flags = call.flags
-        where = call.async_
-        if where is not None and (
-            args[where[0]] if where[0] < n else kwargs.get(where[1]) if kwargs else False
-        ):
-            flags |= EventFlag.ASYNC
-        uf, ul, ufn, af, al = d.callsites(frame)
-        tls = self._tls.__dict__
-        stack = tls.get("stack")
-        if stack is None:
-            stack = tls["stack"] = []
-        # CaptureWriter.begin, inlined: this is the hot path.
-        w = self.writer
-        w.count = idx = w.next_index()
-        raw = _pack(
-            idx, stack[-1] if stack else 0, time.time_ns(), seq, nbytes, get_ident(),
-            call.op_id, grec.name_id, inp_id, out_id, uf, ul, ufn, af, al, 0, peer, grec.size,
-            grec.p2p_bumps, call.kind, flags, 0,
-        )
-        off = w.ring_offset + ((idx - 1) % w.capacity) * _RECORD
-        w.ring[off : off + _RECORD] = raw + _crc(raw).to_bytes(4, "little") + _BLANK_TAIL
-        stack.append(idx)
-        return idx, grec, seq, stack, flags
-
-    def leave(self, call: _Call, token: tuple, state: int, result: Any) -> None:
+    # -- the end of a call (the common case is inlined in wrappers.wrap) ------------------------
+    def finish(self, idx: int, grec: GroupRecord, seq: int, stack: list[int], flags: int,
+               measure: bool, is_p2p: bool, state: int, result: Any) -> None:
+        """Write the exit part of record ``idx``; ``result`` is the call's return value."""
         try:
-            idx, grec, seq, stack, flags = token
             if stack and stack[-1] == idx:
                 stack.pop()
             delta = 1
-            if call.measure:
-                delta = grec.seq() + 1 - seq if seq >= 0 else 0
-                if call.kind == EventKind.P2P and delta > 0 and not stack:
+            if measure:
+                delta = grec.seq() + 1 - seq if seq >= 0 and grec.seq is not None else 0
+                if is_p2p and delta > 0 and not stack:
                     grec.p2p_bumps += delta  # keeps collectives aligned across ranks
             if result is not None and flags & EventFlag.ASYNC:
                 state = EventState.ISSUED
-                self._track(result, idx, grec, token)
-            # CaptureWriter.end, inlined (hot path); the check word is format.exit_check's.
-            w = self.writer
-            if w.count - idx < w.capacity:
-                t_exit = time.time_ns()
-                _exit_pack(
-                    w.ring, w.ring_offset + ((idx - 1) % w.capacity) * _RECORD + _EXIT_AT,
-                    t_exit, delta, state,
-                    (idx * 0x9E3779B1 ^ t_exit ^ (state << 20) ^ (delta & 0xFFFF)) & 0xFFFFFFFF,
-                )
+                self._track(result, idx, grec)
+            self.writer.end(idx, state, delta)
         except Exception as err:
             self.fail(err)
 
-    def _track(self, result: Any, idx: int, grec: _Group, token: tuple) -> None:
+    def _track(self, result: Any, idx: int, grec: GroupRecord) -> None:
         works = result if isinstance(result, list) else (result,)
-        pending = self._pending
+        pending = self.pending
         for work in works:
             if len(pending) >= _MAX_PENDING:
                 pending.pop(next(iter(pending)))
@@ -281,7 +174,7 @@ class Recorder:
             pending[id(work)] = (ref, idx, grec, self.writer.record(idx))
 
     def wait_enter(self, work: Any, frame: Any) -> tuple | None:
-        entry = self._pending.pop(id(work), None)
+        entry = self.pending.pop(id(work), None)
         if entry is None:
             return None
         ref, parent, grec, f = entry
@@ -289,17 +182,16 @@ class Recorder:
             return None
         # f: the async op's ENTER fields (idx first); the wait inherits its group, seq and tensors
         uf, ul, ufn, af, al = self.describer.callsites(frame)
-        tls = self._tls.__dict__
-        stack = tls.get("stack")
+        tid = threading.get_ident()
+        stack = self.stacks.get(tid)
         if stack is None:
-            stack = tls["stack"] = []
-        w = self.writer
-        idx = w.begin((
-            parent, time.time_ns(), f[3], f[4], get_ident(), self._wait_op, f[7], f[8], f[9],
+            stack = self.stacks[tid] = []
+        idx = self.writer.begin((
+            parent, time.time_ns(), f[3], f[4], tid, self._wait_op, f[7], f[8], f[9],
             uf, ul, ufn, af, al, f[6], f[16], f[17], f[18], int(EventKind.WAIT), 0, 0,
         ))
         stack.append(idx)
-        return idx, grec, -1, stack, 0
+        return idx, grec, -1, stack, 0, False, False
 
     # -- lifecycle ---------------------------------------------------------------------------
     def _install_lifecycle_hooks(self, path: Path) -> None:
@@ -345,11 +237,11 @@ class Recorder:
         until interpreter teardown, where their destructors can abort the process.
         """
         if pg is None or pg is self.default_pg:
-            self._groups.clear()
+            self.groups.clear()
             self.default_pg = None
         else:
-            self._groups.pop(pg, None)
-        self._pending.clear()
+            self.groups.pop(pg, None)
+        self.pending.clear()
 
     def _on_exit(self) -> None:
         if os.getpid() != self._pid:
@@ -380,9 +272,9 @@ class Recorder:
         self.writer = None
         self.describer = None
         self.default_pg = None
-        self._groups = {}
-        self._pending = {}
-        self._tls = threading.local()
+        self.groups.clear()
+        self.pending.clear()
+        self.stacks.clear()
         self._hooks_installed = False
         self._pid = os.getpid()
 
@@ -396,15 +288,15 @@ class Recorder:
             fn = getattr(c10d, spec.name, None)
             if fn is None or getattr(fn, "__nccl_doctor__", False):
                 continue
-            call = _Call(spec, fn)
+            call = BoundCall(spec, fn)
             self._calls.append(call)
-            replaced[id(fn)] = _wrap(self, call, fn)
+            replaced[id(fn)] = wrap(self, call, fn)
         destroy = getattr(c10d, "destroy_process_group", None)
         if destroy is not None and id(destroy) in replaced:
-            replaced[id(destroy)] = _forgetting(self, replaced[id(destroy)])
+            replaced[id(destroy)] = forgetting(self, replaced[id(destroy)])
         init = getattr(c10d, "init_process_group", None)
         if init is not None and not getattr(init, "__nccl_doctor__", False):
-            replaced[id(init)] = _wrap_init(self, init)
+            replaced[id(init)] = wrap_init(self, init)
         for module in [c10d, dist_module] + [
             m for n, m in list(sys.modules.items())
             if n.startswith("torch.distributed.") and m is not None and m is not c10d
@@ -414,103 +306,9 @@ class Recorder:
                 new = replaced.get(id(value))
                 if new is not None and getattr(new, "__wrapped__", None) is value:
                     namespace[name] = new
-        _patch_wait(self, c10d.Work)
+        patch_wait(self, c10d.Work)
         if c10d.is_initialized():
             self.open()
-
-
-def _wrap(rec: Recorder, call: _Call, fn: Callable) -> Callable:
-    getframe = sys._getframe
-
-    @functools.wraps(fn)
-    def wrapper(*args: Any, **kwargs: Any) -> Any:
-        if rec.writer is None or not rec.enabled:
-            return fn(*args, **kwargs)
-        try:
-            token = rec.enter(call, args, kwargs, getframe(1))
-        except Exception as err:
-            rec.fail(err)
-            return fn(*args, **kwargs)
-        if token is None:
-            return fn(*args, **kwargs)
-        try:
-            result = fn(*args, **kwargs)
-        except BaseException:
-            rec.leave(call, token, EventState.FAILED, None)
-            raise
-        rec.leave(call, token, EventState.RETURNED, result)
-        return result
-
-    wrapper.__nccl_doctor__ = True  # type: ignore[attr-defined]
-    return wrapper
-
-
-def _forgetting(rec: Recorder, recorded: Callable) -> Callable:
-    """destroy_process_group, recorded, after which the recorder lets go of the group."""
-
-    @functools.wraps(recorded)
-    def destroy_process_group(*args: Any, **kwargs: Any) -> Any:
-        try:
-            return recorded(*args, **kwargs)
-        finally:
-            try:
-                rec.forget(args[0] if args else kwargs.get("group"))
-            except Exception as err:
-                rec.fail(err)
-
-    destroy_process_group.__nccl_doctor__ = True  # type: ignore[attr-defined]
-    destroy_process_group.__wrapped__ = recorded.__wrapped__  # type: ignore[attr-defined]
-    return destroy_process_group
-
-
-def _wrap_init(rec: Recorder, fn: Callable) -> Callable:
-    @functools.wraps(fn)
-    def init_process_group(*args: Any, **kwargs: Any) -> Any:
-        result = fn(*args, **kwargs)
-        try:
-            rec.open()
-        except Exception as err:
-            rec.fail(err)
-        return result
-
-    init_process_group.__nccl_doctor__ = True  # type: ignore[attr-defined]
-    return init_process_group
-
-
-def _patch_wait(rec: Recorder, work_cls: Any) -> None:
-    real_wait = work_cls.wait
-    if getattr(real_wait, "__nccl_doctor__", False):
-        return
-    getframe = sys._getframe
-
-    def wait(self: Any, *args: Any, **kwargs: Any) -> Any:
-        token = None
-        if rec.writer is not None and rec.enabled and rec._pending:
-            try:
-                token = rec.wait_enter(self, getframe(1))
-            except Exception as err:
-                rec.fail(err)
-        if token is None:
-            return real_wait(self, *args, **kwargs)
-        try:
-            result = real_wait(self, *args, **kwargs)
-        except BaseException:
-            rec.leave(_WAIT_CALL, token, EventState.FAILED, None)
-            raise
-        rec.leave(_WAIT_CALL, token, EventState.RETURNED, None)
-        return result
-
-    wait.__nccl_doctor__ = True  # type: ignore[attr-defined]
-    wait.__doc__ = real_wait.__doc__
-    work_cls.wait = wait
-
-
-class _WaitCall:
-    kind = int(EventKind.WAIT)
-    measure = False
-
-
-_WAIT_CALL: Any = _WaitCall()
 
 
 def _env_int(names: tuple[str, ...]) -> int | None:

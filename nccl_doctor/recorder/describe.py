@@ -16,7 +16,12 @@ class Describer:
 
     def __init__(self, intern: Callable[[str], int]) -> None:
         self._intern = intern
-        self._tensor: dict[Any, tuple[int, int]] = {}  # key -> (string id, bytes)
+        # (dtype, shape), (n, dtype, shape) or a constant -> (string id, bytes). The recorder's
+        # hot path reads it directly before calling ``tensor``.
+        self.tensors: dict[Any, tuple[int, int]] = {}
+        # (id(code), f_lasti) of a caller in the user's own code -> its ``callsites`` answer: the
+        # hot path's first look-up, which saves walking the stack when torch is called directly.
+        self.direct: dict[tuple[int, int], tuple[int, int, int, int, int]] = {}
         # Keyed by id(code): hashing a code object hashes its whole body on every call. The value
         # holds the code object, so it stays alive and its id cannot be reused.
         self._code: dict[int, tuple[bool, bool, int, int, CodeType]] = {}
@@ -28,9 +33,9 @@ class Describer:
         shape = getattr(t, "shape", None)
         if shape is not None:
             key = (t.dtype, shape)
-            found = self._tensor.get(key)
+            found = self.tensors.get(key)
             if found is None:  # (id, bytes): bytes follow from dtype and shape
-                found = self._tensor[key] = (self._intern(_sig(t.dtype, shape)), t.nbytes)
+                found = self.tensors[key] = (self._intern(_sig(t.dtype, shape)), t.nbytes)
             return found
         if isinstance(t, (list, tuple)):
             return self._tensor_list(t)
@@ -53,17 +58,17 @@ class Describer:
                     desc = ";".join(_sig(x.dtype, x.shape) for x in items)
                     return self._intern(desc), sum(x.nbytes for x in items)
         key = (n, first.dtype, shape)
-        found = self._tensor.get(key)
+        found = self.tensors.get(key)
         if found is None:
-            found = self._tensor[key] = (
+            found = self.tensors[key] = (
                 self._intern(f"{n}*{_sig(first.dtype, shape)}"), first.nbytes * n
             )
         return found
 
     def _intern_const(self, text: str) -> int:
-        found = self._tensor.get(text)
+        found = self.tensors.get(text)
         if found is None:
-            found = self._tensor[text] = (self._intern(text), 0)
+            found = self.tensors[text] = (self._intern(text), 0)
         return found[0]
 
     # -- callsites ---------------------------------------------------------------------------
@@ -76,6 +81,7 @@ class Describer:
         """
         api_file = api_line = 0
         cache, lines = self._code, self._lines
+        first = frame
         while frame is not None:
             code = frame.f_code
             cid = id(code)
@@ -90,7 +96,10 @@ class Describer:
                 if not api_file:
                     api_file, api_line = info[2], line
                 if not info[0]:
-                    return info[2], line, info[3], api_file, api_line
+                    site = info[2], line, info[3], api_file, api_line
+                    if frame is first:  # depends on this frame alone: remember it
+                        self.direct[(cid, frame.f_lasti)] = site
+                    return site
             frame = frame.f_back
         return 0, 0, 0, api_file, api_line
 

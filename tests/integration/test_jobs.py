@@ -9,6 +9,7 @@ import pytest
 
 from nccl_doctor.analysis.align import leaf_collectives
 from nccl_doctor.capture.directory import load_capture_dir
+from nccl_doctor.capture.ring import PURE_PYTHON_ENV
 from nccl_doctor.diagnosis import FindingKind, Verdict
 
 
@@ -74,9 +75,11 @@ def test_op_mismatch_names_the_odd_rank(run_job):
     assert root.callsite.endswith("op_mismatch.py:15")
 
 
-@pytest.mark.parametrize("nproc", [2, 4])
-def test_clean_job_is_ok(run_job, nproc):
-    run = run_job(nproc, job("clean.py"))
+@pytest.mark.parametrize("nproc,ring", [(2, "default"), (4, "default"), (4, "python")])
+def test_clean_job_is_ok(run_job, nproc, ring):
+    """``ring``: the C ring where it was built, or the pure-Python one forced."""
+    env = {PURE_PYTHON_ENV: "1"} if ring == "python" else {PURE_PYTHON_ENV: "0"}
+    run = run_job(nproc, job("clean.py"), env=env)
     d = run.diagnosis
     assert run.exit_status == 0
     assert d.verdict is Verdict.OK, [f.title for f in d.findings]
