@@ -97,6 +97,10 @@ class Diagnosis:
     notes: tuple[str, ...] = ()  # what the analysis could not see (incomplete captures, ...)
     groups: Mapping[str, tuple[int, ...]] = field(default_factory=dict)
     source: str = ""
+    # Live diagnoses only: the ranks' stacks grouped STAT-style ({ranks, odd, frames root-first,
+    # sources}), and how the watchdog came to its verdict ({situation, waited_s, policy, action}).
+    stack_classes: tuple[Mapping[str, Any], ...] = ()
+    watchdog: Mapping[str, Any] = field(default_factory=dict)
 
     @property
     def root_cause(self) -> Finding | None:
@@ -111,4 +115,6 @@ class Diagnosis:
             "findings": [f.to_json() for f in self.findings],
             "groups": {name: list(ranks) for name, ranks in self.groups.items()},
             "notes": list(self.notes), "source": self.source,
+            "stack_classes": [dict(c) for c in self.stack_classes],
+            "watchdog": dict(self.watchdog),
         }

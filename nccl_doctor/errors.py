@@ -18,6 +18,9 @@ class ExitStatus:
     OUTPUT_EXISTS = 7  # would overwrite an output without --force
     LAUNCH_FAILED = 8  # the job's command could not be started
     INTERNAL = 70  # a bug in nccl-doctor (EX_SOFTWARE)
+    # `run` otherwise exits with the job's own status; this one says nccl-doctor diagnosed a hang
+    # and stopped the job (--on-hang kill). Like timeout(1)'s 124: "stopped, it would not finish".
+    HANG_STOPPED = 124
 
 
 class DoctorError(Exception):

@@ -1,6 +1,6 @@
 /* The capture ring's hot path in C: the optional accelerator of nccl_doctor.capture.ring.
  *
- * Ring(buffer, offset, capacity) writes event records into a writable buffer (the capture's mmap)
+ * Ring(buffer, offset, capacity[, counter_offset]) writes event records into a writable buffer (the capture's mmap)
  * exactly as ring.PyRing does in Python: same layout (capture/format.py), same Adler-32 check on
  * the enter part, same exit check word. Python keeps the fallback; the tests run both and compare
  * their bytes. Built when a C compiler is present (setup.py marks the extension optional).
@@ -23,6 +23,7 @@ typedef struct {
     Py_buffer view;
     int has_view;
     unsigned char *ring;
+    unsigned char *counter; /* where ``count`` is published (the header), or NULL */
     uint64_t capacity;
     uint64_t count; /* index of the latest record started; indices start at 1 */
 } Ring;
@@ -111,6 +112,8 @@ static PyObject *Ring_begin(Ring *self, PyObject *const *args, Py_ssize_t nargs)
     put_u32(rec + ENTER_SIZE, adler32(rec, ENTER_SIZE));
     self->count = idx;
     memcpy(self->ring + ((idx - 1) % self->capacity) * RECORD_SIZE, rec, RECORD_SIZE);
+    if (self->counter != NULL)
+        put_u64(self->counter, idx);
     return PyLong_FromUnsignedLongLong(idx);
 }
 
@@ -143,10 +146,11 @@ static PyObject *Ring_end(Ring *self, PyObject *const *args, Py_ssize_t nargs) {
 
 static int Ring_init(Ring *self, PyObject *args, PyObject *kwds) {
     PyObject *buffer;
-    Py_ssize_t offset;
+    Py_ssize_t offset, counter_offset = -1;
     unsigned long long capacity;
-    static char *kwlist[] = {"buffer", "offset", "capacity", NULL};
-    if (!PyArg_ParseTupleAndKeywords(args, kwds, "OnK", kwlist, &buffer, &offset, &capacity))
+    static char *kwlist[] = {"buffer", "offset", "capacity", "counter_offset", NULL};
+    if (!PyArg_ParseTupleAndKeywords(args, kwds, "OnK|n", kwlist, &buffer, &offset, &capacity,
+                                     &counter_offset))
         return -1;
     if (self->has_view) {
         PyErr_SetString(PyExc_RuntimeError, "Ring is already initialised");
@@ -160,6 +164,11 @@ static int Ring_init(Ring *self, PyObject *args, PyObject *kwds) {
         PyErr_SetString(PyExc_ValueError, "the ring does not fit in the buffer");
         return -1;
     }
+    if (counter_offset >= 0 && counter_offset + 8 > self->view.len) {
+        PyErr_SetString(PyExc_ValueError, "the counter does not fit in the buffer");
+        return -1;
+    }
+    self->counter = counter_offset >= 0 ? (unsigned char *)self->view.buf + counter_offset : NULL;
     self->ring = (unsigned char *)self->view.buf + offset;
     self->capacity = capacity;
     self->count = 0;

@@ -33,7 +33,10 @@ CAPTURE_SUFFIX = ".ndcap"
 
 # magic, version, header size, record size, capacity, ring offset, strtab offset, strtab size, created
 HEADER = struct.Struct("<8sIIIIQQQQ")
-STRTAB_USED_OFFSET = 72  # u64: bytes of the string table in use (offset 64 is reserved)
+# u64: records started so far (the ring's ``count``): the supervisor's cheap progress counter,
+# read while the rank runs (the ring rewrites it with each record: a plain store, no system call)
+EVENTS_STARTED_OFFSET = 64
+STRTAB_USED_OFFSET = 72  # u64: bytes of the string table in use
 COUNTER = struct.Struct("<Q")
 META_OFFSET = 256
 META_HEAD = struct.Struct("<II")  # length, crc32 of the JSON that follows

@@ -63,6 +63,19 @@ def read_meta(data: bytes, path: Path) -> dict[str, Any]:
     return meta
 
 
+def read_progress(path: Path) -> tuple[dict[str, Any], int]:
+    """(metadata, records started) of a capture, from its header alone: cheap enough to poll."""
+    try:
+        with path.open("rb") as fh:
+            data = fh.read(fmt.HEADER_SIZE)
+    except OSError as err:
+        raise CorruptCapture(f"{path} cannot be read ({err.strerror})") from None
+    read_header(data, path)
+    meta = read_meta(data, path)
+    (started,) = fmt.COUNTER.unpack_from(data, fmt.EVENTS_STARTED_OFFSET)
+    return meta, started
+
+
 def _read_strings(
     data: bytes, str_off: int, str_size: int
 ) -> tuple[dict[int, str], list[dict[str, Any]], int]:

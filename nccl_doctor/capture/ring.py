@@ -11,6 +11,7 @@ install time. The C one is used when it imported; ``NCCL_DOCTOR_PURE_PYTHON=1`` 
     end(idx, state, seq_delta[, t_exit]) -> None
         writes record idx's exit part (t_exit 0 or absent: now), unless the ring lapped it.
     count, capacity
+        ``count`` is also stored (u64) at ``counter_offset`` of the buffer when one is given.
 """
 
 from __future__ import annotations
@@ -31,12 +32,15 @@ except ImportError:  # built without a C compiler: the Python ring does the same
 
 
 class PyRing:
-    __slots__ = ("_buf", "_offset", "_next", "capacity", "count")
+    __slots__ = ("_buf", "_offset", "_next", "_counter", "capacity", "count")
 
-    def __init__(self, buffer: Any, offset: int, capacity: int) -> None:
+    def __init__(self, buffer: Any, offset: int, capacity: int, counter_offset: int = -1) -> None:
         view = memoryview(buffer)
         if capacity < 1 or offset < 0 or len(view) < offset + capacity * fmt.RECORD_SIZE:
             raise ValueError("the ring does not fit in the buffer")
+        if counter_offset + 8 > len(view):
+            raise ValueError("the counter does not fit in the buffer")
+        self._counter = counter_offset
         self._buf, self._offset, self.capacity, self.count = view, offset, capacity, 0
         self._next = itertools.count(1).__next__  # atomic under the GIL: threads get unique indices
 
@@ -47,6 +51,8 @@ class PyRing:
         off = self._offset + ((idx - 1) % self.capacity) * _RECORD
         self._buf[off : off + _ENTER_SIZE] = raw
         _tail_pack(self._buf, off + _ENTER_SIZE, fmt.record_check(raw), 0, 0, 0, 0)
+        if self._counter >= 0:
+            _counter_pack(self._buf, self._counter, idx)
         return idx
 
     def end(self, idx: int, state: int, seq_delta: int, t_exit: int = 0) -> None:
@@ -64,11 +70,11 @@ def accelerated() -> bool:
     return _CRing is not None and os.environ.get(PURE_PYTHON_ENV, "") in ("", "0")
 
 
-def make_ring(buffer: Any, offset: int, capacity: int) -> Any:
+def make_ring(buffer: Any, offset: int, capacity: int, counter_offset: int = -1) -> Any:
     """A ring over ``buffer`` (writable), in C when available."""
     if accelerated():
-        return _CRing(buffer, offset, capacity)
-    return PyRing(buffer, offset, capacity)
+        return _CRing(buffer, offset, capacity, counter_offset)
+    return PyRing(buffer, offset, capacity, counter_offset)
 
 
 _RECORD = fmt.RECORD_SIZE
@@ -76,3 +82,4 @@ _ENTER_SIZE = fmt.ENTER.size
 _pack = fmt.ENTER.pack
 _tail_pack = fmt.TAIL.pack_into
 _exit_pack = fmt.EXIT.pack_into
+_counter_pack = fmt.COUNTER.pack_into

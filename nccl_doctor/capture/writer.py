@@ -55,7 +55,8 @@ class CaptureWriter:
             mm, 0, fmt.MAGIC, fmt.FORMAT_VERSION, fmt.HEADER_SIZE, fmt.RECORD_SIZE, capacity,
             self.ring_offset, self.strtab_offset, strtab_bytes, time.time_ns(),
         )
-        self.events = make_ring(self._mm, self.ring_offset, capacity)  # the hot path writes here
+        # the hot path writes here; it publishes its count in the header for the supervisor
+        self.events = make_ring(self._mm, self.ring_offset, capacity, fmt.EVENTS_STARTED_OFFSET)
         self.ring = memoryview(self._mm)
         self._strtab_used = 0
         self._strings: dict[str, int] = {"": 0}

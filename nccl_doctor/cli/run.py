@@ -6,12 +6,16 @@ import argparse
 import sys
 import time
 from pathlib import Path
+from typing import Callable, TextIO
 
 from nccl_doctor.capture import format as fmt
 from nccl_doctor.capture.directory import MANIFEST, REPORT_JSON
-from nccl_doctor.errors import OutputExists, UsageError
+from nccl_doctor.errors import ExitStatus, OutputExists, UsageError
 from nccl_doctor.reporters.console import ConsoleReporter
 from nccl_doctor.supervisor.supervisor import Supervisor
+from nccl_doctor.watchdog.policy import (
+    DEFAULT_HANG_AFTER, DEFAULT_ON_HANG, DEFAULT_STUCK_AFTER, HangPolicy, OnHang,
+)
 
 HELP = "run a launch command (torchrun, accelerate launch, deepspeed, python) under the doctor"
 _OURS = (f"*{fmt.CAPTURE_SUFFIX}", "*.fault", MANIFEST, REPORT_JSON)
@@ -21,7 +25,8 @@ def register(sub: argparse._SubParsersAction) -> None:
     p = sub.add_parser(
         "run", help=HELP, description=HELP[0].upper() + HELP[1:] + ". The command's output "
         "passes through unchanged; nccl-doctor exits with the command's own exit status.",
-        usage="nccl-doctor run [--out DIR] [--force] [--quiet] -- COMMAND [ARGS...]",
+        usage="nccl-doctor run [--out DIR] [--force] [--quiet] [--on-hang report|kill] "
+              "[--hang-after SECONDS] [--stuck-after SECONDS] [--no-watch] -- COMMAND [ARGS...]",
     )
     p.add_argument("--out", type=Path, default=None, metavar="DIR",
                    help="capture directory (default: nccl-doctor-out/run-YYYYmmdd-HHMMSS)")
@@ -29,9 +34,48 @@ def register(sub: argparse._SubParsersAction) -> None:
                    help="reuse a non-empty --out DIR (its earlier captures and reports are removed)")
     p.add_argument("--quiet", action="store_true",
                    help="print no summary (report.json is still written)")
+    p.add_argument("--on-hang", choices=[o.value for o in OnHang], default=DEFAULT_ON_HANG.value,
+                   help="on a diagnosed hang: write the report and stop the whole job (kill, the "
+                        f"default; nccl-doctor then exits {ExitStatus.HANG_STOPPED}), or write it "
+                        "and keep watching (report)")
+    p.add_argument("--hang-after", type=_seconds, default=DEFAULT_HANG_AFTER, metavar="SECONDS",
+                   help="a wait longer than this is a hang whatever the stacks show (default "
+                        f"{DEFAULT_HANG_AFTER:.0f}); certain deadlocks are called within seconds")
+    p.add_argument("--stuck-after", type=_seconds, default=DEFAULT_STUCK_AFTER, metavar="SECONDS",
+                   help="a rank others wait for that is idle with an unchanged stack this long is "
+                        f"stuck: a hang (default {DEFAULT_STUCK_AFTER:.0f}; a stopped rank is "
+                        "called at once)")
+    p.add_argument("--no-watch", action="store_true",
+                   help="no live watchdog: diagnose only after the job ends")
     p.add_argument("command", nargs=argparse.REMAINDER, metavar="COMMAND",
                    help="the launch command, after --")
     p.set_defaults(func=run)
+
+
+def _seconds(text: str) -> float:
+    try:
+        value = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{text!r} is not a number of seconds") from None
+    if not value > 0:
+        raise argparse.ArgumentTypeError(f"{text!r}: give a positive number of seconds")
+    return value
+
+
+def _announcer(stream: TextIO) -> Callable[[str], None]:
+    """The watchdog's live status: one whole line per change, written at once, so it never
+    breaks into a line of the job's own output (which shares the terminal)."""
+    color = stream.isatty()
+
+    def announce(message: str) -> None:
+        prefix = "\033[1;36mnccl-doctor:\033[0m " if color else "nccl-doctor: "
+        try:
+            stream.write(prefix + message.replace("\n", " ") + "\n")
+            stream.flush()
+        except (OSError, ValueError):
+            pass
+
+    return announce
 
 
 def prepare_out_dir(out: Path | None, force: bool) -> Path:
@@ -59,8 +103,12 @@ def run(args: argparse.Namespace) -> int:
         raise UsageError("no command to run: put it after --, e.g. "
                          "nccl-doctor run -- torchrun --nproc-per-node 2 train.py")
     out = prepare_out_dir(args.out, args.force)
-    result = Supervisor(command, out).run()
     err = sys.stderr
+    policy = None if args.no_watch else HangPolicy(on_hang=OnHang(args.on_hang),
+                                                   hang_after=args.hang_after,
+                                                   stuck_after=args.stuck_after)
+    announce = None if args.quiet else _announcer(err)
+    result = Supervisor(command, out, policy=policy, announce=announce).run()
     if result.stopped_orphans:
         err.write("nccl-doctor: processes of the job outlived its launcher; they were stopped\n")
     if result.analysis_error is not None:

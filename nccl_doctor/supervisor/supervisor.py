@@ -1,7 +1,8 @@
 """The supervisor loop: launch, watch, collect, analyse, report.
 
-Post-mortem for now: it waits for the job and diagnoses it after it ends. The live watchdog plugs
-into ``Supervisor.tick`` (it runs every ``poll_interval`` while the job lives).
+While the job runs, ``tick`` runs every ``poll_interval`` and calls the listeners: the live
+watchdog (nccl_doctor.watchdog) is one. Once the job has ended, the captures are analysed post
+mortem; a hang the watchdog diagnosed stays the report's verdict.
 """
 
 from __future__ import annotations
@@ -20,9 +21,11 @@ from nccl_doctor.capture.directory import (
     REPORT_JSON, Manifest, capture_files, load_capture_dir,
 )
 from nccl_doctor.diagnosis import Diagnosis
-from nccl_doctor.errors import DoctorError
+from nccl_doctor.errors import DoctorError, ExitStatus
 from nccl_doctor.reporters.json import JsonReporter
 from nccl_doctor.supervisor.launch import Job, exit_status, job_environment
+from nccl_doctor.watchdog.policy import HangPolicy
+from nccl_doctor.watchdog.watchdog import Watchdog
 
 
 class State(enum.Enum):
@@ -49,11 +52,15 @@ class RunResult:
     report_path: Path | None
     analysis_error: str | None = None
     stopped_orphans: bool = False
+    stopped_for_hang: bool = False  # the watchdog stopped the job (--on-hang kill)
 
 
 class Supervisor:
     def __init__(self, command: Sequence[str], out_dir: Path, *, poll_interval: float = 0.2,
-                 environ: dict[str, str] | None = None) -> None:
+                 environ: dict[str, str] | None = None, policy: HangPolicy | None = HangPolicy(),
+                 announce: Callable[[str], None] | None = None) -> None:
+        """``policy`` None runs no watchdog (post-mortem only); ``announce`` receives the
+        watchdog's one-line status messages."""
         self.command = tuple(command)
         self.out_dir = out_dir
         self.poll_interval = poll_interval
@@ -63,6 +70,15 @@ class Supervisor:
         self.job: Job | None = None
         self._signals = 0
         self.listeners: list[Callable[[Supervisor], None]] = []  # called every tick
+        self.watchdog: Watchdog | None = None
+        if policy is not None:
+            self.watchdog = Watchdog(out_dir, self.run_id, policy, stop_job=self._stop_job,
+                                     announce=announce)
+            self.listeners.append(self.watchdog)
+
+    def _stop_job(self, sig: int) -> None:
+        if self.job is not None:
+            self.job.signal(sig)
 
     def _to(self, new: State) -> None:
         if new not in _ALLOWED[self.state]:
@@ -91,9 +107,13 @@ class Supervisor:
         status = exit_status(code)
         manifest = replace(manifest, ended_at=time.time(), exit_status=status)
         self._to(State.ANALYSING)
+        stopped_for_hang = self.watchdog is not None and self.watchdog.stopped_job
+        if stopped_for_hang:
+            status = ExitStatus.HANG_STOPPED
+            manifest = replace(manifest, exit_status=status)
         diagnosis, report, error = self._analyse(manifest)
         self._to(State.DONE)
-        return RunResult(status, diagnosis, report, error, stopped)
+        return RunResult(status, diagnosis, report, error, stopped, stopped_for_hang)
 
     def tick(self) -> None:
         for listener in self.listeners:
@@ -110,6 +130,8 @@ class Supervisor:
                            captures=tuple(f.name for f in capture_files(self.out_dir)))
         manifest.write(self.out_dir)
         diagnosis = analyze(traces)
+        if self.watchdog is not None:
+            diagnosis = self.watchdog.final(diagnosis) or diagnosis
         report = self.out_dir / REPORT_JSON
         tmp = report.with_name(f".{report.name}.tmp")
         with tmp.open("w") as fh:

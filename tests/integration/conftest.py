@@ -39,3 +39,9 @@ def run_job(tmp_path: Path):
 
     return run
 
+
+
+@pytest.fixture
+def launch():
+    """``launch(nproc, *target)``: the torchrun command line for a job."""
+    return torchrun

@@ -127,3 +127,26 @@ def test_pure_python_switch_selects_the_python_ring(monkeypatch: pytest.MonkeyPa
     assert isinstance(ring_mod.make_ring(bytearray(OFFSET + 16 * 128), OFFSET, 16), PyRing)
     monkeypatch.setenv(ring_mod.PURE_PYTHON_ENV, "0")
     assert ring_mod.accelerated() == (C_RING is not None)
+
+
+@pytest.mark.parametrize("impl", ["python", pytest.param("c", marks=needs_c)])
+def test_ring_publishes_its_count_at_the_counter_offset(impl: str) -> None:
+    cls = PyRing if impl == "python" else C_RING
+    buf = bytearray(OFFSET + 16 * fmt.RECORD_SIZE)
+    ring = cls(buf, OFFSET, 16, 8)
+    for n in range(1, 20):
+        ring.begin(0, 0, *(1,) * 19)
+        assert fmt.COUNTER.unpack_from(buf, 8)[0] == n == ring.count
+    with pytest.raises(ValueError, match="counter does not fit"):
+        cls(buf, OFFSET, 16, len(buf) - 4)
+
+
+def test_progress_is_read_from_the_header_alone(tmp_path) -> None:
+    from nccl_doctor.capture.reader import read_progress
+    from nccl_doctor.capture.writer import CaptureWriter
+
+    w = CaptureWriter(tmp_path / "rank00000.h.1.ndcap", {"rank": 0, "pid": 1}, capacity=16)
+    assert read_progress(w.path) == ({"rank": 0, "pid": 1}, 0)
+    for _ in range(3):
+        w.end(w.begin((0, 0) + (1,) * 19), 1, 1)
+    assert read_progress(w.path)[1] == 3

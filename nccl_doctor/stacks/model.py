@@ -1,0 +1,178 @@
+"""The typed stack model: one Python stack sample per rank, and the one parser that builds it.
+
+Both producers speak the same JSON: ``py-spy dump --json`` (from outside the rank) and the in-rank
+agent (a thread reading ``sys._current_frames``) print a list of thread objects whose ``frames`` are
+innermost first. ``parse_stack_json`` reads either; nothing here runs a process or touches a file.
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass, replace
+from typing import Any
+
+__all__ = ["SOURCES", "Frame", "ThreadStack", "RankStack", "parse_stack_json"]
+
+#: Who took a sample: py-spy from outside, the in-rank agent thread, or a faulthandler dump.
+SOURCES = ("py-spy", "agent", "faulthandler")
+
+
+@dataclass(frozen=True)
+class Frame:
+    function: str
+    path: str
+    line: int
+
+    @property
+    def where(self) -> str:
+        return f"{self.path}:{self.line}"
+
+    def to_json(self) -> dict[str, Any]:
+        return {"function": self.function, "path": self.path, "line": self.line}
+
+
+@dataclass(frozen=True)
+class ThreadStack:
+    """One thread's Python stack; ``frames`` innermost first (py-spy's order)."""
+
+    thread_id: int
+    name: str | None
+    frames: tuple[Frame, ...]
+    active: bool | None
+    owns_gil: bool | None
+    is_main: bool
+
+    @property
+    def root_first(self) -> tuple[Frame, ...]:
+        """The frames outermost first (``<module>`` first), the order stacks are compared in."""
+        return self.frames[::-1]
+
+    def to_json(self) -> dict[str, Any]:
+        return {
+            "thread_id": self.thread_id, "name": self.name, "active": self.active,
+            "owns_gil": self.owns_gil, "is_main": self.is_main,
+            "frames": [f.to_json() for f in self.frames],
+        }
+
+
+@dataclass(frozen=True)
+class RankStack:
+    """The threads of one rank's process at ``taken_at`` (seconds since the epoch).
+
+    ``error`` is set, and ``threads`` empty, when no sample could be taken; it says why in one line.
+    """
+
+    rank: int
+    pid: int
+    source: str
+    threads: tuple[ThreadStack, ...]
+    error: str | None = None
+    taken_at: float = 0.0
+
+    @property
+    def main(self) -> ThreadStack | None:
+        """The main thread, else the first thread (a guess), else None."""
+        for thread in self.threads:
+            if thread.is_main:
+                return thread
+        return self.threads[0] if self.threads else None
+
+    def signature(self) -> tuple[tuple[str, str, int], ...]:
+        """The main thread's (path, function, line) root first; same signatures mean "not moved"."""
+        main = self.main
+        if main is None:
+            return ()
+        return tuple((f.path, f.function, f.line) for f in main.root_first)
+
+    def to_json(self) -> dict[str, Any]:
+        return {
+            "rank": self.rank, "pid": self.pid, "source": self.source, "taken_at": self.taken_at,
+            "error": self.error, "threads": [t.to_json() for t in self.threads],
+        }
+
+
+def parse_stack_json(
+    text_or_obj: str | bytes | list[Any],
+    *,
+    rank: int,
+    pid: int,
+    source: str,
+    taken_at: float = 0.0,
+) -> RankStack:
+    """A ``RankStack`` from py-spy's ``dump --json`` output or the agent's (already decoded or not).
+
+    The main thread is the one flagged ``"is_main": true`` (agent), else the one whose
+    ``os_thread_id`` is the process id (py-spy), else the one named ``MainThread``. Raises
+    ``ValueError`` with a one-line message on anything that is not that shape.
+    """
+    if source not in SOURCES:
+        raise ValueError(f"unknown stack source {source!r} (expected one of {', '.join(SOURCES)})")
+    data: Any = text_or_obj
+    if isinstance(text_or_obj, (str, bytes, bytearray)):
+        try:
+            data = json.loads(text_or_obj)
+        except (json.JSONDecodeError, UnicodeDecodeError) as err:
+            raise ValueError(f"stack dump of rank {rank} is not JSON: {err}") from None
+    if not isinstance(data, list):
+        raise ValueError(
+            f"stack dump of rank {rank} is a JSON {type(data).__name__}, expected a list of threads"
+        )
+    threads = [_thread(t, i, rank) for i, t in enumerate(data)]
+    main_index = _main_index(data, pid)
+    if main_index is not None:
+        threads[main_index] = replace(threads[main_index], is_main=True)
+    return RankStack(rank, pid, source, tuple(threads), None, float(taken_at))
+
+
+def _thread(obj: Any, index: int, rank: int) -> ThreadStack:
+    where = f"rank {rank} thread #{index}"
+    if not isinstance(obj, dict):
+        raise ValueError(f"{where} is a JSON {type(obj).__name__}, expected an object")
+    tid = obj.get("thread_id")
+    if not _is_int(tid):
+        raise ValueError(f"{where} has no integer thread_id (got {tid!r})")
+    name = _optional(obj, "thread_name", str, where)
+    frames = obj.get("frames")
+    if not isinstance(frames, list):
+        raise ValueError(f"{where} has no frames list")
+    parsed = tuple(_frame(f, f"{where} frame #{j}") for j, f in enumerate(frames))
+    active = _optional(obj, "active", bool, where)
+    gil = _optional(obj, "owns_gil", bool, where)
+    return ThreadStack(tid, name, parsed, active, gil, is_main=False)
+
+
+def _frame(obj: Any, where: str) -> Frame:
+    if not isinstance(obj, dict):
+        raise ValueError(f"{where} is a JSON {type(obj).__name__}, expected an object")
+    name, path, line = obj.get("name"), obj.get("filename"), obj.get("line")
+    if not isinstance(name, str) or not isinstance(path, str):
+        raise ValueError(f"{where} needs string name and filename (got {name!r}, {path!r})")
+    if line is None:  # a frame caught between lines (f_lineno may be None): keep it, line unknown
+        line = 0
+    if not _is_int(line):
+        raise ValueError(f"{where} has a non-integer line {line!r}")
+    return Frame(name, path, line)
+
+
+def _main_index(data: list[dict[str, Any]], pid: int) -> int | None:
+    rules = (
+        lambda t: t.get("is_main") is True,
+        lambda t: t.get("os_thread_id") == pid,
+        lambda t: t.get("thread_name") == "MainThread",
+    )
+    for rule in rules:
+        for i, thread in enumerate(data):
+            if rule(thread):
+                return i
+    return None
+
+
+def _optional(obj: dict[str, Any], key: str, kind: type, where: str) -> Any:
+    value = obj.get(key)
+    if value is not None and not isinstance(value, kind):
+        raise ValueError(f"{where} has a {type(value).__name__} {key}, expected {kind.__name__}")
+    return value
+
+
+def _is_int(value: Any) -> bool:
+    return isinstance(value, int) and not isinstance(value, bool)

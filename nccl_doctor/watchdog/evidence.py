@@ -1,0 +1,71 @@
+"""Evidence the watchdog gathers from live ranks: stacks (py-spy, else the in-rank agent)."""
+
+from __future__ import annotations
+
+import time
+from typing import Any
+
+from nccl_doctor import frames
+from nccl_doctor.stacks import pyspy
+from nccl_doctor.stacks.aggregate import classify
+from nccl_doctor.stacks.model import RankStack, parse_stack_json
+
+
+def collect_stacks(pids: dict[int, int], run_id: str, *, timeout: float) -> dict[int, RankStack]:
+    """Every rank's Python stacks, in parallel: py-spy first; the in-rank agent for the ranks
+    py-spy could not read (not installed, or no ptrace permission in a container)."""
+    if not pids:
+        return {}
+    stacks = pyspy.collect(pids, timeout=timeout)
+    failed = {r: pids[r] for r, s in stacks.items() if s.error or not s.threads}
+    if not failed:
+        return stacks
+    from nccl_doctor.agent.client import AgentUnavailable, request_many  # only when needed
+
+    replies = request_many(run_id, failed, "stacks", timeout=timeout)
+    for rank, reply in replies.items():
+        if isinstance(reply, AgentUnavailable) or not reply.get("ok"):
+            reason = str(reply) if isinstance(reply, AgentUnavailable) else reply.get("error")
+            previous = stacks[rank].error or "no stack"
+            stacks[rank] = RankStack(rank, failed[rank], stacks[rank].source, (),
+                                     error=f"{previous}; agent: {reason}", taken_at=time.time())
+            continue
+        try:
+            stacks[rank] = parse_stack_json(reply.get("threads", []), rank=rank, pid=failed[rank],
+                                            source="agent", taken_at=time.time())
+        except ValueError as err:
+            stacks[rank] = RankStack(rank, failed[rank], "agent", (), error=str(err),
+                                     taken_at=time.time())
+    return stacks
+
+
+def user_frame(stack: RankStack) -> str | None:
+    """'path:line in function' of the innermost frame of the main thread in the user's code."""
+    main = stack.main
+    if main is None:
+        return None
+    for f in main.frames:  # innermost first
+        if not frames.is_wrapper_file(f.path) and not frames.is_internal_file(f.path):
+            return f"{frames.short_path(f.path)}:{f.line} in {f.function}"
+    if main.frames:
+        f = main.frames[0]
+        return f"{frames.short_path(f.path)}:{f.line} in {f.function}"
+    return None
+
+
+def stack_summary(stack: RankStack) -> str:
+    if stack.error and not stack.threads:
+        return f"no stack ({stack.error})"
+    return f"{user_frame(stack) or '?'} [{stack.source}]"
+
+
+def stack_classes(stacks: dict[int, RankStack]) -> list[dict[str, Any]]:
+    """STAT-style classes of the main threads' stacks, for the report (root-first frames)."""
+    out = []
+    for c in classify(stacks):
+        out.append({
+            "ranks": list(c.ranks), "odd": c.odd,
+            "frames": [f"{frames.short_path(f.path)}:{f.line} {f.function}" for f in c.frames],
+            "sources": sorted({stacks[r].source for r in c.ranks if r in stacks}),
+        })
+    return out

@@ -1,0 +1,306 @@
+"""The live watchdog: turns looks at a running job into a hang diagnosis, within seconds.
+
+It runs in the supervisor (``Supervisor.tick``), outside the job, and never touches the job
+except to read its captures, sample its processes (psutil, py-spy, the in-rank agent) and, under
+``--on-hang kill``, stop it. Its loop:
+
+1. every tick, read each rank's progress counter (the capture header: 8 bytes per rank);
+2. once nothing has moved for ``quiet`` seconds, read the captures and ``assess`` the job;
+3. a deadlock (every live rank waits, a desync explains it) that holds, unchanged, for
+   ``confirm`` seconds is a hang at once; ranks waiting on peers that are outside collectives make
+   those peers suspects: their stacks and CPU are sampled, and a peer that is stopped, or idle with
+   an unchanged stack for ``stuck_after`` seconds, makes it a hang - a busy peer or a moving stack
+   does not (a checkpoint, an evaluation); any wait past ``hang_after`` is a hang;
+4. a hang is written to report.json at once (and rewritten if progress resumes), announced, and
+   the policy applied.
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import time
+from dataclasses import dataclass, replace
+from pathlib import Path
+from typing import Any, Callable
+
+from nccl_doctor.analysis import analyze
+from nccl_doctor.analysis.describe import call_name, call_site, ranks_text
+from nccl_doctor.capture.directory import REPORT_JSON, load_capture_dir
+from nccl_doctor.diagnosis import Diagnosis, Finding, FindingKind, Severity, Verdict
+from nccl_doctor.errors import DoctorError
+from nccl_doctor.model import TraceSet
+from nccl_doctor.reporters.json import JsonReporter
+from nccl_doctor.stacks.model import RankStack
+from nccl_doctor.watchdog import evidence
+from nccl_doctor.watchdog.assess import Assessment, ProcState, Situation, assess
+from nccl_doctor.watchdog.policy import HangPolicy, OnHang
+from nccl_doctor.watchdog.probe import Registry, proc_state
+
+HINT_STUCK = (
+    "The waiting ranks can only go on once the stuck rank reaches the same collective. Its stack "
+    "shows where it is: an input pipeline or a lock that never returns, a stopped process, or a "
+    "branch taken on that rank only that skips the collective."
+)
+HINT_STALL_COMM = (
+    "Every rank is inside the same collective and none returns: the transport is stuck, not the "
+    "program. Check the network/NCCL (NCCL_DEBUG=INFO), a dead peer host, or a GPU that stopped "
+    "responding."
+)
+HINT_STALL_COMPUTE = (
+    "The waiting ranks need a peer that has been computing for longer than --hang-after. If that "
+    "is expected (a long evaluation or checkpoint on one rank), raise --hang-after; otherwise the "
+    "stack shows the loop it is in."
+)
+
+
+@dataclass
+class _Sample:
+    at: float
+    cpu: float
+    signature: tuple
+    stopped: bool
+
+
+class Watchdog:
+    """``Supervisor`` listener. ``stop_job(sig)`` signals the whole job; ``announce`` prints."""
+
+    def __init__(self, out_dir: Path, run_id: str, policy: HangPolicy, *,
+                 stop_job: Callable[[int], None], announce: Callable[[str], None] | None = None,
+                 clock: Callable[[], float] = time.monotonic) -> None:
+        self.out_dir, self.run_id, self.policy = out_dir, run_id, policy
+        self.stop_job, self.announce, self.clock = stop_job, announce or (lambda _m: None), clock
+        self.registry = Registry(out_dir)
+        self.diagnosis: Diagnosis | None = None  # the standing hang diagnosis, if any
+        self.stopped_job = False
+        self.detected_at: float | None = None
+        self._counts: dict[int, int] = {}
+        self._progress_at = clock()
+        self._last_look = 0.0
+        self._first_seen: dict[tuple, float] = {}  # situation key -> when first seen
+        self._samples: dict[int, list[_Sample]] = {}
+        self._last_sample = 0.0
+        self._kill_at: float | None = None
+        self._announced = ""
+
+    # -- the loop ----------------------------------------------------------------------------
+    def __call__(self, _supervisor: Any = None) -> None:
+        try:
+            self.tick()
+        except Exception as err:  # the watchdog must never take the supervisor down
+            self._say(f"watchdog error ({err!r}); the job goes on, unwatched from here")
+            self.tick = lambda: None  # type: ignore[method-assign]
+
+    def tick(self) -> None:
+        now = self.clock()
+        if self._kill_at is not None:
+            if now >= self._kill_at:
+                self.stop_job(signal.SIGKILL)
+                self._kill_at = None
+            return
+        counts = self.registry.poll()
+        if counts != self._counts:
+            self._counts, self._progress_at = counts, now
+            self._first_seen.clear()
+            self._samples.clear()
+            if self.diagnosis is not None and not self.stopped_job:
+                self._retract()
+            return
+        if now - self._progress_at < self.policy.quiet or now - self._last_look < self.policy.look_every:
+            return
+        if self.diagnosis is not None:
+            return  # already diagnosed; under --on-hang report, keep watching for progress
+        self._last_look = now
+        self._look(now)
+
+    def _look(self, now: float) -> None:
+        try:
+            traces = load_capture_dir(self.out_dir, job_ended=False)
+        except DoctorError:
+            return
+        live_analysis = analyze(traces)
+        procs = {r: proc_state(p.pid) for r, p in self.registry.ranks.items()}
+        a = assess(traces, live_analysis, procs)
+        first = self._first_seen.setdefault(a.key, now)
+        self._first_seen = {a.key: first}
+        waited = now - self._progress_at
+        if a.situation is Situation.DEADLOCK:
+            self._status(f"deadlock suspected: {a.cause.title if a.cause else ''}; confirming")
+            if now - first >= self.policy.confirm:
+                self._declare(traces, live_analysis, a, waited, a.cause, "deadlock")
+        elif a.situation is Situation.WAITING_ON_PEERS:
+            self._watch_peers(traces, live_analysis, a, procs, now, waited)
+        elif a.situation is Situation.ALL_WAITING and waited >= self.policy.hang_after:
+            finding = _stall(a, "comm", waited, traces)
+            self._declare(traces, live_analysis, a, waited, finding, "stall")
+
+    def _watch_peers(self, traces: TraceSet, analysis: Diagnosis, a: Assessment,
+                     procs: dict[int, ProcState], now: float, waited: float) -> None:
+        if now - self._last_sample >= self.policy.sample_every:
+            self._last_sample = now
+            pids = {r: self.registry.ranks[r].pid for r in a.awaited if r in self.registry.ranks}
+            stacks = evidence.collect_stacks(pids, self.run_id, timeout=self.policy.stack_timeout)
+            for r in a.awaited:
+                proc = proc_state(pids[r]) if r in pids else procs.get(r)
+                stack = stacks.get(r)
+                sig = stack.signature() if stack is not None and stack.threads else ()
+                self._samples.setdefault(r, []).append(
+                    _Sample(now, proc.cpu_seconds if proc else 0.0, sig,
+                            bool(proc and proc.stopped))
+                )
+            self._last_stacks = stacks
+        stuck = {r: why for r in a.awaited if (why := self._stuck(r)) is not None}
+        waiting = ranks_text(sorted(a.waiting))
+        if stuck:
+            finding = _stuck_peer(a, stuck, traces, analysis, getattr(self, "_last_stacks", {}))
+            self._declare(traces, analysis, a, waited, finding, "stuck_peer")
+        elif waited >= self.policy.hang_after:
+            finding = _stall(a, "compute", waited, traces)
+            self._declare(traces, analysis, a, waited, finding, "hang_after")
+        else:
+            self._status(f"{waiting} wait in a collective on {ranks_text(list(a.awaited))} "
+                         f"(outside collectives): watching")
+
+    def _stuck(self, rank: int) -> str | None:
+        """Why ``rank`` is stuck, from its samples since the situation began; None if not."""
+        samples = self._samples.get(rank, [])
+        if len(samples) < 2:
+            return None
+        last = samples[-1]
+        if last.stopped and samples[-2].stopped:
+            return "its process is stopped (SIGSTOP or a debugger)"
+        # the window: the latest run of samples with the same stack
+        start = len(samples) - 1
+        while start > 0 and samples[start - 1].signature == last.signature:
+            start -= 1
+        first = samples[start]
+        span = last.at - first.at
+        if not last.signature or span < self.policy.stuck_after:
+            return None
+        cpu_share = (last.cpu - first.cpu) / span if span > 0 else 0.0
+        if cpu_share >= self.policy.idle_cpu:
+            return None  # busy: computing, not stuck
+        return f"idle ({cpu_share:.0%} CPU) with an unchanged stack for {span:.0f} s"
+
+    # -- the verdict -------------------------------------------------------------------------
+    def _declare(self, traces: TraceSet, analysis: Diagnosis, a: Assessment, waited: float,
+                 root: Finding | None, how: str) -> None:
+        pids = {r: self.registry.ranks[r].pid for r in a.live if r in self.registry.ranks}
+        stacks = evidence.collect_stacks(pids, self.run_id, timeout=self.policy.stack_timeout)
+        diagnosis = hang_diagnosis(analysis, root, stacks, {
+            "situation": a.situation.value, "how": how, "waited_s": round(waited, 1),
+            "policy": self.policy.on_hang.value,
+            "action": "stopped the job" if self.policy.on_hang is OnHang.KILL else "reported",
+        })
+        self.diagnosis = diagnosis
+        self.detected_at = self.clock()
+        self._write(diagnosis)
+        title = diagnosis.root_cause.title if diagnosis.root_cause else a.situation.value
+        self._say(f"HANG: {title}")
+        if self.policy.on_hang is OnHang.KILL:
+            self._say(f"stopping the job (--on-hang kill); report: {self.out_dir / REPORT_JSON}")
+            self.stopped_job = True
+            self.stop_job(signal.SIGTERM)
+            self._kill_at = self.clock() + self.policy.kill_grace
+        else:
+            self._say(f"report: {self.out_dir / REPORT_JSON}; the job is left running "
+                      "(--on-hang report)")
+
+    def _retract(self) -> None:
+        """Progress resumed after a reported hang: the report says so."""
+        assert self.diagnosis is not None
+        retracted = replace(
+            self.diagnosis, verdict=Verdict.SUSPECT,
+            notes=self.diagnosis.notes + ("the job made progress again after this hang was "
+                                          "reported: it was a long pause, not a deadlock",),
+            watchdog={**self.diagnosis.watchdog, "retracted": True},
+        )
+        self._write(retracted)
+        self._say("progress resumed: the hang report was retracted")
+        self.diagnosis = None
+
+    def final(self, post_mortem: Diagnosis | None) -> Diagnosis | None:
+        """The report to keep once the job has ended: a standing hang outranks what followed."""
+        if self.diagnosis is None:
+            return post_mortem
+        note = ("nccl-doctor stopped the job after diagnosing the hang (--on-hang kill)"
+                if self.stopped_job else "the job ended after the hang was diagnosed")
+        status = post_mortem.exit_status if post_mortem is not None else None
+        return replace(self.diagnosis, exit_status=status, notes=self.diagnosis.notes + (note,))
+
+    def _write(self, diagnosis: Diagnosis) -> None:
+        report = self.out_dir / REPORT_JSON
+        tmp = report.with_name(f".{report.name}.tmp")
+        with tmp.open("w") as fh:
+            JsonReporter().render(diagnosis, fh)
+        os.replace(tmp, report)
+
+    def _status(self, message: str) -> None:
+        if message != self._announced:
+            self._announced = message
+            self._say(message)
+
+    def _say(self, message: str) -> None:
+        self.announce(message)
+
+
+# -- building the diagnosis (pure) -----------------------------------------------------------
+def hang_diagnosis(analysis: Diagnosis, root: Finding | None, stacks: dict[int, RankStack],
+                   watch: dict[str, Any]) -> Diagnosis:
+    findings = list(analysis.findings)
+    if root is not None:
+        findings = [replace(root, root_cause=True)] + [
+            replace(f, root_cause=False) for f in findings
+            if not (f.kind is root.kind and f.group == root.group and f.seq == root.seq)
+        ]
+    ranks = tuple(
+        replace(r, stack_summary=evidence.stack_summary(stacks[r.rank]))
+        if r.rank in stacks else r
+        for r in analysis.ranks
+    )
+    return replace(analysis, verdict=Verdict.HANG, findings=tuple(findings), ranks=ranks,
+                   stack_classes=tuple(evidence.stack_classes(stacks)), watchdog=watch)
+
+
+def _stuck_peer(a: Assessment, stuck: dict[int, str], traces: TraceSet, analysis: Diagnosis,
+                stacks: dict[int, RankStack]) -> Finding:
+    """missing_collective, with what the stuck ranks are doing instead (from their stacks)."""
+    base = next((f for f in analysis.findings if f.kind is FindingKind.MISSING_COLLECTIVE
+                 and set(f.ranks) & set(stuck)), None)
+    lines = []
+    for r, why in sorted(stuck.items()):
+        where = evidence.user_frame(stacks[r]) if r in stacks else None
+        source = stacks[r].source if r in stacks else "-"
+        lines.append(f"rank {r} is stuck outside any collective at {where or '?'}: {why} "
+                     f"(stack from {source}).")
+    if base is not None:
+        return replace(base, detail=base.detail + "\n" + "\n".join(lines), hint=HINT_STUCK,
+                       evidence={**base.evidence, "stuck": {str(r): w for r, w in stuck.items()}})
+    e = next(iter(a.waiting.values()))
+    return Finding(
+        kind=FindingKind.MISSING_COLLECTIVE, severity=Severity.ERROR,
+        title=f"{ranks_text(sorted(a.waiting))} wait in {call_name(e)}; "
+              f"{ranks_text(sorted(stuck))} never came",
+        detail="\n".join(lines), ranks=tuple(sorted(stuck)), hint=HINT_STUCK, group=e.group,
+        seq=e.align_seq, op=e.op, callsite=call_site(e),
+        evidence={"stuck": {str(r): w for r, w in stuck.items()}}, time_ns=e.t_enter_ns,
+    )
+
+
+def _stall(a: Assessment, kind: str, waited: float, traces: TraceSet) -> Finding:
+    e = min(a.waiting.values(), key=lambda ev: ev.t_enter_ns)
+    if kind == "comm":
+        title = (f"stall (comm): every rank has been inside {call_name(e)} for {waited:.0f} s "
+                 "and none returns")
+        culprits, hint = tuple(sorted(a.waiting)), HINT_STALL_COMM
+    else:
+        title = (f"stall (compute): {ranks_text(sorted(a.waiting))} have waited {waited:.0f} s in "
+                 f"{call_name(e)} for {ranks_text(list(a.awaited))}, busy outside collectives")
+        culprits, hint = a.awaited, HINT_STALL_COMPUTE
+    return Finding(
+        kind=FindingKind.STALL, severity=Severity.ERROR, title=title,
+        detail=f"no rank has recorded a new call for {waited:.0f} s (--hang-after).",
+        ranks=culprits, hint=hint, group=e.group, seq=e.align_seq, op=e.op,
+        callsite=call_site(e), evidence={"class": kind, "waited_s": round(waited, 1)},
+        time_ns=e.t_enter_ns,
+    )

@@ -1,0 +1,172 @@
+"""The live watchdog on real hung (and healthy) gloo jobs: diagnosed while the job runs."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import threading
+import time
+from pathlib import Path
+
+import psutil
+import pytest
+
+from nccl_doctor.capture.directory import capture_files
+from nccl_doctor.capture.reader import read_progress
+from nccl_doctor.diagnosis import FindingKind, Verdict
+from nccl_doctor.errors import ExitStatus
+from nccl_doctor.supervisor.supervisor import Supervisor
+from nccl_doctor.watchdog.policy import HangPolicy, OnHang
+
+pytestmark = pytest.mark.integration
+
+JOBS = Path(__file__).parent / "jobs"
+
+
+@pytest.fixture
+def supervise(tmp_path: Path, launch):
+    def make(nproc: int, script: str, env: dict[str, str] | None = None,
+             policy: HangPolicy | None = None) -> tuple[Supervisor, list[str]]:
+        return _supervisor(tmp_path, launch(nproc, str(JOBS / script)), env, policy)
+
+    return make
+
+
+def _supervisor(tmp_path: Path, command: list[str], env: dict[str, str] | None,
+                policy: HangPolicy | None) -> tuple[Supervisor, list[str]]:
+    messages: list[str] = []
+    sup = Supervisor(command, tmp_path / "out",
+                     environ=dict(os.environ, **(env or {})), policy=policy or HangPolicy(),
+                     announce=messages.append)
+    return sup, messages
+
+
+def report(sup: Supervisor) -> dict:
+    return json.loads((sup.out_dir / "report.json").read_text())
+
+
+def assert_job_gone(sup: Supervisor) -> None:
+    assert sup.job is not None
+    assert not sup.job.group_alive(), "processes of the job outlived it"
+
+
+def test_skipped_broadcast_is_a_deadlock_blaming_the_skipper(supervise):
+    sup, messages = supervise(3, "skip_broadcast.py", {"SKIPPER": "1"})
+    result = sup.run()
+    d = result.diagnosis
+    assert result.stopped_for_hang and result.exit_status == ExitStatus.HANG_STOPPED
+    assert d.verdict is Verdict.HANG
+    root = d.root_cause
+    assert root is not None and root.kind is FindingKind.COLLECTIVE_MISMATCH, messages
+    assert root.ranks == (1,)
+    assert {s["op"] for s in root.evidence["sides"]} == {"broadcast", "all_reduce"}
+    sides = {s["op"]: s["callsite"] for s in root.evidence["sides"]}
+    assert sides["broadcast"].endswith("skip_broadcast.py:19")
+    assert sides["all_reduce"].endswith("skip_broadcast.py:15")
+    # diagnosed from the deadlock in seconds, not at gloo's 30-minute timeout
+    rep = report(sup)
+    assert rep["watchdog"]["situation"] == "deadlock" and rep["watchdog"]["waited_s"] < 10
+    assert rep["verdict"] == "hang" and rep["stack_classes"], rep
+    assert all(r["stack_summary"] for r in rep["ranks"])
+    assert any(m.startswith("HANG") for m in messages)
+    assert_job_gone(sup)
+
+
+def test_sharded_generate_with_uneven_lengths_deadlocks(supervise):
+    sup, messages = supervise(2, "sharded_generate.py")
+    result = sup.run()
+    root = result.diagnosis.root_cause
+    assert result.diagnosis.verdict is Verdict.HANG, messages
+    assert root is not None and root.kind is FindingKind.COLLECTIVE_MISMATCH
+    assert {s["op"] for s in root.evidence["sides"]} == {"all_gather", "all_reduce"}
+    assert root.ranks in ((0,), (1,), (0, 1))
+    assert any("sharded_generate.py:12" in s["callsite"] for s in root.evidence["sides"])
+    assert report(sup)["watchdog"]["waited_s"] < 10
+    assert_job_gone(sup)
+
+
+def _pids_when_running(out: Path, nproc: int, timeout: float = 60) -> dict[int, int]:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        pids = {}
+        for f in capture_files(out):
+            try:
+                meta, started = read_progress(f)
+            except Exception:
+                continue
+            if started >= 4:
+                pids[meta["rank"]] = meta["pid"]
+        if len(pids) == nproc:
+            return pids
+        time.sleep(0.2)
+    raise AssertionError("the job never started recording")
+
+
+def test_stopped_rank_is_a_hang_with_its_stack(supervise):
+    sup, messages = supervise(3, "train_loop.py", {"STEPS": "400", "PAUSE": "0.3"})
+    box = {}
+    thread = threading.Thread(target=lambda: box.setdefault("result", sup.run()))
+    thread.start()
+    victim = None
+    try:
+        pids = _pids_when_running(sup.out_dir, 3)
+        victim = pids[2]
+        time.sleep(0.15)  # inside its compute pause, outside any collective
+        os.kill(victim, signal.SIGSTOP)
+        thread.join(90)
+        assert not thread.is_alive(), "the watchdog never called the hang"
+    finally:
+        if victim is not None and psutil.pid_exists(victim):
+            os.kill(victim, signal.SIGCONT)
+            os.kill(victim, signal.SIGKILL)
+        thread.join(30)
+    result = box["result"]
+    d = result.diagnosis
+    assert d.verdict is Verdict.HANG and result.stopped_for_hang, messages
+    root = d.root_cause
+    assert root is not None and root.kind is FindingKind.MISSING_COLLECTIVE
+    assert root.ranks == (2,)
+    assert "stopped" in root.evidence["stuck"]["2"]
+    assert "train_loop.py" in root.detail and "compute" in root.detail  # where it stopped
+    summary = {r.rank: r.stack_summary for r in d.ranks}
+    assert "py-spy" in summary[2] and "compute" in summary[2]
+    assert_job_gone(sup)
+
+
+@pytest.mark.parametrize("env", [
+    {"SLOW_RANK": "1", "SLOW_SECONDS": "3", "STEPS": "4"},  # a straggler
+    {"BUSY_RANK": "0", "BUSY_SECONDS": "25", "STEPS": "3", "BUSY_STEP": "1"},  # rank 0 evaluates
+], ids=["straggler", "rank0-busy-25s"])
+def test_healthy_slow_jobs_are_not_hangs(supervise, env):
+    sup, messages = supervise(3, "train_loop.py", env)
+    result = sup.run()
+    assert result.exit_status == 0, messages
+    assert not result.stopped_for_hang
+    assert result.diagnosis.verdict is Verdict.OK, [f.title for f in result.diagnosis.findings]
+    assert not any(m.startswith("HANG") for m in messages)
+    if "BUSY_RANK" in env:  # the watchdog did look, and saw a busy peer, not a stuck one
+        assert any("outside collectives): watching" in m for m in messages), messages
+
+
+def test_report_policy_keeps_the_job_and_the_report(supervise):
+    policy = HangPolicy(on_hang=OnHang.REPORT)
+    sup, messages = supervise(2, "skip_broadcast.py", {"SKIPPER": "1"}, policy)
+    box = {}
+    thread = threading.Thread(target=lambda: box.setdefault("result", sup.run()))
+    thread.start()
+    try:
+        deadline = time.monotonic() + 60
+        while time.monotonic() < deadline and not (sup.out_dir / "report.json").exists():
+            time.sleep(0.2)
+        rep = report(sup)  # written the moment the hang was diagnosed, with the job still up
+        assert rep["verdict"] == "hang" and rep["watchdog"]["action"] == "reported"
+        assert sup.job is not None and sup.job.group_alive()
+    finally:
+        if sup.job is not None:
+            sup.job.signal(signal.SIGKILL)
+        thread.join(60)
+    result = box["result"]
+    assert not result.stopped_for_hang and result.exit_status != ExitStatus.HANG_STOPPED
+    assert result.diagnosis.verdict is Verdict.HANG  # the hang stays the verdict
+    assert_job_gone(sup)
