@@ -37,6 +37,18 @@ class ConsoleReporter:
             self._finding(console, f)
         if d.ranks:
             console.print(self._ranks_table(d))
+        if d.stack_classes:
+            console.print("\n[bold]stacks[/] (main threads, ranks with the same stack together)")
+            for c in d.stack_classes:
+                odd = "  [yellow]<- odd one out[/]" if c.get("odd") else ""
+                ranks = ", ".join(str(r) for r in c.get("ranks", []))
+                tail = " -> ".join(c.get("frames", [])[-4:]) or "no stack"
+                sources = ", ".join(c.get("sources", []))
+                console.print(f"    ranks {ranks}: {escape(tail)} [dim]({sources})[/]{odd}")
+        if d.watchdog:
+            w = d.watchdog
+            console.print(f"[dim]watchdog: {w.get('situation')} diagnosed {w.get('waited_s')} s "
+                          f"after the last progress; {w.get('action')}[/]")
         for note in d.notes:
             console.print(f"[yellow]note:[/] {escape(note)}")
 
@@ -56,11 +68,17 @@ class ConsoleReporter:
         for col in ("rank", "host", "pid", "state", "last collective"):
             table.add_column(col)
         table.add_column("where", overflow="fold")
+        stacks = any(r.stack_summary for r in d.ranks)
+        if stacks:
+            table.add_column("stack (innermost user frame)", overflow="fold")
         for r in d.ranks:
             last = r.last_collective or {}
             op = f"{last.get('op')} #{last.get('seq')} g{last.get('group')} ({last.get('state')})" \
                 if last else "-"
-            table.add_row(str(r.rank), r.host or "-", str(r.pid or "-"),
-                          escape(r.exit_detail if r.state != "running" else r.state),
-                          escape(op), escape(str(last.get("callsite", "-"))))
+            row = [str(r.rank), r.host or "-", str(r.pid or "-"),
+                   escape(r.exit_detail if r.state != "running" else r.state),
+                   escape(op), escape(str(last.get("callsite", "-")))]
+            if stacks:
+                row.append(escape(r.stack_summary or "-"))
+            table.add_row(*row)
         return table

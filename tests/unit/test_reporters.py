@@ -174,3 +174,31 @@ def test_format_for_and_get_reporter(tmp_path: Path) -> None:
     assert format_for(tmp_path / "report.json", "console") == "console"
     with pytest.raises(UsageError, match="console, json"):
         get_reporter("html")
+
+
+def test_live_hang_report_shows_stack_classes_and_the_watchdog() -> None:
+    from dataclasses import replace
+
+    from nccl_doctor.diagnosis import Diagnosis, RankSummary
+
+    ranks = tuple(
+        RankSummary(rank=r, host="h", pid=100 + r, state="blocked", exit_code=None, signal=None,
+                    exit_detail="blocked", last_collective=None, capture={},
+                    stack_summary=f"train.py:{30 + r} in step [py-spy]")
+        for r in range(3)
+    )
+    d = Diagnosis(verdict=Verdict.HANG, findings=(), ranks=ranks, world_size=3,
+                  stack_classes=({"ranks": [0, 2], "odd": False, "sources": ["py-spy"],
+                                  "frames": ["train.py:50 main", "train.py:30 step"]},
+                                 {"ranks": [1], "odd": True, "sources": ["agent"],
+                                  "frames": ["train.py:50 main", "data.py:9 load"]}),
+                  watchdog={"situation": "deadlock", "waited_s": 2.4, "action": "stopped the job"})
+    text = squash(render("console", d))
+    assert "ranks 0, 2: train.py:50 main -> train.py:30 step (py-spy)" in text
+    assert "ranks 1: train.py:50 main -> data.py:9 load (agent) <- odd one out" in text
+    assert "watchdog: deadlock diagnosed 2.4 s after the last progress; stopped the job" in text
+    assert "train.py:31 in step [py-spy]" in text
+    report = json.loads(render("json", d))
+    assert report["stack_classes"][1]["odd"] is True
+    assert report["watchdog"]["situation"] == "deadlock"
+    assert json.loads(render("json", replace(d, stack_classes=(), watchdog={})))["watchdog"] == {}
