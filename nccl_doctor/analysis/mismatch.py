@@ -8,6 +8,7 @@ from typing import Any
 from nccl_doctor.analysis.align import canonical_op, timelines
 from nccl_doctor.analysis.describe import call_site, ranks_text
 from nccl_doctor.diagnosis import Finding, FindingKind, Severity
+from nccl_doctor.capture.flight_recorder import SOURCE as FLIGHT_RECORDER
 from nccl_doctor.model import Event, TraceSet, parse_tensor_desc
 
 # Which argument must have the same shape and dtype on every rank, per op. all_to_all_single with
@@ -36,7 +37,11 @@ HINTS = {
 
 
 def _signature(e: Event) -> dict[str, Any]:
+    """The aspects that must agree across ranks. A Flight Recorder event (issued from C++)
+    carries its op only: its root is unknown and its tensors are described differently."""
     op = canonical_op(e.op)
+    if e.extra == FLIGHT_RECORDER:
+        return {"op": op}
     desc = e.input if op in _SAME_INPUT else e.output if op in _SAME_OUTPUT else ""
     sigs = parse_tensor_desc(desc)
     return {
@@ -69,12 +74,13 @@ def detect_collective_mismatch(traces: TraceSet) -> list[Finding]:
             sigs = {rank: _signature(e) for rank, e in by_rank.items()}
             aspect = next(
                 (a for a in ("op", "group_size", "root", "dtype", "shape")
-                 if len({repr(s[a]) for s in sigs.values()}) > 1),
+                 if len({repr(s[a]) for s in sigs.values() if a in s}) > 1),
                 None,
             )
             if aspect is None:
                 continue
-            findings.append(_finding(name, seq, by_rank, sigs, aspect))
+            known = {r: e for r, e in by_rank.items() if aspect in sigs[r]}
+            findings.append(_finding(name, seq, known, sigs, aspect))
             break  # the first divergence of a group is the cause; what follows is cascade
     return findings
 

@@ -229,6 +229,11 @@ class Recorder:
             except OSError:
                 self._fault_file = None
         w.note("init", backend=str(self.c10d.get_backend()))
+        run_id = os.environ.get(env.RUN_ID)
+        if run_id:  # under `nccl-doctor run`: the agent answers the watchdog (stacks, FR dumps)
+            from nccl_doctor.agent import server
+
+            server.start(run_id)
 
     def forget(self, pg: Any = None) -> None:
         """Drop references to destroyed process groups (``None``: all of them).

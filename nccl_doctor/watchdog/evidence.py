@@ -69,3 +69,20 @@ def stack_classes(stacks: dict[int, RankStack]) -> list[dict[str, Any]]:
             "sources": sorted({stacks[r].source for r in c.ranks if r in stacks}),
         })
     return out
+
+
+def flight_recorder_dumps(pids: dict[int, int], run_id: str, *,
+                          timeout: float) -> dict[int, dict[str, Any]]:
+    """Each live rank's Flight Recorder dump, through its agent (ranks that cannot answer, or
+    whose Flight Recorder is off, are left out)."""
+    from nccl_doctor.agent.client import AgentUnavailable, request_many
+
+    if not pids:
+        return {}
+    out = {}
+    for rank, reply in request_many(run_id, pids, "flight_recorder", timeout=timeout).items():
+        if not isinstance(reply, AgentUnavailable) and reply.get("ok"):
+            trace = reply.get("trace")
+            if isinstance(trace, dict):
+                out[rank] = trace
+    return out

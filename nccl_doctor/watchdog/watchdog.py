@@ -26,6 +26,7 @@ from typing import Any, Callable
 
 from nccl_doctor.analysis import analyze
 from nccl_doctor.analysis.describe import call_name, call_site, ranks_text
+from nccl_doctor.capture import flight_recorder
 from nccl_doctor.capture.directory import REPORT_JSON, load_capture_dir
 from nccl_doctor.diagnosis import Diagnosis, Finding, FindingKind, Severity, Verdict
 from nccl_doctor.errors import DoctorError
@@ -121,6 +122,17 @@ class Watchdog:
         live_analysis = analyze(traces)
         procs = {r: proc_state(p.pid) for r, p in self.registry.ranks.items()}
         a = assess(traces, live_analysis, procs)
+        if a.situation is Situation.WAITING_ON_PEERS:
+            # The awaited ranks may be inside collectives issued from C++ (DDP's gradient
+            # all_reduce), which only Flight Recorder sees: merge its entries and look again.
+            dumps = evidence.flight_recorder_dumps(
+                {r: self.registry.ranks[r].pid for r in a.live if r in self.registry.ranks},
+                self.run_id, timeout=self.policy.stack_timeout,
+            )
+            if dumps:
+                traces = flight_recorder.merge(traces, dumps)
+                live_analysis = analyze(traces)
+                a = assess(traces, live_analysis, procs)
         first = self._first_seen.setdefault(a.key, now)
         self._first_seen = {a.key: first}
         waited = now - self._progress_at

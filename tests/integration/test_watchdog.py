@@ -170,3 +170,44 @@ def test_report_policy_keeps_the_job_and_the_report(supervise):
     assert not result.stopped_for_hang and result.exit_status != ExitStatus.HANG_STOPPED
     assert result.diagnosis.verdict is Verdict.HANG  # the hang stays the verdict
     assert_job_gone(sup)
+
+
+def test_without_pyspy_stacks_come_from_the_in_rank_agent(supervise, monkeypatch):
+    monkeypatch.setenv("NCCL_DOCTOR_PYSPY", "none")  # the supervisor's py-spy lookup
+    sup, messages = supervise(3, "skip_broadcast.py", {"SKIPPER": "2"})
+    result = sup.run()
+    d = result.diagnosis
+    assert d.verdict is Verdict.HANG and d.root_cause.ranks == (2,), messages
+    summaries = {r.rank: r.stack_summary for r in d.ranks}
+    assert all("[agent]" in s and "skip_broadcast.py" in s for s in summaries.values()), summaries
+    assert {src for c in d.stack_classes for src in c["sources"]} == {"agent"}
+    # classes follow where each rank waits: the skipper in all_reduce (line 15), the root rank 0
+    # in the broadcast (line 19); rank 1's broadcast completed, so it waits in all_reduce too
+    where = {r: c["frames"] for c in d.stack_classes for r in c["ranks"]}
+    assert any("skip_broadcast.py:15" in f for f in where[2])
+    assert any("skip_broadcast.py:19" in f for f in where[0])
+    assert len(d.stack_classes) == 2 and any(c["odd"] for c in d.stack_classes)
+    assert_job_gone(sup)
+
+
+def test_ddp_uneven_batches_is_a_desync_seen_through_flight_recorder(supervise):
+    """Rank 0's extra backward all-reduces from C++; rank 1 waits in the barrier after its loop."""
+    sup, messages = supervise(2, "ddp_uneven.py")
+    result = sup.run()
+    d = result.diagnosis
+    assert d.verdict is Verdict.HANG and result.stopped_for_hang, messages
+    root = d.root_cause
+    assert root is not None and root.kind is FindingKind.COLLECTIVE_MISMATCH, d.findings
+    assert root.evidence["aspect"] == "op" and root.group == "0"
+    sides = {s["op"]: s for s in root.evidence["sides"]}
+    assert set(sides) == {"all_reduce", "barrier"}
+    assert sides["all_reduce"]["ranks"] == [0] and "Flight Recorder" in sides["all_reduce"]["callsite"]
+    assert sides["barrier"]["ranks"] == [1] and sides["barrier"]["callsite"].endswith("ddp_uneven.py:23")
+    # the right sequence number: the one PyTorch gave rank 1's barrier (from its capture), which
+    # rank 0's fifth gradient all_reduce took there
+    from nccl_doctor.capture.directory import load_capture_dir
+
+    barrier = [e for e in load_capture_dir(sup.out_dir).ranks[1].events if e.op == "barrier"]
+    assert root.seq == barrier[-1].align_seq, root.title
+    assert report(sup)["watchdog"]["waited_s"] < 30
+    assert_job_gone(sup)

@@ -1,0 +1,86 @@
+"""PyTorch Flight Recorder entries as events, merged with the recorder's by (group, sequence).
+
+Collectives issued from C++ (DDP's gradient all_reduce buckets, its construction broadcasts) never
+pass through the Python API the recorder wraps; Flight Recorder sees them. The in-rank agent
+dumps it (``torch._C._distributed_c10d._dump_fr_trace_json``); see nccl_doctor/agent/server.py for
+what an entry holds. Facts this relies on (torch 2.13, gloo): an entry's ``op_id`` is the group's
+sequence number of the operation, the number the recorder records, and ``collective_seq_id``
+counts the group's collectives only; ``retired`` says the work finished (``state`` stays
+"scheduled" on gloo).
+"""
+
+from __future__ import annotations
+
+from dataclasses import replace
+from typing import Any, Mapping
+
+from nccl_doctor.model import Callsite, Event, EventFlag, EventKind, EventState, TraceSet
+
+IDX_BASE = 10**12  # Flight Recorder events get idx IDX_BASE + record_id: never a recorder idx
+SOURCE = "flight_recorder"
+CPP_CALLSITE = Callsite("<issued from C++ (e.g. DDP), seen by Flight Recorder>", 0, "")
+
+_DTYPES = {
+    "Float": "float32", "Double": "float64", "Half": "float16", "BFloat16": "bfloat16",
+    "Long": "int64", "Int": "int32", "Short": "int16", "Char": "int8", "Byte": "uint8",
+    "Bool": "bool", "ComplexFloat": "complex64", "ComplexDouble": "complex128",
+}
+
+
+def _tensors(sizes: Any, dtypes: Any) -> str:
+    if not isinstance(sizes, list) or not isinstance(dtypes, list):
+        return ""
+    parts = []
+    for shape, dtype in zip(sizes, dtypes):
+        if not isinstance(shape, list) or not all(isinstance(d, int) for d in shape):
+            return ""
+        parts.append(f"{_DTYPES.get(str(dtype), str(dtype).lower())}[{','.join(map(str, shape))}]")
+    return ";".join(parts)
+
+
+def events_from_dump(trace: Mapping[str, Any]) -> list[Event]:
+    """The collectives of one rank's Flight Recorder dump, as events (p2p entries are skipped).
+
+    Malformed entries are skipped: the dump comes from a live process, never trusted blindly."""
+    out = []
+    entries = trace.get("entries") if isinstance(trace, Mapping) else None
+    for entry in entries if isinstance(entries, list) else []:
+        try:
+            if entry.get("is_p2p"):
+                continue
+            op_id, coll = int(entry["op_id"]), int(entry["collective_seq_id"])
+            group = str(entry["process_group"][0])
+            name = str(entry["profiling_name"]).rpartition(":")[2] or "?"
+            created = int(entry.get("time_created_ns", 0))
+            done = bool(entry.get("retired"))
+            out.append(Event(
+                idx=IDX_BASE + int(entry.get("record_id", 0)), parent=0,
+                kind=EventKind.COLLECTIVE, op=name, group=group, seq=op_id,
+                seq_offset=op_id - coll, seq_delta=1 if done else None,
+                state=EventState.RETURNED if done else EventState.ENTERED,
+                flags=EventFlag.NONE, t_enter_ns=created, t_exit_ns=None,
+                thread=int(entry.get("thread_id", 0) or 0),
+                input=_tensors(entry.get("input_sizes"), entry.get("input_dtypes")),
+                output=_tensors(entry.get("output_sizes"), entry.get("output_dtypes")),
+                nbytes=0, peer=-1, group_size=0, callsite=CPP_CALLSITE, api_callsite=None,
+                extra=SOURCE,
+            ))
+        except (KeyError, TypeError, ValueError, IndexError, AttributeError):
+            continue
+    return out
+
+
+def merge(traces: TraceSet, dumps: Mapping[int, Mapping[str, Any]]) -> TraceSet:
+    """``traces`` plus the Flight Recorder collectives the recorder did not see (by group and
+    sequence number), each rank's events in time order."""
+    ranks = dict(traces.ranks)
+    for rank, dump in dumps.items():
+        trace = ranks.get(rank)
+        if trace is None:
+            continue
+        seen = {(e.group, e.seq) for e in trace.events if e.seq >= 0}
+        extra = [e for e in events_from_dump(dump) if (e.group, e.seq) not in seen]
+        if extra:
+            events = sorted(trace.events + tuple(extra), key=lambda e: e.t_enter_ns)
+            ranks[rank] = replace(trace, events=tuple(events))
+    return replace(traces, ranks=ranks)

@@ -1,0 +1,62 @@
+"""Flight Recorder entries (shape as dumped by torch 2.13 on gloo) as events, merged by seq."""
+
+from __future__ import annotations
+
+from nccl_doctor.analysis import analyze
+from nccl_doctor.capture.flight_recorder import IDX_BASE, events_from_dump, merge
+from nccl_doctor.diagnosis import FindingKind
+from nccl_doctor.model import EventState
+
+T0 = 1_700_000_000_000_000_000
+
+
+def entry(record_id: int, op_id: int, name: str, retired: bool, sizes=((36,),), coll=None,
+          p2p=False) -> dict:
+    # the keys of a real entry from _dump_fr_trace_json (torch 2.13.0+cpu, gloo)
+    return {
+        "record_id": record_id, "pg_id": 0, "process_group": ["0", "default_pg"],
+        "collective_seq_id": coll if coll is not None else op_id, "p2p_seq_id": 0,
+        "op_id": op_id, "profiling_name": f"gloo:{name}", "is_p2p": p2p,
+        "input_sizes": [list(s) for s in sizes], "input_dtypes": ["Float"] * len(sizes),
+        "output_sizes": [list(s) for s in sizes], "output_dtypes": ["Float"] * len(sizes),
+        "state": "scheduled", "retired": retired, "time_created_ns": T0 + op_id,
+        "thread_id": 7, "thread_name": "pt_main_thread", "timeout_ms": 1800000,
+    }
+
+
+def test_entries_become_collective_events() -> None:
+    events = events_from_dump({"entries": [
+        entry(0, 1, "all_reduce", True), entry(1, 3, "broadcast", False, coll=2),
+        entry(2, 2, "send", True, p2p=True),
+    ]})
+    assert [(e.op, e.seq, e.align_seq, e.state) for e in events] == [
+        ("all_reduce", 1, 1, EventState.RETURNED), ("broadcast", 3, 2, EventState.ENTERED),
+    ]
+    assert events[0].input == "float32[36]" and events[0].idx == IDX_BASE
+    assert events[1].callsite is not None and "Flight Recorder" in events[1].callsite.path
+
+
+def test_malformed_entries_are_skipped() -> None:
+    good = entry(3, 4, "all_reduce", True)
+    dump = {"entries": [None, {"op_id": "x"}, {**good, "process_group": []}, good, 5]}
+    assert [e.seq for e in events_from_dump(dump)] == [4]
+    assert events_from_dump({"entries": "nope"}) == [] == events_from_dump({})
+
+
+def test_merge_fills_what_the_recorder_missed_and_finds_the_desync(tb) -> None:
+    # rank 1 is recorded in barrier #3; rank 0 recorded nothing (DDP issues from C++)
+    rank1 = [tb.event(1, seq=1, input="float32[36]"), tb.event(2, seq=2, input="float32[36]"),
+             tb.event(3, "barrier", seq=3, input="", state=EventState.ENTERED)]
+    traces = tb.traceset([tb.trace(0, [], tb.RUNNING), tb.trace(1, rank1, tb.RUNNING)],
+                         groups={"0": (0, 1)})
+    assert analyze(traces).root_cause.kind is FindingKind.MISSING_COLLECTIVE
+    dumps = {0: {"entries": [entry(0, 1, "all_reduce", True), entry(1, 2, "all_reduce", True),
+                             entry(2, 3, "all_reduce", False)]},
+             1: {"entries": [entry(0, 1, "all_reduce", True), entry(1, 2, "all_reduce", True),
+                             entry(2, 3, "barrier", False, sizes=())]}}
+    merged = merge(traces, dumps)
+    assert len(merged.ranks[1].events) == 3  # rank 1's own records win: nothing duplicated
+    assert [e.op for e in merged.ranks[0].events] == ["all_reduce"] * 3
+    root = analyze(merged).root_cause
+    assert root.kind is FindingKind.COLLECTIVE_MISMATCH and root.seq == 3
+    assert {s["op"] for s in root.evidence["sides"]} == {"all_reduce", "barrier"}
