@@ -49,6 +49,14 @@ def report(sup: Supervisor) -> dict:
 def assert_job_gone(sup: Supervisor) -> None:
     assert sup.job is not None
     assert not sup.job.group_alive(), "processes of the job outlived it"
+    left = []
+    for p in psutil.process_iter(["pid", "status"]):
+        try:
+            if os.getpgid(p.pid) == sup.job.pgid and p.info["status"] != psutil.STATUS_ZOMBIE:
+                left.append(p.pid)
+        except (ProcessLookupError, psutil.Error):
+            continue
+    assert not left, f"processes of the job still alive: {left}"
 
 
 def test_skipped_broadcast_is_a_deadlock_blaming_the_skipper(supervise):
