@@ -31,8 +31,10 @@ What the Flight Recorder dump holds (verified on real 2-rank gloo jobs, torch 2.
   the entries' ``process_group`` for names. ``pg_status`` is keyed by ``pg_id`` as a string,
   only for groups that ran a collective, and holds
   ``{"last_enqueued_collective", "last_completed_collective", "last_started_collective"}`` as
-  strings, counted in ``op_id`` units (see below); on gloo
-  ``last_started_collective`` stays "-1".
+  strings, counted in ``op_id`` units (see below); on gloo ``last_started_collective`` stays
+  "-1", and ``last_completed_collective`` is unreliable: usually the last finished op_id, but in
+  about 1 run of 15 it stayed behind for good ("3" while op 5 had long finished, its entry
+  retired), likely gloo's worker threads overwriting each other. Use the entries' ``retired``.
 - an entry: ``record_id`` (index in the ring, per process), ``pg_id``, ``process_group``
   ``[name, desc]`` (e.g. ``["0", "default_pg"]``; ``desc`` is ``new_group(group_desc=)``, else
   "undefined"), ``collective_seq_id``, ``p2p_seq_id``, ``op_id``, ``profiling_name`` (e.g.
@@ -43,14 +45,15 @@ What the Flight Recorder dump holds (verified on real 2-rank gloo jobs, torch 2.
   ``thread_id``/``thread_name`` of the issuing thread. No stack frames in the JSON form.
 - state on gloo: ``state`` is "scheduled" for every entry, finished or not; completion shows as
   ``retired`` (true once the work finished, false for a collective still pending, e.g. rank 0
-  blocked in a broadcast its peer never joins) and in ``pg_status`` (``last_completed_collective``
-  < ``last_enqueued_collective``). ``only_active=true`` filters nothing on gloo (it keys on state).
+  blocked in a broadcast its peer never joins; ``pg_status.last_enqueued_collective`` is then that
+  collective's op_id). ``only_active=true`` filters nothing on gloo (it keys on state).
 - Collectives issued from C++ are there: DDP's construction (``gloo:all_gather`` of the parameter
   count, two ``gloo:broadcast``s of the module state) and its gradient bucket ``gloo:all_reduce``.
 - Enabled by default in torch 2.13 (``TORCH_FR_BUFFER_SIZE`` defaults to 2000 entries);
-  ``TORCH_FR_BUFFER_SIZE=0`` (or the older ``TORCH_NCCL_TRACE_BUFFER_SIZE=0``) turns it off, and
-  the size is read when the process's recorder is first used, so it must be set before
-  ``init_process_group``. The dump leaves out ``entries`` when none were recorded, disabled or not.
+  ``TORCH_FR_BUFFER_SIZE=0`` (or the older ``TORCH_NCCL_TRACE_BUFFER_SIZE=0``) turns it off. The
+  C++ recorder is a process-wide singleton that reads the variable once, when first used (the
+  first collective, or a dump): set it before ``init_process_group``. The dump leaves out
+  ``entries`` when none were recorded, disabled or not, hence the env check below.
 
 Sequence numbers (probe: all_reduce x3, send/recv, barrier, all_reduce on a new group,
 async all_reduce, broadcast, then DDP; compared with ``pg._get_sequence_number_for_group()``):

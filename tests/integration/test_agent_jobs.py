@@ -162,8 +162,9 @@ def test_plain_job_blocked_in_broadcast(tmp_path):
             assert e["process_group"] == ["0", "default_pg"] and e["pg_id"] == 0
             assert e["input_dtypes"] == ["Float"] and e["time_created_ns"] > 0
         status = request(job.run_id, job.pids[0], "flight_recorder")["trace"]["pg_status"]["0"]
-        assert (status["last_enqueued_collective"], status["last_completed_collective"]) == (
-            "6", "5")
+        assert status["last_enqueued_collective"] == "6"  # op_id units
+        # usually "5", but gloo's worker threads race on it (seen stuck at "3"): a bound only
+        assert int(status["last_completed_collective"]) < 6
 
 
 def test_ddp_allreduce_from_cpp_is_in_flight_recorder(tmp_path):
