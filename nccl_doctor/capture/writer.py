@@ -1,8 +1,8 @@
 """The recorder's side of the capture format: an mmap'd ring buffer and string table.
 
 Everything here runs inside the user's rank. Writing events (``events``, see ring.py) is the hot
-path: it packs into the mapping and bumps a counter, with no system call. Only creating the file, interning a string
-the first time it is seen and writing a note touch anything else.
+path: it packs into the mapping and bumps a counter, with no system call. Only creating the file,
+interning a string the first time it is seen and writing a note touch anything else.
 """
 
 from __future__ import annotations

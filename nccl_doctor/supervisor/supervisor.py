@@ -22,7 +22,7 @@ from nccl_doctor.capture.directory import (
 )
 from nccl_doctor.diagnosis import Diagnosis
 from nccl_doctor.errors import DoctorError, ExitStatus
-from nccl_doctor.reporters.json import JsonReporter
+from nccl_doctor.reporters.json import write_report
 from nccl_doctor.supervisor.launch import Job, exit_status, job_environment
 from nccl_doctor.watchdog.policy import HangPolicy
 from nccl_doctor.watchdog.watchdog import Watchdog
@@ -133,10 +133,7 @@ class Supervisor:
         if self.watchdog is not None:
             diagnosis = self.watchdog.final(diagnosis) or diagnosis
         report = self.out_dir / REPORT_JSON
-        tmp = report.with_name(f".{report.name}.tmp")
-        with tmp.open("w") as fh:
-            JsonReporter().render(diagnosis, fh)
-        os.replace(tmp, report)
+        write_report(diagnosis, report)
         return diagnosis, report, None
 
     # -- signals: the job is in its own process group, so forward what the terminal sends -----

@@ -6,6 +6,7 @@ import time
 from typing import Any
 
 from nccl_doctor import frames
+from nccl_doctor.agent.client import AgentUnavailable, request_many
 from nccl_doctor.stacks import pyspy
 from nccl_doctor.stacks.aggregate import classify
 from nccl_doctor.stacks.model import RankStack, parse_stack_json
@@ -20,8 +21,6 @@ def collect_stacks(pids: dict[int, int], run_id: str, *, timeout: float) -> dict
     failed = {r: pids[r] for r, s in stacks.items() if s.error or not s.threads}
     if not failed:
         return stacks
-    from nccl_doctor.agent.client import AgentUnavailable, request_many  # only when needed
-
     replies = request_many(run_id, failed, "stacks", timeout=timeout)
     for rank, reply in replies.items():
         if isinstance(reply, AgentUnavailable) or not reply.get("ok"):
@@ -75,8 +74,6 @@ def flight_recorder_dumps(pids: dict[int, int], run_id: str, *,
                           timeout: float) -> dict[int, dict[str, Any]]:
     """Each live rank's Flight Recorder dump, through its agent (ranks that cannot answer, or
     whose Flight Recorder is off, are left out)."""
-    from nccl_doctor.agent.client import AgentUnavailable, request_many
-
     if not pids:
         return {}
     out = {}

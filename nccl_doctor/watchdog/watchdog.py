@@ -17,7 +17,6 @@ except to read its captures, sample its processes (psutil, py-spy, the in-rank a
 
 from __future__ import annotations
 
-import os
 import signal
 import time
 from dataclasses import dataclass, replace
@@ -31,7 +30,7 @@ from nccl_doctor.capture.directory import REPORT_JSON, load_capture_dir
 from nccl_doctor.diagnosis import Diagnosis, Finding, FindingKind, Severity, Verdict
 from nccl_doctor.errors import DoctorError
 from nccl_doctor.model import TraceSet
-from nccl_doctor.reporters.json import JsonReporter
+from nccl_doctor.reporters.json import write_report
 from nccl_doctor.stacks.model import RankStack
 from nccl_doctor.watchdog import evidence
 from nccl_doctor.watchdog.assess import Assessment, ProcState, Situation, assess
@@ -81,6 +80,7 @@ class Watchdog:
         self._first_seen: dict[tuple, float] = {}  # situation key -> when first seen
         self._samples: dict[int, list[_Sample]] = {}
         self._last_sample = 0.0
+        self._last_stacks: dict[int, RankStack] = {}  # the awaited ranks' latest sample
         self._kill_at: float | None = None
         self._announced = ""
 
@@ -107,7 +107,8 @@ class Watchdog:
             if self.diagnosis is not None and not self.stopped_job:
                 self._retract()
             return
-        if now - self._progress_at < self.policy.quiet or now - self._last_look < self.policy.look_every:
+        quiet_for, since_look = now - self._progress_at, now - self._last_look
+        if quiet_for < self.policy.quiet or since_look < self.policy.look_every:
             return
         if self.diagnosis is not None:
             return  # already diagnosed; under --on-hang report, keep watching for progress
@@ -143,7 +144,7 @@ class Watchdog:
         elif a.situation is Situation.WAITING_ON_PEERS:
             self._watch_peers(traces, live_analysis, a, procs, now, waited)
         elif a.situation is Situation.ALL_WAITING and waited >= self.policy.hang_after:
-            finding = _stall(a, "comm", waited, traces)
+            finding = _stall(a, "comm", waited)
             self._declare(traces, live_analysis, a, waited, finding, "stall")
 
     def _watch_peers(self, traces: TraceSet, analysis: Diagnosis, a: Assessment,
@@ -164,10 +165,10 @@ class Watchdog:
         stuck = {r: why for r in a.awaited if (why := self._stuck(r)) is not None}
         waiting = ranks_text(sorted(a.waiting))
         if stuck:
-            finding = _stuck_peer(a, stuck, traces, analysis, getattr(self, "_last_stacks", {}))
+            finding = _stuck_peer(a, stuck, analysis, self._last_stacks)
             self._declare(traces, analysis, a, waited, finding, "stuck_peer")
         elif waited >= self.policy.hang_after:
-            finding = _stall(a, "compute", waited, traces)
+            finding = _stall(a, "compute", waited)
             self._declare(traces, analysis, a, waited, finding, "hang_after")
         else:
             self._status(f"{waiting} wait in a collective on {ranks_text(list(a.awaited))} "
@@ -241,11 +242,7 @@ class Watchdog:
         return replace(self.diagnosis, exit_status=status, notes=self.diagnosis.notes + (note,))
 
     def _write(self, diagnosis: Diagnosis) -> None:
-        report = self.out_dir / REPORT_JSON
-        tmp = report.with_name(f".{report.name}.tmp")
-        with tmp.open("w") as fh:
-            JsonReporter().render(diagnosis, fh)
-        os.replace(tmp, report)
+        write_report(diagnosis, self.out_dir / REPORT_JSON)
 
     def _status(self, message: str) -> None:
         if message != self._announced:
@@ -274,7 +271,7 @@ def hang_diagnosis(analysis: Diagnosis, root: Finding | None, stacks: dict[int, 
                    stack_classes=tuple(evidence.stack_classes(stacks)), watchdog=watch)
 
 
-def _stuck_peer(a: Assessment, stuck: dict[int, str], traces: TraceSet, analysis: Diagnosis,
+def _stuck_peer(a: Assessment, stuck: dict[int, str], analysis: Diagnosis,
                 stacks: dict[int, RankStack]) -> Finding:
     """missing_collective, with what the stuck ranks are doing instead (from their stacks)."""
     base = next((f for f in analysis.findings if f.kind is FindingKind.MISSING_COLLECTIVE
@@ -299,7 +296,7 @@ def _stuck_peer(a: Assessment, stuck: dict[int, str], traces: TraceSet, analysis
     )
 
 
-def _stall(a: Assessment, kind: str, waited: float, traces: TraceSet) -> Finding:
+def _stall(a: Assessment, kind: str, waited: float) -> Finding:
     e = min(a.waiting.values(), key=lambda ev: ev.t_enter_ns)
     if kind == "comm":
         title = (f"stall (comm): every rank has been inside {call_name(e)} for {waited:.0f} s "
