@@ -35,6 +35,14 @@ def is_internal_file(path: str) -> bool:
     return bool(_INTERNAL_RE.search(path)) and not _is_user_copy(path)
 
 
+_STDLIB_RE = re.compile(rf"{_SEP}lib{_SEP}python3\.\d+{_SEP}(?!(?:site|dist)-packages{_SEP})")
+
+
+def is_stdlib_file(path: str) -> bool:
+    """True for the standard library of any CPython 3 install (threading.py, queue.py, ...)."""
+    return bool(_STDLIB_RE.search(path))
+
+
 def _is_user_copy(path: str) -> bool:
     # nccl_doctor ships example programs and reproducers; they are "user code" for callsites.
     return f"{os.sep}nccl_doctor{os.sep}examples{os.sep}" in path or (

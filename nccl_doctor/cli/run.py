@@ -6,9 +6,9 @@ import argparse
 import sys
 import time
 from pathlib import Path
-from typing import Callable, TextIO
 
 from nccl_doctor.capture import format as fmt
+from nccl_doctor.cli.live import make_display
 from nccl_doctor.capture.directory import MANIFEST, REPORT_JSON
 from nccl_doctor.errors import ExitStatus, OutputExists, UsageError
 from nccl_doctor.reporters.console import ConsoleReporter
@@ -33,7 +33,7 @@ def register(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--force", action="store_true",
                    help="reuse a non-empty --out DIR (its earlier captures and reports are removed)")
     p.add_argument("--quiet", action="store_true",
-                   help="print no summary (report.json is still written)")
+                   help="no live status and no summary (report.json is still written)")
     p.add_argument("--on-hang", choices=[o.value for o in OnHang], default=DEFAULT_ON_HANG.value,
                    help="on a diagnosed hang: write the report and stop the whole job (kill, the "
                         f"default; nccl-doctor then exits {ExitStatus.HANG_STOPPED}), or write it "
@@ -60,22 +60,6 @@ def _seconds(text: str) -> float:
     if not value > 0:
         raise argparse.ArgumentTypeError(f"{text!r}: give a positive number of seconds")
     return value
-
-
-def _announcer(stream: TextIO) -> Callable[[str], None]:
-    """The watchdog's live status: one whole line per change, written at once, so it never
-    breaks into a line of the job's own output (which shares the terminal)."""
-    color = stream.isatty()
-
-    def announce(message: str) -> None:
-        prefix = "\033[1;36mnccl-doctor:\033[0m " if color else "nccl-doctor: "
-        try:
-            stream.write(prefix + message.replace("\n", " ") + "\n")
-            stream.flush()
-        except (OSError, ValueError):
-            pass
-
-    return announce
 
 
 def prepare_out_dir(out: Path | None, force: bool) -> Path:
@@ -107,8 +91,16 @@ def run(args: argparse.Namespace) -> int:
     policy = None if args.no_watch else HangPolicy(on_hang=OnHang(args.on_hang),
                                                    hang_after=args.hang_after,
                                                    stuck_after=args.stuck_after)
-    announce = None if args.quiet else _announcer(err)
-    result = Supervisor(command, out, policy=policy, announce=announce).run()
+    supervisor = Supervisor(command, out, policy=policy)
+    display = None
+    if not args.quiet:
+        display = make_display(err, supervisor.watchdog.view if supervisor.watchdog else None)
+        supervisor.attach(display, announce=display.announce)
+    try:
+        result = supervisor.run()
+    finally:
+        if display is not None:
+            display.close()
     if result.stopped_orphans:
         err.write("nccl-doctor: processes of the job outlived its launcher; they were stopped\n")
     if result.analysis_error is not None:

@@ -1,11 +1,13 @@
 from __future__ import annotations
 
+import os
 from typing import TextIO
 
 from rich.console import Console
 from rich.markup import escape
 from rich.table import Table
 
+from nccl_doctor import frames
 from nccl_doctor.diagnosis import Diagnosis, Finding, Verdict
 
 _VERDICT_STYLE = {
@@ -42,7 +44,7 @@ class ConsoleReporter:
             for c in d.stack_classes:
                 odd = "  [yellow]<- odd one out[/]" if c.get("odd") else ""
                 ranks = ", ".join(str(r) for r in c.get("ranks", []))
-                tail = " -> ".join(c.get("frames", [])[-4:]) or "no stack"
+                tail = class_tail(c.get("frames", [])) or "no stack"
                 sources = ", ".join(c.get("sources", []))
                 console.print(f"    ranks {ranks}: {escape(tail)} [dim]({sources})[/]{odd}")
         if d.watchdog:
@@ -82,3 +84,22 @@ class ConsoleReporter:
                 row.append(escape(r.stack_summary or "-"))
             table.add_row(*row)
         return table
+
+
+def class_tail(frames_: list[str]) -> str:
+    """A stack class in one line: the innermost frames of the user's code, then where it sits
+    (the innermost frame outside nccl_doctor; what lies between is elided). ``frames_`` are
+    root-first "path:line function" strings."""
+    def path(f: str) -> str:
+        return os.sep + f.split(":", 1)[0]
+
+    user = [i for i, f in enumerate(frames_) if not frames.is_internal_file(path(f))]
+    if not user:
+        return " -> ".join(frames_[-3:])
+    last = user[-1]
+    shown = frames_[max(0, last - 1):last + 1]
+    inner = [i for i, f in enumerate(frames_)
+             if i > last and f"{os.sep}nccl_doctor{os.sep}" not in path(f)]
+    if inner:
+        shown += (["..."] if inner[-1] > last + 1 else []) + [frames_[inner[-1]]]
+    return " -> ".join(shown)

@@ -25,6 +25,7 @@ from nccl_doctor.errors import DoctorError, ExitStatus
 from nccl_doctor.reporters.json import write_report
 from nccl_doctor.supervisor.launch import Job, exit_status, job_environment
 from nccl_doctor.watchdog.policy import HangPolicy
+from nccl_doctor.watchdog.view import LiveView
 from nccl_doctor.watchdog.watchdog import Watchdog
 
 
@@ -60,7 +61,7 @@ class Supervisor:
                  environ: dict[str, str] | None = None, policy: HangPolicy | None = HangPolicy(),
                  announce: Callable[[str], None] | None = None) -> None:
         """``policy`` None runs no watchdog (post-mortem only); ``announce`` receives the
-        watchdog's one-line status messages."""
+        watchdog's events (a hang called, the job stopped) as one-line messages."""
         self.command = tuple(command)
         self.out_dir = out_dir
         self.poll_interval = poll_interval
@@ -75,6 +76,18 @@ class Supervisor:
             self.watchdog = Watchdog(out_dir, self.run_id, policy, stop_job=self._stop_job,
                                      announce=announce)
             self.listeners.append(self.watchdog)
+
+    def attach(self, listener: Callable[[Supervisor], None],
+               announce: Callable[[str], None] | None = None) -> None:
+        """Call ``listener`` every tick (a live display); ``announce`` gets the watchdog's
+        events (a hang called, the job stopped) as one-line messages."""
+        self.listeners.append(listener)
+        if announce is not None and self.watchdog is not None:
+            self.watchdog.announce = announce
+
+    def view(self) -> LiveView | None:
+        """The watchdog's live view of the job (None without a watchdog)."""
+        return self.watchdog.view() if self.watchdog is not None else None
 
     def _stop_job(self, sig: int) -> None:
         if self.job is not None:

@@ -43,12 +43,14 @@ def user_frame(stack: RankStack) -> str | None:
     main = stack.main
     if main is None:
         return None
-    for f in main.frames:  # innermost first
-        if not frames.is_wrapper_file(f.path) and not frames.is_internal_file(f.path):
+    def library(path: str) -> bool:
+        return frames.is_wrapper_file(path) or frames.is_internal_file(path)
+
+    for user in (lambda p: not library(p) and not frames.is_stdlib_file(p),
+                 lambda p: not library(p), lambda p: True):  # innermost first, in each pass
+        f = next((f for f in main.frames if user(f.path)), None)
+        if f is not None:
             return f"{frames.short_path(f.path)}:{f.line} in {f.function}"
-    if main.frames:
-        f = main.frames[0]
-        return f"{frames.short_path(f.path)}:{f.line} in {f.function}"
     return None
 
 

@@ -36,6 +36,7 @@ from nccl_doctor.watchdog import evidence
 from nccl_doctor.watchdog.assess import Assessment, ProcState, Situation, assess
 from nccl_doctor.watchdog.policy import HangPolicy, OnHang
 from nccl_doctor.watchdog.probe import Registry, proc_state
+from nccl_doctor.watchdog.view import LiveView, rank_views
 
 HINT_STUCK = (
     "The waiting ranks can only go on once the stuck rank reaches the same collective. Its stack "
@@ -46,6 +47,11 @@ HINT_STALL_COMM = (
     "Every rank is inside the same collective and none returns: the transport is stuck, not the "
     "program. Check the network/NCCL (NCCL_DEBUG=INFO), a dead peer host, or a GPU that stopped "
     "responding."
+)
+HINT_STALL_IDLE = (
+    "No rank has recorded a call for longer than --hang-after and every rank sits idle at the "
+    "same place: typically a dataloader or a lock that never returns, or an input() on a rank. "
+    "The stacks show where."
 )
 HINT_STALL_COMPUTE = (
     "The waiting ranks need a peer that has been computing for longer than --hang-after. If that "
@@ -82,7 +88,11 @@ class Watchdog:
         self._last_sample = 0.0
         self._last_stacks: dict[int, RankStack] = {}  # the awaited ranks' latest sample
         self._kill_at: float | None = None
-        self._announced = ""
+        self._started = clock()
+        self._assessment: Assessment | None = None  # the last look, while nothing has moved
+        self._fr_dumps: dict[int, dict[str, Any]] | None = None  # cached while nothing moves
+        self._fr_at = 0.0
+        self.message = ""  # the current one-line status ("" while nothing is wrong)
 
     # -- the loop ----------------------------------------------------------------------------
     def __call__(self, _supervisor: Any = None) -> None:
@@ -104,6 +114,7 @@ class Watchdog:
             self._counts, self._progress_at = counts, now
             self._first_seen.clear()
             self._samples.clear()
+            self._assessment, self._fr_dumps, self.message = None, None, ""
             if self.diagnosis is not None and not self.stopped_job:
                 self._retract()
             return
@@ -123,45 +134,87 @@ class Watchdog:
         live_analysis = analyze(traces)
         procs = {r: proc_state(p.pid) for r, p in self.registry.ranks.items()}
         a = assess(traces, live_analysis, procs)
-        if a.situation is Situation.WAITING_ON_PEERS:
-            # The awaited ranks may be inside collectives issued from C++ (DDP's gradient
-            # all_reduce), which only Flight Recorder sees: merge its entries and look again.
-            dumps = evidence.flight_recorder_dumps(
-                {r: self.registry.ranks[r].pid for r in a.live if r in self.registry.ranks},
-                self.run_id, timeout=self.policy.stack_timeout,
-            )
+        waited = now - self._progress_at
+        if a.situation is Situation.COMPUTING and waited < self._computing_every():
+            self._assessment = a
+            return  # a compute phase between collectives: the common case, nothing to do
+        if a.situation in (Situation.WAITING_ON_PEERS, Situation.COMPUTING):
+            # The ranks outside Python collectives may be inside collectives issued from C++
+            # (DDP's gradient all_reduce), which only Flight Recorder sees: merge its entries.
+            dumps = self._flight_recorder(a, now)
             if dumps:
                 traces = flight_recorder.merge(traces, dumps)
                 live_analysis = analyze(traces)
                 a = assess(traces, live_analysis, procs)
+        self._assessment = a
         first = self._first_seen.setdefault(a.key, now)
         self._first_seen = {a.key: first}
-        waited = now - self._progress_at
         if a.situation is Situation.DEADLOCK:
             self._status(f"deadlock suspected: {a.cause.title if a.cause else ''}; confirming")
             if now - first >= self.policy.confirm:
                 self._declare(traces, live_analysis, a, waited, a.cause, "deadlock")
         elif a.situation is Situation.WAITING_ON_PEERS:
             self._watch_peers(traces, live_analysis, a, procs, now, waited)
-        elif a.situation is Situation.ALL_WAITING and waited >= self.policy.hang_after:
-            finding = _stall(a, "comm", waited)
-            self._declare(traces, live_analysis, a, waited, finding, "stall")
+        elif a.situation is Situation.COMPUTING:
+            self._watch_idle(traces, live_analysis, a, now, waited)
+        elif a.situation is Situation.ALL_WAITING:
+            if waited >= self.policy.hang_after:
+                finding = _stall(a, "comm", waited)
+                self._declare(traces, live_analysis, a, waited, finding, "stall")
+            else:
+                self._status(f"every rank is inside {call_name(next(iter(a.waiting.values())))}"
+                             f" for {waited:.0f} s: a slow collective so far")
+
+    def _computing_every(self) -> float:
+        """Sampling period while no rank is in a collective: slow, since nothing waits."""
+        return max(self.policy.sample_every, self.policy.hang_after / 20)
+
+    def _flight_recorder(self, a: Assessment, now: float) -> dict[int, dict[str, Any]]:
+        """Every live rank's Flight Recorder dump, pulled at most once per sampling period."""
+        every = (self.policy.sample_every if a.situation is Situation.WAITING_ON_PEERS
+                 else self._computing_every())
+        if self._fr_dumps is None or now - self._fr_at >= every:
+            self._fr_at = now
+            self._fr_dumps = evidence.flight_recorder_dumps(
+                {r: self.registry.ranks[r].pid for r in a.live if r in self.registry.ranks},
+                self.run_id, timeout=self.policy.stack_timeout,
+            )
+        return self._fr_dumps
+
+    def _sample(self, ranks: tuple[int, ...], procs: dict[int, ProcState], now: float,
+                every: float) -> None:
+        """A stack and CPU sample of ``ranks``, at most once per ``every`` seconds."""
+        if now - self._last_sample < every:
+            return
+        self._last_sample = now
+        pids = {r: self.registry.ranks[r].pid for r in ranks if r in self.registry.ranks}
+        stacks = evidence.collect_stacks(pids, self.run_id, timeout=self.policy.stack_timeout)
+        for r in ranks:
+            proc = proc_state(pids[r]) if r in pids else procs.get(r)
+            stack = stacks.get(r)
+            sig = stack.signature() if stack is not None and stack.threads else ()
+            self._samples.setdefault(r, []).append(
+                _Sample(now, proc.cpu_seconds if proc else 0.0, sig, bool(proc and proc.stopped))
+            )
+        self._last_stacks = stacks
+
+    def _watch_idle(self, traces: TraceSet, analysis: Diagnosis, a: Assessment,
+                    now: float, waited: float) -> None:
+        """No rank in a collective: a hang only if every rank is idle and unchanged past
+        --hang-after (busy ranks are computing: nothing waits on them, nothing to call)."""
+        self._sample(a.live, {}, now, self._computing_every())
+        stuck = {r: why for r in a.live if (why := self._stuck(r)) is not None}
+        if waited >= self.policy.hang_after and len(stuck) == len(a.live):
+            self._declare(traces, analysis, a, waited, _idle_stall(a, stuck, self._last_stacks,
+                                                                   waited), "stall")
+        elif stuck:
+            self._status(f"no collective for {waited:.0f} s; {ranks_text(sorted(stuck))} idle")
+        else:
+            self._status("")
 
     def _watch_peers(self, traces: TraceSet, analysis: Diagnosis, a: Assessment,
                      procs: dict[int, ProcState], now: float, waited: float) -> None:
-        if now - self._last_sample >= self.policy.sample_every:
-            self._last_sample = now
-            pids = {r: self.registry.ranks[r].pid for r in a.awaited if r in self.registry.ranks}
-            stacks = evidence.collect_stacks(pids, self.run_id, timeout=self.policy.stack_timeout)
-            for r in a.awaited:
-                proc = proc_state(pids[r]) if r in pids else procs.get(r)
-                stack = stacks.get(r)
-                sig = stack.signature() if stack is not None and stack.threads else ()
-                self._samples.setdefault(r, []).append(
-                    _Sample(now, proc.cpu_seconds if proc else 0.0, sig,
-                            bool(proc and proc.stopped))
-                )
-            self._last_stacks = stacks
+        self._sample(a.awaited, procs, now, self.policy.sample_every)
         stuck = {r: why for r in a.awaited if (why := self._stuck(r)) is not None}
         waiting = ranks_text(sorted(a.waiting))
         if stuck:
@@ -207,6 +260,7 @@ class Watchdog:
         })
         self.diagnosis = diagnosis
         self.detected_at = self.clock()
+        self.message = diagnosis.root_cause.title if diagnosis.root_cause else "hang"
         self._write(diagnosis)
         title = diagnosis.root_cause.title if diagnosis.root_cause else a.situation.value
         self._say(f"HANG: {title}")
@@ -245,9 +299,23 @@ class Watchdog:
         write_report(diagnosis, self.out_dir / REPORT_JSON)
 
     def _status(self, message: str) -> None:
-        if message != self._announced:
-            self._announced = message
-            self._say(message)
+        """The current situation, for the live display (not announced: it changes often)."""
+        self.message = message
+
+    def view(self) -> LiveView:
+        """What the live status shows now."""
+        now = self.clock()
+        if self.diagnosis is not None:
+            phase = "hang"
+        elif not self._counts:
+            phase = "starting"
+        elif self._assessment is not None:
+            phase = self._assessment.situation.value
+        else:
+            phase = "running"
+        hosts = {r: p.host for r, p in self.registry.ranks.items()}
+        return LiveView(rank_views(self._counts, hosts, self._assessment, set()), phase,
+                        self.message, now - self._progress_at, now - self._started)
 
     def _say(self, message: str) -> None:
         self.announce(message)
@@ -293,6 +361,20 @@ def _stuck_peer(a: Assessment, stuck: dict[int, str], analysis: Diagnosis,
         detail="\n".join(lines), ranks=tuple(sorted(stuck)), hint=HINT_STUCK, group=e.group,
         seq=e.align_seq, op=e.op, callsite=call_site(e),
         evidence={"stuck": {str(r): w for r, w in stuck.items()}}, time_ns=e.t_enter_ns,
+    )
+
+
+def _idle_stall(a: Assessment, stuck: dict[int, str], stacks: dict[int, RankStack],
+                waited: float) -> Finding:
+    lines = [f"rank {r} at {evidence.user_frame(stacks[r]) if r in stacks else '?'}: {why}"
+             for r, why in sorted(stuck.items())]
+    return Finding(
+        kind=FindingKind.STALL, severity=Severity.ERROR,
+        title=f"stall (compute): no rank has recorded a call for {waited:.0f} s and every rank "
+              "is idle outside collectives",
+        detail="\n".join(lines), ranks=a.live, hint=HINT_STALL_IDLE,
+        evidence={"class": "compute", "idle": True, "waited_s": round(waited, 1),
+                  "stuck": {str(r): w for r, w in stuck.items()}},
     )
 
 

@@ -35,10 +35,17 @@ def supervise(tmp_path: Path, launch):
 
 def _supervisor(tmp_path: Path, command: list[str], env: dict[str, str] | None,
                 policy: HangPolicy | None) -> tuple[Supervisor, list[str]]:
-    messages: list[str] = []
+    messages: list[str] = []  # the watchdog's events, and each change of its status
     sup = Supervisor(command, tmp_path / "out",
                      environ=dict(os.environ, **(env or {})), policy=policy or HangPolicy(),
                      announce=messages.append)
+
+    def status(s: Supervisor) -> None:
+        message = s.view().message
+        if message and (not messages or messages[-1] != message):
+            messages.append(message)
+
+    sup.attach(status)
     return sup, messages
 
 
@@ -219,3 +226,26 @@ def test_ddp_uneven_batches_is_a_desync_seen_through_flight_recorder(supervise):
     assert root.seq == barrier[-1].align_seq, root.title
     assert report(sup)["watchdog"]["waited_s"] < 30
     assert_job_gone(sup)
+
+
+def test_every_rank_idle_outside_collectives_is_a_stall_after_hang_after(supervise):
+    policy = HangPolicy(hang_after=8, stuck_after=3, sample_every=1)
+    sup, messages = supervise(2, "no_collectives.py", {"MODE": "idle"}, policy)
+    result = sup.run()
+    d = result.diagnosis
+    assert d.verdict is Verdict.HANG and result.stopped_for_hang, messages
+    root = d.root_cause
+    assert root.kind is FindingKind.STALL and root.evidence["idle"], root
+    assert root.ranks == (0, 1) and root.evidence["class"] == "compute"
+    assert "no_collectives.py" in root.detail and "wait_for_batch" in root.detail
+    assert report(sup)["watchdog"]["waited_s"] >= 8
+    assert_job_gone(sup)
+
+
+def test_every_rank_busy_outside_collectives_is_not_a_hang(supervise):
+    # busier than --hang-after, with no collective at all: a long generation, nothing waits
+    policy = HangPolicy(hang_after=4, stuck_after=2, sample_every=1)
+    sup, messages = supervise(2, "no_collectives.py", {"MODE": "busy", "SECONDS": "9"}, policy)
+    result = sup.run()
+    assert result.exit_status == 0 and not result.stopped_for_hang, messages
+    assert result.diagnosis.verdict is Verdict.OK

@@ -1,0 +1,52 @@
+"""The live status: rank states from a look at the job, and the bar/line renderers."""
+
+from __future__ import annotations
+
+from nccl_doctor.model import EventState
+from nccl_doctor.reporters import live
+from nccl_doctor.watchdog.assess import Assessment, Situation
+from nccl_doctor.watchdog.view import LiveView, RankState, RankView, rank_views
+
+def test_rank_states_follow_the_last_look(tb):
+    def _event(rank: int, seq: int):
+        return tb.event(seq, "broadcast", state=EventState.ENTERED)
+
+    look = Assessment(Situation.WAITING_ON_PEERS, live=(0, 1, 2, 3),
+                      waiting={0: _event(0, 57), 2: _event(2, 57)}, awaited=(1,), stopped=(3,),
+                      cause=None)
+    views = rank_views({0: 120, 1: 118, 2: 120, 3: 119, 4: 5}, {0: "a"}, look, set())
+    states = {v.rank: v.state for v in views}
+    assert states == {0: RankState.WAITING, 1: RankState.AWAITED, 2: RankState.WAITING,
+                      3: RankState.STOPPED, 4: RankState.ENDED}
+    assert views[0].detail == "broadcast #57 (group 0)" and views[0].host == "a" and views[0].calls == 120
+    # no look at the current counters: every rank is simply running
+    assert {v.state for v in rank_views({0: 1, 1: 1}, {}, None, set())} == {RankState.RUNNING}
+
+
+def _view(n: int, phase: str = "running", message: str = "") -> LiveView:
+    ranks = tuple(RankView(r, "h", 100 + r, RankState.WAITING if r % 2 else RankState.RUNNING)
+                  for r in range(n))
+    return LiveView(ranks, phase, message, quiet_s=3.2, elapsed_s=3725)
+
+
+def test_bar_lists_each_rank_until_there_are_too_many():
+    small = live.bar(_view(4, "waiting_on_peers", "ranks 1, 3 wait")).plain
+    assert "4 ranks" in small and " 0:100 1:101 2:102 3:103" in small
+    assert "1:02:05" in small and "waiting on peers" in small and "ranks 1, 3 wait" in small
+    assert "no new call for 3 s" in small
+    big = live.bar(_view(64)).plain
+    assert "64 ranks" in big and "calls 100-163" in big and "32 running" in big
+    assert "32 waiting" in big and " 5:" not in big
+
+
+def test_bar_fits_one_row_of_the_terminal():
+    row = live.ansi(live.bar(_view(8, "deadlock", "x" * 300)), 80)
+    assert "\n" not in row and row.startswith("\x1b[")
+    visible = __import__("re").sub(r"\x1b\[[0-9;]*m", "", row)
+    assert len(visible) <= 80 and visible.endswith("…")
+
+
+def test_plain_line_has_counters_and_states():
+    text = live.line(_view(3, "deadlock", "deadlock suspected"))
+    assert text == ("[1:02:05] deadlock; calls 0:100 1:101/waiting 2:102; deadlock suspected")
+    assert "(+2 ranks)" in live.line(_view(10))
