@@ -10,7 +10,7 @@ from pathlib import Path
 
 from nccl_doctor._version import __version__
 
-__all__ = ["__version__", "install"]
+__all__ = ["__version__", "install", "mark_step", "observe_completions", "observe_metrics"]
 
 
 def install(directory: str | os.PathLike[str] | None = None) -> Path:
@@ -25,3 +25,33 @@ def install(directory: str | os.PathLike[str] | None = None) -> Path:
 
     chosen = Path(directory or os.environ.get(env.CAPTURE_DIR) or "nccl-doctor-capture")
     return bootstrap.install(chosen).directory
+
+
+def observe_completions(completions: object, prompts: object = None, *, sampling: bool = True,
+                        step: int | None = None) -> bool:
+    """Record hashes of one batch of generations for the cross-rank comparison.
+
+    ``completions``: strings, token-id lists or a 2-D tensor of the new tokens; ``prompts`` the
+    same for their prompts (optional: with them, "same prompt + same seed" is told apart).
+    ``sampling=False`` says the decoding was deterministic (greedy, temperature 0): identical
+    outputs are then expected. transformers' ``generate`` and vLLM's ``LLM.generate`` are
+    recorded automatically. Returns False (and does nothing) outside nccl-doctor; never raises.
+    """
+    from nccl_doctor.silent import hooks
+
+    return hooks.observe_completions(completions, prompts, sampling=sampling, step=step)
+
+
+def observe_metrics(step: int | None, metrics: dict) -> bool:
+    """Record the training metrics logged at ``step`` (loss, reward, reward_std, kl, ...).
+    Trainers of transformers/TRL are recorded automatically."""
+    from nccl_doctor.silent import hooks
+
+    return hooks.observe_metrics(step, metrics)
+
+
+def mark_step(step: int | None = None) -> bool:
+    """Mark a training step: records each RNG state's fingerprint (a hash, never the state)."""
+    from nccl_doctor.silent import hooks
+
+    return hooks.mark_step(step)

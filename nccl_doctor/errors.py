@@ -21,6 +21,9 @@ class ExitStatus:
     # `run` otherwise exits with the job's own status; this one says nccl-doctor diagnosed a hang
     # and stopped the job (--on-hang kill). Like timeout(1)'s 124: "stopped, it would not finish".
     HANG_STOPPED = 124
+    # `run` / `replay` with --fail-on suspect: the job itself succeeded (or there is no job), but
+    # the verdict is not ok (a silent error such as identical completions, a hang, a crash).
+    VERDICT_FAILED = 123
 
 
 class DoctorError(Exception):

@@ -223,6 +223,9 @@ class TraceSet:
     exit_status: int | None = None  # the launched command's exit status, when the supervisor saw it
     problems: tuple[str, ...] = ()  # files the loader skipped or could only partly read
     source: str = ""
+    # (step, {metric: value}) rows parsed from a training log (replay --log), when the captures
+    # recorded no metrics themselves
+    metrics_log: tuple[tuple[int | None, Mapping[str, float]], ...] = ()
 
     def group_members(self, name: str) -> tuple[int, ...]:
         info = self.groups.get(name)

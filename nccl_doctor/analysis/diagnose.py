@@ -11,6 +11,8 @@ from nccl_doctor.analysis.describe import call_name, call_site
 from nccl_doctor.analysis.exited import detect_rank_exited
 from nccl_doctor.analysis.mismatch import detect_collective_mismatch
 from nccl_doctor.analysis.missing import detect_missing_collective
+from nccl_doctor.analysis.sampling import detect_identical_completions, detect_shared_rng_state
+from nccl_doctor.analysis.signal import detect_degenerate_signal
 from nccl_doctor.diagnosis import Diagnosis, Finding, FindingKind, RankSummary, Severity, Verdict
 from nccl_doctor.model import ExitKind, RankTrace, TraceSet
 
@@ -21,6 +23,13 @@ PASSES: tuple[Pass, ...] = (
     detect_collective_mismatch,
     detect_missing_collective,
     detect_rank_exited,
+    detect_identical_completions,
+    detect_shared_rng_state,
+    detect_degenerate_signal,
+)
+#: The passes for silent errors only (the supervisor runs them on a healthy job while it runs).
+SILENT_PASSES: tuple[Pass, ...] = (
+    detect_identical_completions, detect_shared_rng_state, detect_degenerate_signal,
 )
 
 _DESYNC = {FindingKind.COLLECTIVE_MISMATCH, FindingKind.MISSING_COLLECTIVE}

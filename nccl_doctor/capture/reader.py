@@ -65,6 +65,13 @@ def read_meta(data: bytes, path: Path) -> dict[str, Any]:
 
 def read_progress(path: Path) -> tuple[dict[str, Any], int]:
     """(metadata, records started) of a capture, from its header alone: cheap enough to poll."""
+    meta, started, _ = read_counters(path)
+    return meta, started
+
+
+def read_counters(path: Path) -> tuple[dict[str, Any], int, int]:
+    """(metadata, records started, string-table bytes used) from the header alone: the second
+    counter moves when the rank writes a note (silent-error hashes, lifecycle)."""
     try:
         with path.open("rb") as fh:
             data = fh.read(fmt.HEADER_SIZE)
@@ -73,7 +80,8 @@ def read_progress(path: Path) -> tuple[dict[str, Any], int]:
     read_header(data, path)
     meta = read_meta(data, path)
     (started,) = fmt.COUNTER.unpack_from(data, fmt.EVENTS_STARTED_OFFSET)
-    return meta, started
+    (used,) = fmt.COUNTER.unpack_from(data, fmt.STRTAB_USED_OFFSET)
+    return meta, started, used
 
 
 def _read_strings(

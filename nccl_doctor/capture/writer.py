@@ -75,23 +75,25 @@ class CaptureWriter:
         self._strings[text] = sid
         return sid
 
-    def note(self, kind: str, **fields: Any) -> bool:
-        """Append a JSON note (lifecycle, group definition); never overwritten by the ring."""
+    def note(self, kind: str, *, share: float = 1.0, **fields: Any) -> bool:
+        """Append a JSON note (lifecycle, group definition); never overwritten by the ring.
+        ``share`` < 1 refuses the note once the table is that full, keeping the rest for the
+        notes that matter more (silent-error notes use part of it, lifecycle notes all)."""
         fields["note"] = kind
         fields.setdefault("time_ns", time.time_ns())
         payload = json.dumps(fields, sort_keys=True, default=str).encode()
-        return self._append(fmt.StrKind.NOTE, 0, payload)
+        return self._append(fmt.StrKind.NOTE, 0, payload, share)
 
-    def _append(self, kind: int, sid: int, payload: bytes) -> bool:
+    def _append(self, kind: int, sid: int, payload: bytes, share: float = 1.0) -> bool:
         with self.lock:
-            return self._append_locked(kind, sid, payload)
+            return self._append_locked(kind, sid, payload, share)
 
-    def _append_locked(self, kind: int, sid: int, payload: bytes) -> bool:
+    def _append_locked(self, kind: int, sid: int, payload: bytes, share: float) -> bool:
         if self.closed:
             return False
         need = fmt.STR_HEAD.size + len(payload) + fmt.CRC.size
         # keep room for a terminating zero length word
-        if self._strtab_used + need + 4 > self.strtab_size:
+        if self._strtab_used + need + 4 > self.strtab_size * share:
             return False
         off = self.strtab_offset + self._strtab_used
         head = fmt.STR_HEAD.pack(len(payload), kind, sid)

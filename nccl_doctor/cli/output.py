@@ -5,8 +5,8 @@ from __future__ import annotations
 import sys
 from pathlib import Path
 
-from nccl_doctor.diagnosis import Diagnosis
-from nccl_doctor.errors import OutputExists
+from nccl_doctor.diagnosis import Diagnosis, Verdict
+from nccl_doctor.errors import ExitStatus, OutputExists
 from nccl_doctor.reporters import format_for, get_reporter
 
 
@@ -21,3 +21,11 @@ def emit(diagnosis: Diagnosis, output: Path | None, fmt: str | None, force: bool
     with output.open("w") as fh:
         reporter.render(diagnosis, fh)
     sys.stderr.write(f"Wrote {output}\n")
+
+
+def verdict_status(diagnosis: Diagnosis | None, status: int, fail_on: str | None) -> int:
+    """``status``, unless it is 0, --fail-on suspect was given and the verdict is not ok."""
+    if status == 0 and fail_on == "suspect" and diagnosis is not None and \
+            diagnosis.verdict is not Verdict.OK:
+        return ExitStatus.VERDICT_FAILED
+    return status

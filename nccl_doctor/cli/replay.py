@@ -5,10 +5,14 @@ from __future__ import annotations
 import argparse
 from pathlib import Path
 
+from dataclasses import replace
+
 from nccl_doctor.analysis import analyze
 from nccl_doctor.capture.directory import load_capture_dir
-from nccl_doctor.cli.output import emit
+from nccl_doctor.cli.output import emit, verdict_status
+from nccl_doctor.errors import CaptureNotFound, ExitStatus
 from nccl_doctor.reporters import REPORTERS
+from nccl_doctor.silent import logparse
 
 HELP = "diagnose a capture directory offline (the --out DIR of `nccl-doctor run`)"
 
@@ -22,10 +26,20 @@ def register(sub: argparse._SubParsersAction) -> None:
     p.add_argument("-o", "--output", type=Path, default=None, metavar="FILE",
                    help="write the report to FILE instead of stdout")
     p.add_argument("--force", action="store_true", help="overwrite FILE if it exists")
+    p.add_argument("--log", type=Path, default=None, metavar="FILE",
+                   help="the job's printed log: training metrics are read from it (Trainer/TRL, "
+                        "ms-swift, OpenRLHF lines) when the capture recorded none")
+    p.add_argument("--fail-on", choices=["suspect"], default=None,
+                   help=f"exit {ExitStatus.VERDICT_FAILED} unless the verdict is ok")
     p.set_defaults(func=run)
 
 
 def run(args: argparse.Namespace) -> int:
-    diagnosis = analyze(load_capture_dir(args.capture))
+    traces = load_capture_dir(args.capture)
+    if args.log is not None:
+        if not args.log.is_file():
+            raise CaptureNotFound(f"--log {args.log} does not exist or is not a file")
+        traces = replace(traces, metrics_log=tuple(logparse.parse_file(args.log)))
+    diagnosis = analyze(traces)
     emit(diagnosis, args.output, args.format, args.force)
-    return 0
+    return verdict_status(diagnosis, 0, args.fail_on)

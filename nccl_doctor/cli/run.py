@@ -9,6 +9,7 @@ from pathlib import Path
 
 from nccl_doctor.capture import format as fmt
 from nccl_doctor.cli.live import make_display
+from nccl_doctor.cli.output import verdict_status
 from nccl_doctor.capture.directory import MANIFEST, REPORT_JSON
 from nccl_doctor.errors import ExitStatus, OutputExists, UsageError
 from nccl_doctor.reporters.console import ConsoleReporter
@@ -26,7 +27,8 @@ def register(sub: argparse._SubParsersAction) -> None:
         "run", help=HELP, description=HELP[0].upper() + HELP[1:] + ". The command's output "
         "passes through unchanged; nccl-doctor exits with the command's own exit status.",
         usage="nccl-doctor run [--out DIR] [--force] [--quiet] [--on-hang report|kill] "
-              "[--hang-after SECONDS] [--stuck-after SECONDS] [--no-watch] -- COMMAND [ARGS...]",
+              "[--hang-after SECONDS] [--stuck-after SECONDS] [--fail-on suspect] [--no-watch] "
+              "-- COMMAND [ARGS...]",
     )
     p.add_argument("--out", type=Path, default=None, metavar="DIR",
                    help="capture directory (default: nccl-doctor-out/run-YYYYmmdd-HHMMSS)")
@@ -45,6 +47,9 @@ def register(sub: argparse._SubParsersAction) -> None:
                    help="a rank others wait for that is idle with an unchanged stack this long is "
                         f"stuck: a hang (default {DEFAULT_STUCK_AFTER:.0f}; a stopped rank is "
                         "called at once)")
+    p.add_argument("--fail-on", choices=["suspect"], default=None,
+                   help=f"exit {ExitStatus.VERDICT_FAILED} when the job succeeded but the verdict "
+                        "is not ok (e.g. identical completions across ranks): for CI")
     p.add_argument("--no-watch", action="store_true",
                    help="no live watchdog: diagnose only after the job ends")
     p.add_argument("command", nargs=argparse.REMAINDER, metavar="COMMAND",
@@ -110,4 +115,4 @@ def run(args: argparse.Namespace) -> int:
         ConsoleReporter().render(result.diagnosis, err, color=err.isatty())
     if result.report_path is not None and not args.quiet:
         err.write(f"Wrote {result.report_path}\n")
-    return result.exit_status
+    return verdict_status(result.diagnosis, result.exit_status, args.fail_on)

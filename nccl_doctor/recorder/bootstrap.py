@@ -64,8 +64,16 @@ def _patch(module: Any) -> None:
     try:
         if getattr(module, "is_available", lambda: False)():
             _recorder.patch(module)
+            from nccl_doctor.silent import hooks
+
+            hooks.install(_recorder, sys.modules["torch"], when_imported)
     except Exception as err:  # never break the user's import of torch
         _recorder.fail(err)
+
+
+def when_imported(name: str, callback: Callable[[Any], None]) -> None:
+    """Run ``callback(module)`` right after ``name`` is imported."""
+    sys.meta_path.insert(0, _PostImportFinder(name, callback))
 
 
 def _after_fork() -> None:

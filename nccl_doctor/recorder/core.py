@@ -30,6 +30,8 @@ from nccl_doctor.recorder.specs import SPECS
 from nccl_doctor.recorder.wrappers import BoundCall, forgetting, patch_wait, wrap, wrap_init
 
 _MAX_PENDING = 4096  # async works awaiting wait(); older ones are forgotten
+EARLY_NOTES = 256  # silent-error notes held before the capture exists
+SILENT_SHARE = 0.5  # of the string table, the most silent-error notes may fill
 
 
 class GroupRecord:
@@ -60,6 +62,8 @@ class Recorder:
         self._hooks_installed = False
         self._fault_file: Any = None
         self._pid = os.getpid()
+        self._early: list[tuple[str, dict[str, Any]]] = []  # notes made before the capture exists
+        self.dropped = 0  # silent-error notes refused: the table's share for them is full
 
     # -- failure: one line, then out of the way ----------------------------------------------
     def fail(self, err: BaseException) -> None:
@@ -112,6 +116,28 @@ class Recorder:
         self.default_pg = c10d._get_default_group()
         self.group(self.default_pg)
         self._install_lifecycle_hooks(path)
+        early, self._early = self._early, []
+        for kind, fields in early:
+            self.observe(kind, fields)
+        from nccl_doctor.silent import hooks
+
+        hooks.mark_start()
+
+    def observe(self, kind: str, fields: dict[str, Any]) -> bool:
+        """A silent-error note (rng, gen, metrics). Before the capture exists (seeding usually
+        precedes init_process_group) up to EARLY_NOTES are held and written at its creation."""
+        w = self.writer
+        fields.setdefault("time_ns", time.time_ns())
+        if w is None:
+            if len(self._early) < EARLY_NOTES:
+                self._early.append((kind, fields))
+                return True
+            self.dropped += 1
+            return False
+        if w.note(kind, share=SILENT_SHARE, **fields):
+            return True
+        self.dropped += 1
+        return False
 
     def group(self, pg: Any) -> GroupRecord | None:
         """The cached record of ``pg`` (None when this rank is not a member)."""
@@ -281,6 +307,7 @@ class Recorder:
         self.pending.clear()
         self.stacks.clear()
         self._hooks_installed = False
+        self._early.clear()
         self._pid = os.getpid()
 
     # -- patching ----------------------------------------------------------------------------

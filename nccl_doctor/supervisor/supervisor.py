@@ -25,6 +25,7 @@ from nccl_doctor.errors import DoctorError, ExitStatus
 from nccl_doctor.reporters.json import write_report
 from nccl_doctor.supervisor.launch import Job, exit_status, job_environment
 from nccl_doctor.watchdog.policy import HangPolicy
+from nccl_doctor.watchdog.silent import SilentWatch
 from nccl_doctor.watchdog.view import LiveView
 from nccl_doctor.watchdog.watchdog import Watchdog
 
@@ -72,10 +73,13 @@ class Supervisor:
         self._signals = 0
         self.listeners: list[Callable[[Supervisor], None]] = []  # called every tick
         self.watchdog: Watchdog | None = None
+        self.silent: SilentWatch | None = None
         if policy is not None:
             self.watchdog = Watchdog(out_dir, self.run_id, policy, stop_job=self._stop_job,
                                      announce=announce)
             self.listeners.append(self.watchdog)
+            self.silent = SilentWatch(out_dir, self.watchdog)
+            self.listeners.append(self.silent)
 
     def attach(self, listener: Callable[[Supervisor], None],
                announce: Callable[[str], None] | None = None) -> None:

@@ -8,7 +8,7 @@ from pathlib import Path
 import psutil
 
 from nccl_doctor.capture.directory import capture_files
-from nccl_doctor.capture.reader import read_progress
+from nccl_doctor.capture.reader import read_counters
 from nccl_doctor.errors import DoctorError
 from nccl_doctor.watchdog.assess import ProcState
 
@@ -31,6 +31,7 @@ class Registry:
     def __init__(self, directory: Path) -> None:
         self.directory = directory
         self.ranks: dict[int, RankProcess] = {}
+        self.notes: dict[int, int] = {}  # rank -> bytes of notes written (moves with each note)
         self._known: dict[Path, RankProcess | None] = {}
 
     def poll(self) -> dict[int, int]:
@@ -38,7 +39,7 @@ class Registry:
         counts: dict[int, int] = {}
         for path in capture_files(self.directory):
             try:
-                meta, started = read_progress(path)
+                meta, started, notes = read_counters(path)
             except DoctorError:
                 continue  # being created, or damaged: the full read will say which
             known = self._known.get(path)
@@ -50,6 +51,7 @@ class Registry:
                         self.ranks[known.rank] = known  # a restarted rank replaces the old one
             if known is not None and self.ranks.get(known.rank) is known:
                 counts[known.rank] = started
+                self.notes[known.rank] = notes
         return counts
 
     def pids(self) -> dict[int, int]:

@@ -311,6 +311,8 @@ class Watchdog:
             phase = "starting"
         elif self._assessment is not None:
             phase = self._assessment.situation.value
+            if self._assessment.situation is Situation.NO_RANKS:
+                phase = "ended"  # every rank that joined has exited
         else:
             phase = "running"
         hosts = {r: p.host for r, p in self.registry.ranks.items()}

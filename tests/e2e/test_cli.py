@@ -148,3 +148,27 @@ def test_make_demo_job_is_diagnosed(tmp_path):
     assert f"Wrote {out / 'report.json'}" in proc.stderr
     replay = doctor("replay", "--format", "json", str(out))
     assert json.loads(replay.stdout)["findings"][0]["seq"] == 7
+
+
+def test_replay_reads_training_metrics_from_a_log(capture_copy, tmp_path):
+    log = tmp_path / "train.log"
+    log.write_text("".join(
+        f"{{'loss': '0', 'reward': '1', 'reward_std': '0', 'epoch': '0.{i}'}}\n"
+        for i in range(4)) + "some other line\n")
+    proc = doctor("replay", "--format", "json", "--log", str(log), str(capture_copy))
+    assert proc.returncode == 0, proc.stderr
+    report = json.loads(proc.stdout)
+    assert report["verdict"] == "suspect"
+    (finding,) = report["findings"]
+    assert finding["kind"] == "degenerate_signal"
+    assert finding["evidence"]["criteria"] == ["reward_std", "loss"]
+    strict = doctor("replay", "--fail-on", "suspect", "--log", str(log), str(capture_copy))
+    assert strict.returncode == ExitStatus.VERDICT_FAILED
+    clean = doctor("replay", "--fail-on", "suspect", str(capture_copy))
+    assert clean.returncode == 0
+
+
+def test_replay_with_a_missing_log_is_one_line(capture_copy, tmp_path):
+    proc = doctor("replay", "--log", str(tmp_path / "nope.log"), str(capture_copy))
+    assert proc.returncode == ExitStatus.NOT_FOUND
+    assert "--log" in one_error_line(proc)
