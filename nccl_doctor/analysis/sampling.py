@@ -118,10 +118,14 @@ def describe_classes(traces: TraceSet, classes: Sequence[tuple[int, ...]], what:
 
 def _sampling_fp(gen: Gen) -> str | None:
     """The generator that drove the sampling: CUDA's when the rank used CUDA, else torch's (for
-    transformers); every generator for completions observed through the API."""
+    transformers); vLLM's per-request seeds when every request had one; every generator for
+    completions observed through the API."""
     rng = gen.get("rng") or {}
-    if not gen.get("sample"):
+    if not isinstance(rng, dict) or not gen.get("sample"):
         return None
+    seeds = gen.get("seeds")
+    if gen.get("source") == "vllm" and isinstance(seeds, list) and seeds and None not in seeds:
+        return "seeds=" + ",".join(str(s) for s in seeds)
     if gen.get("source") == "transformers":
         return rng.get("cuda") or rng.get("torch")
     return "|".join(f"{k}={v}" for k, v in sorted(rng.items())) or None

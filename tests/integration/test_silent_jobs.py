@@ -156,3 +156,22 @@ def test_seeding_calls_and_the_public_api_are_recorded(run_job):
         assert gen["source"] == "user" and gen["nrows"] == 2 and len(set(gen["prompts"])) == 1
         (metrics,) = [n for n in trace.notes if n.get("note") == "metrics"]
         assert metrics["values"] == {"loss": 0.5, "reward_std": 0.25} and metrics["step"] == 1
+
+
+@pytest.mark.parametrize("mode", ["same", "rank"])
+def test_vllm_generate_is_hooked(tmp_path, mode):
+    standin = Path(__file__).parent.parent / "fixtures" / "vllm_standin"
+    env = {"SEED_MODE": mode, "PYTHONPATH": f"{standin}{os.pathsep}" +
+           os.environ.get("PYTHONPATH", "")}
+    proc = doctor_run(tmp_path / "o", torchrun(2, "vllm_sampling.py"), env)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    gens = [n for n in _notes(tmp_path / "o") if n.get("note") == "gen"]
+    assert len(gens) == 6 and {g["source"] for g in gens} == {"vllm"}
+    assert all(g["nrows"] == 4 and g["sample"] for g in gens)
+    found = kinds(replay(tmp_path / "o"))
+    if mode == "same":
+        assert found[FindingKind.IDENTICAL_COMPLETIONS].ranks == (0, 1)
+        assert {tuple(g["seeds"]) for g in gens} == {(7,), (107,), (207,)}
+        assert found[FindingKind.SHARED_RNG_STATE].evidence["classes"] == [[0, 1]]
+    else:
+        assert not found, [f.title for f in found.values()]
