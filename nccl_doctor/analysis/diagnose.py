@@ -40,9 +40,15 @@ _STATE = {
 
 
 def analyze(traces: TraceSet, passes: tuple[Pass, ...] = PASSES) -> Diagnosis:
-    findings = _first_divergence_per_group([f for p in passes for f in p(traces)])
+    found, notes = [], list(traces.problems)
+    for p in passes:
+        try:
+            found.extend(p(traces))
+        except Exception as err:  # a capture is input: one odd note must not lose the report
+            notes.append(f"analysis pass {p.__name__} failed on this capture ({err!r}); its "
+                         "findings are missing")
+    findings = _first_divergence_per_group(found)
     findings = _rank_findings(findings, traces)
-    notes = list(traces.problems)
     if not traces.ranks:
         notes.append("no rank joined a process group: there are no collectives to analyse")
     return Diagnosis(

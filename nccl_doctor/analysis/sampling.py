@@ -32,13 +32,35 @@ HINT_GREEDY = (
 Gen = Mapping[str, Any]
 
 
+def _clean(note: Mapping[str, Any]) -> dict[str, Any] | None:
+    """A ``gen`` note with fields of the expected types, or None (captures are input: a
+    damaged or hand-made one must not crash the analysis)."""
+    def text(key: str) -> str:
+        value = note.get(key)
+        return value if isinstance(value, str) else ""
+
+    def number(key: str) -> int:
+        value = note.get(key)
+        return value if isinstance(value, int) and not isinstance(value, bool) else 0
+
+    rng = note.get("rng")
+    seeds = note.get("seeds")
+    return {
+        "n": number("n"), "all": text("all"), "nrows": number("nrows"),
+        "prompts_all": text("prompts_all"), "sample": note.get("sample") is True,
+        "source": text("source"), "time_ns": number("time_ns"), "tp": max(1, number("tp")),
+        "rng": {str(k): str(v) for k, v in rng.items()} if isinstance(rng, dict) else {},
+        "seeds": [x if isinstance(x, int) else None for x in seeds]
+        if isinstance(seeds, list) else None,
+    }
+
+
 def _gens(traces: TraceSet) -> dict[int, list[Gen]]:
     out = {}
     for rank, trace in traces.ranks.items():
-        gens = sorted((n for n in trace.notes if n.get("note") == "gen"),
-                      key=lambda n: n.get("n", 0))
+        gens = [g for n in trace.notes if n.get("note") == "gen" and (g := _clean(n))]
         if gens:
-            out[rank] = gens
+            out[rank] = sorted(gens, key=lambda g: g["n"])
     return out
 
 
@@ -75,6 +97,9 @@ def _pairs(gens: dict[int, list[Gen]], key: Any, n: int) -> dict[tuple[int, int]
         for members in by_value.values():
             for i, a in enumerate(members):
                 for b in members[i + 1:]:
+                    tp = min(gens[a][k]["tp"], gens[b][k]["tp"])
+                    if tp > 1 and a // tp == b // tp:
+                        continue  # one tensor-parallel vLLM engine: identical by design
                     out[(a, b)].append(k)
     return out
 
@@ -120,11 +145,11 @@ def _sampling_fp(gen: Gen) -> str | None:
     """The generator that drove the sampling: CUDA's when the rank used CUDA, else torch's (for
     transformers); vLLM's per-request seeds when every request had one; every generator for
     completions observed through the API."""
-    rng = gen.get("rng") or {}
-    if not isinstance(rng, dict) or not gen.get("sample"):
+    rng = gen["rng"]
+    if not gen["sample"]:
         return None
-    seeds = gen.get("seeds")
-    if gen.get("source") == "vllm" and isinstance(seeds, list) and seeds and None not in seeds:
+    seeds = gen["seeds"]
+    if gen["source"] == "vllm" and seeds and None not in seeds:
         return "seeds=" + ",".join(str(s) for s in seeds)
     if gen.get("source") == "transformers":
         return rng.get("cuda") or rng.get("torch")
@@ -134,12 +159,16 @@ def _sampling_fp(gen: Gen) -> str | None:
 def _seeding(traces: TraceSet, rank: int) -> str:
     """The last seeding call the rank made before its first generation, as 'label(seed)'."""
     trace = traces.ranks[rank]
-    first = min((n.get("time_ns", 0) for n in trace.notes if n.get("note") == "gen"), default=0)
+    def when(n: Mapping[str, Any]) -> int:
+        t = n.get("time_ns")
+        return t if isinstance(t, int) else 0
+
+    first = min((when(n) for n in trace.notes if n.get("note") == "gen"), default=0)
     calls = [n for n in trace.notes if n.get("note") == "rng" and n.get("label") not in
-             ("init", "step") and n.get("time_ns", 0) <= first]
+             ("init", "step") and when(n) <= first]
     if not calls:
         return "no seeding call recorded"
-    last = max(calls, key=lambda n: n.get("time_ns", 0))
+    last = max(calls, key=when)
     extra = ", device_specific=True" if last.get("device_specific") else ""
     return f"{last.get('label')}({last.get('seed')!r}{extra})"
 
@@ -210,7 +239,8 @@ def detect_shared_rng_state(traces: TraceSet) -> list[Finding]:
 
     def key(g: Gen) -> tuple | None:
         fp = _sampling_fp(g)
-        return (fp, g.get("prompts_all") or None) if fp is not None else None
+        # without the prompts, a shared state is harmless (DDP seeds every rank alike)
+        return (fp, g["prompts_all"]) if fp is not None and g["prompts_all"] else None
 
     shared = _pairs(gens, key, n)
     classes = _classes({p: len(ks) for p, ks in shared.items()}, need)

@@ -10,6 +10,7 @@ and Trainer logs it rounded to 4 digits.
 
 from __future__ import annotations
 
+import math
 import re
 from typing import Callable, Mapping, Sequence
 
@@ -63,10 +64,24 @@ def _criteria() -> list[tuple[str, Callable[[Mapping[str, float]], str | None]]]
         return f"{hit[0]} = 0" if hit is not None and hit[1] == 0 else None
 
     def kl(m: Mapping[str, float]) -> str | None:
+        spread = _value(m, _REWARD_STD)
+        if spread is not None and spread[1] > 0:
+            return None  # KL at 0 with rewards spread: the KL penalty is simply off
         hit = _value(m, _KL)
         return f"{hit[0]} = 0" if hit is not None and hit[1] == 0 else None
 
     return [("reward_std", reward_std), ("advantages", advantages), ("loss", loss), ("kl", kl)]
+
+
+def _row(step: object, values: object) -> Row | None:
+    """A (step, metrics) row with finite numbers only, or None (captures and logs are input)."""
+    if not isinstance(values, Mapping):
+        return None
+    clean = {str(k): float(v) for k, v in values.items()
+             if isinstance(v, (int, float)) and not isinstance(v, bool) and math.isfinite(v)}
+    if not clean:
+        return None
+    return (step if isinstance(step, int) and not isinstance(step, bool) else None), clean
 
 
 def series_from_traces(traces: TraceSet) -> list[Row]:
@@ -74,8 +89,8 @@ def series_from_traces(traces: TraceSet) -> list[Row]:
     one row per step, in order."""
     best: list[Row] = []
     for _, trace in sorted(traces.ranks.items()):
-        rows = [(n.get("step"), n.get("values") or {}) for n in trace.notes
-                if n.get("note") == "metrics" and isinstance(n.get("values"), dict)]
+        rows = [r for n in trace.notes if n.get("note") == "metrics"
+                and (r := _row(n.get("step"), n.get("values"))) is not None]
         if len(rows) > len(best):
             best = rows
     return best
@@ -83,7 +98,8 @@ def series_from_traces(traces: TraceSet) -> list[Row]:
 
 def detect_degenerate_signal(traces: TraceSet, steps: int = SIGNAL_STEPS) -> list[Finding]:
     """From the captures' metrics, else from a training log given to replay (``--log``)."""
-    rows = list(series_from_traces(traces)) or list(traces.metrics_log)
+    rows = list(series_from_traces(traces)) or [
+        r for step, values in traces.metrics_log if (r := _row(step, values)) is not None]
     return degenerate(rows, steps)
 
 

@@ -84,3 +84,18 @@ def merge(traces: TraceSet, dumps: Mapping[int, Mapping[str, Any]]) -> TraceSet:
             events = sorted(trace.events + tuple(extra), key=lambda e: e.t_enter_ns)
             ranks[rank] = replace(trace, events=tuple(events))
     return replace(traces, ranks=ranks)
+
+
+def progress_signature(dumps: Mapping[int, Any]) -> tuple:
+    """Per rank: entries recorded, the newest record id, entries retired. Two pulls with
+    different signatures mean collectives were issued or completed in between (progress)."""
+    out = []
+    for rank in sorted(dumps):
+        trace = dumps[rank]
+        entries = trace.get("entries") if isinstance(trace, Mapping) else None
+        entries = entries if isinstance(entries, list) else []
+        ids = [e.get("record_id") for e in entries if isinstance(e, Mapping)]
+        newest = max((i for i in ids if isinstance(i, int)), default=-1)
+        retired = sum(1 for e in entries if isinstance(e, Mapping) and e.get("retired"))
+        out.append((rank, len(entries), newest, retired))
+    return tuple(out)

@@ -61,7 +61,10 @@ class PlainStatus:
     def __call__(self, _supervisor: object = None) -> None:
         if self.view is None:
             return
-        v = self.view()
+        try:
+            v = self.view()
+        except Exception:
+            return
         key = (v.phase, v.message)
         if key == self._last or v.phase == "starting":
             return
@@ -112,6 +115,12 @@ class StatusBar:
         self._draw(force=False)
 
     def _draw(self, force: bool) -> None:
+        try:
+            self._draw_now(force)
+        except Exception:  # the display is never worth an error in the supervisor
+            self.close()
+
+    def _draw_now(self, force: bool) -> None:
         if self.size is None:
             return
         now = self.clock()
@@ -119,23 +128,28 @@ class StatusBar:
             return
         self._drawn_at = now
         size = self._terminal_size() or self.size
+        if size.lines < MIN_ROWS:  # too small now: give the terminal back, go quiet
+            self.close()
+            return
         prefix = ""
-        if size != self.size:  # resized: fence the new last row off, clear the old one
-            prefix = f"{SAVE}\033[{self.size.lines};1H{CLEAR_ROW}{RESTORE}" + self._region(
-                size.lines)
+        if size != self.size:  # resized: clear the old bar row
+            prefix = f"{SAVE}\033[{self.size.lines};1H{CLEAR_ROW}{RESTORE}"
             self.size = size
         row = live.ansi(live.bar(self.view()), max(size.columns - 1, 10))
-        _write(self.stream, f"{prefix}{SAVE}\033[{size.lines};1H{CLEAR_ROW}{row}{RESTORE}")
+        # the region is set again with each draw, in case the job reset it
+        _write(self.stream, f"{prefix}{self._region(size.lines)}"
+                            f"{SAVE}\033[{size.lines};1H{CLEAR_ROW}{row}{RESTORE}")
 
     def announce(self, message: str) -> None:
         """An event (a hang, the job stopped): a whole line in the job's scrolling output."""
         _write(self.stream, "\033[1;36mnccl-doctor:\033[0m " + message.replace("\n", " ") + "\n")
-        self._draw(force=True)
+        if self.size is not None:
+            self._draw(force=True)
 
     def close(self) -> None:
         """Give the terminal back as it was: no region, the bar's row cleared."""
         if self.size is None:
             return
-        rows = self.size.lines
+        rows = (self._terminal_size() or self.size).lines
         self.size = None
         _write(self.stream, f"{SAVE}\033[{rows};1H{CLEAR_ROW}\033[r{RESTORE}")

@@ -24,7 +24,8 @@ def rng_fingerprint() -> dict[str, str]:
             out["torch"] = digest(_tensor_bytes(torch.random.get_rng_state()))
             cuda = torch.cuda
             if cuda.is_initialized():
-                out["cuda"] = digest(b"".join(_tensor_bytes(s) for s in cuda.get_rng_state_all()))
+                # this rank's device only: a rank sees every GPU but moves its own generator
+                out["cuda"] = digest(_tensor_bytes(cuda.get_rng_state(cuda.current_device())))
         except Exception:
             pass
     np = sys.modules.get("numpy")
@@ -36,8 +37,11 @@ def rng_fingerprint() -> dict[str, str]:
             pass
     random = sys.modules.get("random")
     if random is not None:
-        version, words, gauss = random.getstate()
-        out["python"] = digest(array.array("Q", words).tobytes() + repr(gauss).encode())
+        try:
+            _version, words, gauss = random.getstate()
+            out["python"] = digest(array.array("Q", words).tobytes() + repr(gauss).encode())
+        except Exception:
+            pass
     return out
 
 
@@ -51,13 +55,20 @@ def _tensor_bytes(t: Any) -> bytes:
         return repr(t.tolist()).encode()
 
 
-def row_digests(rows: Any) -> list[str]:
-    """One hash per row: of a 2-D tensor (token ids), of strings, or of token-id lists."""
-    if hasattr(rows, "dim"):  # a tensor
-        if rows.dim() == 1:
-            rows = rows.unsqueeze(0)
-        return [digest(_tensor_bytes(r)) for r in rows]
-    return [digest(_item_bytes(r)) for r in _iter(rows)]
+def row_digests(rows: Any, limit: int | None = None) -> tuple[list[str], str, int]:
+    """(a hash per row for the first ``limit`` rows, a hash of all rows, the number of rows) of
+    a 2-D tensor (token ids), of strings, or of token-id lists."""
+    if hasattr(rows, "dim"):  # a tensor: one copy to the CPU, then views
+        t = rows.detach()
+        t = (t.cpu() if t.device.type != "cpu" else t).contiguous()
+        if t.dim() == 1:
+            t = t.unsqueeze(0)
+        n = t.shape[0]
+        return ([digest(_tensor_bytes(t[i])) for i in range(n if limit is None else
+                                                            min(n, limit))],
+                digest(repr(tuple(t.shape)).encode() + _tensor_bytes(t)), n)
+    each = [digest(_item_bytes(r)) for r in _iter(rows)]
+    return (each if limit is None else each[:limit]), digest("".join(each).encode()), len(each)
 
 
 def _iter(rows: Any) -> Iterable[Any]:

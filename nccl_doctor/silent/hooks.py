@@ -21,7 +21,7 @@ import sys
 import threading
 from typing import Any, Callable
 
-from nccl_doctor.silent.fingerprint import digest, rng_fingerprint, row_digests
+from nccl_doctor.silent.fingerprint import rng_fingerprint, row_digests
 
 MAX_ROWS = 64  # row hashes kept per generation (plus one hash of all rows)
 MAX_METRICS = 48  # numeric metrics kept per logged step
@@ -29,6 +29,9 @@ MAX_METRICS = 48  # numeric metrics kept per logged step
 _local = threading.local()
 _recorder: Any = None
 _counts: dict[str, int] = {}
+# patches of modules that were still being imported when the hooks were installed (vLLM and
+# transformers import torch from their own __init__): retried at the next note
+_pending: dict[str, Callable[[Any], None]] = {}
 
 
 def _depth() -> int:
@@ -36,6 +39,8 @@ def _depth() -> int:
 
 
 def _note(kind: str, **fields: Any) -> bool:
+    if _pending:
+        retry_pending()
     rec = _recorder
     if rec is None:
         from nccl_doctor.recorder import bootstrap
@@ -119,6 +124,7 @@ def _patch_accelerate(utils: Any) -> None:
 def mark_start() -> bool:
     """The fingerprint when the rank's capture is created (its process group exists)."""
     try:
+        retry_pending()
         return _note("rng", label="init", n=_next("rng"), fp=rng_fingerprint())
     except Exception:
         return False
@@ -141,13 +147,13 @@ def observe_completions(completions: Any, prompts: Any = None, *, sampling: bool
     temperature 0), whose identical outputs are expected. Returns whether it was recorded (False
     outside nccl-doctor). Never raises."""
     try:
-        rows = row_digests(completions)
-        prompt_rows = row_digests(prompts) if prompts is not None else []
+        rows, every, nrows = row_digests(completions, MAX_ROWS)
+        prompt_rows, prompts_all = [], ""
+        if prompts is not None:
+            prompt_rows, prompts_all, _ = row_digests(prompts, MAX_ROWS)
         return _note(
             "gen", n=_next("gen"), source=source, sample=bool(sampling), step=step,
-            rows=rows[:MAX_ROWS], all=digest("".join(rows).encode()), nrows=len(rows),
-            prompts=prompt_rows[:MAX_ROWS],
-            prompts_all=digest("".join(prompt_rows).encode()) if prompt_rows else "",
+            rows=rows, all=every, nrows=nrows, prompts=prompt_rows, prompts_all=prompts_all,
             rng=rng if rng is not None else rng_fingerprint(), **extra,
         )
     except Exception:
@@ -208,6 +214,18 @@ def _record_generate(model: Any, args: tuple, kwargs: dict[str, Any], out: Any,
                         source="transformers", rng=before, temperature=temperature)
 
 
+def _vllm_tp(llm: Any) -> int:
+    """The engine's tensor-parallel size: ranks of one TP group generate identical outputs by
+    design (TRL's colocate mode), which the analysis must not call a seed bug."""
+    try:
+        return int(llm.llm_engine.vllm_config.parallel_config.tensor_parallel_size)
+    except Exception:
+        try:
+            return int(llm.llm_engine.parallel_config.tensor_parallel_size)
+        except Exception:
+            return 1
+
+
 def _patch_vllm(module: Any) -> None:
     """vLLM's offline ``LLM.generate``: token ids of each request's outputs, and its seeds."""
     llm = getattr(module, "LLM", None)
@@ -217,7 +235,10 @@ def _patch_vllm(module: Any) -> None:
 
     @functools.wraps(fn)
     def generate(self: Any, *args: Any, **kwargs: Any) -> Any:
-        before = rng_fingerprint()
+        try:
+            before = rng_fingerprint()
+        except Exception:
+            before = {}
         outputs = fn(self, *args, **kwargs)
         try:
             params = kwargs.get("sampling_params", args[1] if len(args) > 1 else None)
@@ -231,7 +252,8 @@ def _patch_vllm(module: Any) -> None:
                 for completion in getattr(request, "outputs", []):
                     rows.append(list(getattr(completion, "token_ids", [])))
             observe_completions(rows, prompts, sampling=bool(temperature and temperature > 0),
-                                source="vllm", rng=before, temperature=temperature, seeds=seeds)
+                                source="vllm", rng=before, temperature=temperature, seeds=seeds,
+                                tp=_vllm_tp(self))
         except Exception:
             pass
         return outputs
@@ -305,10 +327,22 @@ def install(recorder: Any, torch: Any, when_imported: Callable[[str, Callable], 
     for name, patch in PATCHES.items():
         guarded = functools.partial(_safe, patch)
         module = sys.modules.get(name)
-        if module is not None:
-            guarded(module)
-        else:
+        if module is None:
             when_imported(name, guarded)
+        elif getattr(getattr(module, "__spec__", None), "_initializing", False):
+            _pending[name] = guarded  # half-built: what it defines is not there yet
+        else:
+            guarded(module)
+
+
+def retry_pending() -> None:
+    """Patch the modules whose import has finished since ``install``."""
+    for name, patch in list(_pending.items()):
+        module = sys.modules.get(name)
+        if module is None or getattr(getattr(module, "__spec__", None), "_initializing", False):
+            continue
+        del _pending[name]
+        patch(module)
 
 
 def _safe(patch: Callable[[Any], None], module: Any) -> None:

@@ -133,8 +133,11 @@ class Supervisor:
         return RunResult(status, diagnosis, report, error, stopped, stopped_for_hang)
 
     def tick(self) -> None:
-        for listener in self.listeners:
-            listener(self)
+        for listener in list(self.listeners):
+            try:
+                listener(self)
+            except Exception:  # a listener's failure must never stop the job's supervision
+                self.listeners.remove(listener)
 
     def _analyse(self, manifest: Manifest) -> tuple[Diagnosis | None, Path | None, str | None]:
         manifest.write(self.out_dir)  # ended_at and the exit status, which the loader reads

@@ -50,13 +50,22 @@ class SilentWatch:
             traces = load_capture_dir(self.out_dir, job_ended=False)
         except DoctorError:
             return
-        known = {(f.kind, f.title) for f in self.findings}
-        new = [f for p in SILENT_PASSES for f in p(traces)
-               if f.severity is not Severity.INFO and (f.kind, f.title) not in known]
+        # silent passes only: a live snapshot may catch ranks mid-collective, which the desync
+        # passes would misread; hangs are the watchdog's to call
+        diagnosis = analyze(traces, SILENT_PASSES)
+        known = {_key(f) for f in self.findings}
+        new = [f for f in diagnosis.findings
+               if f.severity is not Severity.INFO and _key(f) not in known]
         if not new:
             return
         self.findings.extend(new)
         for f in new:
             self.watchdog.announce(f"SUSPECT: {f.kind.value}: {f.title}")
         if self.watchdog.diagnosis is None:
-            write_report(analyze(traces), self.out_dir / REPORT_JSON)
+            write_report(diagnosis, self.out_dir / REPORT_JSON)
+
+
+def _key(f: Finding) -> tuple:
+    """What makes a finding new: its kind and who (titles carry counts that grow as it runs)."""
+    classes = f.evidence.get("classes") or f.evidence.get("criteria") or ()
+    return (f.kind, f.ranks, repr(classes))

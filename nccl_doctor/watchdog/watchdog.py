@@ -92,6 +92,7 @@ class Watchdog:
         self._assessment: Assessment | None = None  # the last look, while nothing has moved
         self._fr_dumps: dict[int, dict[str, Any]] | None = None  # cached while nothing moves
         self._fr_at = 0.0
+        self._fr_signature: tuple | None = None  # what the last pull showed (progress check)
         self.message = ""  # the current one-line status ("" while nothing is wrong)
 
     # -- the loop ----------------------------------------------------------------------------
@@ -115,6 +116,7 @@ class Watchdog:
             self._first_seen.clear()
             self._samples.clear()
             self._assessment, self._fr_dumps, self.message = None, None, ""
+            self._fr_signature = None
             if self.diagnosis is not None and not self.stopped_job:
                 self._retract()
             return
@@ -141,7 +143,16 @@ class Watchdog:
         if a.situation in (Situation.WAITING_ON_PEERS, Situation.COMPUTING):
             # The ranks outside Python collectives may be inside collectives issued from C++
             # (DDP's gradient all_reduce), which only Flight Recorder sees: merge its entries.
-            dumps = self._flight_recorder(a, now)
+            # A deadlock seen through them is confirmed on a fresh pull, never on a cached one.
+            previous = self._assessment
+            fresh = previous is not None and previous.situation is Situation.DEADLOCK
+            dumps, moved = self._flight_recorder(a, now, fresh)
+            if moved:  # C++ collectives completed since the last pull: the job progresses
+                self._progress_at, self.message = now, ""
+                self._first_seen.clear()
+                self._samples.clear()
+                self._assessment = None
+                return
             if dumps:
                 traces = flight_recorder.merge(traces, dumps)
                 live_analysis = analyze(traces)
@@ -169,17 +180,23 @@ class Watchdog:
         """Sampling period while no rank is in a collective: slow, since nothing waits."""
         return max(self.policy.sample_every, self.policy.hang_after / 20)
 
-    def _flight_recorder(self, a: Assessment, now: float) -> dict[int, dict[str, Any]]:
-        """Every live rank's Flight Recorder dump, pulled at most once per sampling period."""
+    def _flight_recorder(self, a: Assessment, now: float,
+                         fresh: bool = False) -> tuple[dict[int, dict[str, Any]], bool]:
+        """(every live rank's Flight Recorder dump, whether they moved since the previous pull),
+        pulled at most once per sampling period unless ``fresh``."""
         every = (self.policy.sample_every if a.situation is Situation.WAITING_ON_PEERS
                  else self._computing_every())
-        if self._fr_dumps is None or now - self._fr_at >= every:
-            self._fr_at = now
-            self._fr_dumps = evidence.flight_recorder_dumps(
-                {r: self.registry.ranks[r].pid for r in a.live if r in self.registry.ranks},
-                self.run_id, timeout=self.policy.stack_timeout,
-            )
-        return self._fr_dumps
+        if self._fr_dumps is not None and not fresh and now - self._fr_at < every:
+            return self._fr_dumps, False
+        self._fr_at = now
+        self._fr_dumps = evidence.flight_recorder_dumps(
+            {r: self.registry.ranks[r].pid for r in a.live if r in self.registry.ranks},
+            self.run_id, timeout=self.policy.stack_timeout,
+        )
+        signature = flight_recorder.progress_signature(self._fr_dumps)
+        moved = self._fr_signature is not None and signature != self._fr_signature
+        self._fr_signature = signature
+        return self._fr_dumps, moved
 
     def _sample(self, ranks: tuple[int, ...], procs: dict[int, ProcState], now: float,
                 every: float) -> None:

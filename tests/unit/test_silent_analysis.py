@@ -119,9 +119,10 @@ def test_fingerprints_follow_the_seed():
         random.setstate(state)
     assert a["torch"] != b["torch"] and a["torch"] == c["torch"]
     assert a["python"] == c["python"] and len(a["torch"]) == 16
-    rows = row_digests(torch.tensor([[1, 2], [1, 2], [3, 4]]))
-    assert rows[0] == rows[1] != rows[2]
-    assert row_digests(["x", "x"])[0] == row_digests("x")[0]
+    rows, every, n = row_digests(torch.tensor([[1, 2], [1, 2], [3, 4]]), limit=2)
+    assert n == 3 and len(rows) == 2 and rows[0] == rows[1]
+    assert every != row_digests(torch.tensor([[1, 2], [1, 2], [3, 5]]))[1]
+    assert row_digests(["x", "x"])[0][0] == row_digests("x")[0][0]
 
 
 def test_public_api_outside_nccl_doctor_does_nothing():
@@ -130,3 +131,47 @@ def test_public_api_outside_nccl_doctor_does_nothing():
     assert nccl_doctor.observe_completions(["a", "b"]) is False
     assert nccl_doctor.observe_metrics(1, {"loss": 0.0}) is False
     assert nccl_doctor.mark_step(1) is False
+
+
+def test_odd_notes_never_crash_the_analysis(tb):
+    from nccl_doctor.analysis import analyze
+
+    bad = [{"note": "gen", "n": "x", "all": ["list"], "rng": "nope", "time_ns": "t"},
+           {"note": "gen", "n": 2, "all": {"a": 1}, "nrows": 2, "sample": "yes"},
+           {"note": "metrics", "step": "s", "values": {"loss": "0", "kl": float("nan")}},
+           {"note": "metrics", "values": ["loss", 0]},
+           {"note": "rng", "label": 3, "time_ns": None}]
+    traces = _traces(tb, {0: bad, 1: bad})
+    d = analyze(traces)
+    assert not [n for n in d.notes if "failed" in n], d.notes
+    assert not [f for f in d.findings if f.severity is not Severity.INFO]
+
+
+def test_a_failing_pass_leaves_a_note_not_a_traceback(tb):
+    from nccl_doctor.analysis import PASSES, analyze
+
+    def broken(_traces):
+        raise KeyError("boom")
+
+    d = analyze(tb.traceset([tb.trace(0)]), PASSES + (broken,))
+    assert any("broken failed" in n for n in d.notes)
+
+
+def test_same_state_without_prompts_and_one_tp_engine_are_not_the_seed_bug(tb):
+    no_prompts = {r: [_gen(k, f"o{r}{k}", prompt="", rng="same") for k in range(1, 3)]
+                  for r in range(2)}
+    assert detect_shared_rng_state(_traces(tb, no_prompts)) == []
+    # ranks 0-1 and 2-3 are two tensor-parallel vLLM engines (tp=2): identical inside each
+    tp = {r: [dict(_gen(k, f"e{r // 2}{k}"), source="vllm", tp=2) for k in range(1, 3)]
+          for r in range(4)}
+    assert detect_identical_completions(_traces(tb, tp)) == []
+    # ... but two engines producing the same outputs are
+    both = {r: [dict(_gen(k, f"e{k}"), source="vllm", tp=2) for k in range(1, 3)]
+            for r in range(4)}
+    (f,) = detect_identical_completions(_traces(tb, both))
+    assert f.ranks == (0, 1, 2, 3)
+
+
+def test_kl_at_zero_with_a_reward_spread_is_a_disabled_penalty():
+    rows = [(s, {"kl": 0.0, "reward_std": 0.4, "loss": 0.2}) for s in range(5)]
+    assert degenerate(rows) == []
