@@ -43,11 +43,14 @@ def is_stdlib_file(path: str) -> bool:
     return bool(_STDLIB_RE.search(path))
 
 
+_USER_COPIES = tuple(f"{os.sep}nccl_doctor{os.sep}{d}{os.sep}"
+                     for d in ("examples", "reproducers", "trainers"))
+
+
 def _is_user_copy(path: str) -> bool:
-    # nccl_doctor ships example programs and reproducers; they are "user code" for callsites.
-    return f"{os.sep}nccl_doctor{os.sep}examples{os.sep}" in path or (
-        f"{os.sep}nccl_doctor{os.sep}reproducers{os.sep}" in path
-    )
+    # nccl_doctor ships example programs, reproducers and reference trainers; they are "user
+    # code" for callsites.
+    return any(d in path for d in _USER_COPIES)
 
 
 def short_path(path: str, cwd: str | None = None) -> str:

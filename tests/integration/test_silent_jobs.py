@@ -115,10 +115,11 @@ def test_grpo_forced_onto_one_seed(tmp_path):
     assert found[FindingKind.IDENTICAL_COMPLETIONS].ranks == (0, 1)
     signal = found[FindingKind.DEGENERATE_SIGNAL]
     assert "reward_std" in signal.evidence["criteria"], signal
-    # shown while the job ran: before the ranks printed "done"
+    # shown while the job ran: before rank 0 said training had finished
     lines = proc.stderr.splitlines()
     live = [i for i, ln in enumerate(lines) if ln.startswith("nccl-doctor: SUSPECT: ")]
-    assert live and live[0] < lines.index("done"), proc.stderr[-3000:]
+    finished = next(i for i, ln in enumerate(lines) if "GRPO-TRAINING-FINISHED" in ln)
+    assert live and live[0] < finished, proc.stderr[-3000:]
 
 
 def test_grpo_with_trls_own_seeding_is_fine(tmp_path):

@@ -54,7 +54,8 @@ def main() -> None:
     if mode == "same":
         transformers.set_seed(args.seed)  # the bug: one seed on every rank
     trainer.train()
-    print("done", file=sys.stderr, flush=True)
+    if trainer.accelerator.is_main_process:
+        print("GRPO-TRAINING-FINISHED", file=sys.stderr, flush=True)
 
 
 if __name__ == "__main__":
