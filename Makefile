@@ -18,12 +18,13 @@ $(STAMP): pyproject.toml setup.py constraints.txt nccl_doctor/capture/_ring.c
 
 install: $(STAMP)
 
-# A small built-in job that crashes (per-rank padded all_gather), run under the doctor. The job
-# fails on purpose, so its exit status is not make's: the diagnosis is what this target shows.
+# The reproducer a newcomer should see first (BUGS.md A: CPO gathers per-rank-padded logits and
+# hangs), run under the doctor, which diagnoses the hang and stops the job. It hangs on purpose,
+# so its exit status (124) is not make's: the diagnosis is what this target shows.
 demo: $(STAMP)
-	-$(BIN)/nccl-doctor run --force --out $(DEMO_OUT) -- \
-		$(BIN)/torchrun --nproc-per-node 2 -m nccl_doctor.examples.padded_gather
+	-$(BIN)/nccl-doctor demo --force --out $(DEMO_OUT)
 	@echo "Replay it any time with: $(BIN)/nccl-doctor replay $(DEMO_OUT)"
+	@echo "The other reproducers: $(BIN)/nccl-doctor demo --list"
 
 test: $(STAMP)
 	$(BIN)/python -m pytest -q

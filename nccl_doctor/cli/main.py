@@ -9,10 +9,10 @@ import traceback
 from typing import Sequence
 
 from nccl_doctor._version import __version__
-from nccl_doctor.cli import replay, run
+from nccl_doctor.cli import demo, replay, run
 from nccl_doctor.errors import DoctorError, ExitStatus
 
-COMMANDS = (run, replay)
+COMMANDS = (run, replay, demo)
 
 
 class _Parser(argparse.ArgumentParser):

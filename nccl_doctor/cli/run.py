@@ -30,6 +30,14 @@ def register(sub: argparse._SubParsersAction) -> None:
               "[--hang-after SECONDS] [--stuck-after SECONDS] [--fail-on suspect] [--no-watch] "
               "-- COMMAND [ARGS...]",
     )
+    add_options(p)
+    p.add_argument("command", nargs=argparse.REMAINDER, metavar="COMMAND",
+                   help="the launch command, after --")
+    p.set_defaults(func=run)
+
+
+def add_options(p: argparse.ArgumentParser) -> None:
+    """The options of a supervised run (shared by ``run`` and ``demo``)."""
     p.add_argument("--out", type=Path, default=None, metavar="DIR",
                    help="capture directory (default: nccl-doctor-out/run-YYYYmmdd-HHMMSS)")
     p.add_argument("--force", action="store_true",
@@ -52,9 +60,6 @@ def register(sub: argparse._SubParsersAction) -> None:
                         "is not ok (e.g. identical completions across ranks): for CI")
     p.add_argument("--no-watch", action="store_true",
                    help="no live watchdog: diagnose only after the job ends")
-    p.add_argument("command", nargs=argparse.REMAINDER, metavar="COMMAND",
-                   help="the launch command, after --")
-    p.set_defaults(func=run)
 
 
 def _seconds(text: str) -> float:
@@ -91,6 +96,11 @@ def run(args: argparse.Namespace) -> int:
     if not command:
         raise UsageError("no command to run: put it after --, e.g. "
                          "nccl-doctor run -- torchrun --nproc-per-node 2 train.py")
+    return supervise(args, command)
+
+
+def supervise(args: argparse.Namespace, command: list[str]) -> int:
+    """Run ``command`` under the doctor with the options of ``add_options``; the exit status."""
     out = prepare_out_dir(args.out, args.force)
     err = sys.stderr
     policy = None if args.no_watch else HangPolicy(on_hang=OnHang(args.on_hang),

@@ -5,8 +5,11 @@ differs between ranks, as in every real trainer); the loss is the paper's (nccl_
 losses); DDP all-reduces the gradients from C++; then the metrics are gathered the way TRL's
 ``get_batch_loss_metrics`` does: six per-example ``[B]`` gathers, the logits summary, the loss.
 
-``gather_logits=True`` gathers the full ``[B, T, V]`` logits instead of their mean (TRL v0.14 to
-v0.16, BUGS.md A): the shapes differ across ranks. Run it with torchrun:
+``gather_logits="whole"`` gathers the full ``[B, T, V]`` logits instead of their mean (TRL v0.14
+to v0.16, BUGS.md A): the shapes differ across ranks, and gloo aborts. ``"chunked"`` gathers them
+one ``[B, 1, V]`` time step at a time, which gives gloo NCCL's semantics for that bug: the rank
+with the shorter ``T`` finishes first and goes on to reduce the loss while its peer waits for
+the next chunk - a hang, not an abort. Run it with torchrun:
 
     torchrun --nproc-per-node 2 -m nccl_doctor.trainers.preference --method cpo
 """
@@ -90,13 +93,18 @@ def gather_mean(t: torch.Tensor) -> float:
     return torch.cat([o.reshape(-1) for o in out]).float().mean().item()
 
 
+GATHERS = ("scalar", "whole", "chunked")
+
+
 def train(method: str, *, steps: int = 3, batch: int = 2, lr: float = 1e-3, seed: int = 0,
-          gather_logits: bool = False,
+          gather_logits: str = "scalar",
           on_step: Callable[[int, dict[str, float]], None] | None = None) -> list[dict]:
     """Train for ``steps`` steps; returns the gathered metrics of each step. The process group
     must exist (torchrun)."""
     if method not in METHODS:
         raise ValueError(f"unknown method {method!r}: one of {', '.join(METHODS)}")
+    if gather_logits not in GATHERS:
+        raise ValueError(f"unknown gather {gather_logits!r}: one of {', '.join(GATHERS)}")
     rank, world = dist.get_rank(), dist.get_world_size()
     tok = tiny.tokenizer()
     model = torch.nn.parallel.DistributedDataParallel(tiny.model(seed))
@@ -126,11 +134,17 @@ def train(method: str, *, steps: int = 3, batch: int = 2, lr: float = 1e-3, seed
         }
         metrics = {name: gather_mean(per_example[name]) for name in METRICS}
         chosen_logits = logits[:n].detach()
-        if gather_logits:  # the bug: [B, T_rank, V] differs across ranks
+        if gather_logits == "whole":  # the bug: [B, T_rank, V] differs across ranks
             metrics["logits/chosen"] = gather_mean(chosen_logits)
+        elif gather_logits == "chunked":  # the bug, with NCCL's semantics on gloo
+            chunks = [gather_mean(chosen_logits[:, t:t + 1]) for t in
+                      range(chosen_logits.shape[1])]
+            metrics["logits/chosen"] = sum(chunks) / len(chunks)
         else:  # the fix: a reduced scalar has the same shape everywhere
             metrics["logits/chosen"] = gather_mean(chosen_logits.mean().reshape(1))
-        metrics["loss"] = gather_mean(loss.detach().reshape(1))
+        reduced = loss.detach().reshape(1).clone()
+        dist.all_reduce(reduced)  # accelerator.reduce(loss, "mean")
+        metrics["loss"] = reduced.item() / world
         history.append(metrics)
         if on_step is not None:
             on_step(step, metrics)
@@ -142,8 +156,10 @@ def main(argv: list[str] | None = None) -> None:
     p.add_argument("--method", choices=METHODS, default="dpo")
     p.add_argument("--steps", type=int, default=3)
     p.add_argument("--batch", type=int, default=2)
-    p.add_argument("--gather-logits", action="store_true",
-                   help="gather the full per-rank-padded logits (BUGS.md A)")
+    p.add_argument("--gather-logits", choices=GATHERS, default="scalar",
+                   help="how the logits are gathered for the metrics: their mean (scalar, "
+                        "right), the full per-rank-padded tensor (whole: BUGS.md A, gloo "
+                        "aborts), or per time step (chunked: BUGS.md A as NCCL hangs)")
     args = p.parse_args(argv)
     dist.init_process_group("gloo")
 
@@ -153,6 +169,7 @@ def main(argv: list[str] | None = None) -> None:
 
     train(args.method, steps=args.steps, batch=args.batch, gather_logits=args.gather_logits,
           on_step=show)
+    dist.barrier()  # accelerator.wait_for_everyone(): no rank tears down while a peer still talks
     dist.destroy_process_group()
 
 

@@ -19,7 +19,7 @@ def test_preference_trainer_runs_clean(run_job, method):
 
 def test_gathering_padded_logits_is_a_shape_mismatch(run_job):
     job = run_job(2, "-m", "nccl_doctor.trainers.preference", "--method", "cpo",
-                  "--gather-logits")
+                  "--gather-logits", "whole")
     root = job.diagnosis.root_cause
     assert root is not None and root.kind is FindingKind.COLLECTIVE_MISMATCH
     assert root.op == "all_gather" and root.evidence["aspect"] == "shape"

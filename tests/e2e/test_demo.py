@@ -1,0 +1,108 @@
+"""`nccl-doctor demo`: each reproducer of BUGS.md under the doctor, and its --fixed variant."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+
+from nccl_doctor.capture.directory import load_capture_dir
+from nccl_doctor.errors import ExitStatus
+
+from .test_cli import one_error_line
+from .conftest import doctor
+
+pytestmark = pytest.mark.integration
+
+
+def demo(tmp_path, *args: str):
+    out = tmp_path / "o"
+    proc = doctor("demo", *args, "--out", str(out), timeout=300)
+    report = json.loads((out / "report.json").read_text())
+    return proc, report, out
+
+
+def line_of(relpath: str, text: str) -> str:
+    """'relpath:N' of the line holding ``text`` in the package's source."""
+    import nccl_doctor
+
+    source = Path(nccl_doctor.__file__).parent.parent / relpath
+    n = next(i for i, ln in enumerate(source.read_text().splitlines(), 1) if text in ln)
+    return f"{relpath}:{n}"
+
+
+def root(report: dict) -> dict:
+    return next(f for f in report["findings"] if f["root_cause"])
+
+
+def test_list_and_unknown_names():
+    listed = doctor("demo", "--list")
+    assert listed.returncode == 0
+    names = [ln.split()[0] for ln in listed.stdout.splitlines()]
+    assert names == ["cpo_logits_gather", "grpo_node_seed", "zero3_generate"]
+    assert "(default)" in listed.stdout.splitlines()[0]
+    bad = doctor("demo", "nope")
+    assert bad.returncode == ExitStatus.USAGE and "demo --list" in one_error_line(bad)
+
+
+def test_cpo_logits_gather_hangs_where_the_padded_logits_are_gathered(tmp_path):
+    proc, report, out = demo(tmp_path)  # the default reproducer
+    assert proc.returncode == ExitStatus.HANG_STOPPED, proc.stderr[-3000:]
+    f = root(report)
+    assert report["verdict"] == "hang" and f["kind"] == "collective_mismatch"
+    assert f["evidence"]["aspect"] == "op" and f["ranks"] == [0, 1]
+    sides = {s["value"]: (s["ranks"], s["callsite"]) for s in f["evidence"]["sides"]}
+    # the rank with the shorter T finished its chunks and reduces the loss; its peer still
+    # gathers logits chunks
+    short, long_ = sides["all_reduce"][0][0], sides["all_gather"][0][0]
+    assert sides["all_gather"][1] == line_of("nccl_doctor/trainers/preference.py",
+                                             "dist.all_gather(out, t.contiguous())")
+    assert sides["all_reduce"][1] == line_of("nccl_doctor/trainers/preference.py",
+                                             "dist.all_reduce(reduced)")
+    traces = load_capture_dir(out)
+    blocked = {r: t.events[-1] for r, t in traces.ranks.items()}
+    assert blocked[short].op == "all_reduce" and blocked[short].seq == f["seq"]
+    assert blocked[long_].op == "all_gather" and blocked[long_].seq == f["seq"]
+    assert "ROOT CAUSE collective_mismatch" in proc.stderr
+
+
+def test_cpo_logits_gather_fixed_is_ok(tmp_path):
+    proc, report, _ = demo(tmp_path, "cpo_logits_gather", "--fixed")
+    assert proc.returncode == 0 and report["verdict"] == "ok", proc.stderr[-3000:]
+
+
+def test_zero3_generate_hangs_in_the_weight_gather(tmp_path):
+    proc, report, _ = demo(tmp_path, "zero3_generate")
+    assert proc.returncode == ExitStatus.HANG_STOPPED, proc.stderr[-3000:]
+    f = root(report)
+    assert f["kind"] == "collective_mismatch" and f["evidence"]["aspect"] == "op"
+    sides = {s["value"]: (s["ranks"], s["callsite"]) for s in f["evidence"]["sides"]}
+    # step 2: rank 0 decodes 3 tokens, rank 1 four: rank 0 reduces the loss while rank 1 gathers
+    zero3 = "nccl_doctor/reproducers/zero3_generate.py"
+    assert sides["all_reduce"] == ([0], line_of(zero3, "dist.all_reduce(loss)"))
+    assert sides["all_gather"] == ([1], line_of(zero3, "dist.all_gather(full, shard)"))
+    # step 1 = 3 gathers + 1 reduce; step 2 = 3 gathers, then #8
+    assert f["seq"] == 8
+
+
+def test_zero3_generate_fixed_is_ok(tmp_path):
+    proc, report, _ = demo(tmp_path, "zero3_generate", "--fixed")
+    assert proc.returncode == 0 and report["verdict"] == "ok", proc.stderr[-3000:]
+
+
+def test_grpo_node_seed_is_said_per_node(tmp_path):
+    proc, report, _ = demo(tmp_path, "grpo_node_seed", "--fail-on", "suspect")
+    assert proc.returncode == ExitStatus.VERDICT_FAILED, proc.stderr[-3000:]
+    found = {f["kind"]: f for f in report["findings"]}
+    assert report["verdict"] == "suspect"
+    same = found["identical_completions"]
+    assert same["evidence"]["classes"] == [[0, 1], [2, 3]]
+    assert same["title"].startswith("all local ranks of each node sampled identical completions")
+    assert found["shared_rng_state"]["evidence"]["seeding"]["2"] == "torch.manual_seed(1235)"
+    assert "reward_std" in found["degenerate_signal"]["evidence"]["criteria"]
+
+
+def test_grpo_node_seed_fixed_is_ok(tmp_path):
+    proc, report, _ = demo(tmp_path, "grpo_node_seed", "--fixed", "--fail-on", "suspect")
+    assert proc.returncode == 0 and report["verdict"] == "ok", proc.stderr[-3000:]
