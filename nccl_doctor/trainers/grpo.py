@@ -23,6 +23,7 @@ import torch.distributed as dist
 
 import nccl_doctor
 from nccl_doctor.trainers import losses, tiny
+from nccl_doctor.trainers.preference import release
 
 SEED_MODES = ("rank", "node", "same")
 
@@ -90,6 +91,7 @@ def train(*, steps: int = 3, group: int | None = None, seed_mode: str = "rank",
         nccl_doctor.observe_metrics(step + 1, metrics)
         if on_step is not None:
             on_step(step, metrics)
+    release(model)
     return history
 
 

@@ -17,6 +17,7 @@ the next chunk - a hang, not an abort. Run it with torchrun:
 from __future__ import annotations
 
 import argparse
+import gc
 from dataclasses import dataclass
 from typing import Callable
 
@@ -86,6 +87,15 @@ def loss_of(method: str, logp: torch.Tensor, ref: torch.Tensor | None, batch: Ba
     raise ValueError(f"unknown method {method!r}: one of {', '.join(METHODS)}")
 
 
+def release(model: torch.nn.Module) -> None:
+    """Free a DDP model now. Its reducer holds the process group: left for the interpreter's
+    teardown (DDP sits in reference cycles), it outlives destroy_process_group and gloo's threads
+    can abort the process on exit ("terminate called without an active exception")."""
+    model.__dict__.pop("reducer", None)
+    del model
+    gc.collect()
+
+
 def gather_mean(t: torch.Tensor) -> float:
     """``accelerator.gather_for_metrics(t).mean()``: all_gather, then the mean."""
     out = [torch.empty_like(t) for _ in range(dist.get_world_size())]
@@ -148,6 +158,7 @@ def train(method: str, *, steps: int = 3, batch: int = 2, lr: float = 1e-3, seed
         history.append(metrics)
         if on_step is not None:
             on_step(step, metrics)
+    release(model)
     return history
 
 
