@@ -139,7 +139,7 @@ def test_ctrl_c_reaches_the_job_and_leaves_no_process(tmp_path):
     assert not [c for c in children if c.is_running() and c.status() != psutil.STATUS_ZOMBIE]
 
 
-def test_make_demo_job_is_diagnosed(tmp_path):
+def test_padded_gather_example_is_diagnosed(tmp_path):
     out = tmp_path / "demo"
     proc = doctor("run", "--out", str(out), "--", sys.executable, "-m", "torch.distributed.run",
                   "--standalone", "--nproc-per-node=2", "-m", "nccl_doctor.examples.padded_gather")
