@@ -9,6 +9,7 @@ import sys
 from nccl_doctor.cli import run as run_cli
 from nccl_doctor.errors import UsageError
 from nccl_doctor.reproducers import DEFAULT, REPRODUCERS, Reproducer
+from nccl_doctor.watchdog.policy import DEFAULT_STUCK_AFTER
 
 HELP = "run a reproducer of a real upstream bug under the doctor (see --list)"
 
@@ -20,12 +21,16 @@ def register(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--fixed", action="store_true", help="run its fixed variant")
     p.add_argument("--list", action="store_true", help="list the reproducers and exit")
     run_cli.add_options(p)
+    p.add_argument("--variant", default=None, metavar="NAME",
+                   help="another variant of the reproducer (see --list): e.g. packing, the "
+                        "control of sft_packing_false, or abort, gloo's own abort in "
+                        "cpo_logits_gather")
     p.set_defaults(func=demo)
 
 
-def command_for(r: Reproducer, fixed: bool) -> list[str]:
+def command_for(r: Reproducer, fixed: bool, more: list[str] | None = None) -> list[str]:
     """The launch command of reproducer ``r`` (torchrun; two agents for simulated nodes)."""
-    extra = ["--fixed"] if fixed else []
+    extra = (["--fixed"] if fixed else []) + list(more or [])
     if r.nnodes > 1:
         return [sys.executable, "-m", "nccl_doctor.reproducers.nodes", f"--nnodes={r.nnodes}",
                 f"--nproc-per-node={r.nproc}", "-m", r.module, *extra]
@@ -38,12 +43,21 @@ def demo(args: argparse.Namespace) -> int:
         for r in REPRODUCERS.values():
             ranks = f"{r.nnodes} x {r.nproc}" if r.nnodes > 1 else f"{r.nproc}"
             default = "  (default)" if r.name == DEFAULT else ""
-            print(f"{r.name:20} bug {r.bug}  {ranks:>5} ranks  {r.summary}{default}")
+            variants = f"  [--variant {'|'.join(r.variants)}]" if r.variants else ""
+            print(f"{r.name:20} bug {r.bug}  {ranks:>5} ranks  {r.summary}{default}{variants}")
         return 0
     r = REPRODUCERS.get(args.name)
     if r is None:
         raise UsageError(f"no reproducer named {args.name!r}: one of "
                          f"{', '.join(REPRODUCERS)} (nccl-doctor demo --list)")
+    more: list[str] = []
+    if args.variant is not None:
+        if args.variant not in r.variants:
+            known = ", ".join(r.variants) or "none"
+            raise UsageError(f"{r.name} has no variant {args.variant!r} (its variants: {known})")
+        more = [f"--{args.variant}"]
+    if r.stuck_after is not None and args.stuck_after == DEFAULT_STUCK_AFTER:
+        args.stuck_after = r.stuck_after  # its stuck rank sleeps: no need to wait two minutes
     sys.stderr.write(f"nccl-doctor demo: {r.name} (BUGS.md {r.bug}: {r.summary})"
                      f"{', fixed variant' if args.fixed else ''}\n")
-    return run_cli.supervise(args, command_for(r, args.fixed))
+    return run_cli.supervise(args, command_for(r, args.fixed, more))

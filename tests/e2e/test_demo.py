@@ -40,10 +40,14 @@ def test_list_and_unknown_names():
     listed = doctor("demo", "--list")
     assert listed.returncode == 0
     names = [ln.split()[0] for ln in listed.stdout.splitlines()]
-    assert names == ["cpo_logits_gather", "grpo_node_seed", "zero3_generate"]
+    assert names == ["cpo_logits_gather", "sft_packing_false", "grpo_node_seed",
+                     "weight_sync_join", "zero3_generate"]
     assert "(default)" in listed.stdout.splitlines()[0]
     bad = doctor("demo", "nope")
     assert bad.returncode == ExitStatus.USAGE and "demo --list" in one_error_line(bad)
+    variant = doctor("demo", "zero3_generate", "--variant", "packing")
+    assert variant.returncode == ExitStatus.USAGE
+    assert "no variant 'packing'" in one_error_line(variant)
 
 
 def test_cpo_logits_gather_hangs_where_the_padded_logits_are_gathered(tmp_path):
@@ -106,3 +110,45 @@ def test_grpo_node_seed_is_said_per_node(tmp_path):
 def test_grpo_node_seed_fixed_is_ok(tmp_path):
     proc, report, _ = demo(tmp_path, "grpo_node_seed", "--fixed", "--fail-on", "suspect")
     assert proc.returncode == 0 and report["verdict"] == "ok", proc.stderr[-3000:]
+
+
+def test_sft_packing_false_hangs_against_ddps_allreduce(tmp_path):
+    proc, report, _ = demo(tmp_path, "sft_packing_false")
+    assert proc.returncode == ExitStatus.HANG_STOPPED, proc.stderr[-3000:]
+    f = root(report)
+    assert f["kind"] == "collective_mismatch" and f["evidence"]["aspect"] == "op"
+    sides = {s["value"]: (s["ranks"], s["callsite"]) for s in f["evidence"]["sides"]}
+    # the shorter rank finished its chunks and went into DDP's gradient all_reduce, issued
+    # from C++: only Flight Recorder saw it
+    assert sides["all_gather"][1] == line_of("nccl_doctor/reproducers/sft_packing_false.py",
+                                             "dist.all_gather(parts, chunk.contiguous())")
+    assert sides["all_reduce"][1].startswith("<issued from C++")
+    assert sorted(sides["all_gather"][0] + sides["all_reduce"][0]) == [0, 1]
+    assert report["watchdog"]["situation"] == "deadlock"
+
+
+@pytest.mark.parametrize("args", [["--variant", "packing"], ["--fixed"]],
+                         ids=["packing", "fixed"])
+def test_sft_packing_false_controls_are_ok(tmp_path, args):
+    proc, report, _ = demo(tmp_path, "sft_packing_false", *args)
+    assert proc.returncode == 0 and report["verdict"] == "ok", proc.stderr[-3000:]
+
+
+def test_weight_sync_join_blames_rank_0_in_the_rendezvous(tmp_path):
+    proc, report, out = demo(tmp_path, "weight_sync_join")
+    assert proc.returncode == ExitStatus.HANG_STOPPED, proc.stderr[-3000:]
+    f = root(report)
+    assert f["kind"] == "missing_collective" and f["ranks"] == [0] and f["op"] == "barrier"
+    assert f["seq"] == 2  # after the training group's first all_reduce
+    source = "nccl_doctor/reproducers/weight_sync_join.py"
+    assert f["callsite"] == line_of(source, "dist.barrier()  # the other actors")
+    # where rank 0 is instead, from its stack: waiting for the worker in the rendezvous
+    assert line_of(source, "world_size=1 + engines, is_master=True") in f["detail"]
+    assert "create_weight_sync_group" in f["detail"] and "idle" in f["evidence"]["stuck"]["0"]
+    assert report["watchdog"]["how"] == "stuck_peer"
+
+
+def test_weight_sync_join_fixed_is_ok(tmp_path):
+    proc, report, _ = demo(tmp_path, "weight_sync_join", "--fixed")
+    assert proc.returncode == 0 and report["verdict"] == "ok", proc.stderr[-3000:]
+    assert "engine worker: received weights" in proc.stdout
