@@ -15,6 +15,7 @@ from nccl_doctor.analysis.sampling import detect_identical_completions, detect_s
 from nccl_doctor.analysis.signal import detect_degenerate_signal
 from nccl_doctor.diagnosis import Diagnosis, Finding, FindingKind, RankSummary, Severity, Verdict
 from nccl_doctor.model import ExitKind, RankTrace, TraceSet
+from nccl_doctor.plugins import known_issues
 
 Pass = Callable[[TraceSet], list[Finding]]
 
@@ -51,12 +52,12 @@ def analyze(traces: TraceSet, passes: tuple[Pass, ...] = PASSES) -> Diagnosis:
     findings = _rank_findings(findings, traces)
     if not traces.ranks:
         notes.append("no rank joined a process group: there are no collectives to analyse")
-    return Diagnosis(
+    return known_issues.annotate(Diagnosis(
         verdict=_verdict(findings, traces), findings=tuple(findings),
         ranks=tuple(_summaries(traces)), world_size=traces.world_size, command=traces.command,
         exit_status=traces.exit_status, notes=tuple(notes),
         groups={name: g.ranks for name, g in sorted(traces.groups.items())}, source=traces.source,
-    )
+    ), known_issues.versions_of(traces))
 
 
 def _first_divergence_per_group(findings: list[Finding]) -> list[Finding]:

@@ -356,7 +356,8 @@ def _env_int(names: tuple[str, ...]) -> int | None:
 
 def _versions() -> dict[str, str]:
     out = {"python": sys.version.split()[0], "nccl_doctor": __version__}
-    for name in ("torch", "transformers", "trl", "accelerate", "deepspeed", "vllm"):
+    for name in ("torch", "transformers", "trl", "accelerate", "deepspeed", "vllm", "swift",
+                 "openrlhf"):
         module = sys.modules.get(name)
         version = getattr(module, "__version__", None) if module is not None else None
         if version is not None:

@@ -8,7 +8,7 @@ from rich.markup import escape
 from rich.table import Table
 
 from nccl_doctor import frames
-from nccl_doctor.diagnosis import Diagnosis, Finding, Verdict
+from nccl_doctor.diagnosis import Diagnosis, Finding, Severity, Verdict
 
 _VERDICT_STYLE = {
     Verdict.OK: "bold green", Verdict.SUSPECT: "bold yellow", Verdict.HANG: "bold red",
@@ -62,7 +62,12 @@ class ConsoleReporter:
             console.print(f"    {escape(line)}")
         if f.callsite:
             console.print(f"    [dim]callsite:[/] {escape(f.callsite)}")
-        if f.hint and f.root_cause:
+        known = f.evidence.get("known_issue")
+        if isinstance(known, dict):
+            where = known.get("upstream") or "no upstream library matched: the general fix"
+            console.print(f"    [magenta]known issue[/] (BUGS.md {escape(str(known.get('rule')))}"
+                          f", {escape(str(known.get('mechanism')))}): {escape(str(where))}")
+        if f.hint and (f.root_cause or f.severity is Severity.WARNING):
             console.print(f"    [green]fix:[/] {escape(f.hint)}")
 
     def _ranks_table(self, d: Diagnosis) -> Table:

@@ -30,6 +30,7 @@ from nccl_doctor.capture.directory import REPORT_JSON, load_capture_dir
 from nccl_doctor.diagnosis import Diagnosis, Finding, FindingKind, Severity, Verdict
 from nccl_doctor.errors import DoctorError
 from nccl_doctor.model import TraceSet
+from nccl_doctor.plugins import known_issues
 from nccl_doctor.reporters.json import write_report
 from nccl_doctor.stacks.model import RankStack
 from nccl_doctor.watchdog import evidence
@@ -274,7 +275,7 @@ class Watchdog:
             "situation": a.situation.value, "how": how, "waited_s": round(waited, 1),
             "policy": self.policy.on_hang.value,
             "action": "stopped the job" if self.policy.on_hang is OnHang.KILL else "reported",
-        })
+        }, known_issues.versions_of(traces))
         self.diagnosis = diagnosis
         self.detected_at = self.clock()
         self.message = diagnosis.root_cause.title if diagnosis.root_cause else "hang"
@@ -342,7 +343,9 @@ class Watchdog:
 
 # -- building the diagnosis (pure) -----------------------------------------------------------
 def hang_diagnosis(analysis: Diagnosis, root: Finding | None, stacks: dict[int, RankStack],
-                   watch: dict[str, Any]) -> Diagnosis:
+                   watch: dict[str, Any], versions: dict[str, str] | None = None) -> Diagnosis:
+    """The hang report: ``root`` first, the stacks, the watchdog's account; known issues
+    matched again now that the stacks show which library's code each rank is in."""
     findings = list(analysis.findings)
     if root is not None:
         findings = [replace(root, root_cause=True)] + [
@@ -354,8 +357,9 @@ def hang_diagnosis(analysis: Diagnosis, root: Finding | None, stacks: dict[int, 
         if r.rank in stacks else r
         for r in analysis.ranks
     )
-    return replace(analysis, verdict=Verdict.HANG, findings=tuple(findings), ranks=ranks,
+    hang = replace(analysis, verdict=Verdict.HANG, findings=tuple(findings), ranks=ranks,
                    stack_classes=tuple(evidence.stack_classes(stacks)), watchdog=watch)
+    return known_issues.annotate(hang, versions or {})
 
 
 def _stuck_peer(a: Assessment, stuck: dict[int, str], analysis: Diagnosis,

@@ -69,6 +69,8 @@ def test_cpo_logits_gather_hangs_where_the_padded_logits_are_gathered(tmp_path):
     assert blocked[short].op == "all_reduce" and blocked[short].seq == f["seq"]
     assert blocked[long_].op == "all_gather" and blocked[long_].seq == f["seq"]
     assert "ROOT CAUSE collective_mismatch" in proc.stderr
+    assert f["evidence"]["known_issue"]["rule"] == "A"  # no TRL here: the general fix
+    assert "known issue" in proc.stderr and "gather a reduced value" in f["hint"]
 
 
 def test_cpo_logits_gather_fixed_is_ok(tmp_path):
@@ -88,6 +90,7 @@ def test_zero3_generate_hangs_in_the_weight_gather(tmp_path):
     assert sides["all_gather"] == ([1], line_of(zero3, "dist.all_gather(full, shard)"))
     # step 1 = 3 gathers + 1 reduce; step 2 = 3 gathers, then #8
     assert f["seq"] == 8
+    assert f["evidence"]["known_issue"]["rule"] == "E" and "synced_gpus" in f["hint"]
 
 
 def test_zero3_generate_fixed_is_ok(tmp_path):
@@ -105,6 +108,7 @@ def test_grpo_node_seed_is_said_per_node(tmp_path):
     assert same["title"].startswith("all local ranks of each node sampled identical completions")
     assert found["shared_rng_state"]["evidence"]["seeding"]["2"] == "torch.manual_seed(1235)"
     assert "reward_std" in found["degenerate_signal"]["evidence"]["criteria"]
+    assert same["evidence"]["known_issue"]["rule"] == "C"
 
 
 def test_grpo_node_seed_fixed_is_ok(tmp_path):
@@ -125,6 +129,7 @@ def test_sft_packing_false_hangs_against_ddps_allreduce(tmp_path):
     assert sides["all_reduce"][1].startswith("<issued from C++")
     assert sorted(sides["all_gather"][0] + sides["all_reduce"][0]) == [0, 1]
     assert report["watchdog"]["situation"] == "deadlock"
+    assert f["evidence"]["known_issue"]["rule"] == "B"
 
 
 @pytest.mark.parametrize("args", [["--variant", "packing"], ["--fixed"]],
@@ -146,6 +151,7 @@ def test_weight_sync_join_blames_rank_0_in_the_rendezvous(tmp_path):
     assert line_of(source, "world_size=1 + engines, is_master=True") in f["detail"]
     assert "create_weight_sync_group" in f["detail"] and "idle" in f["evidence"]["stuck"]["0"]
     assert report["watchdog"]["how"] == "stuck_peer"
+    assert f["evidence"]["known_issue"]["rule"] == "D"
 
 
 def test_weight_sync_join_fixed_is_ok(tmp_path):

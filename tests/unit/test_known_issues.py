@@ -1,0 +1,116 @@
+"""Known-issue rules on synthetic findings and environments: the upstream issue when the library
+version and its code match, the general fix for the mechanism otherwise, nothing for others."""
+
+from __future__ import annotations
+
+from nccl_doctor.diagnosis import Diagnosis, Finding, FindingKind, Severity, Verdict
+from nccl_doctor.plugins.known_issues import annotate, versions_of
+
+
+def _diag(f: Finding, stacks: list[str] = (), ranks=(0, 1)) -> Diagnosis:
+    classes = ({"ranks": list(ranks), "odd": False, "frames": list(stacks),
+                "sources": ["py-spy"]},) if stacks else ()
+    return Diagnosis(verdict=Verdict.HANG, findings=(f,), ranks=(), world_size=2,
+                     stack_classes=classes)
+
+
+def _mismatch(aspect: str = "shape", ops=("all_gather", "all_gather")) -> Finding:
+    sides = [{"ranks": [0], "value": ops[0] if aspect == "op" else "float32[2,13,96]",
+              "callsite": "train.py:40"},
+             {"ranks": [1], "value": ops[1] if aspect == "op" else "float32[2,14,96]",
+              "callsite": "train.py:40"}]
+    return Finding(kind=FindingKind.COLLECTIVE_MISMATCH, severity=Severity.ERROR,
+                   title="all_gather #12 of group 0: shapes differ", detail="", ranks=(0, 1),
+                   hint="original", group="0", seq=12, op="all_gather", callsite="train.py:40",
+                   evidence={"aspect": aspect, "sides": sides}, root_cause=True)
+
+
+CPO_STACK = ["train.py:40 <module>", ".venv/lib/python3.11/site-packages/trl/trainer/"
+             "cpo_trainer.py:812 get_batch_loss_metrics",
+             ".venv/lib/python3.11/site-packages/accelerate/utils/operations.py:380 gather"]
+
+
+def known(d: Diagnosis) -> dict:
+    return d.findings[0].evidence.get("known_issue")
+
+
+def test_a_upstream_when_trl_is_affected_and_its_cpo_trainer_gathers():
+    d = annotate(_diag(_mismatch(), CPO_STACK), {"trl": "0.16.1", "torch": "2.6.0"})
+    k = known(d)
+    assert k["rule"] == "A" and "#3068" in k["upstream"] and k["library"] == "trl 0.16.1"
+    assert "v0.17.0" in d.findings[0].hint and "#3069" in d.findings[0].hint
+
+
+def test_a_general_fix_when_trl_is_fixed_or_absent_or_elsewhere():
+    for versions, stacks in (({"trl": "0.17.0"}, CPO_STACK), ({}, CPO_STACK),
+                             ({"trl": "0.15.2"}, ["train.py:40 <module>"])):
+        d = annotate(_diag(_mismatch(), stacks), versions)
+        k = known(d)
+        assert k["rule"] == "A" and "upstream" not in k, (versions, k)
+        assert d.findings[0].hint.startswith("Each rank pads to its own length")
+
+
+def test_b_upstream_for_sft_trainer_in_0_15_0_and_nccl_style_op_mismatch():
+    stacks = ["train.py:9 <module>", "site-packages/trl/trainer/sft_trainer.py:480 compute_loss"]
+    d = annotate(_diag(_mismatch("op", ("all_gather", "all_reduce")), stacks),
+                 {"trl": "0.15.0"})
+    assert known(d)["rule"] == "B" and "#2879" in known(d)["upstream"]
+    assert "packing=True" in d.findings[0].hint
+
+
+def test_c_node_seeding_upstream_with_ms_swift_and_general_without():
+    f = Finding(kind=FindingKind.IDENTICAL_COMPLETIONS, severity=Severity.WARNING,
+                title="all local ranks of each node sampled identical completions; completions "
+                      "differ across nodes (4 of 4 generations)",
+                detail="seeding: rank 0 ... site-packages/swift/trainers/rlhf_trainer/grpo.py",
+                ranks=(0, 1, 2, 3))
+    up = known(annotate(_diag(f), {"swift": "3.4.0"}))
+    assert up["rule"] == "C" and "#3745" in up["upstream"]
+    general = known(annotate(_diag(f), {}))
+    assert general["rule"] == "C" and "global rank" in general["fix"]
+    # identical completions of every rank alike is not the per-node mechanism
+    everyone = Finding(kind=FindingKind.IDENTICAL_COMPLETIONS, severity=Severity.WARNING,
+                       title="all 4 ranks sampled identical completions", detail="",
+                       ranks=(0, 1, 2, 3))
+    assert known(annotate(_diag(everyone), {})) is None
+
+
+def test_d_rendezvous_stuck_rank():
+    f = Finding(kind=FindingKind.MISSING_COLLECTIVE, severity=Severity.ERROR,
+                title="barrier #2 of group 0: ranks 1, 2 entered it, rank 0 never did",
+                detail="rank 0 is stuck outside any collective at openrlhf/utils/"
+                       "distributed_util.py:45 in init_process_group: idle",
+                ranks=(0,), op="barrier", evidence={"stuck": {"0": "idle"}}, root_cause=True)
+    up = known(annotate(_diag(f), {"openrlhf": "0.6.1", "vllm": "0.8.2"}))
+    assert up["rule"] == "D" and "#918" in up["upstream"]
+    assert "VLLM_ENABLE_V1_MULTIPROCESSING=0" in up["fix"]
+    plain = replace_detail(f, "rank 0 is stuck outside any collective at data.py:3 in next")
+    assert known(annotate(_diag(plain), {"openrlhf": "0.6.1"})) is None
+
+
+def replace_detail(f: Finding, detail: str) -> Finding:
+    from dataclasses import replace
+
+    return replace(f, detail=detail)
+
+
+def test_e_generate_under_zero3():
+    stacks = ["train.py:5 <module>", "site-packages/transformers/generation/utils.py:2400 "
+              "generate", "site-packages/deepspeed/runtime/zero/stage3.py:90 fetch"]
+    d = annotate(_diag(_mismatch("op", ("all_gather", "all_reduce")), stacks),
+                 {"deepspeed": "0.16.0"})
+    assert known(d)["rule"] == "E" and "synced_gpus=True" in d.findings[0].hint
+    assert "#22231" in known(d)["upstream"]
+    # without deepspeed: still the mechanism, the general fix
+    assert "upstream" not in known(annotate(_diag(_mismatch("op", ("all_gather", "all_reduce")),
+                                                  stacks), {}))
+
+
+def test_unrelated_findings_are_left_alone(tb):
+    f = Finding(kind=FindingKind.COLLECTIVE_MISMATCH, severity=Severity.ERROR,
+                title="broadcast #3: roots differ", detail="", ranks=(1,), hint="keep me",
+                op="broadcast", evidence={"aspect": "root"})
+    d = annotate(_diag(f), {"trl": "0.16.0"})
+    assert d.findings[0].hint == "keep me" and known(d) is None
+    traces = tb.traceset([tb.trace(0), tb.trace(1)])
+    assert versions_of(traces) == {}
