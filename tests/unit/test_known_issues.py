@@ -114,3 +114,32 @@ def test_unrelated_findings_are_left_alone(tb):
     assert d.findings[0].hint == "keep me" and known(d) is None
     traces = tb.traceset([tb.trace(0), tb.trace(1)])
     assert versions_of(traces) == {}
+
+
+def test_from_a_synthetic_trace_and_its_environment(tb):
+    """The whole path: a capture's shape mismatch on all_gather (the padded gather), the ranks'
+    recorded versions, analysis, then the hang report with py-spy stacks in trl's CPO trainer."""
+    from dataclasses import replace
+
+    from nccl_doctor.analysis import analyze
+    from nccl_doctor.stacks.model import Frame, RankStack, ThreadStack
+    from nccl_doctor.watchdog.watchdog import hang_diagnosis
+
+    base = tb.scenarios["shape_mismatch"]()
+    traces = replace(base, ranks={
+        r: replace(t, meta=replace(t.meta, versions={"trl": "0.16.0", "torch": "2.6.0"}))
+        for r, t in base.ranks.items()})
+    post_mortem = analyze(traces)
+    assert known(post_mortem)["rule"] == "A" and "upstream" not in known(post_mortem)
+    frames = (Frame("wait", "/venv/lib/python3.11/site-packages/torch/distributed/"
+                            "distributed_c10d.py", 4287),
+              Frame("get_batch_loss_metrics", "/venv/lib/python3.11/site-packages/trl/trainer/"
+                                              "cpo_trainer.py", 812),
+              Frame("<module>", "/job/train.py", 40))
+    stacks = {r: RankStack(r, 1000 + r, "py-spy", (ThreadStack(1, "MainThread", frames, True,
+                                                                 True, True),))
+              for r in traces.ranks}
+    report = hang_diagnosis(post_mortem, post_mortem.root_cause, stacks, {},
+                            versions_of(traces))
+    k = known(report)
+    assert k["rule"] == "A" and "#3068" in k["upstream"] and k["library"] == "trl 0.16.0"
