@@ -6,10 +6,12 @@ num_generations=2). SEED_MODE=same forces every rank onto one seed after TRL's o
 set_seed(seed, device_specific=True), as BUGS.md C's node-level seeding did; SEED_MODE=trl keeps
 TRL's seeding. Run with torchrun --nproc-per-node 2."""
 
+import gc
 import os
 import sys
 import tempfile
 
+import torch.distributed
 import transformers
 from datasets import Dataset
 from tokenizers import Tokenizer, models, pre_tokenizers
@@ -56,6 +58,13 @@ def main() -> None:
     trainer.train()
     if trainer.accelerator.is_main_process:
         print("GRPO-TRAINING-FINISHED", file=sys.stderr, flush=True)
+    # a clean end, as a training script should: every rank done, the DDP wrapper (which holds
+    # the process group) freed, then the group destroyed. Left to interpreter teardown, gloo's
+    # threads can abort a rank whose peer has already exited.
+    trainer.accelerator.wait_for_everyone()
+    del trainer
+    gc.collect()
+    torch.distributed.destroy_process_group()
 
 
 if __name__ == "__main__":
