@@ -112,7 +112,9 @@ def _finding(group: str, seq: int, by_rank: dict[int, Event], sigs: dict, aspect
     if majority is None:
         lines.append("No majority: every side is as likely to be the odd one out.")
     else:
-        lines.append(f"The odd {ranks_text(odd)} disagree with the majority ({ranks_text(majority)}).")
+        verb = "disagrees" if len(odd) == 1 else "disagree"
+        lines.append(f"The odd {ranks_text(odd)} {verb} with the majority "
+                     f"({ranks_text(majority)}).")
     return Finding(
         kind=FindingKind.COLLECTIVE_MISMATCH, severity=Severity.ERROR, title=title,
         detail="\n".join(lines), ranks=tuple(odd), hint=HINTS[aspect], group=group, seq=seq,

@@ -1,0 +1,120 @@
+"""Run a test function in ``world_size`` ranks (torchrun, standalone: a free port of its own)
+under the recorder and the watchdog, and say what happened."""
+
+from __future__ import annotations
+
+import io
+import json
+import os
+import pickle
+import signal
+import sys
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from nccl_doctor.analysis.describe import ranks_text
+from nccl_doctor.diagnosis import Diagnosis, Verdict
+from nccl_doctor.reporters.console import ConsoleReporter
+from nccl_doctor.supervisor.supervisor import Supervisor
+from nccl_doctor.watchdog.policy import HangPolicy
+
+
+@dataclass
+class Outcome:
+    passed: bool
+    diagnosis: Diagnosis | None
+    ranks: dict[int, dict[str, Any]] = field(default_factory=dict)  # rank -> its result
+    timed_out: bool = False
+    exit_status: int | None = None
+    capture: Path | None = None
+
+    def summary(self) -> str:
+        """One short paragraph for pytest's report section."""
+        d = self.diagnosis
+        lines = [f"verdict: {d.verdict.value if d else 'none'}"
+                 + (" (stopped at the timeout)" if self.timed_out else "")]
+        if d is not None and d.root_cause is not None:
+            lines.append(f"root cause: {d.root_cause.kind.value}: {d.root_cause.title}")
+        failed = [r for r, x in sorted(self.ranks.items()) if not x.get("passed")]
+        if failed:
+            lines.append(f"failed on {ranks_text(failed)}")
+        if self.capture is not None:
+            lines.append(f"capture: {self.capture} (nccl-doctor replay it)")
+        return "\n".join(lines)
+
+    def failure_text(self) -> str:
+        """The diagnosis first (culprit rank, collective, sequence number, callsite, stacks),
+        then each failing rank's traceback."""
+        parts = []
+        if self.timed_out:
+            parts.append("the distributed test ran past its timeout and was stopped")
+        if self.diagnosis is not None and (self.diagnosis.verdict is not Verdict.OK
+                                           or self.diagnosis.findings):
+            buffer = io.StringIO()
+            ConsoleReporter().render(self.diagnosis, buffer, color=False)
+            parts.append(buffer.getvalue().rstrip())
+        silent = []
+        for rank, r in sorted(self.ranks.items()):
+            if r.get("passed"):
+                continue
+            if r.get("traceback") or r.get("error") and "left no result" not in r["error"]:
+                parts.append(f"--- rank {rank} ---\n{r.get('traceback') or r.get('error')}")
+            else:
+                silent.append(rank)
+        if silent:
+            parts.append(f"{ranks_text(silent)} left no result: stopped by the watchdog or the "
+                         "timeout, or killed")
+        if self.capture is not None:
+            parts.append(f"capture: {self.capture} (nccl-doctor replay it)")
+        return "\n\n".join(parts)
+
+
+class PayloadError(Exception):
+    """The test's fixture values cannot be sent to the ranks."""
+
+
+def run_distributed(*, module: str, qualname: str, kwargs: dict[str, Any], world_size: int,
+                    timeout: float, backend: str, out: Path) -> Outcome:
+    out.mkdir(parents=True, exist_ok=True)
+    try:
+        payload = pickle.dumps({"module": module, "qualname": qualname, "kwargs": kwargs,
+                                "backend": backend, "sys_path": list(sys.path)})
+    except Exception as err:
+        raise PayloadError(f"the test's arguments cannot be sent to its ranks ({err}); "
+                           "distributed tests can only take picklable fixtures") from None
+    (out / "payload.pkl").write_bytes(payload)
+    command = [sys.executable, "-m", "torch.distributed.run", "--standalone",
+               f"--nproc-per-node={world_size}", "-m", "nccl_doctor.testing.worker",
+               str(out / "payload.pkl")]
+    # within the test's timeout: a certain deadlock is called in seconds, an idle stuck rank
+    # after a third of the timeout, any wait past it
+    policy = HangPolicy(hang_after=timeout, stuck_after=max(2.0, min(120.0, timeout / 3)))
+    env = dict(os.environ)
+    env.pop("PYTEST_XDIST_WORKER", None)
+    sup = Supervisor(command, out / "capture", environ=env, policy=policy)
+    deadline = time.monotonic() + timeout
+    state = {"timed_out": False}
+
+    def enforce_timeout(s: Supervisor) -> None:
+        if time.monotonic() > deadline and s.job is not None and not state["timed_out"]:
+            state["timed_out"] = True
+            s.job.signal(signal.SIGKILL)
+
+    sup.attach(enforce_timeout)
+    result = sup.run()
+    ranks = {}
+    for path in sorted(out.glob("rank*.result.json")):
+        try:
+            data = json.loads(path.read_text())
+            ranks[int(data["rank"])] = data
+        except (ValueError, KeyError, OSError):
+            continue
+    for rank in range(world_size):
+        ranks.setdefault(rank, {"rank": rank, "passed": False,
+                                "error": "this rank left no result (killed, or it never ran)"})
+    d = result.diagnosis
+    passed = (result.exit_status == 0 and all(r["passed"] for r in ranks.values())
+              and not state["timed_out"] and (d is None or d.verdict is Verdict.OK))
+    return Outcome(passed, d, ranks, state["timed_out"], result.exit_status, out / "capture")

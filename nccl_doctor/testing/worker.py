@@ -1,0 +1,52 @@
+"""One rank of a distributed test: ``python -m nccl_doctor.testing.worker PAYLOAD`` under
+torchrun. Imports the test's module the way pytest did (its sys.path), joins the process group,
+calls the test function with its fixture values, and writes what happened to
+``rank<N>.result.json`` next to the payload. Exit status 0 when the test passed on this rank."""
+
+from __future__ import annotations
+
+import importlib
+import json
+import os
+import pickle
+import sys
+import traceback
+from pathlib import Path
+
+
+def main(argv: list[str]) -> int:
+    payload_path = Path(argv[0])
+    # our own file, written by the test process for this run (never input from elsewhere)
+    payload = pickle.loads(payload_path.read_bytes())
+    rank = int(os.environ.get("RANK", "0"))
+    result_path = payload_path.parent / f"rank{rank}.result.json"
+    sys.path[:] = payload["sys_path"]
+    import torch.distributed as dist
+
+    result: dict = {"rank": rank, "passed": False}
+    try:
+        module = importlib.import_module(payload["module"])
+        target = module
+        owner, _, name = payload["qualname"].rpartition(".")
+        if owner:  # a test class: pytest makes one instance per test
+            target = getattr(module, owner)()
+        func = getattr(target, name)
+        dist.init_process_group(payload["backend"])
+        func(**payload["kwargs"])
+        result["passed"] = True
+    except BaseException as err:  # the test's failure on this rank, whatever it is
+        result.update(error=f"{type(err).__name__}: {err}"[:2000],
+                      traceback="".join(traceback.format_exception(err))[-20000:])
+    finally:
+        result_path.write_text(json.dumps(result))
+    if dist.is_initialized():
+        try:
+            dist.barrier()  # no rank tears down while a peer still talks
+            dist.destroy_process_group()
+        except Exception:
+            pass
+    return 0 if result["passed"] else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv[1:]))
