@@ -1,6 +1,13 @@
 """pytest plugin (entry point ``pytest11``): distributed tests fail with a diagnosis instead of
 hanging CI.
 
+``--nccl-doctor`` (ini: ``nccl_doctor = true``): every torchrun / ``python -m
+torch.distributed.run`` / ``accelerate launch`` / deepspeed subprocess a test starts runs under
+the doctor (``--nccl-doctor-hang-after``, default 60 s); a hang there is stopped in seconds and
+fails the test with the diagnosis.
+
+Tests failed by a diagnosis are shown with the letter ``D`` and the word ``DIAGNOSED``.
+
 ``@pytest.mark.distributed(world_size=2, timeout=120, backend="gloo")`` runs the test function
 in ``world_size`` processes with torch.distributed initialised (torchrun, a free port), under the
 recorder and the watchdog. A deadlock, a mismatch, a crash of any rank or the timeout fails the
@@ -16,6 +23,93 @@ import pytest
 
 MARKER = "distributed"
 DEFAULTS = {"world_size": 2, "timeout": 120.0, "backend": "gloo"}
+PROPERTY = "nccl_doctor"  # user property set on a report the doctor failed (survives xdist)
+DEFAULT_HANG_AFTER = 60.0
+
+
+def pytest_addoption(parser: pytest.Parser) -> None:
+    group = parser.getgroup("nccl-doctor")
+    group.addoption("--nccl-doctor", action="store_true", default=None,
+                    help="run every distributed job a test launches as a subprocess (torchrun, "
+                         "python -m torch.distributed.run, accelerate launch, deepspeed) under "
+                         "nccl-doctor: a hang fails the test with the diagnosis")
+    group.addoption("--nccl-doctor-hang-after", type=float, default=None, metavar="SECONDS",
+                    help=f"for those jobs: any wait past this is a hang (default "
+                         f"{DEFAULT_HANG_AFTER:.0f}); certain deadlocks are called in seconds")
+    parser.addini("nccl_doctor", type="bool", default=False,
+                  help="the same as --nccl-doctor")
+
+
+def _launches_enabled(config: pytest.Config) -> bool:
+    option = config.getoption("--nccl-doctor")
+    return bool(option if option is not None else config.getini("nccl_doctor"))
+
+
+@pytest.fixture(autouse=True)
+def _nccl_doctor_launches(request: pytest.FixtureRequest):
+    if not _launches_enabled(request.config) or request.node.get_closest_marker(MARKER):
+        yield None
+        return
+    from nccl_doctor.testing.launches import Launches
+
+    hang_after = request.config.getoption("--nccl-doctor-hang-after") or DEFAULT_HANG_AFTER
+    base = Path(request.config._tmp_path_factory.mktemp("nccl-doctor-launch", numbered=True))
+    with Launches(base, hang_after) as launches:
+        request.node.stash[_LAUNCHES] = launches
+        yield launches
+
+
+_LAUNCHES = pytest.StashKey()
+
+
+@pytest.hookimpl(hookwrapper=True)
+def pytest_runtest_makereport(item: pytest.Item, call: pytest.CallInfo):
+    outcome = yield
+    report = outcome.get_result()
+    if report.when != "call":
+        return
+    launches = item.stash.get(_LAUNCHES, None)
+    if launches is not None:
+        from nccl_doctor.testing.launches import describe
+
+        hangs = launches.hangs()
+        if hangs:
+            text = "\n\n".join(describe(h) for h in hangs)
+            report.outcome = "failed"
+            report.longrepr = text
+            report.sections.append(("Captured nccl-doctor call", text))
+    if report.failed and item.stash.get(_DIAGNOSED, False) or (
+            launches is not None and launches.hangs()):
+        report.user_properties.append((PROPERTY, "diagnosed"))
+
+
+_DIAGNOSED = pytest.StashKey()
+
+
+def _diagnosed(report: pytest.TestReport) -> bool:
+    return report.when == "call" and report.failed and any(
+        k == PROPERTY for k, _ in getattr(report, "user_properties", []))
+
+
+def pytest_report_teststatus(report: pytest.TestReport, config: pytest.Config):
+    if _diagnosed(report):
+        return "diagnosed", "D", ("DIAGNOSED", {"red": True})
+    return None
+
+
+def pytest_terminal_summary(terminalreporter, exitstatus: int, config: pytest.Config) -> None:
+    """The diagnoses in full: pytest prints long failure texts only for its own 'failed'."""
+    reports = [r for r in terminalreporter.stats.get("diagnosed", []) if _diagnosed(r)]
+    if not reports:
+        return
+    terminalreporter.write_sep("=", "nccl-doctor diagnoses", red=True, bold=True)
+    for report in reports:
+        terminalreporter.write_sep("_", report.head_line or report.nodeid, red=True)
+        report.toterminal(terminalreporter._tw)
+        for title, content in report.sections:
+            if "nccl-doctor" in title:
+                terminalreporter.write_sep("-", title)
+                terminalreporter.write_line(content)
 
 
 def pytest_configure(config: pytest.Config) -> None:
@@ -41,6 +135,15 @@ def _options(marker: pytest.Mark) -> dict:
     return options
 
 
+@pytest.fixture
+def collectives():
+    """Inside a ``@pytest.mark.distributed`` test: what the recorder captured so far -
+    ``ops()``, ``counts()``, ``by_rank()``, ``assert_no_desync()``."""
+    from nccl_doctor.testing.collectives import Collectives
+
+    return Collectives()
+
+
 @pytest.hookimpl(tryfirst=True)
 def pytest_pyfunc_call(pyfuncitem: pytest.Function) -> bool | None:
     marker = pyfuncitem.get_closest_marker(MARKER)
@@ -61,6 +164,8 @@ def pytest_pyfunc_call(pyfuncitem: pytest.Function) -> bool | None:
     except PayloadError as err:
         pytest.fail(str(err), pytrace=False)
     if not outcome.passed:
+        if outcome.diagnosis is not None and outcome.diagnosis.findings or outcome.timed_out:
+            pyfuncitem.stash[_DIAGNOSED] = True
         pyfuncitem.add_report_section("call", "nccl-doctor", outcome.summary())
         pytest.fail(outcome.failure_text(), pytrace=False)
     return True

@@ -41,7 +41,9 @@ def main(argv: list[str]) -> int:
         result_path.write_text(json.dumps(result))
     if dist.is_initialized():
         try:
-            dist.barrier()  # no rank tears down while a peer still talks
+            # no rank tears down while a peer still talks; called on the process group itself,
+            # so the recorder (and the collectives fixture) sees only the test's own calls
+            dist.distributed_c10d._get_default_group().barrier().wait()
             dist.destroy_process_group()
         except Exception:
             pass

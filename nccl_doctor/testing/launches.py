@@ -1,0 +1,105 @@
+"""``--nccl-doctor``: distributed jobs that a test launches as subprocesses run under the doctor.
+
+While such a test runs, ``subprocess.Popen`` rewrites a launch command (torchrun,
+``python -m torch.distributed.run``/``.launch``, ``accelerate launch``, deepspeed) into
+``python -m nccl_doctor run --quiet --out DIR --hang-after S -- COMMAND``: a hang is called and
+the job stopped in seconds, and the test then fails with the diagnosis read from DIR.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shlex
+import subprocess
+import sys
+from pathlib import Path
+from typing import Any, Sequence
+
+_MODULES = ("torch.distributed.run", "torch.distributed.launch", "accelerate.commands.launch",
+            "deepspeed.launcher.runner")
+
+
+def is_launch(argv: Sequence[str]) -> bool:
+    if not argv or any("nccl_doctor" in str(a) or "nccl-doctor" in str(a) for a in argv[:6]):
+        return False
+    head = os.path.basename(str(argv[0]))
+    if head in ("torchrun", "deepspeed"):
+        return True
+    if head == "accelerate" and len(argv) > 1 and argv[1] == "launch":
+        return True
+    if head.startswith("python"):
+        for i, a in enumerate(argv[:-1]):
+            if a == "-m" and argv[i + 1] in _MODULES:
+                return True
+    return False
+
+
+class Launches:
+    """Rewrites launch commands while ``active``; remembers each run's capture directory."""
+
+    def __init__(self, base: Path, hang_after: float) -> None:
+        self.base, self.hang_after = base, hang_after
+        self.runs: list[Path] = []
+        self._original = subprocess.Popen.__init__
+
+    def wrap(self, args: Any, shell: bool) -> Any:
+        out = self.base / f"launch{len(self.runs)}"
+        doctor = [sys.executable, "-m", "nccl_doctor", "run", "--quiet", "--force", "--out",
+                  str(out), "--hang-after", str(self.hang_after), "--"]
+        if shell and isinstance(args, str):
+            words = shlex.split(args)
+            if not is_launch(words):
+                return args
+            self.runs.append(out)
+            return " ".join(shlex.quote(w) for w in doctor) + " " + args
+        if isinstance(args, (list, tuple)) and is_launch([str(a) for a in args]):
+            self.runs.append(out)
+            return doctor + [str(a) for a in args]
+        return args
+
+    def __enter__(self) -> Launches:
+        launches, original = self, self._original
+
+        def __init__(popen: Any, args: Any, *a: Any, **kw: Any) -> None:
+            original(popen, launches.wrap(args, bool(kw.get("shell"))), *a, **kw)
+
+        subprocess.Popen.__init__ = __init__  # type: ignore[method-assign]
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        subprocess.Popen.__init__ = self._original  # type: ignore[method-assign]
+
+    def hangs(self) -> list[dict]:
+        """The report of every launched run that the doctor diagnosed as hung."""
+        out = []
+        for run in self.runs:
+            try:
+                report = json.loads((run / "report.json").read_text())
+            except (OSError, ValueError):
+                continue
+            if report.get("verdict") == "hang":
+                report["_capture"] = str(run)
+                out.append(report)
+        return out
+
+
+def describe(report: dict) -> str:
+    """A hang report (report.json) as failure text."""
+    lines = [f"nccl-doctor: a job this test launched hung; it was stopped "
+             f"(capture: {report.get('_capture')})"]
+    root = next((f for f in report.get("findings", []) if f.get("root_cause")), None)
+    if root is not None:
+        lines += [f"ROOT CAUSE {root.get('kind')}: {root.get('title')}", root.get("detail", "")]
+        if root.get("callsite"):
+            lines.append(f"callsite: {root['callsite']}")
+        if root.get("hint"):
+            lines.append(f"fix: {root['hint']}")
+    for c in report.get("stack_classes", []):
+        frames = " -> ".join(c.get("frames", [])[-3:])
+        lines.append(f"ranks {c.get('ranks')}: {frames}{'  <- odd one out' if c.get('odd') else ''}")
+    w = report.get("watchdog") or {}
+    if w:
+        lines.append(f"watchdog: {w.get('situation')} diagnosed {w.get('waited_s')} s after the "
+                     "last progress")
+    return "\n".join(x for x in lines if x)
