@@ -102,7 +102,7 @@ def test_shape_mismatch_four_ranks_one_odd(tb) -> None:
     assert f.ranks == (2,)
     assert f.evidence["majority"] == [0, 1, 3]
     assert "rank 2: float32[2,9,32]" in f.title and "ranks 0, 1, 3: float32[2,7,32]" in f.title
-    assert "disagree with the majority" in f.detail
+    assert "disagrees with the majority" in f.detail
 
 
 def test_op_mismatch(tb) -> None:
