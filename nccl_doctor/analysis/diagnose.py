@@ -13,6 +13,7 @@ from nccl_doctor.analysis.mismatch import detect_collective_mismatch
 from nccl_doctor.analysis.missing import detect_missing_collective
 from nccl_doctor.analysis.sampling import detect_identical_completions, detect_shared_rng_state
 from nccl_doctor.analysis.signal import detect_degenerate_signal
+from nccl_doctor.analysis.straggler import detect_straggler
 from nccl_doctor.diagnosis import Diagnosis, Finding, FindingKind, RankSummary, Severity, Verdict
 from nccl_doctor.model import ExitKind, RankTrace, TraceSet
 from nccl_doctor.plugins import known_issues
@@ -27,6 +28,7 @@ PASSES: tuple[Pass, ...] = (
     detect_identical_completions,
     detect_shared_rng_state,
     detect_degenerate_signal,
+    detect_straggler,
 )
 #: The passes for silent errors only (the supervisor runs them on a healthy job while it runs).
 SILENT_PASSES: tuple[Pass, ...] = (

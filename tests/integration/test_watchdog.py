@@ -249,3 +249,16 @@ def test_every_rank_busy_outside_collectives_is_not_a_hang(supervise):
     result = sup.run()
     assert result.exit_status == 0 and not result.stopped_for_hang, messages
     assert result.diagnosis.verdict is Verdict.OK
+
+
+def test_a_consistently_late_rank_is_a_straggler_not_a_hang(supervise):
+    sup, messages = supervise(3, "train_loop.py", {"SLOW_RANK": "1", "SLOW_SECONDS": "0.15",
+                                                   "STEPS": "8", "PAUSE": "0.05"})
+    result = sup.run()
+    assert result.exit_status == 0 and not result.stopped_for_hang, messages
+    d = result.diagnosis
+    assert d.verdict is Verdict.SUSPECT
+    assert [f.kind for f in d.findings] == [FindingKind.STRAGGLER], [f.title for f in d.findings]
+    f = d.findings[0]
+    assert f.ranks == (1,) and f.evidence["last"]["1"] >= 8
+    assert 100 <= f.evidence["median_ms"] <= 1000 and "train_loop.py" in f.detail

@@ -510,3 +510,27 @@ def test_incomplete_capture_problems_become_notes(tb) -> None:
 def test_passes_are_pure(tb, name) -> None:
     ts = tb.scenarios[name]()
     assert all_passes(ts) == all_passes(ts)
+
+
+def _late(tb, late_rank: int | None, skew_ms: float, n: int = 6, ranks: int = 3):
+    from nccl_doctor.analysis.straggler import detect_straggler
+
+    traces = []
+    for r in range(ranks):
+        events = []
+        for i in range(1, n + 1):
+            late = late_rank if late_rank is not None else i % ranks  # None: turns
+            offset = int(skew_ms * 1e6) if r == late else 0
+            events.append(tb.event(i, t_enter_ns=tb.T0 + i * 10**9 + offset, group_size=ranks))
+        traces.append(tb.trace(r, events, tb.clean(), world_size=ranks))
+    return detect_straggler(tb.traceset(traces))
+
+
+def test_straggler_is_the_rank_consistently_last(tb):
+    (f,) = _late(tb, 2, skew_ms=150)
+    assert f.kind is FindingKind.STRAGGLER and f.severity is Severity.WARNING
+    assert f.ranks == (2,) and f.evidence["last"] == {"2": 6}
+    assert f.evidence["median_ms"] == 150 and "/job/train.py" in f.detail
+    assert _late(tb, None, skew_ms=150) == []  # each rank late in turn: nobody consistently
+    assert _late(tb, 2, skew_ms=5) == []  # 5 ms: noise
+    assert _late(tb, 2, skew_ms=150, n=4) == []  # too few collectives to say

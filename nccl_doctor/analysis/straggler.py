@@ -1,0 +1,79 @@
+"""``straggler``: the rank(s) consistently last to arrive at collectives. Pure.
+
+For every collective that all members of its group entered, the arrival skew is the latest enter
+time minus the earliest, and the last to arrive is noted. Only collectives whose skew is above
+``MIN_SKEW_NS`` count (below it, arrival order is noise). A rank last in at least ``SHARE`` of at
+least ``MIN_CALLS`` such collectives is a straggler: a warning on a healthy run, never a hang.
+Hosts' clocks are compared only within a host (the enter times come from each rank's clock).
+"""
+
+from __future__ import annotations
+
+import statistics
+from collections import Counter, defaultdict
+
+from nccl_doctor.analysis.align import timelines
+from nccl_doctor.analysis.describe import call_site, ranks_text
+from nccl_doctor.diagnosis import Finding, FindingKind, Severity
+from nccl_doctor.model import Event, TraceSet
+
+MIN_SKEW_NS = 20_000_000  # 20 ms
+MIN_CALLS = 5
+SHARE = 0.6
+
+HINT_STRAGGLER = (
+    "Every collective waits for the slowest rank, so the whole job runs at its pace. Look at "
+    "what it does between the collectives (its callsites below): uneven data or sequence "
+    "lengths, extra work on that rank (logging, evaluation, checkpointing on rank 0), a slower "
+    "device or host, or CPU contention from dataloader workers."
+)
+
+
+def _p95(values: list[float]) -> float:
+    ordered = sorted(values)
+    return ordered[min(len(ordered) - 1, int(round(0.95 * (len(ordered) - 1))))]
+
+
+def detect_straggler(traces: TraceSet) -> list[Finding]:
+    last_counts: Counter = Counter()
+    skews: dict[int, list[float]] = defaultdict(list)  # rank -> skews (ms) when it was last
+    before: dict[int, Counter] = defaultdict(Counter)  # rank -> callsites it arrived late at
+    considered = 0
+    hosts = {r: t.meta.host for r, t in traces.ranks.items()}
+    for timeline in timelines(traces).values():
+        members = [r for r in timeline.members if r in traces.ranks]
+        if len(members) < 2 or len({hosts[r] for r in members}) > 1:
+            continue
+        for seq in timeline.seqs():
+            calls: dict[int, Event] = timeline.calls[seq]
+            if set(calls) != set(members):
+                continue
+            enters = {r: e.t_enter_ns for r, e in calls.items()}
+            skew = max(enters.values()) - min(enters.values())
+            if skew < MIN_SKEW_NS:
+                continue
+            considered += 1
+            late = max(enters, key=enters.__getitem__)
+            last_counts[late] += 1
+            skews[late].append(skew / 1e6)
+            before[late][call_site(calls[late])] += 1
+    if considered < MIN_CALLS:
+        return []
+    culprits = sorted(r for r, n in last_counts.items() if n / considered >= SHARE)
+    if not culprits:
+        return []
+    all_skews = [s for r in culprits for s in skews[r]]
+    median, p95 = statistics.median(all_skews), _p95(all_skews)
+    where = "; ".join(f"rank {r} arrives last at {site} ({n}x)" for r in culprits
+                      for site, n in before[r].most_common(2))
+    shares = ", ".join(f"rank {r} last in {last_counts[r]} of {considered}" for r in culprits)
+    return [Finding(
+        kind=FindingKind.STRAGGLER, severity=Severity.WARNING,
+        title=f"{ranks_text(culprits)} consistently last to arrive at collectives "
+              f"(skew median {median:.0f} ms, p95 {p95:.0f} ms)",
+        detail=f"{shares} collectives whose arrival skew exceeded "
+               f"{MIN_SKEW_NS / 1e6:.0f} ms.\n{where}.",
+        ranks=tuple(culprits), hint=HINT_STRAGGLER,
+        evidence={"median_ms": round(median, 1), "p95_ms": round(p95, 1),
+                  "last": {str(r): last_counts[r] for r in culprits}, "considered": considered},
+    )]
