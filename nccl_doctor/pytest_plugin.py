@@ -69,17 +69,15 @@ def pytest_runtest_makereport(item: pytest.Item, call: pytest.CallInfo):
     if report.when != "call":
         return
     launches = item.stash.get(_LAUNCHES, None)
-    if launches is not None:
+    hangs = launches.hangs() if launches is not None else []
+    if hangs:
         from nccl_doctor.testing.launches import describe
 
-        hangs = launches.hangs()
-        if hangs:
-            text = "\n\n".join(describe(h) for h in hangs)
-            report.outcome = "failed"
-            report.longrepr = text
-            report.sections.append(("Captured nccl-doctor call", text))
-    if report.failed and item.stash.get(_DIAGNOSED, False) or (
-            launches is not None and launches.hangs()):
+        text = "\n\n".join(describe(h) for h in hangs)
+        report.outcome = "failed"
+        report.longrepr = text
+        report.sections.append(("Captured nccl-doctor call", text))
+    if report.failed and item.stash.get(_DIAGNOSED, False) or hangs:
         report.user_properties.append((PROPERTY, "diagnosed"))
 
 

@@ -19,6 +19,7 @@ import os
 import torch.distributed as dist
 
 from nccl_doctor.trainers import grpo
+from nccl_doctor.trainers.common import print_metrics
 
 
 def main(argv: list[str] | None = None) -> None:
@@ -29,12 +30,8 @@ def main(argv: list[str] | None = None) -> None:
     dist.init_process_group("gloo")
     group = int(os.environ.get("LOCAL_WORLD_SIZE", dist.get_world_size()))
 
-    def show(step: int, metrics: dict[str, float]) -> None:
-        if dist.get_rank() == 0:
-            print({"step": step + 1, **{k: round(v, 4) for k, v in metrics.items()}}, flush=True)
-
     grpo.train(steps=args.steps, group=group, seed_mode="rank" if args.fixed else "node",
-               on_step=show)
+               on_step=print_metrics)
     dist.barrier()  # accelerator.wait_for_everyone()
     dist.destroy_process_group()
 

@@ -23,7 +23,7 @@ import torch.distributed as dist
 import torch.nn.functional as F
 
 from nccl_doctor.trainers import tiny
-from nccl_doctor.trainers.preference import release
+from nccl_doctor.trainers.common import release
 
 PACKED_LENGTH = 16
 

@@ -17,7 +17,6 @@ rank 0 then broadcasts the weights over the new group and joins the barrier.
 from __future__ import annotations
 
 import argparse
-import socket
 import subprocess
 import sys
 import time
@@ -25,6 +24,8 @@ from datetime import timedelta
 
 import torch
 import torch.distributed as dist
+
+from nccl_doctor.reproducers.nodes import free_port
 
 #: the engine worker: joins the weight-sync group (``--fixed``) or, as in the report, leaves the
 #: join to an engine-core child that never runs it
@@ -43,12 +44,6 @@ weights = torch.zeros(4)
 group.broadcast(weights, 0).wait()
 print(f"engine worker: received weights {weights.tolist()}", flush=True)
 """
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 def create_weight_sync_group(port: int, engines: int) -> dist.ProcessGroup:

@@ -59,10 +59,10 @@ class Outcome:
         for rank, r in sorted(self.ranks.items()):
             if r.get("passed"):
                 continue
-            if r.get("traceback") or r.get("error") and "left no result" not in r["error"]:
-                parts.append(f"--- rank {rank} ---\n{r.get('traceback') or r.get('error')}")
-            else:
+            if r.get("missing"):
                 silent.append(rank)
+            else:
+                parts.append(f"--- rank {rank} ---\n{r.get('traceback') or r.get('error')}")
         if silent:
             parts.append(f"{ranks_text(silent)} left no result: stopped by the watchdog or the "
                          "timeout, or killed")
@@ -112,8 +112,7 @@ def run_distributed(*, module: str, qualname: str, kwargs: dict[str, Any], world
         except (ValueError, KeyError, OSError):
             continue
     for rank in range(world_size):
-        ranks.setdefault(rank, {"rank": rank, "passed": False,
-                                "error": "this rank left no result (killed, or it never ran)"})
+        ranks.setdefault(rank, {"rank": rank, "passed": False, "missing": True})
     d = result.diagnosis
     passed = (result.exit_status == 0 and all(r["passed"] for r in ranks.values())
               and not state["timed_out"] and (d is None or d.verdict is Verdict.OK))

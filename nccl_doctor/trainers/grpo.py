@@ -23,7 +23,7 @@ import torch.distributed as dist
 
 import nccl_doctor
 from nccl_doctor.trainers import losses, tiny
-from nccl_doctor.trainers.preference import release
+from nccl_doctor.trainers.common import print_metrics, release
 
 SEED_MODES = ("rank", "node", "same")
 
@@ -104,11 +104,7 @@ def main(argv: list[str] | None = None) -> None:
     args = p.parse_args(argv)
     dist.init_process_group("gloo")
 
-    def show(step: int, metrics: dict[str, float]) -> None:
-        if dist.get_rank() == 0:
-            print({"step": step + 1, **{k: round(v, 4) for k, v in metrics.items()}}, flush=True)
-
-    train(steps=args.steps, group=args.group, seed_mode=args.seed_mode, on_step=show)
+    train(steps=args.steps, group=args.group, seed_mode=args.seed_mode, on_step=print_metrics)
     dist.barrier()  # accelerator.wait_for_everyone(): no rank tears down while a peer still talks
     dist.destroy_process_group()
 

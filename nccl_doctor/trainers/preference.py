@@ -17,7 +17,6 @@ the next chunk - a hang, not an abort. Run it with torchrun:
 from __future__ import annotations
 
 import argparse
-import gc
 from dataclasses import dataclass
 from typing import Callable
 
@@ -25,6 +24,7 @@ import torch
 import torch.distributed as dist
 
 from nccl_doctor.trainers import losses, tiny
+from nccl_doctor.trainers.common import print_metrics, release
 
 METHODS = ("dpo", "cpo", "simpo", "orpo")
 METRICS = ("rewards/chosen", "rewards/rejected", "rewards/accuracies", "rewards/margins",
@@ -85,15 +85,6 @@ def loss_of(method: str, logp: torch.Tensor, ref: torch.Tensor | None, batch: Ba
     if method == "orpo":
         return losses.orpo(w, lo, nw, nl)
     raise ValueError(f"unknown method {method!r}: one of {', '.join(METHODS)}")
-
-
-def release(model: torch.nn.Module) -> None:
-    """Free a DDP model now. Its reducer holds the process group: left for the interpreter's
-    teardown (DDP sits in reference cycles), it outlives destroy_process_group and gloo's threads
-    can abort the process on exit ("terminate called without an active exception")."""
-    model.__dict__.pop("reducer", None)
-    del model
-    gc.collect()
 
 
 def gather_mean(t: torch.Tensor) -> float:
@@ -173,13 +164,8 @@ def main(argv: list[str] | None = None) -> None:
                         "aborts), or per time step (chunked: BUGS.md A as NCCL hangs)")
     args = p.parse_args(argv)
     dist.init_process_group("gloo")
-
-    def show(step: int, metrics: dict[str, float]) -> None:
-        if dist.get_rank() == 0:
-            print({"step": step + 1, **{k: round(v, 4) for k, v in metrics.items()}}, flush=True)
-
     train(args.method, steps=args.steps, batch=args.batch, gather_logits=args.gather_logits,
-          on_step=show)
+          on_step=print_metrics)
     dist.barrier()  # accelerator.wait_for_everyone(): no rank tears down while a peer still talks
     dist.destroy_process_group()
 

@@ -113,11 +113,9 @@ class Watchdog:
             return
         counts = self.registry.poll()
         if counts != self._counts:
-            self._counts, self._progress_at = counts, now
-            self._first_seen.clear()
-            self._samples.clear()
-            self._assessment, self._fr_dumps, self.message = None, None, ""
-            self._fr_signature = None
+            self._counts = counts
+            self._progressed(now)
+            self._fr_dumps, self._fr_signature = None, None  # Python calls moved: pull afresh
             if self.diagnosis is not None and not self.stopped_job:
                 self._retract()
             return
@@ -149,10 +147,7 @@ class Watchdog:
             fresh = previous is not None and previous.situation is Situation.DEADLOCK
             dumps, moved = self._flight_recorder(a, now, fresh)
             if moved:  # C++ collectives completed since the last pull: the job progresses
-                self._progress_at, self.message = now, ""
-                self._first_seen.clear()
-                self._samples.clear()
-                self._assessment = None
+                self._progressed(now)
                 return
             if dumps:
                 traces = flight_recorder.merge(traces, dumps)
@@ -176,6 +171,13 @@ class Watchdog:
             else:
                 self._status(f"every rank is inside {call_name(next(iter(a.waiting.values())))}"
                              f" for {waited:.0f} s: a slow collective so far")
+
+    def _progressed(self, now: float) -> None:
+        """The job moved: whatever was being watched starts over."""
+        self._progress_at, self.message = now, ""
+        self._first_seen.clear()
+        self._samples.clear()
+        self._assessment = None
 
     def _computing_every(self) -> float:
         """Sampling period while no rank is in a collective: slow, since nothing waits."""

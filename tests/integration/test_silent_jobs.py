@@ -5,7 +5,6 @@ GRPOTrainer whose ranks are forced onto one seed."""
 from __future__ import annotations
 
 import os
-import socket
 import subprocess
 import sys
 from pathlib import Path
@@ -14,6 +13,7 @@ import pytest
 
 from nccl_doctor.diagnosis import FindingKind, Severity, Verdict
 from nccl_doctor.errors import ExitStatus
+from nccl_doctor.reproducers.nodes import free_port
 
 pytestmark = pytest.mark.integration
 
@@ -81,16 +81,10 @@ def test_greedy_decoding_is_not_the_seed_bug(tmp_path):
     assert "deterministic decoding" in note.title and not note.evidence["sampling"]
 
 
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
 def test_seeded_by_node_is_said_per_node(tmp_path):
     # two "nodes" on localhost: two torchrun agents with --nnodes 2, 2 ranks each
     agent = (f"{sys.executable} -m torch.distributed.run --nnodes 2 --nproc-per-node 2 "
-             f"--master-addr 127.0.0.1 --master-port {_free_port()}")
+             f"--master-addr 127.0.0.1 --master-port {free_port()}")
     job = JOBS / "sampling.py"
     script = f"{agent} --node-rank 0 {job} & {agent} --node-rank 1 {job}; wait"
     proc = doctor_run(tmp_path / "o", ["bash", "-c", script], {"SEED_MODE": "node"})
