@@ -14,7 +14,7 @@ from typing import Any, Mapping
 from nccl_doctor.capture.format import EventFlag, EventKind, EventState
 
 __all__ = [
-    "Callsite", "Event", "EventFlag", "EventKind", "EventState", "ExitKind", "RankExit", "RankMeta",
+    "IN_FLIGHT", "Callsite", "Event", "EventFlag", "EventKind", "EventState", "ExitKind", "RankExit", "RankMeta",
     "Integrity", "RankTrace", "GroupInfo", "TraceSet", "TensorSig", "parse_tensor_desc",
 ]
 
@@ -61,6 +61,11 @@ def parse_tensor_desc(desc: str) -> tuple[TensorSig, ...]:
     return tuple(sigs)
 
 
+#: ``Event.extra`` of a call that returned on the CPU but whose work Flight Recorder shows not
+#: completed (see nccl_doctor/capture/flight_recorder.py): the rank is still waiting in it.
+IN_FLIGHT = "in_flight"
+
+
 @dataclass(frozen=True)
 class Event:
     """One recorded call into torch.distributed."""
@@ -99,6 +104,11 @@ class Event:
     @property
     def done(self) -> bool:
         return self.state is not EventState.ENTERED
+
+    @property
+    def in_flight(self) -> bool:
+        """Returned on the CPU (an NCCL call, unwaited async work) but not completed."""
+        return self.extra == IN_FLIGHT
 
     @property
     def where(self) -> str:

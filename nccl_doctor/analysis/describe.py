@@ -20,6 +20,8 @@ def call_name(e: Event) -> str:
 
 
 def state_words(e: Event) -> str:
+    if e.in_flight:
+        return "returned on the CPU, not completed (Flight Recorder)"
     return {
         EventState.ENTERED: "still inside it",
         EventState.RETURNED: "returned",

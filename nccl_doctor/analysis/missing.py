@@ -5,7 +5,7 @@ from __future__ import annotations
 from nccl_doctor.analysis.align import blocked_event, last_leaf, timelines
 from nccl_doctor.analysis.describe import call_name, call_site, fate, ranks_text
 from nccl_doctor.diagnosis import Finding, FindingKind, Severity
-from nccl_doctor.model import ExitKind, RankTrace, TraceSet
+from nccl_doctor.model import IN_FLIGHT, ExitKind, RankTrace, TraceSet
 
 HINT_EXITED = (
     "A rank ended while its peers still called collectives. Make every rank run the same number "
@@ -66,7 +66,13 @@ def detect_missing_collective(traces: TraceSet) -> list[Finding]:
         lines = [
             f"{ranks_text(sorted(waiting))} called {first.op}({first.input or '-'}) at "
             f"{call_site(first)}.",
-        ] + [words + "." for _, words in others.values()]
+        ]
+        flying = sorted(r for r, e in waiting.items() if e.in_flight)
+        if flying:
+            lines.append(f"{ranks_text(flying)}: the call returned on the CPU but its work never "
+                         "completed (Flight Recorder): still waiting for the peers on the "
+                         "GPU stream (NCCL) or the work's thread (async_op).")
+        lines += [words + "." for _, words in others.values()]
         findings.append(Finding(
             kind=FindingKind.MISSING_COLLECTIVE, severity=Severity.ERROR, title=title,
             detail="\n".join(lines), ranks=tuple(missing), hint=hint, group=name, seq=seq,
@@ -74,7 +80,8 @@ def detect_missing_collective(traces: TraceSet) -> list[Finding]:
             evidence={
                 "waiting_ranks": sorted(waiting), "missing_ranks": missing,
                 "instead": {str(r): {"category": c, "detail": w} for r, (c, w) in others.items()},
-                "waiting_states": {str(r): e.state.name.lower() for r, e in waiting.items()},
+                "waiting_states": {str(r): IN_FLIGHT if e.in_flight else e.state.name.lower()
+                                   for r, e in waiting.items()},
             },
             time_ns=min(e.t_enter_ns for e in waiting.values()),
         ))

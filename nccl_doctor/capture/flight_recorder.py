@@ -5,8 +5,16 @@ pass through the Python API the recorder wraps; Flight Recorder sees them. The i
 dumps it (``torch._C._distributed_c10d._dump_fr_trace_json``); see nccl_doctor/agent/server.py for
 what an entry holds. Facts this relies on (torch 2.13, gloo): an entry's ``op_id`` is the group's
 sequence number of the operation, the number the recorder records, and ``collective_seq_id``
-counts the group's collectives only; ``retired`` says the work finished (``state`` stays
-"scheduled" on gloo).
+counts the group's collectives only; on gloo ``retired`` says the work finished (``state`` stays
+"scheduled"); on NCCL ``state`` moves "scheduled" -> "started" -> "completed" as the watchdog
+thread finds the work's CUDA events done (torch's FlightRecorder.hpp: "a retired but not
+completed event has timed out").
+
+Completion: on NCCL a collective returns on the CPU as soon as it is enqueued on the GPU stream,
+long before it completes (the same holds for any ``async_op=True`` work that is not waited on).
+A call the recorder saw return whose Flight Recorder entry is neither retired nor completed is
+still in flight: ``merge`` turns it back into a call the rank is inside (``model.IN_FLIGHT``), so
+the watchdog sees that rank waiting on its peers instead of computing.
 """
 
 from __future__ import annotations
@@ -14,7 +22,7 @@ from __future__ import annotations
 from dataclasses import replace
 from typing import Any, Mapping
 
-from nccl_doctor.model import Callsite, Event, EventFlag, EventKind, EventState, TraceSet
+from nccl_doctor.model import IN_FLIGHT, Callsite, Event, EventFlag, EventKind, EventState, TraceSet
 
 IDX_BASE = 10**12  # Flight Recorder events get idx IDX_BASE + record_id: never a recorder idx
 SOURCE = "flight_recorder"
@@ -52,7 +60,7 @@ def events_from_dump(trace: Mapping[str, Any]) -> list[Event]:
             group = str(entry["process_group"][0])
             name = str(entry["profiling_name"]).rpartition(":")[2] or "?"
             created = int(entry.get("time_created_ns", 0))
-            done = bool(entry.get("retired"))
+            done = completed(entry)
             out.append(Event(
                 idx=IDX_BASE + int(entry.get("record_id", 0)), parent=0,
                 kind=EventKind.COLLECTIVE, op=name, group=group, seq=op_id,
@@ -70,20 +78,50 @@ def events_from_dump(trace: Mapping[str, Any]) -> list[Event]:
     return out
 
 
+def completed(entry: Mapping[str, Any]) -> bool:
+    """Whether a Flight Recorder entry's work finished. NCCL: ``state`` "completed" (its end CUDA
+    event was seen done; an NCCL entry retired but not completed timed out). Other backends
+    (gloo) never move ``state``: ``retired`` says the work finished."""
+    if entry.get("state") == "completed":
+        return True
+    nccl = str(entry.get("profiling_name", "")).startswith("nccl:")
+    return not nccl and bool(entry.get("retired"))
+
+
 def merge(traces: TraceSet, dumps: Mapping[int, Mapping[str, Any]]) -> TraceSet:
     """``traces`` plus the Flight Recorder collectives the recorder did not see (by group and
-    sequence number), each rank's events in time order."""
+    sequence number), each rank's events in time order; a recorded call that returned on the CPU
+    but whose work is not completed becomes the call the rank is inside (the earliest such call
+    per group: a stream runs its collectives in order)."""
     ranks = dict(traces.ranks)
     for rank, dump in dumps.items():
         trace = ranks.get(rank)
         if trace is None:
             continue
+        fr = events_from_dump(dump)
+        in_flight = _in_flight(trace.events, fr)
         seen = {(e.group, e.seq) for e in trace.events if e.seq >= 0}
-        extra = [e for e in events_from_dump(dump) if (e.group, e.seq) not in seen]
-        if extra:
-            events = sorted(trace.events + tuple(extra), key=lambda e: e.t_enter_ns)
+        extra = [e for e in fr if (e.group, e.seq) not in seen]
+        if extra or in_flight:
+            events = [replace(e, state=EventState.ENTERED, extra=IN_FLIGHT)
+                      if e.idx in in_flight else e for e in trace.events]
+            events = sorted(events + extra, key=lambda e: e.t_enter_ns)
             ranks[rank] = replace(trace, events=tuple(events))
     return replace(traces, ranks=ranks)
+
+
+def _in_flight(recorded: tuple[Event, ...], fr: list[Event]) -> set[int]:
+    """idx of the recorded calls that returned (or were issued async) but whose Flight Recorder
+    entry is not completed: the earliest per group."""
+    pending = {(e.group, e.seq) for e in fr if e.state is EventState.ENTERED}
+    out: dict[str, Event] = {}
+    for e in recorded:
+        if (e.state in (EventState.RETURNED, EventState.ISSUED) and e.kind is EventKind.COLLECTIVE
+                and (e.group, e.seq) in pending):
+            first = out.get(e.group)
+            if first is None or e.seq < first.seq:
+                out[e.group] = e
+    return {e.idx for e in out.values()}
 
 
 def progress_signature(dumps: Mapping[int, Any]) -> tuple:

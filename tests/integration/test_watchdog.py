@@ -262,3 +262,23 @@ def test_a_consistently_late_rank_is_a_straggler_not_a_hang(supervise):
     f = d.findings[0]
     assert f.ranks == (1,) and f.evidence["last"]["1"] >= 8
     assert 100 <= f.evidence["median_ms"] <= 1000 and "train_loop.py" in f.detail
+
+
+def test_a_call_returned_but_never_completed_counts_as_waiting(supervise):
+    """NCCL completion, on gloo: rank 0's async all_reduce returned on the CPU and never completed
+    (Flight Recorder: not retired). Both ranks are idle outside Python collectives; without the
+    completion state that is a compute stall after --hang-after (60 s here). With it, rank 0 waits
+    in the all_reduce and rank 1, idle with an unchanged stack, is the stuck peer."""
+    policy = HangPolicy(hang_after=60, stuck_after=3, sample_every=1)
+    sup, messages = supervise(2, "async_unwaited.py", policy=policy)
+    result = sup.run()
+    d = result.diagnosis
+    assert d.verdict is Verdict.HANG and result.stopped_for_hang, messages
+    assert d.watchdog["how"] == "stuck_peer", d.watchdog
+    root = d.root_cause
+    assert root.kind is FindingKind.MISSING_COLLECTIVE and root.ranks == (1,), root
+    assert root.op == "all_reduce" and root.callsite.endswith("async_unwaited.py:22")
+    assert root.evidence["waiting_states"] == {"0": "in_flight"}
+    assert "never completed (Flight Recorder)" in root.detail
+    assert "async_unwaited.py:18" in root.detail  # where the stuck rank is
+    assert_job_gone(sup)

@@ -60,3 +60,39 @@ def test_merge_fills_what_the_recorder_missed_and_finds_the_desync(tb) -> None:
     root = analyze(merged).root_cause
     assert root.kind is FindingKind.COLLECTIVE_MISMATCH and root.seq == 3
     assert {s["op"] for s in root.evidence["sides"]} == {"all_reduce", "barrier"}
+
+
+def nccl(record_id: int, op_id: int, state: str, retired: bool) -> dict:
+    # NCCL entries move state scheduled -> started -> completed (torch FlightRecorder.hpp)
+    return {**entry(record_id, op_id, "all_reduce", retired), "profiling_name": "nccl:all_reduce",
+            "state": state}
+
+
+def test_nccl_completion_is_the_state_not_retirement() -> None:
+    events = events_from_dump({"entries": [
+        nccl(0, 1, "completed", True), nccl(1, 2, "started", False),
+        nccl(2, 3, "scheduled", True),  # retired but not completed: it timed out
+    ]})
+    assert [e.state for e in events] == [EventState.RETURNED, EventState.ENTERED,
+                                         EventState.ENTERED]
+
+
+def test_returned_calls_not_completed_on_the_gpu_become_waits(tb) -> None:
+    # both ranks' Python calls returned (NCCL enqueues and returns); rank 0 issued #3, rank 1
+    # never did; Flight Recorder: rank 0's #2 completed, #3 and #4 did not
+    rank0 = [tb.event(i, seq=i, input="float32[36]") for i in (1, 2, 3, 4)]
+    rank1 = [tb.event(i, seq=i, input="float32[36]") for i in (1, 2)]
+    traces = tb.traceset([tb.trace(0, rank0, tb.RUNNING), tb.trace(1, rank1, tb.RUNNING)],
+                         groups={"0": (0, 1)})
+    dumps = {0: {"entries": [nccl(0, 1, "completed", True), nccl(1, 2, "completed", True),
+                             nccl(2, 3, "started", False), nccl(3, 4, "scheduled", False)]},
+             1: {"entries": [nccl(0, 1, "completed", True), nccl(1, 2, "completed", True)]}}
+    merged = merge(traces, dumps)
+    states = [(e.seq, e.state, e.in_flight) for e in merged.ranks[0].events]
+    assert states == [(1, EventState.RETURNED, False), (2, EventState.RETURNED, False),
+                      (3, EventState.ENTERED, True), (4, EventState.RETURNED, False)]
+    assert not any(e.in_flight for e in merged.ranks[1].events)
+    root = analyze(merged).root_cause
+    assert root.kind is FindingKind.MISSING_COLLECTIVE and root.ranks == (1,) and root.seq == 3
+    assert root.evidence["waiting_states"] == {"0": "in_flight"}
+    assert "never completed (Flight Recorder)" in root.detail
