@@ -12,6 +12,7 @@ from dataclasses import dataclass, field
 from typing import Any, Mapping
 
 from nccl_doctor.capture.format import EventFlag, EventKind, EventState
+from nccl_doctor.gpu.model import GpuTrace
 
 __all__ = [
     "IN_FLIGHT", "Callsite", "Event", "EventFlag", "EventKind", "EventState", "ExitKind", "RankExit", "RankMeta",
@@ -236,6 +237,7 @@ class TraceSet:
     # (step, {metric: value}) rows parsed from a training log (replay --log), when the captures
     # recorded no metrics themselves
     metrics_log: tuple[tuple[int | None, Mapping[str, float]], ...] = ()
+    gpu: GpuTrace | None = None  # the GPU samples beside the captures (gpu.jsonl), if any
 
     def group_members(self, name: str) -> tuple[int, ...]:
         info = self.groups.get(name)

@@ -8,7 +8,9 @@ from typing import Callable
 
 from nccl_doctor.analysis.align import blocked_event, last_leaf
 from nccl_doctor.analysis.describe import call_name, call_site
+from nccl_doctor.analysis.desync import DESYNC, first_divergence_per_group
 from nccl_doctor.analysis.exited import detect_rank_exited
+from nccl_doctor.analysis.gpu_hang import detect_gpu_busy_hang
 from nccl_doctor.analysis.mismatch import detect_collective_mismatch
 from nccl_doctor.analysis.missing import detect_missing_collective
 from nccl_doctor.analysis.sampling import detect_identical_completions, detect_shared_rng_state
@@ -29,13 +31,13 @@ PASSES: tuple[Pass, ...] = (
     detect_shared_rng_state,
     detect_degenerate_signal,
     detect_straggler,
+    detect_gpu_busy_hang,
 )
 #: The passes for silent errors only (the supervisor runs them on a healthy job while it runs).
 SILENT_PASSES: tuple[Pass, ...] = (
     detect_identical_completions, detect_shared_rng_state, detect_degenerate_signal,
 )
 
-_DESYNC = {FindingKind.COLLECTIVE_MISMATCH, FindingKind.MISSING_COLLECTIVE}
 _STATE = {
     ExitKind.CLEAN: "exited", ExitKind.EXCEPTION: "exception", ExitKind.SIGNAL: "signal",
     ExitKind.VANISHED: "vanished",
@@ -50,30 +52,18 @@ def analyze(traces: TraceSet, passes: tuple[Pass, ...] = PASSES) -> Diagnosis:
         except Exception as err:  # a capture is input: one odd note must not lose the report
             notes.append(f"analysis pass {p.__name__} failed on this capture ({err!r}); its "
                          "findings are missing")
-    findings = _first_divergence_per_group(found)
+    findings = first_divergence_per_group(found)
     findings = _rank_findings(findings, traces)
     if not traces.ranks:
         notes.append("no rank joined a process group: there are no collectives to analyse")
+    if traces.gpu is not None and not traces.gpu.available:
+        notes.append(f"GPUs not sampled: {traces.gpu.reason}")
     return known_issues.annotate(Diagnosis(
         verdict=_verdict(findings, traces), findings=tuple(findings),
         ranks=tuple(_summaries(traces)), world_size=traces.world_size, command=traces.command,
         exit_status=traces.exit_status, notes=tuple(notes),
         groups={name: g.ranks for name, g in sorted(traces.groups.items())}, source=traces.source,
     ), known_issues.versions_of(traces))
-
-
-def _first_divergence_per_group(findings: list[Finding]) -> list[Finding]:
-    """Keep one desync finding per group: the lowest sequence number (the cascade follows it)."""
-    def order(f: Finding) -> tuple[int, bool]:  # lowest seq; a mismatch before a missing call
-        return (f.seq or 0, f.kind is not FindingKind.COLLECTIVE_MISMATCH)
-
-    first: dict[str, Finding] = {}
-    for f in findings:
-        if f.kind in _DESYNC and f.group is not None:
-            best = first.get(f.group)
-            if best is None or order(f) < order(best):
-                first[f.group] = f
-    return [f for f in findings if f.kind not in _DESYNC or f.group is None or first[f.group] is f]
 
 
 def _rank_findings(findings: list[Finding], traces: TraceSet) -> list[Finding]:
@@ -91,6 +81,8 @@ def _rank_findings(findings: list[Finding], traces: TraceSet) -> list[Finding]:
         if not explained:
             candidates.append(f)
     candidates = candidates or errors
+    # spinning GPUs are the symptom of whatever keeps the peers away
+    candidates = [f for f in candidates if f.kind is not FindingKind.GPU_BUSY_HANG] or candidates
     first = min(candidates, key=lambda f: (f.time_ns is None, f.time_ns or 0))
     rest = [f for f in findings if f is not first]
     rest.sort(key=lambda f: (f.severity is not Severity.ERROR, f.time_ns or 0))
@@ -118,7 +110,7 @@ def _consequences(root: Finding, traces: TraceSet) -> dict:
 
 def _verdict(findings: list[Finding], traces: TraceSet) -> Verdict:
     running = any(t.exit.kind is ExitKind.RUNNING for t in traces.ranks.values())
-    if running and any(f.kind in _DESYNC for f in findings):
+    if running and any(f.kind in DESYNC or f.kind is FindingKind.GPU_BUSY_HANG for f in findings):
         return Verdict.HANG
     abnormal = any(t.exit.abnormal for t in traces.ranks.values())
     failed = traces.exit_status not in (None, 0)

@@ -125,7 +125,7 @@ def _in_flight(recorded: tuple[Event, ...], fr: list[Event]) -> set[int]:
 
 
 def progress_signature(dumps: Mapping[int, Any]) -> tuple:
-    """Per rank: entries recorded, the newest record id, entries retired. Two pulls with
+    """Per rank: entries recorded, the newest record id, entries completed. Two pulls with
     different signatures mean collectives were issued or completed in between (progress)."""
     out = []
     for rank in sorted(dumps):
@@ -134,6 +134,6 @@ def progress_signature(dumps: Mapping[int, Any]) -> tuple:
         entries = entries if isinstance(entries, list) else []
         ids = [e.get("record_id") for e in entries if isinstance(e, Mapping)]
         newest = max((i for i in ids if isinstance(i, int)), default=-1)
-        retired = sum(1 for e in entries if isinstance(e, Mapping) and e.get("retired"))
-        out.append((rank, len(entries), newest, retired))
+        done = sum(1 for e in entries if isinstance(e, Mapping) and completed(e))
+        out.append((rank, len(entries), newest, done))
     return tuple(out)

@@ -12,6 +12,8 @@ from nccl_doctor.cli.live import make_display
 from nccl_doctor.cli.output import verdict_status
 from nccl_doctor.capture.directory import MANIFEST, REPORT_JSON
 from nccl_doctor.errors import ExitStatus, OutputExists, UsageError
+from nccl_doctor.gpu.nvml import Nvml
+from nccl_doctor.gpu.series import GPU_JSONL
 from nccl_doctor.reporters.console import ConsoleReporter
 from nccl_doctor.supervisor.supervisor import Supervisor
 from nccl_doctor.watchdog.policy import (
@@ -19,7 +21,7 @@ from nccl_doctor.watchdog.policy import (
 )
 
 HELP = "run a launch command (torchrun, accelerate launch, deepspeed, python) under the doctor"
-_OURS = (f"*{fmt.CAPTURE_SUFFIX}", "*.fault", MANIFEST, REPORT_JSON)
+_OURS = (f"*{fmt.CAPTURE_SUFFIX}", "*.fault", MANIFEST, REPORT_JSON, GPU_JSONL)
 
 
 def register(sub: argparse._SubParsersAction) -> None:
@@ -28,6 +30,7 @@ def register(sub: argparse._SubParsersAction) -> None:
         "passes through unchanged; nccl-doctor exits with the command's own exit status.",
         usage="nccl-doctor run [--out DIR] [--force] [--quiet] [--on-hang report|kill] "
               "[--hang-after SECONDS] [--stuck-after SECONDS] [--fail-on suspect] [--no-watch] "
+              "[--no-gpu] "
               "-- COMMAND [ARGS...]",
     )
     add_options(p)
@@ -60,6 +63,9 @@ def add_options(p: argparse.ArgumentParser) -> None:
                         "is not ok (e.g. identical completions across ranks): for CI")
     p.add_argument("--no-watch", action="store_true",
                    help="no live watchdog: diagnose only after the job ends")
+    p.add_argument("--no-gpu", action="store_true",
+                   help="do not sample the GPUs through NVML (by default every GPU of this host "
+                        "is sampled: every 10 s, every 0.5 s while a hang is suspected)")
 
 
 def _seconds(text: str) -> float:
@@ -106,7 +112,7 @@ def supervise(args: argparse.Namespace, command: list[str]) -> int:
     policy = None if args.no_watch else HangPolicy(on_hang=OnHang(args.on_hang),
                                                    hang_after=args.hang_after,
                                                    stuck_after=args.stuck_after)
-    supervisor = Supervisor(command, out, policy=policy)
+    supervisor = Supervisor(command, out, policy=policy, gpu=None if args.no_gpu else Nvml.open)
     display = None
     if not args.quiet:
         display = make_display(err, supervisor.watchdog.view if supervisor.watchdog else None)

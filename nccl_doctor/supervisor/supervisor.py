@@ -22,9 +22,12 @@ from nccl_doctor.capture.directory import (
 )
 from nccl_doctor.diagnosis import Diagnosis
 from nccl_doctor.errors import DoctorError, ExitStatus
+from nccl_doctor.gpu.nvml import GpuSource, Nvml
+from nccl_doctor.gpu.sampler import GpuSampler
 from nccl_doctor.reporters.json import write_report
 from nccl_doctor.supervisor.launch import Job, exit_status, job_environment
 from nccl_doctor.watchdog.policy import HangPolicy
+from nccl_doctor.watchdog.probe import Registry
 from nccl_doctor.watchdog.silent import SilentWatch
 from nccl_doctor.watchdog.view import LiveView
 from nccl_doctor.watchdog.watchdog import Watchdog
@@ -60,9 +63,11 @@ class RunResult:
 class Supervisor:
     def __init__(self, command: Sequence[str], out_dir: Path, *, poll_interval: float = 0.2,
                  environ: dict[str, str] | None = None, policy: HangPolicy | None = HangPolicy(),
-                 announce: Callable[[str], None] | None = None) -> None:
+                 announce: Callable[[str], None] | None = None,
+                 gpu: Callable[[], GpuSource] | None = Nvml.open) -> None:
         """``policy`` None runs no watchdog (post-mortem only); ``announce`` receives the
-        watchdog's events (a hang called, the job stopped) as one-line messages."""
+        watchdog's events (a hang called, the job stopped) as one-line messages; ``gpu`` opens
+        the GPUs' NVML (None: no GPU sampling)."""
         self.command = tuple(command)
         self.out_dir = out_dir
         self.poll_interval = poll_interval
@@ -80,6 +85,19 @@ class Supervisor:
             self.listeners.append(self.watchdog)
             self.silent = SilentWatch(out_dir, self.watchdog)
             self.listeners.append(self.silent)
+        self.gpu: GpuSampler | None = None
+        if gpu is not None:
+            registry = self.watchdog.registry if self.watchdog is not None else Registry(out_dir)
+            watchdog = self.watchdog
+
+            def ranks() -> dict[int, tuple[int, int | None]]:
+                if watchdog is None:
+                    registry.poll()
+                return {r: (p.pid, p.local_rank) for r, p in registry.ranks.items()}
+
+            self.gpu = GpuSampler(out_dir, ranks=ranks, open_source=gpu,
+                                  suspicious=lambda: watchdog is not None and watchdog.suspicious)
+            self.listeners.append(self.gpu)
 
     def attach(self, listener: Callable[[Supervisor], None],
                announce: Callable[[str], None] | None = None) -> None:
@@ -119,6 +137,8 @@ class Supervisor:
             raise
         finally:
             self._restore_signals(previous)
+            if self.gpu is not None:
+                self.gpu.close()  # its last sample lands before the analysis reads it
         self._to(State.ENDED)
         stopped = self.job.reap_stragglers()
         status = exit_status(code)

@@ -136,16 +136,24 @@ class Watchdog:
         procs = {r: proc_state(p.pid) for r, p in self.registry.ranks.items()}
         a = assess(traces, live_analysis, procs)
         waited = now - self._progress_at
-        if a.situation is Situation.COMPUTING and waited < self._computing_every():
+        # On NCCL every call returns on the CPU at once: a rank that looks outside collectives may
+        # wait in one on the GPU, which only Flight Recorder's completion state shows.
+        fr_every = (self.policy.sample_every
+                    if any(g.backend == "nccl" for g in traces.groups.values())
+                    else self._computing_every())
+        if a.situation is Situation.COMPUTING and waited < fr_every:
             self._assessment = a
             return  # a compute phase between collectives: the common case, nothing to do
         if a.situation in (Situation.WAITING_ON_PEERS, Situation.COMPUTING):
             # The ranks outside Python collectives may be inside collectives issued from C++
-            # (DDP's gradient all_reduce), which only Flight Recorder sees: merge its entries.
-            # A deadlock seen through them is confirmed on a fresh pull, never on a cached one.
+            # (DDP's gradient all_reduce), which only Flight Recorder sees, or in calls that
+            # returned but never completed: merge its entries. A deadlock seen through them is
+            # confirmed on a fresh pull, never on a cached one.
             previous = self._assessment
             fresh = previous is not None and previous.situation is Situation.DEADLOCK
-            dumps, moved = self._flight_recorder(a, now, fresh)
+            every = (self.policy.sample_every if a.situation is Situation.WAITING_ON_PEERS
+                     else fr_every)
+            dumps, moved = self._flight_recorder(a, now, every, fresh)
             if moved:  # C++ collectives completed since the last pull: the job progresses
                 self._progressed(now)
                 return
@@ -154,6 +162,8 @@ class Watchdog:
                 live_analysis = analyze(traces)
                 a = assess(traces, live_analysis, procs)
         self._assessment = a
+        if a.situation is Situation.COMPUTING and waited < self._computing_every():
+            return  # still a compute phase (on NCCL: Flight Recorder says so too)
         first = self._first_seen.setdefault(a.key, now)
         self._first_seen = {a.key: first}
         if a.situation is Situation.DEADLOCK:
@@ -172,6 +182,15 @@ class Watchdog:
                 self._status(f"every rank is inside {call_name(next(iter(a.waiting.values())))}"
                              f" for {waited:.0f} s: a slow collective so far")
 
+    @property
+    def suspicious(self) -> bool:
+        """Whether a hang is suspected or called: some rank waits with nothing moving."""
+        if self.diagnosis is not None:
+            return True
+        a = self._assessment
+        return a is not None and a.situation in (Situation.WAITING_ON_PEERS, Situation.DEADLOCK,
+                                                 Situation.ALL_WAITING)
+
     def _progressed(self, now: float) -> None:
         """The job moved: whatever was being watched starts over."""
         self._progress_at, self.message = now, ""
@@ -183,12 +202,10 @@ class Watchdog:
         """Sampling period while no rank is in a collective: slow, since nothing waits."""
         return max(self.policy.sample_every, self.policy.hang_after / 20)
 
-    def _flight_recorder(self, a: Assessment, now: float,
+    def _flight_recorder(self, a: Assessment, now: float, every: float,
                          fresh: bool = False) -> tuple[dict[int, dict[str, Any]], bool]:
         """(every live rank's Flight Recorder dump, whether they moved since the previous pull),
-        pulled at most once per sampling period unless ``fresh``."""
-        every = (self.policy.sample_every if a.situation is Situation.WAITING_ON_PEERS
-                 else self._computing_every())
+        pulled at most once per ``every`` seconds unless ``fresh``."""
         if self._fr_dumps is not None and not fresh and now - self._fr_at < every:
             return self._fr_dumps, False
         self._fr_at = now

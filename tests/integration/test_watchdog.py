@@ -282,3 +282,33 @@ def test_a_call_returned_but_never_completed_counts_as_waiting(supervise):
     assert "never completed (Flight Recorder)" in root.detail
     assert "async_unwaited.py:18" in root.detail  # where the stuck rank is
     assert_job_gone(sup)
+
+
+def test_spinning_gpus_of_a_deadlock_are_called_gpu_busy_hang(tmp_path, launch):
+    """The skipped-broadcast deadlock, with GPUs played back from readings published with a real
+    hung H100 job (no GPU here): each rank placed on its device through its real environment
+    (CUDA_VISIBLE_DEVICES reversed, LOCAL_RANK), sampled fast once the hang is suspected."""
+    readings = json.loads((Path(__file__).parents[1] / "fixtures" / "gpu" /
+                           "published_readings.json").read_text())["readings"]
+    spin = [r for r in readings if r["state"] == "spin" and "6524" in r["source"]]
+    from nccl_doctor.gpu.recorded import RecordedGpus
+
+    source = RecordedGpus({i: spin for i in range(3)})
+    messages: list[str] = []
+    sup = Supervisor(launch(3, str(JOBS / "skip_broadcast.py")), tmp_path / "out",
+                     environ=dict(os.environ, SKIPPER="1", CUDA_VISIBLE_DEVICES="2,1,0"),
+                     announce=messages.append, gpu=lambda: source)
+    result = sup.run()
+    d = result.diagnosis
+    assert d.verdict is Verdict.HANG and d.root_cause.kind is FindingKind.COLLECTIVE_MISMATCH
+    (f,) = [f for f in d.findings if f.kind is FindingKind.GPU_BUSY_HANG]
+    assert f.ranks == (1,) and f.evidence["waiting_for"] == [1] and not f.root_cause
+    spinning = f.evidence["spinning"]
+    assert set(spinning) == {"0", "1", "2"}, spinning
+    assert {r: s["gpu"] for r, s in spinning.items()} == {"0": 2, "1": 1, "2": 0}
+    assert all(s["placed_by"] == "environment" and s["samples"] >= 3 for s in spinning.values())
+    assert "waiting for rank 1" in f.title
+    rep = report(sup)
+    assert any(x["kind"] == "gpu_busy_hang" for x in rep["findings"])
+    assert source.closed
+    assert_job_gone(sup)

@@ -226,6 +226,7 @@ def tb() -> SimpleNamespace:
     return SimpleNamespace(
         event=make_event, collectives=collectives, trace=make_trace, traceset=make_traceset,
         clean=clean, raised=raised, RUNNING=RUNNING, T0=T0, STEP=STEP, scenarios=SCENARIOS,
+        ENTERED=ENTERED, RETURNED=RETURNED,
     )
 
 

@@ -1,0 +1,119 @@
+"""The supervisor's GPU sampler: a thread that reads NVML and appends to ``gpu.jsonl``.
+
+NVML calls can block for seconds on a sick driver, so they never run on the supervisor's loop:
+the loop (``tick``) only tells the thread how often to sample - every ``slow`` seconds while the
+job is healthy, every ``fast`` seconds once the watchdog suspects a hang - and which ranks exist,
+with the hints that place them on devices. Without NVML the thread writes one header line saying
+why and stops. It never raises into the supervisor, and the file is bounded (series.GpuLog).
+"""
+
+from __future__ import annotations
+
+import socket
+import threading
+import time
+from pathlib import Path
+from typing import Any, Callable, Mapping
+
+import psutil
+
+from nccl_doctor.gpu.mapping import RankHints, map_ranks
+from nccl_doctor.gpu.nvml import GpuSource, GpuUnavailable, Nvml
+from nccl_doctor.gpu.series import GpuLog
+
+SLOW = 10.0
+FAST = 0.5
+
+
+class GpuSampler:
+    """``Supervisor`` listener. ``ranks()`` gives {rank: (pid, local_rank)} of this host's ranks;
+    ``suspicious()`` says whether to sample fast."""
+
+    def __init__(self, out_dir: Path, *, ranks: Callable[[], Mapping[int, tuple[int, int | None]]],
+                 suspicious: Callable[[], bool] = lambda: False,
+                 open_source: Callable[[], GpuSource] = Nvml.open,
+                 slow: float = SLOW, fast: float = FAST) -> None:
+        self.log = GpuLog(out_dir)
+        self.ranks, self.suspicious, self.open_source = ranks, suspicious, open_source
+        self.slow, self.fast = slow, fast
+        self.interval = slow
+        self.hints: dict[int, RankHints] = {}
+        self.error: str | None = None  # why sampling stopped early, if it did
+        self._wake, self._stop = threading.Event(), threading.Event()
+        self._thread: threading.Thread | None = None
+
+    def __call__(self, _supervisor: Any = None) -> None:
+        try:
+            self.tick()
+        except Exception as err:  # never take the supervisor down
+            self.error = f"GPU sampling stopped: {err!r}"
+            self._stop.set()
+            self.tick = lambda: None  # type: ignore[method-assign]
+
+    def tick(self) -> None:
+        interval = self.fast if self.suspicious() else self.slow
+        ranks = self.ranks()
+        wake = interval < self.interval
+        if set(ranks) != set(self.hints):
+            self.hints = {r: _hints(pid, local) for r, (pid, local) in ranks.items()}
+            wake = True
+        self.interval = interval
+        if self._thread is None:  # the first look maps and samples at once
+            self._thread = threading.Thread(target=self._run, name="nccl-doctor-gpu", daemon=True)
+            self._thread.start()
+        elif wake:
+            self._wake.set()
+
+    def close(self, timeout: float = 2.0) -> None:
+        """Stop sampling (one last sample first, so a report written now sees the end)."""
+        if self._thread is None:
+            return
+        self._stop.set()
+        self._wake.set()
+        self._thread.join(timeout)
+
+    def _run(self) -> None:
+        try:
+            source = self.open_source()
+        except GpuUnavailable as err:
+            self.log.header(available=False, reason=str(err), host=socket.gethostname())
+            return
+        except Exception as err:  # an NVML binding that fails in an unforeseen way
+            self.log.header(available=False, reason=f"NVML failed: {err!r}",
+                            host=socket.gethostname())
+            return
+        try:
+            devices = {d.index: d for d in source.devices()}
+            self.log.header(available=True, host=socket.gethostname(), devices=devices.values())
+            mapped_for: dict[int, RankHints] | None = None
+            mapping: dict = {}
+            while True:
+                stopping = self._stop.is_set()
+                hints = self.hints
+                if hints is not mapped_for:
+                    pids = {i: source.pids(i) for i in devices}
+                    new = map_ranks(hints, devices, pids)
+                    if new != mapping:
+                        mapping = new
+                        self.log.ranks(time.time(), mapping)
+                    mapped_for = hints
+                self.log.samples([source.sample(i) for i in devices])
+                if stopping:
+                    break
+                self._wake.wait(self.interval)
+                self._wake.clear()
+        except Exception as err:
+            self.error = f"GPU sampling stopped: {err!r}"
+        finally:
+            try:
+                source.close()
+            except Exception:
+                pass
+
+
+def _hints(pid: int, local_rank: int | None) -> RankHints:
+    try:
+        visible = psutil.Process(pid).environ().get("CUDA_VISIBLE_DEVICES")
+    except (psutil.Error, OSError):  # its environment is unknown: only NVML's pids can place it
+        return RankHints(pid, None, None)
+    return RankHints(pid, local_rank, visible)

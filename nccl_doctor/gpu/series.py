@@ -1,0 +1,175 @@
+"""``gpu.jsonl``: the GPU samples beside the captures. One JSON object per line:
+
+- ``{"kind": "header", "format": "nccl-doctor-gpu", "format_version": 1, "available": bool,
+  "reason": str, "host": str, "devices": [{index, uuid, name, power_limit_w, sm_max_mhz,
+  memory_total_mib}]}`` - first; without NVML the only line, saying why;
+- ``{"kind": "ranks", "t": float, "ranks": {"<rank>": {"index": int, "how": str}}}`` - each time
+  the rank -> device mapping changes (the last one counts);
+- ``{"kind": "sample", "t": float, "index": int, "util": ..., ...}`` - the fields of GpuSample.
+
+The file is bounded: past ``max_bytes`` it is rewritten with the header, the mapping and the newer
+half of the samples. Reading it never trusts it: odd lines are skipped, numbers must be finite.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import os
+from collections import deque
+from dataclasses import asdict, fields
+from pathlib import Path
+from typing import Any, Iterable, Mapping
+
+from nccl_doctor.gpu.model import GpuDevice, GpuSample, GpuTrace, RankGpu
+
+GPU_JSONL = "gpu.jsonl"
+FORMAT = "nccl-doctor-gpu"
+FORMAT_VERSION = 1
+MAX_BYTES = 4 << 20
+MAX_READ = 16 << 20
+
+_SAMPLE_FIELDS = tuple(f.name for f in fields(GpuSample))
+_DEVICE_FIELDS = tuple(f.name for f in fields(GpuDevice))
+
+
+class GpuLog:
+    """Appends to ``gpu.jsonl``; one writer (the sampler thread)."""
+
+    def __init__(self, directory: Path, *, max_bytes: int = MAX_BYTES) -> None:
+        self.path = directory / GPU_JSONL
+        self.max_bytes = max_bytes
+        self._header = ""
+        self._ranks = ""
+        self._samples: deque[str] = deque(maxlen=max(16, max_bytes // 64))
+        self._size = 0
+
+    def header(self, *, available: bool, reason: str = "", host: str = "",
+               devices: Iterable[GpuDevice] = ()) -> None:
+        self._header = _line({"kind": "header", "format": FORMAT,
+                              "format_version": FORMAT_VERSION, "available": available,
+                              "reason": reason, "host": host,
+                              "devices": [asdict(d) for d in devices]})
+        self._rewrite()
+
+    def ranks(self, t: float, mapping: Mapping[int, RankGpu]) -> None:
+        self._ranks = _line({"kind": "ranks", "t": t, "ranks": {
+            str(r): {"index": g.index, "how": g.how} for r, g in sorted(mapping.items())}})
+        self._append([self._ranks])
+
+    def samples(self, samples: Iterable[GpuSample]) -> None:
+        lines = [_line({"kind": "sample", **{k: v for k, v in asdict(s).items()
+                                             if v is not None}}) for s in samples]
+        self._samples.extend(lines)
+        self._append(lines)
+
+    def _append(self, lines: list[str]) -> None:
+        data = "".join(lines)
+        if self._size + len(data) > self.max_bytes:
+            for _ in range(len(self._samples) // 2):
+                self._samples.popleft()
+            self._rewrite()
+            return
+        with open(self.path, "a", encoding="utf-8") as f:
+            f.write(data)
+        self._size += len(data)
+
+    def _rewrite(self) -> None:
+        data = self._header + self._ranks + "".join(self._samples)
+        tmp = self.path.with_name(f".{GPU_JSONL}.tmp")
+        tmp.write_text(data, encoding="utf-8")
+        os.replace(tmp, self.path)
+        self._size = len(data)
+
+
+def _line(obj: dict[str, Any]) -> str:
+    return json.dumps(obj, separators=(",", ":")) + "\n"
+
+
+def read_gpu(directory: Path) -> GpuTrace | None:
+    """The GPU samples of a capture directory; None if it has none. Raises ValueError (with the
+    reason) for a file that is not ours."""
+    path = directory / GPU_JSONL
+    try:
+        with open(path, "rb") as f:
+            size = os.fstat(f.fileno()).st_size
+            head = f.readline(1 << 20)
+            if size > MAX_READ:  # never read more than MAX_READ: the newest samples
+                f.seek(size - MAX_READ)
+                f.readline()  # a partial line
+            raw = f.read(MAX_READ)
+    except FileNotFoundError:
+        return None
+    except OSError as err:
+        raise ValueError(f"{path} cannot be read ({err.strerror})") from None
+    header = _object(head)
+    if header is None or header.get("format") != FORMAT or header.get("kind") != "header":
+        raise ValueError(f"{path} is not an nccl-doctor GPU sample file")
+    if header.get("format_version") != FORMAT_VERSION:
+        raise ValueError(f"{path} has GPU sample format version {header.get('format_version')!r}; "
+                         f"this nccl-doctor reads version {FORMAT_VERSION}")
+    devices = {d.index: d for d in map(_device, _list(header.get("devices"))) if d is not None}
+    ranks: dict[int, RankGpu] = {}
+    samples = []
+    for line in raw.splitlines():
+        obj = _object(line)
+        if obj is None:
+            continue
+        if obj.get("kind") == "sample":
+            s = _sample(obj)
+            if s is not None:
+                samples.append(s)
+        elif obj.get("kind") == "ranks" and isinstance(obj.get("ranks"), dict):
+            ranks = _ranks(obj["ranks"])
+    samples.sort(key=lambda s: s.t)
+    return GpuTrace(available=header.get("available") is True,
+                    reason=str(header.get("reason", ""))[:500], host=str(header.get("host", "")),
+                    devices=devices, ranks=ranks, samples=tuple(samples))
+
+
+def _object(line: bytes) -> dict[str, Any] | None:
+    try:
+        obj = json.loads(line)
+    except (ValueError, UnicodeDecodeError, RecursionError):
+        return None
+    return obj if isinstance(obj, dict) else None
+
+
+def _list(value: Any) -> list:
+    return value if isinstance(value, list) else []
+
+
+def _number(value: Any) -> float | None:
+    if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value):
+        return None
+    return float(value)
+
+
+def _index(value: Any) -> int | None:
+    return value if isinstance(value, int) and not isinstance(value, bool) and value >= 0 else None
+
+
+def _device(obj: Any) -> GpuDevice | None:
+    if not isinstance(obj, dict) or _index(obj.get("index")) is None:
+        return None
+    return GpuDevice(index=obj["index"], uuid=str(obj.get("uuid", ""))[:100],
+                     name=str(obj.get("name", ""))[:100],
+                     **{k: _number(obj.get(k)) for k in _DEVICE_FIELDS[3:]})
+
+
+def _sample(obj: dict[str, Any]) -> GpuSample | None:
+    t, index = _number(obj.get("t")), _index(obj.get("index"))
+    if t is None or index is None:
+        return None
+    return GpuSample(t=t, index=index, **{k: _number(obj.get(k)) for k in _SAMPLE_FIELDS[2:]})
+
+
+def _ranks(obj: dict[str, Any]) -> dict[int, RankGpu]:
+    out = {}
+    for key, value in obj.items():
+        if not key.isdigit() or not isinstance(value, dict):
+            continue
+        index = _index(value.get("index"))
+        if index is not None:
+            out[int(key)] = RankGpu(index, str(value.get("how", ""))[:40])
+    return out

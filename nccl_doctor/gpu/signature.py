@@ -1,0 +1,107 @@
+"""What a device is doing, from its NVML samples. Pure.
+
+NVML's utilisation is the share of time a kernel was running, not how hard the SMs work: an NCCL
+kernel that polls a flag for a peer that never arrives reads 100%. What gives the spin away is
+power: polling draws little. Published readings of hung NCCL jobs (see
+tests/fixtures/gpu/published_readings.json, with their sources) all show 100% utilisation at
+14-22% of the power limit (H100 116-152 W of 700 W, H100 PCIe 69-72 W of 350 W, V100 44-66 W of
+250-300 W), while training at 98-100% utilisation draws 62-99% of it. So:
+
+- ``spin``: utilisation >= 90% at <= 40% of the power limit, with no interconnect traffic worth
+  the name (< 50 MB/s: polling, not data) where the device reports it;
+- ``compute``: utilisation >= 90% above that power (or moving data over NVLink/PCIe: ``transfer``);
+- ``idle``: utilisation <= 10% (a device holding a context but running nothing);
+- ``partial`` in between; ``unknown`` without utilisation or without power and limit.
+A window of samples is spinning when at least ``MIN_SAMPLES`` of them, and 80% of them, are.
+"""
+
+from __future__ import annotations
+
+import enum
+import statistics
+from dataclasses import dataclass
+from typing import Sequence
+
+from nccl_doctor.gpu.model import GpuDevice, GpuSample
+
+BUSY_UTIL = 90.0
+IDLE_UTIL = 10.0
+SPIN_POWER_SHARE = 0.40
+QUIET_LINK_KBS = 50_000.0  # 50 MB/s
+MIN_SAMPLES = 3
+SPIN_SHARE = 0.8
+
+
+class Activity(str, enum.Enum):
+    SPIN = "spin"
+    COMPUTE = "compute"
+    TRANSFER = "transfer"
+    IDLE = "idle"
+    PARTIAL = "partial"
+    UNKNOWN = "unknown"
+
+
+def classify(sample: GpuSample, device: GpuDevice | None) -> Activity:
+    util = sample.util
+    if util is None:
+        return Activity.UNKNOWN
+    if util <= IDLE_UTIL:
+        return Activity.IDLE
+    if util < BUSY_UTIL:
+        return Activity.PARTIAL
+    links = [v for v in (sample.pcie_kbs, sample.nvlink_kbs) if v is not None]
+    if links and sum(links) >= QUIET_LINK_KBS:
+        return Activity.TRANSFER
+    limit = device.power_limit_w if device is not None else None
+    if sample.power_w is None or not limit:
+        return Activity.UNKNOWN
+    return Activity.SPIN if sample.power_w <= SPIN_POWER_SHARE * limit else Activity.COMPUTE
+
+
+@dataclass(frozen=True)
+class Window:
+    """A device's samples over a span, summarised."""
+
+    activity: Activity  # the verdict for the window (SPIN only when it held throughout)
+    samples: int
+    span_s: float
+    util: float | None  # medians
+    power_w: float | None
+    power_limit_w: float | None
+    link_kbs: float | None  # PCIe + NVLink, when reported
+    counts: dict[str, int]
+
+    @property
+    def power_share(self) -> float | None:
+        if self.power_w is None or not self.power_limit_w:
+            return None
+        return self.power_w / self.power_limit_w
+
+
+def window(samples: Sequence[GpuSample], device: GpuDevice | None) -> Window:
+    classes = [classify(s, device) for s in samples]
+    counts: dict[str, int] = {}
+    for c in classes:
+        counts[c.value] = counts.get(c.value, 0) + 1
+    if not classes:
+        activity = Activity.UNKNOWN
+    else:
+        top = max(counts, key=counts.__getitem__)
+        activity = Activity(top)
+        if activity is Activity.SPIN and (len(classes) < MIN_SAMPLES
+                                          or counts[top] < SPIN_SHARE * len(classes)):
+            activity = Activity.UNKNOWN  # not enough to say it spins
+    links = [sum(v for v in (s.pcie_kbs, s.nvlink_kbs) if v is not None) for s in samples
+             if s.pcie_kbs is not None or s.nvlink_kbs is not None]
+    return Window(
+        activity=activity, samples=len(samples),
+        span_s=samples[-1].t - samples[0].t if samples else 0.0,
+        util=_median([s.util for s in samples]), power_w=_median([s.power_w for s in samples]),
+        power_limit_w=device.power_limit_w if device is not None else None,
+        link_kbs=statistics.median(links) if links else None, counts=counts,
+    )
+
+
+def _median(values: Sequence[float | None]) -> float | None:
+    present = [v for v in values if v is not None]
+    return statistics.median(present) if present else None
