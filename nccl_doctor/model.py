@@ -13,6 +13,7 @@ from typing import Any, Mapping
 
 from nccl_doctor.capture.format import EventFlag, EventKind, EventState
 from nccl_doctor.gpu.model import GpuTrace
+from nccl_doctor.stacks.samples import StackSample
 
 __all__ = [
     "IN_FLIGHT", "Callsite", "Event", "EventFlag", "EventKind", "EventState", "ExitKind", "RankExit", "RankMeta",
@@ -238,6 +239,8 @@ class TraceSet:
     # recorded no metrics themselves
     metrics_log: tuple[tuple[int | None, Mapping[str, float]], ...] = ()
     gpu: GpuTrace | None = None  # the GPU samples beside the captures (gpu.jsonl), if any
+    # stack samples of late ranks taken while their peers waited (stragglers.jsonl)
+    stack_samples: tuple[StackSample, ...] = ()
 
     def group_members(self, name: str) -> tuple[int, ...]:
         info = self.groups.get(name)

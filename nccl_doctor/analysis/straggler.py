@@ -1,5 +1,8 @@
 """``straggler``: the rank(s) consistently last to arrive at collectives. Pure.
 
+Where the supervisor sampled the late rank's stack while its peers waited for it
+(``TraceSet.stack_samples``, nccl_doctor/watchdog/straggler.py), the finding says where it was.
+
 For every collective that all members of its group entered, the arrival skew is the latest enter
 time minus the earliest, and the last to arrive is noted. Only collectives whose skew is above
 ``MIN_SKEW_NS`` count (below it, arrival order is noise). A rank last in at least ``SHARE`` of at
@@ -67,13 +70,36 @@ def detect_straggler(traces: TraceSet) -> list[Finding]:
     where = "; ".join(f"rank {r} arrives last at {site} ({n}x)" for r in culprits
                       for site, n in before[r].most_common(2))
     shares = ", ".join(f"rank {r} last in {last_counts[r]} of {considered}" for r in culprits)
+    doing = _doing(traces, culprits)
+    if doing:
+        where += "." + "".join(
+            f"\nWhile its peers waited, rank {r} was at "
+            + "; ".join(f"{d['frame']} ({d['samples']} of {d['of']} stack samples)"
+                        for d in doing[str(r)][:2])
+            for r in culprits if str(r) in doing)
     return [Finding(
         kind=FindingKind.STRAGGLER, severity=Severity.WARNING,
         title=f"{ranks_text(culprits)} consistently last to arrive at collectives "
               f"(skew median {median:.0f} ms, p95 {p95:.0f} ms)",
         detail=f"{shares} collectives whose arrival skew exceeded "
-               f"{MIN_SKEW_NS / 1e6:.0f} ms.\n{where}.",
+               f"{MIN_SKEW_NS / 1e6:.0f} ms.\n{where}" + ("" if doing else "."),
         ranks=tuple(culprits), hint=HINT_STRAGGLER,
         evidence={"median_ms": round(median, 1), "p95_ms": round(p95, 1),
-                  "last": {str(r): last_counts[r] for r in culprits}, "considered": considered},
+                  "last": {str(r): last_counts[r] for r in culprits}, "considered": considered,
+                  "doing": doing},
     )]
+
+
+def _doing(traces: TraceSet, culprits: list[int]) -> dict[str, list[dict]]:
+    """Per late rank, where its stack samples (taken while peers waited) found it, most often
+    first: {rank: [{frame, samples, of, stack}]}."""
+    out = {}
+    for r in culprits:
+        mine = [s for s in traces.stack_samples if s.rank == r and s.frames]
+        if not mine:
+            continue
+        counts = Counter(s.frames[0] for s in mine)
+        stacks = {s.frames[0]: list(s.frames) for s in mine}
+        out[str(r)] = [{"frame": frame, "samples": n, "of": len(mine), "stack": stacks[frame]}
+                       for frame, n in counts.most_common(3)]
+    return out

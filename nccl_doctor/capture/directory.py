@@ -1,5 +1,6 @@
 """A capture directory: ``manifest.json``, one capture file per rank process, and the evidence the
-supervisor gathered beside them (``gpu.jsonl``: nccl_doctor/gpu/series.py).
+supervisor gathered beside them (``gpu.jsonl``: nccl_doctor/gpu/series.py; ``stragglers.jsonl``:
+nccl_doctor/stacks/samples.py).
 
 ``load_capture_dir`` turns it into a ``TraceSet``; ``Manifest`` is written by the supervisor.
 """
@@ -19,6 +20,7 @@ from nccl_doctor.errors import (
     CaptureNotFound, CorruptCapture, DoctorError, NotACapture, UnsupportedVersion,
 )
 from nccl_doctor.gpu.series import read_gpu
+from nccl_doctor.stacks.samples import read_samples
 from nccl_doctor.model import ExitKind, GroupInfo, RankExit, RankTrace, TraceSet
 
 MANIFEST = "manifest.json"
@@ -154,12 +156,13 @@ def load_capture_dir(path: Path, *, job_ended: bool | None = None) -> TraceSet:
                 "its last events may be missing"
             )
 
-    gpu = None
+    gpu, samples = None, ()
     if path.is_dir():
         try:
             gpu = read_gpu(path)
         except ValueError as err:
             problems.append(f"GPU samples skipped: {err}")
+        samples = read_samples(path)
     sizes = [t.meta.world_size for t in traces.values()]
     if manifest is not None and manifest.world_size:
         sizes.append(manifest.world_size)
@@ -168,6 +171,7 @@ def load_capture_dir(path: Path, *, job_ended: bool | None = None) -> TraceSet:
         ranks=traces, groups=_groups(traces.values()), world_size=world,
         command=manifest.command if manifest else (), problems=tuple(problems),
         exit_status=manifest.exit_status if manifest else None, source=str(path), gpu=gpu,
+        stack_samples=samples,
     )
 
 

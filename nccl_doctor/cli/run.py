@@ -15,13 +15,14 @@ from nccl_doctor.errors import ExitStatus, OutputExists, UsageError
 from nccl_doctor.gpu.nvml import Nvml
 from nccl_doctor.gpu.series import GPU_JSONL
 from nccl_doctor.reporters.console import ConsoleReporter
+from nccl_doctor.stacks.samples import STRAGGLERS_JSONL
 from nccl_doctor.supervisor.supervisor import Supervisor
 from nccl_doctor.watchdog.policy import (
     DEFAULT_HANG_AFTER, DEFAULT_ON_HANG, DEFAULT_STUCK_AFTER, HangPolicy, OnHang,
 )
 
 HELP = "run a launch command (torchrun, accelerate launch, deepspeed, python) under the doctor"
-_OURS = (f"*{fmt.CAPTURE_SUFFIX}", "*.fault", MANIFEST, REPORT_JSON, GPU_JSONL)
+_OURS = (f"*{fmt.CAPTURE_SUFFIX}", "*.fault", MANIFEST, REPORT_JSON, GPU_JSONL, STRAGGLERS_JSONL)
 
 
 def register(sub: argparse._SubParsersAction) -> None:

@@ -29,6 +29,7 @@ from nccl_doctor.supervisor.launch import Job, exit_status, job_environment
 from nccl_doctor.watchdog.policy import HangPolicy
 from nccl_doctor.watchdog.probe import Registry
 from nccl_doctor.watchdog.silent import SilentWatch
+from nccl_doctor.watchdog.straggler import StragglerWatch
 from nccl_doctor.watchdog.view import LiveView
 from nccl_doctor.watchdog.watchdog import Watchdog
 
@@ -79,12 +80,15 @@ class Supervisor:
         self.listeners: list[Callable[[Supervisor], None]] = []  # called every tick
         self.watchdog: Watchdog | None = None
         self.silent: SilentWatch | None = None
+        self.straggler: StragglerWatch | None = None
         if policy is not None:
             self.watchdog = Watchdog(out_dir, self.run_id, policy, stop_job=self._stop_job,
                                      announce=announce)
             self.listeners.append(self.watchdog)
             self.silent = SilentWatch(out_dir, self.watchdog)
             self.listeners.append(self.silent)
+            self.straggler = StragglerWatch(out_dir, self.watchdog)
+            self.listeners.append(self.straggler)
         self.gpu: GpuSampler | None = None
         if gpu is not None:
             registry = self.watchdog.registry if self.watchdog is not None else Registry(out_dir)

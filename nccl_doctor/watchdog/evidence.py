@@ -9,7 +9,7 @@ from nccl_doctor import frames
 from nccl_doctor.agent.client import AgentUnavailable, request_many
 from nccl_doctor.stacks import pyspy
 from nccl_doctor.stacks.aggregate import classify
-from nccl_doctor.stacks.model import RankStack, parse_stack_json
+from nccl_doctor.stacks.model import Frame, RankStack, parse_stack_json
 
 
 def collect_stacks(pids: dict[int, int], run_id: str, *, timeout: float) -> dict[int, RankStack]:
@@ -38,20 +38,39 @@ def collect_stacks(pids: dict[int, int], run_id: str, *, timeout: float) -> dict
     return stacks
 
 
+def _library(path: str) -> bool:
+    return frames.is_wrapper_file(path) or frames.is_internal_file(path)
+
+
+def _where(f: Frame) -> str:
+    return f"{frames.short_path(f.path)}:{f.line} in {f.function}"
+
+
 def user_frame(stack: RankStack) -> str | None:
     """'path:line in function' of the innermost frame of the main thread in the user's code."""
     main = stack.main
     if main is None:
         return None
-    def library(path: str) -> bool:
-        return frames.is_wrapper_file(path) or frames.is_internal_file(path)
-
-    for user in (lambda p: not library(p) and not frames.is_stdlib_file(p),
-                 lambda p: not library(p), lambda p: True):  # innermost first, in each pass
+    for user in (lambda p: not _library(p) and not frames.is_stdlib_file(p),
+                 lambda p: not _library(p), lambda p: True):  # innermost first, in each pass
         f = next((f for f in main.frames if user(f.path)), None)
         if f is not None:
-            return f"{frames.short_path(f.path)}:{f.line} in {f.function}"
+            return _where(f)
     return None
+
+
+def user_frames(stack: RankStack, limit: int = 3) -> tuple[str, ...]:
+    """The main thread's frames in the user's code, innermost first (at most ``limit``); else
+    the one ``user_frame`` finds."""
+    main = stack.main
+    if main is None:
+        return ()
+    own = [_where(f) for f in main.frames
+           if not _library(f.path) and not frames.is_stdlib_file(f.path)][:limit]
+    if own:
+        return tuple(own)
+    one = user_frame(stack)
+    return (one,) if one else ()
 
 
 def stack_summary(stack: RankStack) -> str:

@@ -183,6 +183,11 @@ class Watchdog:
                              f" for {waited:.0f} s: a slow collective so far")
 
     @property
+    def counts(self) -> dict[int, int]:
+        """Each rank's recorded calls so far (as of the last tick)."""
+        return self._counts
+
+    @property
     def suspicious(self) -> bool:
         """Whether a hang is suspected or called: some rank waits with nothing moving."""
         if self.diagnosis is not None:

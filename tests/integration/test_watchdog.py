@@ -252,16 +252,25 @@ def test_every_rank_busy_outside_collectives_is_not_a_hang(supervise):
 
 
 def test_a_consistently_late_rank_is_a_straggler_not_a_hang(supervise):
-    sup, messages = supervise(3, "train_loop.py", {"SLOW_RANK": "1", "SLOW_SECONDS": "0.15",
-                                                   "STEPS": "8", "PAUSE": "0.05"})
+    sup, messages = supervise(3, "train_loop.py", {"SLOW_RANK": "1", "SLOW_SECONDS": "0.5",
+                                                   "STEPS": "24", "PAUSE": "0.05"})
+    sup.straggler.every = 0.5  # the default (10 s) outlasts this short job
     result = sup.run()
     assert result.exit_status == 0 and not result.stopped_for_hang, messages
     d = result.diagnosis
     assert d.verdict is Verdict.SUSPECT
     assert [f.kind for f in d.findings] == [FindingKind.STRAGGLER], [f.title for f in d.findings]
     f = d.findings[0]
-    assert f.ranks == (1,) and f.evidence["last"]["1"] >= 8
-    assert 100 <= f.evidence["median_ms"] <= 1000 and "train_loop.py" in f.detail
+    assert f.ranks == (1,) and f.evidence["last"]["1"] >= 20
+    assert 200 <= f.evidence["median_ms"] <= 2000 and "train_loop.py" in f.detail
+    # what it did while ranks 0 and 2 waited: its stack, sampled without pausing it
+    doing = f.evidence["doing"]["1"]
+    assert doing[0]["frame"].endswith("train_loop.py:19 in load_batch"), doing
+    assert doing[0]["samples"] >= 2 and doing[0]["samples"] >= 0.8 * doing[0]["of"], doing
+    assert "While its peers waited, rank 1 was at " in f.detail
+    assert "train_loop.py:19 in load_batch" in f.detail
+    samples = [json.loads(x) for x in (sup.out_dir / "stragglers.jsonl").read_text().splitlines()]
+    assert {s["rank"] for s in samples} == {1} and all(s["waiting"] for s in samples)
 
 
 def test_a_call_returned_but_never_completed_counts_as_waiting(supervise):

@@ -512,7 +512,9 @@ def test_passes_are_pure(tb, name) -> None:
     assert all_passes(ts) == all_passes(ts)
 
 
-def _late(tb, late_rank: int | None, skew_ms: float, n: int = 6, ranks: int = 3):
+def _late(tb, late_rank: int | None, skew_ms: float, n: int = 6, ranks: int = 3, samples=()):
+    from dataclasses import replace
+
     from nccl_doctor.analysis.straggler import detect_straggler
 
     traces = []
@@ -523,7 +525,7 @@ def _late(tb, late_rank: int | None, skew_ms: float, n: int = 6, ranks: int = 3)
             offset = int(skew_ms * 1e6) if r == late else 0
             events.append(tb.event(i, t_enter_ns=tb.T0 + i * 10**9 + offset, group_size=ranks))
         traces.append(tb.trace(r, events, tb.clean(), world_size=ranks))
-    return detect_straggler(tb.traceset(traces))
+    return detect_straggler(replace(tb.traceset(traces), stack_samples=tuple(samples)))
 
 
 def test_straggler_is_the_rank_consistently_last(tb):
@@ -534,3 +536,22 @@ def test_straggler_is_the_rank_consistently_last(tb):
     assert _late(tb, None, skew_ms=150) == []  # each rank late in turn: nobody consistently
     assert _late(tb, 2, skew_ms=5) == []  # 5 ms: noise
     assert _late(tb, 2, skew_ms=150, n=4) == []  # too few collectives to say
+    assert f.evidence["doing"] == {}
+
+
+def test_straggler_says_where_its_stack_samples_found_it(tb):
+    from nccl_doctor.stacks.samples import StackSample
+
+    def at(rank, *frames):
+        return StackSample(1.0, rank, frames, (0, 1), "py-spy")
+
+    samples = [at(2, "train.py:40 in load_batch", "train.py:90 in main")] * 3 + [
+        at(2, "train.py:12 in log_metrics"), at(1, "train.py:40 in load_batch"), at(2)]
+    (f,) = _late(tb, 2, skew_ms=150, samples=samples)
+    assert f.evidence["doing"] == {"2": [
+        {"frame": "train.py:40 in load_batch", "samples": 3, "of": 4,
+         "stack": ["train.py:40 in load_batch", "train.py:90 in main"]},
+        {"frame": "train.py:12 in log_metrics", "samples": 1, "of": 4,
+         "stack": ["train.py:12 in log_metrics"]}]}
+    assert ("While its peers waited, rank 2 was at train.py:40 in load_batch (3 of 4 stack "
+            "samples); train.py:12 in log_metrics (1 of 4 stack samples)") in f.detail

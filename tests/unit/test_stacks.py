@@ -485,3 +485,21 @@ def test_rank_list_compresses_runs_of_three_or_more():
     assert rank_list(range(128)) == "0-127"
     assert rank_list([0, 1, 2, 3, 5, 7, 8, 9, 10]) == "0-3, 5, 7-10"
     assert rank_list([]) == ""
+
+
+def test_straggler_samples_file_is_bounded_and_read_defensively(tmp_path):
+    from nccl_doctor.stacks.samples import (
+        MAX_PER_RANK, STRAGGLERS_JSONL, SampleLog, StackSample, read_samples,
+    )
+
+    assert read_samples(tmp_path) == ()
+    log = SampleLog(tmp_path)
+    for k in range(MAX_PER_RANK + 5):
+        log.add(StackSample(float(k), 1, ("train.py:3 in f",), (0,), "py-spy"))
+    log.add(StackSample(1.0, 2, ("train.py:9 in g",), (0, 1), "agent"))
+    with open(tmp_path / STRAGGLERS_JSONL, "a") as f:
+        f.write('junk\n{"t": 1, "rank": -1, "frames": [], "waiting": []}\n'
+                '{"t": 1, "rank": 3, "frames": [7], "waiting": []}\n[]\n')
+    got = read_samples(tmp_path)
+    assert [s.rank for s in got].count(1) == MAX_PER_RANK
+    assert got[-1] == StackSample(1.0, 2, ("train.py:9 in g",), (0, 1), "agent")

@@ -15,6 +15,10 @@ def compute(seconds: float) -> None:
     time.sleep(seconds)
 
 
+def load_batch(seconds: float) -> None:
+    time.sleep(seconds)  # the straggler's extra work (a slow input pipeline)
+
+
 def evaluate(seconds: float) -> float:
     end, x = time.monotonic() + seconds, 0.0
     while time.monotonic() < end:  # CPU-bound, and the stack moves
@@ -36,7 +40,7 @@ def main() -> None:
     for step in range(steps):
         compute(pause)
         if rank == slow:
-            compute(slow_s)
+            load_batch(slow_s)
         t = torch.ones(4) * rank
         dist.all_reduce(t)
         if step == busy_step:
