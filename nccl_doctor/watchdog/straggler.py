@@ -1,7 +1,7 @@
 """Stragglers while the job runs: what the late rank does while its peers wait for it.
 
-Every ``every`` seconds, if the job progressed, the supervisor reads the captures and runs the
-straggler pass. When it names late ranks and, at that moment, some peer waits inside a collective
+Every ``every`` seconds (longer when a look is slow: at most 5% of the supervisor's time goes to
+them), if the job progressed, the supervisor reads the captures and runs the straggler pass. When it names late ranks and, at that moment, some peer waits inside a collective
 while the late rank is outside any, the late rank's stack is sampled (py-spy ``--nonblocking``:
 the rank is never paused; else its in-rank agent) into ``stragglers.jsonl``. The post-mortem
 straggler finding then says where the late rank spends the time its peers wait. Never a hang:
@@ -23,6 +23,9 @@ from nccl_doctor.watchdog import evidence
 from nccl_doctor.watchdog.watchdog import Watchdog
 
 
+DUTY = 20.0  # wait at least this many times a look's own duration before the next one
+
+
 class StragglerWatch:
     """``Supervisor`` listener; uses the watchdog's registry and policy."""
 
@@ -31,6 +34,7 @@ class StragglerWatch:
         self.out_dir, self.watchdog, self.every, self.clock = out_dir, watchdog, every, clock
         self.log = SampleLog(out_dir)
         self._last = clock()
+        self._cost = 0.0  # how long the last look took
         self._seen: dict[int, int] = {}
 
     def __call__(self, _supervisor: Any = None) -> None:
@@ -42,9 +46,16 @@ class StragglerWatch:
 
     def tick(self) -> None:
         now = self.clock()
-        if now - self._last < self.every:
+        # a look reads every capture: at most 5% of the supervisor's time goes to them
+        if now - self._last < max(self.every, DUTY * self._cost):
             return
         self._last = now
+        try:
+            self._look()
+        finally:
+            self._cost = self.clock() - now
+
+    def _look(self) -> None:
         counts = self.watchdog.counts
         if counts == self._seen or self.watchdog.suspicious:
             return  # nothing new, or a hang is being watched
