@@ -231,3 +231,88 @@ def test_every_rank_spinning_with_no_peer_missing_blames_the_transport(tb):
     (f,) = [f for f in analyze(traces).findings if f.kind is FindingKind.GPU_BUSY_HANG]
     assert f.ranks == (0, 1, 2) and f.evidence["waiting_for"] == []
     assert "no data moving" in f.title and "transport" in f.hint
+
+
+class StandInNvml:
+    """The few pynvml calls Nvml makes, answering in NVML's units (mW, bytes, KB/s, KiB
+    counters) with the readings of DeepSpeed#6524's hung H100; the NVLink counters advance 1000 KiB
+    per read (of any device), and device 1 does not support PCIe throughput. This machine has no driver."""
+
+    class NVMLError(Exception):
+        pass
+
+    NVML_CLOCK_SM, NVML_PCIE_UTIL_TX_BYTES, NVML_PCIE_UTIL_RX_BYTES, NVML_SUCCESS = 1, 0, 1, 0
+    NVML_FI_DEV_NVLINK_THROUGHPUT_DATA_TX, NVML_FI_DEV_NVLINK_THROUGHPUT_DATA_RX = 138, 139
+
+    def __init__(self):
+        from types import SimpleNamespace as NS
+
+        self.NS, self.kib, self.shut = NS, 0, False
+
+    def nvmlDeviceGetCount(self):
+        return 2
+
+    def nvmlDeviceGetHandleByIndex(self, i):
+        return i
+
+    def nvmlDeviceGetUUID(self, h):
+        return f"GPU-{h}"
+
+    def nvmlDeviceGetName(self, h):
+        return "NVIDIA H100 80GB HBM3"
+
+    def nvmlDeviceGetEnforcedPowerLimit(self, h):
+        return 700_000
+
+    def nvmlDeviceGetMaxClockInfo(self, h, clock):
+        return 1980
+
+    def nvmlDeviceGetClockInfo(self, h, clock):
+        return 1980
+
+    def nvmlDeviceGetMemoryInfo(self, h):
+        return self.NS(total=81559 * 2**20, used=55217 * 2**20)
+
+    def nvmlDeviceGetUtilizationRates(self, h):
+        return self.NS(gpu=100, memory=0)
+
+    def nvmlDeviceGetPowerUsage(self, h):
+        return 116_000
+
+    def nvmlDeviceGetPcieThroughput(self, h, counter):
+        if h == 1:
+            raise self.NVMLError("Not Supported")
+        return 1500 if counter == self.NVML_PCIE_UTIL_TX_BYTES else 500
+
+    def nvmlDeviceGetFieldValues(self, h, fields):
+        self.kib += 1000
+        return [self.NS(nvmlReturn=0, value=self.NS(ullVal=self.kib)) for _ in fields]
+
+    def nvmlDeviceGetComputeRunningProcesses(self, h):
+        return [self.NS(pid=4242)] if h == 0 else []
+
+    def nvmlShutdown(self):
+        self.shut = True
+
+
+def test_nvml_readings_are_converted_from_nvml_units(monkeypatch):
+    from nccl_doctor.gpu.nvml import Nvml
+
+    fake = StandInNvml()
+    nvml = Nvml(fake)
+    times = iter([100.0, 102.0])
+    monkeypatch.setattr("nccl_doctor.gpu.nvml.time.time", lambda: next(times))
+    d0 = nvml.devices()[0]
+    assert (d0.power_limit_w, d0.memory_total_mib, d0.sm_max_mhz) == (700.0, 81559.0, 1980)
+    first, second = nvml.sample(0), nvml.sample(1)
+    assert (first.util, first.power_w, first.memory_used_mib, first.pcie_kbs) == \
+        (100, 116, 55217, 2000)
+    assert first.nvlink_kbs is None  # a rate needs two readings of the counter
+    assert second.pcie_kbs is None  # not supported on that device: None, not an error
+    assert nvml.pids(0) == {4242} and nvml.pids(1) == set()
+    assert classify(first, d0) is Activity.SPIN
+    times = iter([104.0])
+    # TX + RX counters: 2 x 1000 KiB at t=100, 2 x 3000 KiB at t=104 (device 1 read in between)
+    assert nvml.sample(0).nvlink_kbs == (6000 - 2000) / 4
+    nvml.close()
+    assert fake.shut
