@@ -118,6 +118,21 @@ def _pids_when_running(out: Path, nproc: int, timeout: float = 60) -> dict[int, 
     raise AssertionError("the job never started recording")
 
 
+def _stop_outside_collectives(out: Path, rank: int, pid: int, tries: int = 50) -> None:
+    """SIGSTOP ``pid``; if its capture then shows it inside a collective, let it go and retry."""
+    from nccl_doctor.analysis.align import blocked_event
+    from nccl_doctor.capture.reader import read_capture
+
+    path = next(f for f in capture_files(out) if read_progress(f)[0]["rank"] == rank)
+    for _ in range(tries):
+        os.kill(pid, signal.SIGSTOP)
+        if blocked_event(read_capture(path)) is None:
+            return
+        os.kill(pid, signal.SIGCONT)
+        time.sleep(0.05)
+    raise AssertionError(f"rank {rank} was always inside a collective")
+
+
 def test_stopped_rank_is_a_hang_with_its_stack(supervise):
     sup, messages = supervise(3, "train_loop.py", {"STEPS": "400", "PAUSE": "0.3"})
     box = {}
@@ -127,8 +142,7 @@ def test_stopped_rank_is_a_hang_with_its_stack(supervise):
     try:
         pids = _pids_when_running(sup.out_dir, 3)
         victim = pids[2]
-        time.sleep(0.15)  # inside its compute pause, outside any collective
-        os.kill(victim, signal.SIGSTOP)
+        _stop_outside_collectives(sup.out_dir, 2, victim)  # in its compute pause
         thread.join(90)
         assert not thread.is_alive(), "the watchdog never called the hang"
     finally:
