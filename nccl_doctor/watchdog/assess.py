@@ -81,9 +81,20 @@ def assess(traces: TraceSet, diagnosis: Diagnosis, procs: dict[int, ProcState]) 
         return Assessment(Situation.WAITING_ON_PEERS, live, waiting, awaited, stopped,
                           _cause(diagnosis))
     cause = _cause(diagnosis)
-    if cause is not None:
+    if cause is not None and _explains(cause, waiting):
         return Assessment(Situation.DEADLOCK, live, waiting, (), stopped, cause)
     return Assessment(Situation.ALL_WAITING, live, waiting, (), stopped, None)
+
+
+def _explains(cause: Finding, waiting: dict[int, Event]) -> bool:
+    """Whether the desync is about the calls the ranks wait in. A rank blocked in a Python call
+    waits in the newest collective it issued, so a desync always is. A call in flight (returned
+    on the CPU, not completed) may be followed by later calls on the same rank: a desync in those
+    (a rank whose CPU is one collective behind) says nothing about the collective everyone is
+    still completing, which may just be slow."""
+    if not any(e.in_flight for e in waiting.values()):
+        return True
+    return any((e.group, e.align_seq) == (cause.group, cause.seq) for e in waiting.values())
 
 
 def _cause(diagnosis: Diagnosis) -> Finding | None:

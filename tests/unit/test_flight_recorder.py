@@ -96,3 +96,29 @@ def test_returned_calls_not_completed_on_the_gpu_become_waits(tb) -> None:
     assert root.kind is FindingKind.MISSING_COLLECTIVE and root.ranks == (1,) and root.seq == 3
     assert root.evidence["waiting_states"] == {"0": "in_flight"}
     assert "never completed (Flight Recorder)" in root.detail
+
+
+def test_a_slow_collective_in_flight_is_not_a_deadlock_with_a_rank_one_call_behind(tb) -> None:
+    """NCCL, healthy: both ranks' all_reduce #2 still runs on the GPU; rank 0's CPU has already
+    queued #3, rank 1's has not (it waits on its stream). Everyone is in #2: slow, not stuck."""
+    from nccl_doctor.watchdog.assess import Situation, assess
+
+    rank0 = [tb.event(i, seq=i, input="float32[36]") for i in (1, 2, 3)]
+    rank1 = [tb.event(i, seq=i, input="float32[36]") for i in (1, 2)]
+    traces = tb.traceset([tb.trace(0, rank0, tb.RUNNING), tb.trace(1, rank1, tb.RUNNING)],
+                         groups={"0": (0, 1)})
+    dumps = {0: {"entries": [nccl(0, 1, "completed", True), nccl(1, 2, "started", False),
+                             nccl(2, 3, "scheduled", False)]},
+             1: {"entries": [nccl(0, 1, "completed", True), nccl(1, 2, "started", False)]}}
+    merged = merge(traces, dumps)
+    a = assess(merged, analyze(merged), {})
+    assert {r: e.seq for r, e in a.waiting.items()} == {0: 2, 1: 2}
+    assert a.situation is Situation.ALL_WAITING and a.cause is None
+    # the same ranks, but rank 1 is blocked (in Python) in a barrier at #2: that cannot complete
+    rank1 = [tb.event(1, seq=1, input="float32[36]"),
+             tb.event(2, "barrier", seq=2, input="", state=tb.ENTERED)]
+    traces = tb.traceset([tb.trace(0, rank0, tb.RUNNING), tb.trace(1, rank1, tb.RUNNING)],
+                         groups={"0": (0, 1)})
+    merged = merge(traces, {0: dumps[0]})
+    a = assess(merged, analyze(merged), {})
+    assert a.situation is Situation.DEADLOCK and a.cause.seq == 2, a
