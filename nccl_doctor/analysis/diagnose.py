@@ -58,6 +58,8 @@ def analyze(traces: TraceSet, passes: tuple[Pass, ...] = PASSES) -> Diagnosis:
         notes.append("no rank joined a process group: there are no collectives to analyse")
     if traces.gpu is not None and not traces.gpu.available:
         notes.append(f"GPUs not sampled: {traces.gpu.reason}")
+    elif traces.gpu is not None and traces.gpu.stopped:
+        notes.append(f"{traces.gpu.stopped} (GPU evidence after that is missing)")
     return known_issues.annotate(Diagnosis(
         verdict=_verdict(findings, traces), findings=tuple(findings),
         ranks=tuple(_summaries(traces)), world_size=traces.world_size, command=traces.command,

@@ -41,9 +41,11 @@ def detect_gpu_busy_hang(traces: TraceSet) -> list[Finding]:
     for rank, trace in sorted(traces.ranks.items()):
         e = blocked_event(trace)
         placed = gpu.ranks.get(rank)
-        if e is None or placed is None or e.kind not in (EventKind.COLLECTIVE, EventKind.P2P):
+        if (e is None or placed is None or e.kind not in (EventKind.COLLECTIVE, EventKind.P2P)
+                or not _maybe_nccl(traces, e.group)):
             continue
-        w = window(gpu.series(placed.index, since=e.t_enter_ns / 1e9 + SETTLE_S),
+        until = trace.exit.time_ns / 1e9 if trace.exit.time_ns else float("inf")
+        w = window(gpu.series(placed.index, since=e.t_enter_ns / 1e9 + SETTLE_S, until=until),
                    gpu.devices.get(placed.index))
         if w.activity is Activity.SPIN:
             spinning[rank] = (e, placed, w)
@@ -69,6 +71,14 @@ def detect_gpu_busy_hang(traces: TraceSet) -> list[Finding]:
             str(r): _evidence(placed, w) for r, (_, placed, w) in spinning.items()}},
         time_ns=first.t_enter_ns,
     )]
+
+
+def _maybe_nccl(traces: TraceSet, group: str) -> bool:
+    """A group known to run on another backend (gloo, mpi) launches no NCCL kernels; "undefined"
+    (init_process_group() without a backend) and "cpu:gloo,cuda:nccl" may."""
+    info = traces.groups.get(group)
+    backend = info.backend if info is not None else ""
+    return backend in ("", "undefined") or "nccl" in backend
 
 
 def _line(rank: int, e: Event, placed: RankGpu, w: Window, gpu: GpuTrace) -> str:

@@ -49,22 +49,30 @@ def _tensors(sizes: Any, dtypes: Any) -> str:
 def events_from_dump(trace: Mapping[str, Any]) -> list[Event]:
     """The collectives of one rank's Flight Recorder dump, as events (p2p entries are skipped).
 
-    Malformed entries are skipped: the dump comes from a live process, never trusted blindly."""
+    Sequence numbers are the recorder's (``_get_sequence_number_for_group``): on gloo that counts
+    every operation (``op_id``); ProcessGroupNCCL returns its collective count
+    (``collective_seq_id``). Malformed entries are skipped: the dump comes from a live process,
+    never trusted blindly."""
     out = []
     entries = trace.get("entries") if isinstance(trace, Mapping) else None
-    for entry in entries if isinstance(entries, list) else []:
+    entries = entries if isinstance(entries, list) else []
+    done_up_to = _done_up_to(entries)
+    for entry in entries:
         try:
             if entry.get("is_p2p"):
                 continue
             op_id, coll = int(entry["op_id"]), int(entry["collective_seq_id"])
             group = str(entry["process_group"][0])
-            name = str(entry["profiling_name"]).rpartition(":")[2] or "?"
+            profile = str(entry["profiling_name"])
+            name = profile.rpartition(":")[2] or "?"
+            seq = coll if profile.startswith("nccl:") else op_id
             created = int(entry.get("time_created_ns", 0))
-            done = completed(entry)
+            record = int(entry.get("record_id", 0))
+            done = completed(entry) or record < done_up_to.get(group, -1)
             out.append(Event(
-                idx=IDX_BASE + int(entry.get("record_id", 0)), parent=0,
-                kind=EventKind.COLLECTIVE, op=name, group=group, seq=op_id,
-                seq_offset=op_id - coll, seq_delta=1 if done else None,
+                idx=IDX_BASE + record, parent=0,
+                kind=EventKind.COLLECTIVE, op=name, group=group, seq=seq,
+                seq_offset=seq - coll, seq_delta=1 if done else None,
                 state=EventState.RETURNED if done else EventState.ENTERED,
                 flags=EventFlag.NONE, t_enter_ns=created, t_exit_ns=None,
                 thread=int(entry.get("thread_id", 0) or 0),
@@ -73,6 +81,21 @@ def events_from_dump(trace: Mapping[str, Any]) -> list[Event]:
                 nbytes=0, peer=-1, group_size=0, callsite=CPP_CALLSITE, api_callsite=None,
                 extra=SOURCE,
             ))
+        except (KeyError, TypeError, ValueError, IndexError, AttributeError):
+            continue
+    return out
+
+
+def _done_up_to(entries: list) -> dict[str, int]:
+    """Per group, the newest record id of a completed NCCL entry: a group's NCCL work runs in
+    order on one stream, so every older entry is done too (coalesced ops' own entries carry no
+    CUDA events and never show "completed" themselves)."""
+    out: dict[str, int] = {}
+    for entry in entries:
+        try:
+            if str(entry["profiling_name"]).startswith("nccl:") and completed(entry):
+                group, record = str(entry["process_group"][0]), int(entry["record_id"])
+                out[group] = max(out.get(group, -1), record)
         except (KeyError, TypeError, ValueError, IndexError, AttributeError):
             continue
     return out
@@ -122,6 +145,16 @@ def _in_flight(recorded: tuple[Event, ...], fr: list[Event]) -> set[int]:
             if first is None or e.seq < first.seq:
                 out[e.group] = e
     return {e.idx for e in out.values()}
+
+
+def has_nccl(dumps: Mapping[int, Any]) -> bool:
+    """Whether any rank's dump holds NCCL work."""
+    for trace in dumps.values():
+        entries = trace.get("entries") if isinstance(trace, Mapping) else None
+        for e in entries if isinstance(entries, list) else ():
+            if isinstance(e, Mapping) and str(e.get("profiling_name", "")).startswith("nccl:"):
+                return True
+    return False
 
 
 def progress_signature(dumps: Mapping[int, Any]) -> tuple:

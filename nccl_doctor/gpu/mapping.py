@@ -53,7 +53,7 @@ def map_ranks(hints: Mapping[int, RankHints], devices: Mapping[int, GpuDevice],
 
 
 def _device(entry: str, by_uuid: Mapping[str, int]) -> int | None:
-    if entry.isdigit():
+    if entry.isascii() and entry.isdigit():
         return int(entry)
     if entry.startswith("GPU-"):  # a UUID, possibly abbreviated (CUDA accepts a unique prefix)
         found = [i for uuid, i in by_uuid.items() if uuid.startswith(entry)]

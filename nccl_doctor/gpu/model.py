@@ -50,6 +50,8 @@ class GpuTrace:
     devices: Mapping[int, GpuDevice] = field(default_factory=dict)
     ranks: Mapping[int, RankGpu] = field(default_factory=dict)
     samples: tuple[GpuSample, ...] = ()
+    stopped: str = ""  # why sampling stopped early, if it did
 
-    def series(self, index: int, since: float = 0.0) -> tuple[GpuSample, ...]:
-        return tuple(s for s in self.samples if s.index == index and s.t >= since)
+    def series(self, index: int, since: float = 0.0,
+               until: float = float("inf")) -> tuple[GpuSample, ...]:
+        return tuple(s for s in self.samples if s.index == index and since <= s.t <= until)

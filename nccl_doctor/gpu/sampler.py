@@ -2,7 +2,8 @@
 
 NVML calls can block for seconds on a sick driver, so they never run on the supervisor's loop:
 the loop (``tick``) only tells the thread how often to sample - every ``slow`` seconds while the
-job is healthy, every ``fast`` seconds once the watchdog suspects a hang - and which ranks exist,
+job moves, every ``fast`` seconds once nothing has been recorded for a second (the watchdog is
+looking: a hang may be starting) - and which ranks exist,
 with the hints that place them on devices. Without NVML the thread writes one header line saying
 why and stops. It never raises into the supervisor, and the file is bounded (series.GpuLog).
 """
@@ -27,15 +28,15 @@ FAST = 0.5
 
 class GpuSampler:
     """``Supervisor`` listener. ``ranks()`` gives {rank: (pid, local_rank)} of this host's ranks;
-    ``suspicious()`` says whether to sample fast."""
+    ``fast()`` says whether to sample fast (nothing has been recorded for a second)."""
 
     def __init__(self, out_dir: Path, *, ranks: Callable[[], Mapping[int, tuple[int, int | None]]],
-                 suspicious: Callable[[], bool] = lambda: False,
+                 fast: Callable[[], bool] = lambda: False,
                  open_source: Callable[[], GpuSource] = Nvml.open,
-                 slow: float = SLOW, fast: float = FAST) -> None:
+                 slow: float = SLOW, fast_every: float = FAST) -> None:
         self.log = GpuLog(out_dir)
-        self.ranks, self.suspicious, self.open_source = ranks, suspicious, open_source
-        self.slow, self.fast = slow, fast
+        self.ranks, self.wants_fast, self.open_source = ranks, fast, open_source
+        self.slow, self.fast = slow, fast_every
         self.interval = slow
         self.hints: dict[int, RankHints] = {}
         self.error: str | None = None  # why sampling stopped early, if it did
@@ -51,7 +52,7 @@ class GpuSampler:
             self.tick = lambda: None  # type: ignore[method-assign]
 
     def tick(self) -> None:
-        interval = self.fast if self.suspicious() else self.slow
+        interval = self.fast if self.wants_fast() else self.slow
         ranks = self.ranks()
         wake = interval < self.interval
         if set(ranks) != set(self.hints):
@@ -74,36 +75,45 @@ class GpuSampler:
 
     def _run(self) -> None:
         try:
+            self._sample_until_stopped()
+        except Exception as err:  # an NVML binding failing in an unforeseen way, a full disk
+            self.error = f"GPU sampling stopped: {err!r}"
+            try:
+                self.log.error(self.error)
+            except OSError:
+                pass
+
+    def _sample_until_stopped(self) -> None:
+        try:
             source = self.open_source()
         except GpuUnavailable as err:
             self.log.header(available=False, reason=str(err), host=socket.gethostname())
-            return
-        except Exception as err:  # an NVML binding that fails in an unforeseen way
-            self.log.header(available=False, reason=f"NVML failed: {err!r}",
-                            host=socket.gethostname())
             return
         try:
             devices = {d.index: d for d in source.devices()}
             self.log.header(available=True, host=socket.gethostname(), devices=devices.values())
             mapped_for: dict[int, RankHints] | None = None
+            mapped_at = 0.0
             mapping: dict = {}
             while True:
                 stopping = self._stop.is_set()
                 hints = self.hints
-                if hints is not mapped_for:
+                # Ranks join before they create their CUDA context, so NVML's pid lists fill in
+                # later: map again every slow period until NVML itself places every rank.
+                unsure = any(g.how != "nvml_pids" for g in mapping.values()) or \
+                    len(mapping) < len(hints)
+                if hints is not mapped_for or (unsure and time.time() - mapped_at >= self.slow):
                     pids = {i: source.pids(i) for i in devices}
                     new = map_ranks(hints, devices, pids)
                     if new != mapping:
                         mapping = new
                         self.log.ranks(time.time(), mapping)
-                    mapped_for = hints
+                    mapped_for, mapped_at = hints, time.time()
                 self.log.samples([source.sample(i) for i in devices])
                 if stopping:
                     break
                 self._wake.wait(self.interval)
                 self._wake.clear()
-        except Exception as err:
-            self.error = f"GPU sampling stopped: {err!r}"
         finally:
             try:
                 source.close()

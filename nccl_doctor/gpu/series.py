@@ -5,7 +5,8 @@
   memory_total_mib}]}`` - first; without NVML the only line, saying why;
 - ``{"kind": "ranks", "t": float, "ranks": {"<rank>": {"index": int, "how": str}}}`` - each time
   the rank -> device mapping changes (the last one counts);
-- ``{"kind": "sample", "t": float, "index": int, "util": ..., ...}`` - the fields of GpuSample.
+- ``{"kind": "sample", "t": float, "index": int, "util": ..., ...}`` - the fields of GpuSample;
+- ``{"kind": "error", "t": float, "reason": str}`` - sampling stopped early, and why.
 
 The file is bounded: past ``max_bytes`` it is rewritten with the header, the mapping and the newer
 half of the samples. Reading it never trusts it: odd lines are skipped, numbers must be finite.
@@ -16,6 +17,7 @@ from __future__ import annotations
 import json
 import math
 import os
+import time
 from collections import deque
 from dataclasses import asdict, fields
 from pathlib import Path
@@ -56,6 +58,10 @@ class GpuLog:
         self._ranks = _line({"kind": "ranks", "t": t, "ranks": {
             str(r): {"index": g.index, "how": g.how} for r, g in sorted(mapping.items())}})
         self._append([self._ranks])
+
+    def error(self, reason: str) -> None:
+        """Sampling stopped early: why (the report says so)."""
+        self._append([_line({"kind": "error", "t": time.time(), "reason": reason[:500]})])
 
     def samples(self, samples: Iterable[GpuSample]) -> None:
         lines = [_line({"kind": "sample", **{k: v for k, v in asdict(s).items()
@@ -110,7 +116,7 @@ def read_gpu(directory: Path) -> GpuTrace | None:
                          f"this nccl-doctor reads version {FORMAT_VERSION}")
     devices = {d.index: d for d in map(_device, _list(header.get("devices"))) if d is not None}
     ranks: dict[int, RankGpu] = {}
-    samples = []
+    samples, stopped = [], ""
     for line in raw.splitlines():
         obj = _object(line)
         if obj is None:
@@ -121,10 +127,12 @@ def read_gpu(directory: Path) -> GpuTrace | None:
                 samples.append(s)
         elif obj.get("kind") == "ranks" and isinstance(obj.get("ranks"), dict):
             ranks = _ranks(obj["ranks"])
+        elif obj.get("kind") == "error":
+            stopped = str(obj.get("reason", ""))[:500]
     samples.sort(key=lambda s: s.t)
     return GpuTrace(available=header.get("available") is True,
                     reason=str(header.get("reason", ""))[:500], host=str(header.get("host", "")),
-                    devices=devices, ranks=ranks, samples=tuple(samples))
+                    devices=devices, ranks=ranks, samples=tuple(samples), stopped=stopped)
 
 
 def _object(line: bytes) -> dict[str, Any] | None:
@@ -167,7 +175,7 @@ def _sample(obj: dict[str, Any]) -> GpuSample | None:
 def _ranks(obj: dict[str, Any]) -> dict[int, RankGpu]:
     out = {}
     for key, value in obj.items():
-        if not key.isdigit() or not isinstance(value, dict):
+        if not (key.isascii() and key.isdigit()) or not isinstance(value, dict):
             continue
         index = _index(value.get("index"))
         if index is not None:

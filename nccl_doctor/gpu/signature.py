@@ -4,8 +4,8 @@ NVML's utilisation is the share of time a kernel was running, not how hard the S
 kernel that polls a flag for a peer that never arrives reads 100%. What gives the spin away is
 power: polling draws little. Published readings of hung NCCL jobs (see
 tests/fixtures/gpu/published_readings.json, with their sources) all show 100% utilisation at
-14-22% of the power limit (H100 116-152 W of 700 W, H100 PCIe 69-72 W of 350 W, V100 44-66 W of
-250-300 W), while training at 98-100% utilisation draws 62-99% of it. So:
+14-22% of the power limit (H100 116-152 W of 700 W, H100 PCIe 69-72 W of 350 W, V100 44 W of
+250 W), while training at 98-100% utilisation draws 62-97% of it (A100 243-353 W). So:
 
 - ``spin``: utilisation >= 90% at <= 40% of the power limit, with no interconnect traffic worth
   the name (< 50 MB/s: polling, not data) where the device reports it;

@@ -71,7 +71,8 @@ def _sample(obj: dict[str, Any]) -> StackSample | None:
     if (not isinstance(t, (int, float)) or isinstance(t, bool) or not math.isfinite(t)
             or not isinstance(rank, int) or isinstance(rank, bool) or rank < 0
             or not isinstance(frames, list) or not all(isinstance(x, str) for x in frames)
-            or not isinstance(waiting, list) or not all(isinstance(x, int) for x in waiting)):
+            or not isinstance(waiting, list)
+            or not all(isinstance(x, int) and not isinstance(x, bool) for x in waiting)):
         return None
     return StackSample(float(t), rank, tuple(x[:300] for x in frames[:8]), tuple(waiting),
                        str(obj.get("source", ""))[:20])

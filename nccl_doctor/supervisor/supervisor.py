@@ -10,6 +10,7 @@ from __future__ import annotations
 import enum
 import os
 import signal
+import socket
 import time
 import uuid
 from dataclasses import dataclass, replace
@@ -94,13 +95,16 @@ class Supervisor:
             registry = self.watchdog.registry if self.watchdog is not None else Registry(out_dir)
             watchdog = self.watchdog
 
-            def ranks() -> dict[int, tuple[int, int | None]]:
+            host = socket.gethostname()
+
+            def ranks() -> dict[int, tuple[int, int | None]]:  # this host's: its GPUs only
                 if watchdog is None:
                     registry.poll()
-                return {r: (p.pid, p.local_rank) for r, p in registry.ranks.items()}
+                return {r: (p.pid, p.local_rank) for r, p in registry.ranks.items()
+                        if p.host == host}
 
             self.gpu = GpuSampler(out_dir, ranks=ranks, open_source=gpu,
-                                  suspicious=lambda: watchdog is not None and watchdog.suspicious)
+                                  fast=lambda: watchdog is not None and watchdog.quiet)
             self.listeners.append(self.gpu)
 
     def attach(self, listener: Callable[[Supervisor], None],

@@ -1,23 +1,27 @@
 """Stragglers while the job runs: what the late rank does while its peers wait for it.
 
 Every ``every`` seconds (longer when a look is slow: at most 5% of the supervisor's time goes to
-them), if the job progressed, the supervisor reads the captures and runs the straggler pass. When it names late ranks and, at that moment, some peer waits inside a collective
-while the late rank is outside any, the late rank's stack is sampled (py-spy ``--nonblocking``:
-the rank is never paused; else its in-rank agent) into ``stragglers.jsonl``. The post-mortem
-straggler finding then says where the late rank spends the time its peers wait. Never a hang:
-hangs are the watchdog's; this watch stands aside while it suspects one.
+them), if the job progressed, the supervisor reads the captures and runs the straggler pass.
+When it names late ranks and, at that moment, a late rank is outside any collective while peers
+have entered one it has not (``waited_by``), the late rank's stack is sampled (py-spy
+``--nonblocking``: the rank is never paused; else its in-rank agent) into ``stragglers.jsonl``.
+The post-mortem straggler finding then says where the late rank spends the time its peers wait.
+Never a hang: hangs are the watchdog's; this watch stands aside while every rank waits (a
+deadlock being confirmed, a stall) or a hang is called. Only this host's ranks are sampled.
 """
 
 from __future__ import annotations
 
+import socket
 import time
 from pathlib import Path
 from typing import Any, Callable
 
-from nccl_doctor.analysis.align import blocked_event
+from nccl_doctor.analysis.align import blocked_event, timelines
 from nccl_doctor.analysis.straggler import detect_straggler
 from nccl_doctor.capture.directory import load_capture_dir
 from nccl_doctor.errors import DoctorError
+from nccl_doctor.model import TraceSet
 from nccl_doctor.stacks.samples import SampleLog, StackSample
 from nccl_doctor.watchdog import evidence
 from nccl_doctor.watchdog.watchdog import Watchdog
@@ -57,20 +61,24 @@ class StragglerWatch:
 
     def _look(self) -> None:
         counts = self.watchdog.counts
-        if counts == self._seen or self.watchdog.suspicious:
-            return  # nothing new, or a hang is being watched
+        if counts == self._seen or self.watchdog.hang_suspected:
+            return  # nothing new, or every rank waits: that is the watchdog's business
         self._seen = dict(counts)
         before = self.watchdog.registry.poll()  # before the read that says who waits
         try:
             traces = load_capture_dir(self.out_dir, job_ended=False)
         except DoctorError:
             return
-        late = {r for f in detect_straggler(traces) for r in f.ranks}
-        blocked = {r for r, t in traces.ranks.items() if blocked_event(t) is not None}
-        waiting = tuple(sorted(blocked - late))
-        targets = {r: p.pid for r, p in self.watchdog.registry.ranks.items()
-                   if r in late and r not in blocked and not self.log.full(r)}
-        if not waiting or not targets:
+        late = sorted({r for f in detect_straggler(traces) for r in f.ranks})
+        host = socket.gethostname()
+        local = {r: p.pid for r, p in self.watchdog.registry.ranks.items() if p.host == host}
+        targets, waiting = {}, {}
+        for rank in late:
+            if rank in local and not self.log.full(rank):
+                peers = waited_by(traces, rank)
+                if peers:
+                    targets[rank], waiting[rank] = local[rank], peers
+        if not targets:
             return
         stacks = evidence.collect_stacks(targets, self.watchdog.run_id,
                                          timeout=self.watchdog.policy.stack_timeout)
@@ -80,4 +88,20 @@ class StragglerWatch:
             # a rank that recorded a call since the read reached the collective before the
             # sample was taken: where it was while its peers waited is not known
             if where and before.get(rank) == after.get(rank):
-                self.log.add(StackSample(time.time(), rank, where, waiting, stack.source))
+                self.log.add(StackSample(time.time(), rank, where, waiting[rank], stack.source))
+
+
+def waited_by(traces: TraceSet, rank: int) -> tuple[int, ...]:
+    """The peers waiting for ``rank`` now: it is outside any collective, and they entered a
+    collective of a group they share that it has not entered yet (on NCCL their calls return at
+    once, but the collective cannot complete without it)."""
+    trace = traces.ranks.get(rank)
+    if trace is None or blocked_event(trace) is not None:
+        return ()
+    peers = set()
+    for timeline in timelines(traces).values():
+        mine = timeline.last_seq.get(rank)
+        if mine is None:
+            continue
+        peers |= {r for r, seq in timeline.last_seq.items() if r != rank and seq > mine}
+    return tuple(sorted(peers))

@@ -94,6 +94,7 @@ class Watchdog:
         self._fr_dumps: dict[int, dict[str, Any]] | None = None  # cached while nothing moves
         self._fr_at = 0.0
         self._fr_signature: tuple | None = None  # what the last pull showed (progress check)
+        self._nccl = False  # Flight Recorder has shown NCCL entries
         self.message = ""  # the current one-line status ("" while nothing is wrong)
 
     # -- the loop ----------------------------------------------------------------------------
@@ -138,9 +139,8 @@ class Watchdog:
         waited = now - self._progress_at
         # On NCCL every call returns on the CPU at once: a rank that looks outside collectives may
         # wait in one on the GPU, which only Flight Recorder's completion state shows.
-        fr_every = (self.policy.sample_every
-                    if any(g.backend == "nccl" for g in traces.groups.values())
-                    else self._computing_every())
+        nccl = self._nccl or any("nccl" in g.backend for g in traces.groups.values())
+        fr_every = self.policy.sample_every if nccl else self._computing_every()
         if a.situation is Situation.COMPUTING and waited < fr_every:
             self._assessment = a
             return  # a compute phase between collectives: the common case, nothing to do
@@ -188,13 +188,17 @@ class Watchdog:
         return self._counts
 
     @property
-    def suspicious(self) -> bool:
-        """Whether a hang is suspected or called: some rank waits with nothing moving."""
-        if self.diagnosis is not None:
-            return True
+    def quiet(self) -> bool:
+        """Nothing recorded for ``policy.quiet`` seconds (the watchdog is looking), or a hang is
+        called."""
+        return self.diagnosis is not None or self.clock() - self._progress_at >= self.policy.quiet
+
+    @property
+    def hang_suspected(self) -> bool:
+        """A hang is called, or every rank waits (a deadlock being confirmed, or a stall)."""
         a = self._assessment
-        return a is not None and a.situation in (Situation.WAITING_ON_PEERS, Situation.DEADLOCK,
-                                                 Situation.ALL_WAITING)
+        return self.diagnosis is not None or (
+            a is not None and a.situation in (Situation.DEADLOCK, Situation.ALL_WAITING))
 
     def _progressed(self, now: float) -> None:
         """The job moved: whatever was being watched starts over."""
@@ -218,6 +222,8 @@ class Watchdog:
             {r: self.registry.ranks[r].pid for r in a.live if r in self.registry.ranks},
             self.run_id, timeout=self.policy.stack_timeout,
         )
+        # get_backend() says "undefined" for a plain init_process_group(): the entries tell
+        self._nccl = self._nccl or flight_recorder.has_nccl(self._fr_dumps)
         signature = flight_recorder.progress_signature(self._fr_dumps)
         moved = self._fr_signature is not None and signature != self._fr_signature
         self._fr_signature = signature

@@ -310,7 +310,9 @@ def test_a_call_returned_but_never_completed_counts_as_waiting(supervise):
 def test_spinning_gpus_of_a_deadlock_are_called_gpu_busy_hang(tmp_path, launch):
     """The skipped-broadcast deadlock, with GPUs played back from readings published with a real
     hung H100 job (no GPU here): each rank placed on its device through its real environment
-    (CUDA_VISIBLE_DEVICES reversed, LOCAL_RANK), sampled fast once the hang is suspected."""
+    (CUDA_VISIBLE_DEVICES reversed, LOCAL_RANK), sampled fast once nothing moves. The job calls
+    init_process_group() with no backend (recorded "undefined", as on a GPU box where NCCL would
+    carry CUDA tensors); a group known to be gloo-only is never said to spin NCCL kernels."""
     readings = json.loads((Path(__file__).parents[1] / "fixtures" / "gpu" /
                            "published_readings.json").read_text())["readings"]
     spin = [r for r in readings if r["state"] == "spin" and "6524" in r["source"]]
@@ -319,7 +321,8 @@ def test_spinning_gpus_of_a_deadlock_are_called_gpu_busy_hang(tmp_path, launch):
     source = RecordedGpus({i: spin for i in range(3)})
     messages: list[str] = []
     sup = Supervisor(launch(3, str(JOBS / "skip_broadcast.py")), tmp_path / "out",
-                     environ=dict(os.environ, SKIPPER="1", CUDA_VISIBLE_DEVICES="2,1,0"),
+                     environ=dict(os.environ, SKIPPER="1", CUDA_VISIBLE_DEVICES="2,1,0",
+                                  BACKEND=""),
                      announce=messages.append, gpu=lambda: source)
     result = sup.run()
     d = result.diagnosis

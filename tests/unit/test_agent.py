@@ -328,3 +328,24 @@ def test_fork_during_a_request_does_not_hold_the_reply(agent, run_id, monkeypatc
     finally:
         os.kill(pid, 9)
         os.waitpid(pid, 0)
+
+
+def test_flight_recorder_reads_both_recorders_once(agent, run_id, monkeypatch):
+    """NCCL builds have a second recorder (``_dump_nccl_trace_json``); newer torch may serve the
+    same entries from both. This CPU wheel has no NCCL: the second dump is stood in for."""
+    import json as _json
+
+    import torch
+    import torch.distributed  # noqa: F401  (the agent never imports it itself)
+
+    c10d = torch._C._distributed_c10d
+    shared = {"process_group": ["0", "default_pg"], "profiling_name": "nccl:all_reduce",
+              "op_id": 1, "collective_seq_id": 1, "p2p_seq_id": 0, "time_created_ns": 5}
+    mine = {**shared, "op_id": 2, "collective_seq_id": 2, "time_created_ns": 6}
+    monkeypatch.setattr(c10d, "_dump_fr_trace_json",
+                        lambda inc, act: _json.dumps({"version": "2.10", "entries": [shared]}))
+    monkeypatch.setattr(c10d, "_dump_nccl_trace_json",
+                        lambda inc, act: _json.dumps({"entries": [shared, mine]}), raising=False)
+    reply = request(run_id, os.getpid(), "flight_recorder")
+    assert reply["ok"], reply
+    assert reply["trace"]["entries"] == [shared, mine] and reply["trace"]["version"] == "2.10"

@@ -555,3 +555,17 @@ def test_straggler_says_where_its_stack_samples_found_it(tb):
          "stack": ["train.py:12 in log_metrics"]}]}
     assert ("While its peers waited, rank 2 was at train.py:40 in load_batch (3 of 4 stack "
             "samples); train.py:12 in log_metrics (1 of 4 stack samples)") in f.detail
+
+
+def test_a_late_rank_is_waited_for_by_peers_that_entered_a_collective_it_has_not(tb):
+    from nccl_doctor.watchdog.straggler import waited_by
+
+    ahead = [tb.event(i, seq=i, group_size=3) for i in (1, 2, 3)]  # returned: NCCL-like
+    behind = [tb.event(i, seq=i, group_size=3) for i in (1, 2)]
+    traces = tb.traceset([tb.trace(0, ahead, world_size=3), tb.trace(1, ahead, world_size=3),
+                          tb.trace(2, behind, world_size=3)])
+    assert waited_by(traces, 2) == (0, 1) and waited_by(traces, 0) == ()
+    inside = behind + [tb.event(3, "barrier", seq=3, input="", state=tb.ENTERED, group_size=3)]
+    traces = tb.traceset([tb.trace(0, ahead, world_size=3), tb.trace(2, inside, world_size=3)],
+                         groups={"0": (0, 2)})
+    assert waited_by(traces, 2) == ()  # inside a collective itself: not what the watch samples

@@ -62,10 +62,24 @@ def test_merge_fills_what_the_recorder_missed_and_finds_the_desync(tb) -> None:
     assert {s["op"] for s in root.evidence["sides"]} == {"all_reduce", "barrier"}
 
 
-def nccl(record_id: int, op_id: int, state: str, retired: bool) -> dict:
+def nccl(record_id: int, op_id: int, state: str, retired: bool, coll: int | None = None) -> dict:
     # NCCL entries move state scheduled -> started -> completed (torch FlightRecorder.hpp)
-    return {**entry(record_id, op_id, "all_reduce", retired), "profiling_name": "nccl:all_reduce",
-            "state": state}
+    return {**entry(record_id, op_id, "all_reduce", retired, coll=coll),
+            "profiling_name": "nccl:all_reduce", "state": state}
+
+
+def test_nccl_entries_use_the_collective_count_and_stream_order() -> None:
+    # ProcessGroupNCCL's sequence number (what the recorder records) counts collectives only;
+    # op_id also counts p2p ops (two sends here) and each op of a coalesced group
+    events = events_from_dump({"entries": [
+        nccl(0, 1, "completed", True, coll=1),
+        nccl(1, 4, "scheduled", False, coll=2),  # a coalesced op's own entry: no CUDA events
+        nccl(2, 5, "completed", True, coll=3),  # later on the same stream: so #2 is done too
+        nccl(3, 6, "started", False, coll=4),
+    ]})
+    assert [(e.seq, e.align_seq, e.state) for e in events] == [
+        (1, 1, EventState.RETURNED), (2, 2, EventState.RETURNED), (3, 3, EventState.RETURNED),
+        (4, 4, EventState.ENTERED)]
 
 
 def test_nccl_completion_is_the_state_not_retirement() -> None:

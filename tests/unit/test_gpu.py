@@ -19,6 +19,7 @@ from nccl_doctor.gpu.recorded import RecordedGpus
 from nccl_doctor.gpu.sampler import GpuSampler
 from nccl_doctor.gpu.series import GPU_JSONL, GpuLog, read_gpu
 from nccl_doctor.gpu.signature import Activity, classify, window
+from nccl_doctor.model import ExitKind, GroupInfo, RankExit
 
 READINGS = json.loads((Path(__file__).parents[1] / "fixtures" / "gpu" /
                        "published_readings.json").read_text())["readings"]
@@ -140,25 +141,47 @@ def wait_for(predicate, timeout: float = 10.0) -> None:
         time.sleep(0.02)
 
 
-def test_the_sampler_records_the_devices_and_speeds_up_on_suspicion(tmp_path):
-    source = RecordedGpus({0: of("spin", "6524"), 1: of("idle", "1550")[:1]}, pids={1: {4242}})
-    suspicious = [False]
+def test_the_sampler_records_the_devices_and_speeds_up_when_nothing_moves(tmp_path):
+    source = RecordedGpus({0: of("spin", "6524"), 1: of("idle", "1550")[:1]})
+    quiet = [False]
     sampler = GpuSampler(tmp_path, ranks=lambda: {0: (4242, 0)}, open_source=lambda: source,
-                         suspicious=lambda: suspicious[0], slow=30.0, fast=0.05)
+                         fast=lambda: quiet[0], slow=0.6, fast_every=0.05)
     sampler()
     wait_for(lambda: (read_gpu(tmp_path) or GpuTrace(False)).samples)
-    time.sleep(0.3)
-    slow = len(read_gpu(tmp_path).samples)
-    assert slow == 2  # one look at each device, then nothing for 30 s
-    suspicious[0] = True
+    time.sleep(0.2)
+    assert len(read_gpu(tmp_path).samples) == 2  # one look at each device, then slow
+    # ranks join before their CUDA context exists: NVML lists the pid later, and the sampler
+    # maps again (every slow period) until NVML itself places the rank
+    first = read_gpu(tmp_path).ranks
+    source._pids = {1: {4242}}
+    quiet[0] = True
     sampler()  # the supervisor's next tick
-    wait_for(lambda: len(read_gpu(tmp_path).samples) >= 12)
+    wait_for(lambda: len(read_gpu(tmp_path).samples) >= 30)
     sampler.close()
     assert source.closed and sampler.error is None
     trace = read_gpu(tmp_path)
+    assert first == {} or first[0].how != "nvml_pids"
     assert trace.ranks == {0: RankGpu(1, "nvml_pids")}
     assert {s.index for s in trace.samples} == {0, 1}
     assert [s.power_w for s in trace.series(0)][:2] == [116, 121]
+
+
+def test_a_sampler_failure_is_one_line_in_the_file_and_a_note(tmp_path, tb):
+    from dataclasses import replace
+
+    class Failing(RecordedGpus):
+        def sample(self, index):
+            raise RuntimeError("driver went away")
+
+    sampler = GpuSampler(tmp_path, ranks=dict, open_source=lambda: Failing({0: of("spin")}))
+    sampler()
+    sampler.close()
+    assert "driver went away" in sampler.error
+    traces = tb.traceset([tb.trace(0, tb.collectives(2)), tb.trace(1, tb.collectives(2))])
+    d = analyze(replace(traces, gpu=read_gpu(tmp_path)))
+    assert [n for n in d.notes if "GPU" in n] == [
+        "GPU sampling stopped: RuntimeError('driver went away') (GPU evidence after that is "
+        "missing)"]
 
 
 def test_without_nvml_one_header_line_says_why_and_the_report_one_note(tmp_path, tb):
@@ -179,7 +202,7 @@ def test_without_nvml_one_header_line_says_why_and_the_report_one_note(tmp_path,
     assert not any(f.kind is FindingKind.GPU_BUSY_HANG for f in d.findings)
 
 
-def hung_world(tb, gpu_readings: dict[int, list[dict]]):
+def hung_world(tb, gpu_readings: dict[int, list[dict]], backend: str = "nccl"):
     """Ranks 0 and 1 wait in all_reduce #3 since T0 + 3 ms; rank 2 never came; GPU samples from
     1 s after that, each rank on the device of its number."""
     from dataclasses import replace
@@ -197,7 +220,7 @@ def hung_world(tb, gpu_readings: dict[int, list[dict]]):
         samples += s
     gpu = GpuTrace(True, devices=devices, samples=tuple(sorted(samples, key=lambda s: s.t)),
                    ranks={r: RankGpu(r, "nvml_pids") for r in range(3)})
-    return replace(traces, gpu=gpu)
+    return replace(traces, gpu=gpu, groups={"0": GroupInfo("0", (0, 1, 2), backend)})
 
 
 def test_gpu_busy_hang_names_the_spinning_gpus_and_whom_they_wait_for(tb):
@@ -316,3 +339,20 @@ def test_nvml_readings_are_converted_from_nvml_units(monkeypatch):
     assert nvml.sample(0).nvlink_kbs == (6000 - 2000) / 4
     nvml.close()
     assert fake.shut
+
+
+def test_gloo_groups_and_samples_after_a_rank_ended_are_not_spinning_nccl(tb):
+    from dataclasses import replace
+
+    spin = of("spin", "6524")
+    assert any(f.kind is FindingKind.GPU_BUSY_HANG
+               for f in analyze(hung_world(tb, {0: spin * 3}, "undefined")).findings)
+    for backend in ("gloo", "mpi"):  # no NCCL kernels to spin
+        d = analyze(hung_world(tb, {0: spin * 3}, backend))
+        assert not any(f.kind is FindingKind.GPU_BUSY_HANG for f in d.findings), backend
+    # rank 0 was killed 1.5 s into its samples: what its GPU did afterwards is not its wait
+    traces = hung_world(tb, {0: spin * 3, 1: spin * 3})
+    killed = RankExit(ExitKind.SIGNAL, signal="SIGKILL", time_ns=int(tb.T0 + 2.5e9))
+    traces = replace(traces, ranks={**traces.ranks, 0: replace(traces.ranks[0], exit=killed)})
+    (f,) = [f for f in analyze(traces).findings if f.kind is FindingKind.GPU_BUSY_HANG]
+    assert set(f.evidence["spinning"]) == {"1"}  # rank 0: 2 samples before its end, too few
