@@ -1,7 +1,4 @@
-"""A rank-dependent branch: one rank skips a broadcast (the others wait in it forever).
-
-BACKEND (default gloo; empty: init_process_group() without one, which torch records as
-"undefined" and runs on gloo for CPU tensors)."""
+"""A rank-dependent branch: one rank skips a broadcast (the others wait in it forever)."""
 import os
 import time
 
@@ -10,7 +7,7 @@ import torch.distributed as dist
 
 
 def main() -> None:
-    dist.init_process_group(os.environ.get("BACKEND", "gloo") or None)  # "": torch's default
+    dist.init_process_group(os.environ.get("BACKEND", "gloo") or None)  # "": none ("undefined")
     rank = dist.get_rank()
     skipper = int(os.environ.get("SKIPPER", "1"))
     for step in range(4):
