@@ -55,7 +55,8 @@ class GpuSampler:
         interval = self.fast if self.wants_fast() else self.slow
         ranks = self.ranks()
         wake = interval < self.interval
-        if set(ranks) != set(self.hints):
+        if {r: pid for r, (pid, _) in ranks.items()} != {r: h.pid for r, h in self.hints.items()}:
+            # a rank joined, or restarted with a new pid
             self.hints = {r: _hints(pid, local) for r, (pid, local) in ranks.items()}
             wake = True
         self.interval = interval
