@@ -16,8 +16,8 @@ from nccl_doctor.gpu.model import GpuTrace
 from nccl_doctor.stacks.samples import StackSample
 
 __all__ = [
-    "IN_FLIGHT", "Callsite", "Event", "EventFlag", "EventKind", "EventState", "ExitKind", "RankExit", "RankMeta",
-    "Integrity", "RankTrace", "GroupInfo", "TraceSet", "TensorSig", "parse_tensor_desc",
+    "IN_FLIGHT", "Callsite", "Event", "EventFlag", "EventKind", "EventState", "ExitKind",
+    "RankExit", "RankMeta", "Integrity", "RankTrace", "GroupInfo", "TraceSet", "TensorSig", "parse_tensor_desc",
 ]
 
 

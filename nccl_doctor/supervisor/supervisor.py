@@ -10,7 +10,6 @@ from __future__ import annotations
 import enum
 import os
 import signal
-import socket
 import time
 import uuid
 from dataclasses import dataclass, replace
@@ -95,13 +94,10 @@ class Supervisor:
             registry = self.watchdog.registry if self.watchdog is not None else Registry(out_dir)
             watchdog = self.watchdog
 
-            host = socket.gethostname()
-
             def ranks() -> dict[int, tuple[int, int | None]]:  # this host's: its GPUs only
                 if watchdog is None:
                     registry.poll()
-                return {r: (p.pid, p.local_rank) for r, p in registry.ranks.items()
-                        if p.host == host}
+                return {r: (p.pid, p.local_rank) for r, p in registry.local().items()}
 
             self.gpu = GpuSampler(out_dir, ranks=ranks, open_source=gpu,
                                   fast=lambda: watchdog is not None and watchdog.quiet)
@@ -164,8 +160,11 @@ class Supervisor:
         for listener in list(self.listeners):
             try:
                 listener(self)
-            except Exception:  # a listener's failure must never stop the job's supervision
+            except Exception as err:  # a listener's failure must never stop the job's supervision
                 self.listeners.remove(listener)
+                what = getattr(listener, "what", None)  # a watch the user should know is gone
+                if what and self.watchdog is not None:
+                    self.watchdog.announce(f"{what} failed ({err!r}); it is off from here")
 
     def _analyse(self, manifest: Manifest) -> tuple[Diagnosis | None, Path | None, str | None]:
         manifest.write(self.out_dir)  # ended_at and the exit status, which the loader reads

@@ -42,6 +42,11 @@ def _library(path: str) -> bool:
     return frames.is_wrapper_file(path) or frames.is_internal_file(path)
 
 
+def _own(path: str) -> bool:
+    """The user's code: neither a library we know nor the standard library."""
+    return not _library(path) and not frames.is_stdlib_file(path)
+
+
 def _where(f: Frame) -> str:
     return f"{frames.short_path(f.path)}:{f.line} in {f.function}"
 
@@ -51,8 +56,7 @@ def user_frame(stack: RankStack) -> str | None:
     main = stack.main
     if main is None:
         return None
-    for user in (lambda p: not _library(p) and not frames.is_stdlib_file(p),
-                 lambda p: not _library(p), lambda p: True):  # innermost first, in each pass
+    for user in (_own, lambda p: not _library(p), lambda p: True):  # innermost first, each pass
         f = next((f for f in main.frames if user(f.path)), None)
         if f is not None:
             return _where(f)
@@ -65,8 +69,7 @@ def user_frames(stack: RankStack, limit: int = 3) -> tuple[str, ...]:
     main = stack.main
     if main is None:
         return ()
-    own = [_where(f) for f in main.frames
-           if not _library(f.path) and not frames.is_stdlib_file(f.path)][:limit]
+    own = [_where(f) for f in main.frames if _own(f.path)][:limit]
     if own:
         return tuple(own)
     one = user_frame(stack)

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import socket
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -56,6 +57,11 @@ class Registry:
 
     def pids(self) -> dict[int, int]:
         return {r: p.pid for r, p in self.ranks.items()}
+
+    def local(self) -> dict[int, RankProcess]:
+        """The ranks running on this host (the only ones this supervisor can sample)."""
+        host = socket.gethostname()
+        return {r: p for r, p in self.ranks.items() if p.host == host}
 
 
 def _rank_process(meta: dict, path: Path) -> RankProcess | None:

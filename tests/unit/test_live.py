@@ -50,3 +50,19 @@ def test_plain_line_has_counters_and_states():
     text = live.line(_view(3, "deadlock", "deadlock suspected"))
     assert text == ("[1:02:05] deadlock; calls 0:100 1:101/waiting 2:102; deadlock suspected")
     assert "(+2 ranks)" in live.line(_view(10))
+
+
+def test_a_failing_watch_is_dropped_and_named_the_job_supervised_on(tmp_path):
+    from nccl_doctor.supervisor.supervisor import Supervisor
+
+    messages: list[str] = []
+    sup = Supervisor(["true"], tmp_path, announce=messages.append, gpu=None)
+    assert sup.silent is not None and sup.straggler is not None
+
+    def broken(_s):
+        raise RuntimeError("disk full")
+
+    sup.silent.tick = lambda: broken(sup)  # the watch's own failure, as Supervisor.tick sees it
+    sup.tick()
+    assert sup.silent not in sup.listeners and sup.watchdog in sup.listeners
+    assert messages == ["silent-error check failed (RuntimeError('disk full')); it is off from here"]
