@@ -66,7 +66,7 @@ def add_options(p: argparse.ArgumentParser) -> None:
                    help="no live watchdog: diagnose only after the job ends")
     p.add_argument("--no-gpu", action="store_true",
                    help="do not sample the GPUs through NVML (by default every GPU of this host "
-                        "is sampled: every 10 s, every 0.5 s while a hang is suspected)")
+                        "is sampled: every 10 s, every 0.5 s once no call was recorded for 1 s)")
 
 
 def _seconds(text: str) -> float:

@@ -43,6 +43,7 @@ class GpuLog:
         self.max_bytes = max_bytes
         self._header = ""
         self._ranks = ""
+        self._error = ""
         self._samples: deque[str] = deque(maxlen=max(16, max_bytes // 64))
         self._size = 0
 
@@ -61,7 +62,8 @@ class GpuLog:
 
     def error(self, reason: str) -> None:
         """Sampling stopped early: why (the report says so)."""
-        self._append([_line({"kind": "error", "t": time.time(), "reason": reason[:500]})])
+        self._error = _line({"kind": "error", "t": time.time(), "reason": reason[:500]})
+        self._append([self._error])
 
     def samples(self, samples: Iterable[GpuSample]) -> None:
         lines = [_line({"kind": "sample", **{k: v for k, v in asdict(s).items()
@@ -81,7 +83,7 @@ class GpuLog:
         self._size += len(data)
 
     def _rewrite(self) -> None:
-        data = self._header + self._ranks + "".join(self._samples)
+        data = self._header + self._ranks + "".join(self._samples) + self._error
         tmp = self.path.with_name(f".{GPU_JSONL}.tmp")
         tmp.write_text(data, encoding="utf-8")
         os.replace(tmp, self.path)

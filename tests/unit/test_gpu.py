@@ -112,6 +112,10 @@ def test_the_sample_file_round_trips_and_stays_bounded(tmp_path):
     ts = [s.t for s in trace.samples]
     assert ts == sorted(ts) and ts[-1] == 1199.0 and 10 < len(ts) < 200  # the newest kept
     assert trace.samples[-1] == GpuSample(t=1199.0, index=0, util=100.0, power_w=116.0)
+    log.error("GPU sampling stopped: RuntimeError('x')")
+    for k in range(200):  # rewrites after it keep the error line
+        log.samples([GpuSample(t=2000.0 + k, index=0, util=100.0, power_w=116.0)])
+    assert read_gpu(tmp_path).stopped == "GPU sampling stopped: RuntimeError('x')"
 
 
 def test_a_damaged_or_foreign_sample_file_is_refused_or_skipped(tmp_path):
