@@ -20,7 +20,7 @@ from pathlib import Path
 from nccl_doctor.analysis.align import blocked_event
 from nccl_doctor.capture.directory import REPORT_JSON, load_capture_dir
 from nccl_doctor.supervisor.supervisor import Supervisor
-from nccl_doctor.watchdog.policy import HangPolicy
+from nccl_doctor.supervisor.policy import HangPolicy
 
 JOB = Path(__file__).parent.parent / "tests" / "integration" / "jobs" / "skip_broadcast.py"
 

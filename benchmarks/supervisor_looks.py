@@ -21,7 +21,7 @@ from nccl_doctor.capture import format as fmt
 from nccl_doctor.capture.directory import load_capture_dir
 from nccl_doctor.capture.format import EventKind, EventState
 from nccl_doctor.capture.writer import CaptureWriter
-from nccl_doctor.gpu.model import GpuDevice, GpuSample
+from nccl_doctor.gpu.readings import GpuDevice, GpuSample
 from nccl_doctor.gpu.series import GpuLog
 
 T0 = 1_700_000_000_000_000_000

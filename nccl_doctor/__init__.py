@@ -21,8 +21,7 @@ def install(directory: str | os.PathLike[str] | None = None) -> Path:
     ``init_process_group``, and more than once.
     """
     from nccl_doctor import env
-    from nccl_doctor.recorder import bootstrap
-
+    from nccl_doctor.rank import bootstrap
     chosen = Path(directory or os.environ.get(env.CAPTURE_DIR) or "nccl-doctor-capture")
     return bootstrap.install(chosen).directory
 
@@ -37,21 +36,18 @@ def observe_completions(completions: object, prompts: object = None, *, sampling
     outputs are then expected. transformers' ``generate`` and vLLM's ``LLM.generate`` are
     recorded automatically. Returns False (and does nothing) outside nccl-doctor; never raises.
     """
-    from nccl_doctor.silent import hooks
-
+    from nccl_doctor.rank import hooks
     return hooks.observe_completions(completions, prompts, sampling=sampling, step=step)
 
 
 def observe_metrics(step: int | None, metrics: dict) -> bool:
     """Record the training metrics logged at ``step`` (loss, reward, reward_std, kl, ...).
     Trainers of transformers/TRL are recorded automatically."""
-    from nccl_doctor.silent import hooks
-
+    from nccl_doctor.rank import hooks
     return hooks.observe_metrics(step, metrics)
 
 
 def mark_step(step: int | None = None) -> bool:
     """Mark a training step: records each RNG state's fingerprint (a hash, never the state)."""
-    from nccl_doctor.silent import hooks
-
+    from nccl_doctor.rank import hooks
     return hooks.mark_step(step)

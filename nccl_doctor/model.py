@@ -12,7 +12,7 @@ from dataclasses import dataclass, field
 from typing import Any, Mapping
 
 from nccl_doctor.capture.format import EventFlag, EventKind, EventState
-from nccl_doctor.gpu.model import GpuTrace
+from nccl_doctor.gpu.readings import GpuTrace
 from nccl_doctor.stacks.samples import StackSample
 
 __all__ = [

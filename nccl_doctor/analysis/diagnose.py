@@ -7,14 +7,14 @@ from pathlib import Path
 from typing import Callable
 
 from nccl_doctor.analysis.align import blocked_event, last_leaf
-from nccl_doctor.analysis.describe import call_name, call_site
+from nccl_doctor.analysis.wording import call_name, call_site
 from nccl_doctor.analysis.desync import DESYNC, first_divergence_per_group
 from nccl_doctor.analysis.exited import detect_rank_exited
 from nccl_doctor.analysis.gpu_hang import detect_gpu_busy_hang
 from nccl_doctor.analysis.mismatch import detect_collective_mismatch
 from nccl_doctor.analysis.missing import detect_missing_collective
 from nccl_doctor.analysis.sampling import detect_identical_completions, detect_shared_rng_state
-from nccl_doctor.analysis.signal import detect_degenerate_signal
+from nccl_doctor.analysis.degenerate import detect_degenerate_signal
 from nccl_doctor.analysis.straggler import detect_straggler
 from nccl_doctor.diagnosis import Diagnosis, Finding, FindingKind, RankSummary, Severity, Verdict
 from nccl_doctor.model import ExitKind, RankTrace, TraceSet

@@ -6,7 +6,7 @@ from __future__ import annotations
 from collections import defaultdict
 
 from nccl_doctor.analysis.align import last_leaf, timelines
-from nccl_doctor.analysis.describe import call_name, call_site, fate, ranks_text, site
+from nccl_doctor.analysis.wording import call_name, call_site, fate, ranks_text, site
 from nccl_doctor.analysis.missing import HINT_EXITED
 from nccl_doctor.diagnosis import Finding, FindingKind, Severity
 from nccl_doctor.model import EventState, ExitKind, TraceSet

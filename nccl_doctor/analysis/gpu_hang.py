@@ -10,10 +10,10 @@ while a desync explains it. What counts as spinning: nccl_doctor/gpu/signature.p
 from __future__ import annotations
 
 from nccl_doctor.analysis.align import blocked_event
-from nccl_doctor.analysis.describe import call_name, call_site, ranks_text
+from nccl_doctor.analysis.wording import call_name, call_site, ranks_text
 from nccl_doctor.analysis.desync import desyncs
 from nccl_doctor.diagnosis import Finding, FindingKind, Severity
-from nccl_doctor.gpu.model import GpuTrace, RankGpu
+from nccl_doctor.gpu.readings import GpuTrace, RankGpu
 from nccl_doctor.gpu.signature import Activity, Window, window
 from nccl_doctor.model import Event, EventKind, TraceSet
 

@@ -6,7 +6,7 @@ from collections import defaultdict
 from typing import Any
 
 from nccl_doctor.analysis.align import canonical_op, timelines
-from nccl_doctor.analysis.describe import call_site, ranks_text
+from nccl_doctor.analysis.wording import call_site, ranks_text
 from nccl_doctor.diagnosis import Finding, FindingKind, Severity
 from nccl_doctor.capture.flight_recorder import SOURCE as FLIGHT_RECORDER
 from nccl_doctor.model import Event, TraceSet, parse_tensor_desc

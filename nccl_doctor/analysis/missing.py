@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from nccl_doctor.analysis.align import blocked_event, last_leaf, timelines
-from nccl_doctor.analysis.describe import call_name, call_site, fate, ranks_text
+from nccl_doctor.analysis.wording import call_name, call_site, fate, ranks_text
 from nccl_doctor.diagnosis import Finding, FindingKind, Severity
 from nccl_doctor.model import IN_FLIGHT, ExitKind, RankTrace, TraceSet
 

@@ -14,7 +14,7 @@ from __future__ import annotations
 from collections import defaultdict
 from typing import Any, Mapping, Sequence
 
-from nccl_doctor.analysis.describe import ranks_text
+from nccl_doctor.analysis.wording import ranks_text
 from nccl_doctor.diagnosis import Finding, FindingKind, Severity
 from nccl_doctor.model import TraceSet
 

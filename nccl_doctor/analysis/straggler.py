@@ -1,7 +1,7 @@
 """``straggler``: the rank(s) consistently last to arrive at collectives. Pure.
 
 Where the supervisor sampled the late rank's stack while its peers waited for it
-(``TraceSet.stack_samples``, nccl_doctor/watchdog/straggler.py), the finding says where it was.
+(``TraceSet.stack_samples``, nccl_doctor/supervisor/straggler_watch.py), the finding says where it was.
 
 For every collective that all members of its group entered, the arrival skew is the latest enter
 time minus the earliest, and the last to arrive is noted. Only collectives whose skew is above
@@ -16,7 +16,7 @@ import statistics
 from collections import Counter, defaultdict
 
 from nccl_doctor.analysis.align import timelines
-from nccl_doctor.analysis.describe import call_site, ranks_text
+from nccl_doctor.analysis.wording import call_site, ranks_text
 from nccl_doctor.diagnosis import Finding, FindingKind, Severity
 from nccl_doctor.model import Event, TraceSet
 

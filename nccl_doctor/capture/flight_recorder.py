@@ -2,7 +2,7 @@
 
 Collectives issued from C++ (DDP's gradient all_reduce buckets, its construction broadcasts) never
 pass through the Python API the recorder wraps; Flight Recorder sees them. The in-rank agent
-dumps it (``torch._C._distributed_c10d._dump_fr_trace_json``); see nccl_doctor/agent/server.py for
+dumps it (``torch._C._distributed_c10d._dump_fr_trace_json``); see nccl_doctor/rank/agent.py for
 what an entry holds. Facts this relies on (torch 2.13, gloo): an entry's ``op_id`` is the group's
 sequence number of the operation, the number the recorder records, and ``collective_seq_id``
 counts the group's collectives only; on gloo ``retired`` says the work finished (``state`` stays

@@ -13,7 +13,7 @@ import struct
 from pathlib import Path
 from typing import Any
 
-from nccl_doctor import frames
+from nccl_doctor import paths
 from nccl_doctor.capture import format as fmt
 from nccl_doctor.errors import CorruptCapture, NotACapture, UnsupportedVersion
 from nccl_doctor.model import (
@@ -198,7 +198,7 @@ def parse_fault(text: str) -> tuple[str, Callsite | None] | None:
     site = None
     for line in current.splitlines():
         fm = _FRAME_RE.match(line)
-        if fm and not frames.is_wrapper_file(fm.group(1)):
+        if fm and not paths.is_wrapper_file(fm.group(1)):
             site = Callsite(fm.group(1), int(fm.group(2)), fm.group(3).strip())
             break  # faulthandler lists the most recent call first
     return signal, site

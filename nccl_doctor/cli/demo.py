@@ -9,7 +9,7 @@ import sys
 from nccl_doctor.cli import run as run_cli
 from nccl_doctor.errors import UsageError
 from nccl_doctor.reproducers import DEFAULT, REPRODUCERS, Reproducer
-from nccl_doctor.watchdog.policy import DEFAULT_STUCK_AFTER
+from nccl_doctor.supervisor.policy import DEFAULT_STUCK_AFTER
 
 HELP = "run a reproducer of a real upstream bug under the doctor (see --list)"
 

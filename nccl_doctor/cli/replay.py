@@ -12,8 +12,7 @@ from nccl_doctor.capture.directory import load_capture_dir
 from nccl_doctor.cli.output import emit, verdict_status
 from nccl_doctor.errors import CaptureNotFound, ExitStatus
 from nccl_doctor.reporters import REPORTERS
-from nccl_doctor.silent import logparse
-
+from nccl_doctor.capture import metrics_log
 HELP = "diagnose a capture directory offline (the --out DIR of `nccl-doctor run`)"
 
 
@@ -39,7 +38,7 @@ def run(args: argparse.Namespace) -> int:
     if args.log is not None:
         if not args.log.is_file():
             raise CaptureNotFound(f"--log {args.log} does not exist or is not a file")
-        traces = replace(traces, metrics_log=tuple(logparse.parse_file(args.log)))
+        traces = replace(traces, metrics_log=tuple(metrics_log.parse_file(args.log)))
     diagnosis = analyze(traces)
     emit(diagnosis, args.output, args.format, args.force)
     return verdict_status(diagnosis, 0, args.fail_on)

@@ -12,12 +12,12 @@ from nccl_doctor.cli.live import make_display
 from nccl_doctor.cli.output import verdict_status
 from nccl_doctor.capture.directory import MANIFEST, REPORT_JSON
 from nccl_doctor.errors import ExitStatus, OutputExists, UsageError
-from nccl_doctor.gpu.nvml import Nvml
+from nccl_doctor.supervisor.gpu.nvml import Nvml
 from nccl_doctor.gpu.series import GPU_JSONL
 from nccl_doctor.reporters.console import ConsoleReporter
 from nccl_doctor.stacks.samples import STRAGGLERS_JSONL
 from nccl_doctor.supervisor.supervisor import Supervisor
-from nccl_doctor.watchdog.policy import (
+from nccl_doctor.supervisor.policy import (
     DEFAULT_HANG_AFTER, DEFAULT_ON_HANG, DEFAULT_STUCK_AFTER, HangPolicy, OnHang,
 )
 

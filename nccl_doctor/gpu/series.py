@@ -23,7 +23,7 @@ from dataclasses import asdict, fields
 from pathlib import Path
 from typing import Any, Iterable, Mapping
 
-from nccl_doctor.gpu.model import GpuDevice, GpuSample, GpuTrace, RankGpu
+from nccl_doctor.gpu.readings import GpuDevice, GpuSample, GpuTrace, RankGpu
 
 GPU_JSONL = "gpu.jsonl"
 FORMAT = "nccl-doctor-gpu"

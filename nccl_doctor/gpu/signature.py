@@ -22,7 +22,7 @@ import statistics
 from dataclasses import dataclass
 from typing import Sequence
 
-from nccl_doctor.gpu.model import GpuDevice, GpuSample
+from nccl_doctor.gpu.readings import GpuDevice, GpuSample
 
 BUSY_UTIL = 90.0
 IDLE_UTIL = 10.0

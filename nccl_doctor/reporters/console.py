@@ -7,7 +7,7 @@ from rich.console import Console
 from rich.markup import escape
 from rich.table import Table
 
-from nccl_doctor import frames
+from nccl_doctor import paths
 from nccl_doctor.diagnosis import Diagnosis, Finding, Severity, Verdict
 
 _VERDICT_STYLE = {
@@ -98,7 +98,7 @@ def class_tail(frames_: list[str]) -> str:
     def path(f: str) -> str:
         return os.sep + f.split(":", 1)[0]
 
-    user = [i for i, f in enumerate(frames_) if not frames.is_internal_file(path(f))]
+    user = [i for i, f in enumerate(frames_) if not paths.is_internal_file(path(f))]
     if not user:
         return " -> ".join(frames_[-3:])
     last = user[-1]

@@ -7,8 +7,8 @@ the same place, and ``format_classes`` renders the groups as "3 ranks here, 1 ra
 from nccl_doctor.stacks.aggregate import (
     StackClass, classify, common_prefix, divergence, format_classes, rank_list,
 )
-from nccl_doctor.stacks.model import SOURCES, Frame, RankStack, ThreadStack, parse_stack_json
-from nccl_doctor.stacks.pyspy import PYSPY_ENV, collect, dump, find_pyspy, unavailable_reason
+from nccl_doctor.stacks.rank_stack import SOURCES, Frame, RankStack, ThreadStack, parse_stack_json
+from nccl_doctor.supervisor.pyspy import PYSPY_ENV, collect, dump, find_pyspy, unavailable_reason
 
 __all__ = [
     "Frame", "ThreadStack", "RankStack", "SOURCES", "parse_stack_json",

@@ -12,7 +12,7 @@ import os
 from dataclasses import dataclass
 from typing import Iterable, Mapping, Sequence
 
-from nccl_doctor.stacks.model import Frame, RankStack
+from nccl_doctor.stacks.rank_stack import Frame, RankStack
 
 __all__ = ["StackClass", "classify", "common_prefix", "divergence", "format_classes", "rank_list"]
 

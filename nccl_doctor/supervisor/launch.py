@@ -9,12 +9,13 @@ import time
 from pathlib import Path
 from typing import Mapping, Sequence
 
-import nccl_doctor
 from nccl_doctor import env
 from nccl_doctor.errors import LaunchFailed
 
-BOOTSTRAP_DIR = Path(nccl_doctor.__file__).parent / "_bootstrap"
-PACKAGE_PARENT = Path(nccl_doctor.__file__).parent.parent
+_PACKAGE = Path(__file__).resolve().parent.parent  # nccl_doctor/
+# the sitecustomize every Python process of the job loads (a file of the rank side, not imported)
+BOOTSTRAP_DIR = _PACKAGE / "rank" / "_bootstrap"
+PACKAGE_PARENT = _PACKAGE.parent
 
 
 def job_environment(base: Mapping[str, str], capture_dir: Path, run_id: str) -> dict[str, str]:

@@ -22,16 +22,16 @@ from nccl_doctor.capture.directory import (
 )
 from nccl_doctor.diagnosis import Diagnosis
 from nccl_doctor.errors import DoctorError, ExitStatus
-from nccl_doctor.gpu.nvml import GpuSource, Nvml
-from nccl_doctor.gpu.sampler import GpuSampler
+from nccl_doctor.supervisor.gpu.nvml import GpuSource, Nvml
+from nccl_doctor.supervisor.gpu.sampler import GpuSampler
 from nccl_doctor.reporters.json import write_report
 from nccl_doctor.supervisor.launch import Job, exit_status, job_environment
-from nccl_doctor.watchdog.policy import HangPolicy
-from nccl_doctor.watchdog.probe import Registry
-from nccl_doctor.watchdog.silent import SilentWatch
-from nccl_doctor.watchdog.straggler import StragglerWatch
-from nccl_doctor.watchdog.view import LiveView
-from nccl_doctor.watchdog.watchdog import Watchdog
+from nccl_doctor.supervisor.policy import HangPolicy
+from nccl_doctor.supervisor.probe import Registry
+from nccl_doctor.supervisor.silent_watch import SilentWatch
+from nccl_doctor.supervisor.straggler_watch import StragglerWatch
+from nccl_doctor.supervisor.view import LiveView
+from nccl_doctor.supervisor.watchdog import Watchdog
 
 
 class State(enum.Enum):

@@ -14,11 +14,11 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from nccl_doctor.analysis.describe import ranks_text
+from nccl_doctor.analysis.wording import ranks_text
 from nccl_doctor.diagnosis import Diagnosis, Verdict
 from nccl_doctor.reporters.console import ConsoleReporter
 from nccl_doctor.supervisor.supervisor import Supervisor
-from nccl_doctor.watchdog.policy import HangPolicy
+from nccl_doctor.supervisor.policy import HangPolicy
 
 
 @dataclass

@@ -1,6 +1,6 @@
 """The in-rank agent in real 2-rank gloo jobs, asked while rank 0 is blocked in a collective.
 
-Also pins what Flight Recorder records on gloo (see ``nccl_doctor.agent.server``): ``op_id`` is
+Also pins what Flight Recorder records on gloo (see ``nccl_doctor.rank.agent``): ``op_id`` is
 the group's sequence number (collectives and p2p), ``collective_seq_id`` counts collectives only,
 p2p is not recorded, and a pending collective shows as ``retired: false`` (``state`` stays
 "scheduled").
@@ -24,7 +24,7 @@ from typing import Any
 
 import pytest
 
-from nccl_doctor.agent.client import AgentUnavailable, request, request_many
+from nccl_doctor.supervisor.agent_client import AgentUnavailable, request, request_many
 
 pytestmark = pytest.mark.integration
 

@@ -17,7 +17,7 @@ from nccl_doctor.capture.reader import read_progress
 from nccl_doctor.diagnosis import FindingKind, Verdict
 from nccl_doctor.errors import ExitStatus
 from nccl_doctor.supervisor.supervisor import Supervisor
-from nccl_doctor.watchdog.policy import HangPolicy, OnHang
+from nccl_doctor.supervisor.policy import HangPolicy, OnHang
 
 pytestmark = pytest.mark.integration
 
@@ -316,7 +316,7 @@ def test_spinning_gpus_of_a_deadlock_are_called_gpu_busy_hang(tmp_path, launch):
     readings = json.loads((Path(__file__).parents[1] / "fixtures" / "gpu" /
                            "published_readings.json").read_text())["readings"]
     spin = [r for r in readings if r["state"] == "spin" and "6524" in r["source"]]
-    from nccl_doctor.gpu.recorded import RecordedGpus
+    from nccl_doctor.supervisor.gpu.recorded import RecordedGpus
 
     source = RecordedGpus({i: spin for i in range(3)})
     messages: list[str] = []

@@ -12,8 +12,10 @@ import uuid
 
 import pytest
 
-from nccl_doctor.agent import protocol, server
-from nccl_doctor.agent.client import AgentUnavailable, request, request_many
+from nccl_doctor import agent_protocol as protocol
+
+from nccl_doctor.rank import agent as server
+from nccl_doctor.supervisor.agent_client import AgentUnavailable, request, request_many
 
 
 @pytest.fixture
@@ -111,7 +113,7 @@ def test_stacks_have_pyspy_shape(agent, run_id):
 
 
 def test_stacks_parse_with_the_stack_model(agent, run_id):
-    model = pytest.importorskip("nccl_doctor.stacks.model")
+    model = pytest.importorskip("nccl_doctor.stacks.rank_stack")
     reply = request(run_id, os.getpid(), "stacks")
     stack = model.parse_stack_json(reply["threads"], rank=0, pid=os.getpid(), source="agent")
     assert stack.main is not None and stack.main.name == "MainThread"

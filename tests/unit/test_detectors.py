@@ -558,7 +558,7 @@ def test_straggler_says_where_its_stack_samples_found_it(tb):
 
 
 def test_a_late_rank_is_waited_for_by_peers_that_entered_a_collective_it_has_not(tb):
-    from nccl_doctor.watchdog.straggler import waited_by
+    from nccl_doctor.supervisor.straggler_watch import waited_by
 
     ahead = [tb.event(i, seq=i, group_size=3) for i in (1, 2, 3)]  # returned: NCCL-like
     behind = [tb.event(i, seq=i, group_size=3) for i in (1, 2)]

@@ -12,11 +12,11 @@ import pytest
 
 from nccl_doctor.analysis import analyze
 from nccl_doctor.diagnosis import FindingKind
-from nccl_doctor.gpu.mapping import RankHints, map_ranks
-from nccl_doctor.gpu.model import GpuDevice, GpuSample, GpuTrace, RankGpu
-from nccl_doctor.gpu.nvml import GpuUnavailable
-from nccl_doctor.gpu.recorded import RecordedGpus
-from nccl_doctor.gpu.sampler import GpuSampler
+from nccl_doctor.supervisor.gpu.mapping import RankHints, map_ranks
+from nccl_doctor.gpu.readings import GpuDevice, GpuSample, GpuTrace, RankGpu
+from nccl_doctor.supervisor.gpu.nvml import GpuUnavailable
+from nccl_doctor.supervisor.gpu.recorded import RecordedGpus
+from nccl_doctor.supervisor.gpu.sampler import GpuSampler
 from nccl_doctor.gpu.series import GPU_JSONL, GpuLog, read_gpu
 from nccl_doctor.gpu.signature import Activity, classify, window
 from nccl_doctor.model import ExitKind, GroupInfo, RankExit
@@ -323,12 +323,12 @@ class StandInNvml:
 
 
 def test_nvml_readings_are_converted_from_nvml_units(monkeypatch):
-    from nccl_doctor.gpu.nvml import Nvml
+    from nccl_doctor.supervisor.gpu.nvml import Nvml
 
     fake = StandInNvml()
     nvml = Nvml(fake)
     times = iter([100.0, 102.0])
-    monkeypatch.setattr("nccl_doctor.gpu.nvml.time.time", lambda: next(times))
+    monkeypatch.setattr("nccl_doctor.supervisor.gpu.nvml.time.time", lambda: next(times))
     d0 = nvml.devices()[0]
     assert (d0.power_limit_w, d0.memory_total_mib, d0.sm_max_mhz) == (700.0, 81559.0, 1980)
     first, second = nvml.sample(0), nvml.sample(1)

@@ -122,8 +122,8 @@ def test_from_a_synthetic_trace_and_its_environment(tb):
     from dataclasses import replace
 
     from nccl_doctor.analysis import analyze
-    from nccl_doctor.stacks.model import Frame, RankStack, ThreadStack
-    from nccl_doctor.watchdog.watchdog import hang_diagnosis
+    from nccl_doctor.stacks.rank_stack import Frame, RankStack, ThreadStack
+    from nccl_doctor.supervisor.watchdog import hang_diagnosis
 
     base = tb.scenarios["shape_mismatch"]()
     traces = replace(base, ranks={

@@ -4,8 +4,8 @@ from __future__ import annotations
 
 from nccl_doctor.model import EventState
 from nccl_doctor.reporters import live
-from nccl_doctor.watchdog.assess import Assessment, Situation
-from nccl_doctor.watchdog.view import LiveView, RankState, RankView, rank_views
+from nccl_doctor.analysis.situation import Assessment, Situation
+from nccl_doctor.supervisor.view import LiveView, RankState, RankView, rank_views
 
 def test_rank_states_follow_the_last_look(tb):
     def _event(rank: int, seq: int):

@@ -6,10 +6,10 @@ import random
 from dataclasses import replace
 
 from nccl_doctor.analysis.sampling import detect_identical_completions, detect_shared_rng_state
-from nccl_doctor.analysis.signal import degenerate, detect_degenerate_signal
+from nccl_doctor.analysis.degenerate import degenerate, detect_degenerate_signal
 from nccl_doctor.diagnosis import FindingKind, Severity
-from nccl_doctor.silent import logparse
-from nccl_doctor.silent.fingerprint import rng_fingerprint, row_digests
+from nccl_doctor.capture import metrics_log
+from nccl_doctor.rank.fingerprint import rng_fingerprint, row_digests
 
 
 def _gen(n: int, out: str, *, prompt: str = "p", rng: str = "r", sample: bool = True) -> dict:
@@ -95,7 +95,7 @@ def test_log_parser_reads_trainer_lines_and_executes_nothing(tmp_path):
         "{'a': " * 3000,  # deeply nested garbage
         "plain text, nothing here",
     ]
-    rows = logparse.parse_lines(lines)
+    rows = metrics_log.parse_lines(lines)
     assert not marker.exists()
     assert [r[0] for r in rows] == [1, 7, 3]
     assert rows[0][1]["reward_std"] == 0.0 and rows[0][1]["reward"] == 6.0

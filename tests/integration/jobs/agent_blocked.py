@@ -22,9 +22,7 @@ import time
 import torch
 import torch.distributed as dist
 
-from nccl_doctor.agent import server
-
-
+from nccl_doctor.rank import agent as server
 def seq() -> int:
     return dist.group.WORLD._get_sequence_number_for_group()
 

@@ -2,12 +2,12 @@
 
 from __future__ import annotations
 
-from nccl_doctor import frames
+from nccl_doctor import paths
 from nccl_doctor.model import Callsite, Event, EventState, RankTrace
 
 
 def site(c: Callsite | None) -> str:
-    return f"{frames.short_path(c.path)}:{c.line}" if c is not None else "?"
+    return f"{paths.short_path(c.path)}:{c.line}" if c is not None else "?"
 
 
 def call_site(e: Event) -> str:

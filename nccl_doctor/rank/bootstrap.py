@@ -1,6 +1,6 @@
 """Start the recorder in a job's Python process, with no change to the user's code.
 
-``nccl-doctor run`` puts ``nccl_doctor/_bootstrap`` on PYTHONPATH; its ``sitecustomize`` calls
+``nccl-doctor run`` puts ``nccl_doctor/rank/_bootstrap`` on PYTHONPATH; its ``sitecustomize`` calls
 ``activate()`` in every Python process of the job (torchrun's workers, accelerate, deepspeed,
 ``python -m``, multiprocessing spawn children). ``activate`` only installs an import hook: torch is
 patched when the process itself imports ``torch.distributed``, so a helper process that never
@@ -40,7 +40,7 @@ def install(directory: Path, *, lazy: bool = False) -> Any:
     global _recorder
     if _recorder is None:
         from nccl_doctor.capture import format as fmt
-        from nccl_doctor.recorder.core import Recorder
+        from nccl_doctor.rank.recorder.core import Recorder
 
         _recorder = Recorder(
             directory.absolute(),
@@ -64,8 +64,7 @@ def _patch(module: Any) -> None:
     try:
         if getattr(module, "is_available", lambda: False)():
             _recorder.patch(module)
-            from nccl_doctor.silent import hooks
-
+            from nccl_doctor.rank import hooks
             hooks.install(_recorder, sys.modules["torch"], when_imported)
     except Exception as err:  # never break the user's import of torch
         _recorder.fail(err)

@@ -1,7 +1,7 @@
 """``degenerate_signal``: the training signal is dead (BUGS.md C: reward std 0, advantages 0,
 loss 0, KL 0) for ``SIGNAL_STEPS`` consecutive logged steps. Pure: reads the ``metrics`` notes
 of the captures (the transformers callback, ``nccl_doctor.observe_metrics``) or metrics parsed
-from a training log (nccl_doctor.silent.logparse).
+from a training log (nccl_doctor.capture.metrics_log).
 
 Metric names follow TRL, OpenRLHF and ms-swift. A loss of exactly 0 only counts while no reward
 spread says otherwise: GRPO's loss is ~0 by construction whenever completions have equal lengths,

@@ -21,7 +21,7 @@ from typing import Any
 
 import psutil
 
-from nccl_doctor.stacks.model import RankStack, parse_stack_json
+from nccl_doctor.stacks.rank_stack import RankStack, parse_stack_json
 
 __all__ = ["PYSPY_ENV", "find_pyspy", "dump", "collect"]
 

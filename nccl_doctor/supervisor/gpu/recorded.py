@@ -12,7 +12,7 @@ from __future__ import annotations
 import time
 from typing import Any, Mapping, Sequence
 
-from nccl_doctor.gpu.model import GpuDevice, GpuSample
+from nccl_doctor.gpu.readings import GpuDevice, GpuSample
 
 
 class RecordedGpus:

@@ -6,8 +6,7 @@ import sys
 from types import CodeType, FrameType
 from typing import Any, Callable
 
-from nccl_doctor import frames
-
+from nccl_doctor import paths
 _UNIFORM_CHECK_LIMIT = 16  # lists longer than this are described by their first member
 
 
@@ -106,8 +105,8 @@ class Describer:
     def _code_info(self, code: CodeType) -> tuple[bool, bool, int, int, CodeType]:
         path = code.co_filename
         return (
-            frames.is_wrapper_file(path),
-            frames.is_internal_file(path),
+            paths.is_wrapper_file(path),
+            paths.is_internal_file(path),
             self._intern(path),
             self._intern(code.co_qualname if sys.version_info >= (3, 11) else code.co_name),
             code,

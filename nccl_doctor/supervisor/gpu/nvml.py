@@ -13,7 +13,7 @@ from __future__ import annotations
 import time
 from typing import Any, Callable, Protocol
 
-from nccl_doctor.gpu.model import GpuDevice, GpuSample
+from nccl_doctor.gpu.readings import GpuDevice, GpuSample
 
 _ALL_LINKS = 0xFFFFFFFF
 

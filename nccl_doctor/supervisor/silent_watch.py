@@ -17,7 +17,7 @@ from nccl_doctor.capture.directory import REPORT_JSON, load_capture_dir
 from nccl_doctor.diagnosis import Finding, Severity
 from nccl_doctor.errors import DoctorError
 from nccl_doctor.reporters.json import write_report
-from nccl_doctor.watchdog.watchdog import Watchdog
+from nccl_doctor.supervisor.watchdog import Watchdog
 
 
 class SilentWatch:

@@ -20,14 +20,16 @@ import weakref
 from pathlib import Path
 from typing import Any, Callable
 
-from nccl_doctor import env, frames
+from nccl_doctor import env
+
+from nccl_doctor import paths
 from nccl_doctor._version import __version__
 from nccl_doctor.capture import format as fmt
 from nccl_doctor.capture.format import EventFlag, EventKind, EventState
 from nccl_doctor.capture.writer import CaptureWriter
-from nccl_doctor.recorder.describe import Describer
-from nccl_doctor.recorder.specs import SPECS
-from nccl_doctor.recorder.wrappers import BoundCall, forgetting, patch_wait, wrap, wrap_init
+from nccl_doctor.rank.recorder.arguments import Describer
+from nccl_doctor.rank.recorder.specs import SPECS
+from nccl_doctor.rank.recorder.wrappers import BoundCall, forgetting, patch_wait, wrap, wrap_init
 
 _MAX_PENDING = 4096  # async works awaiting wait(); older ones are forgotten
 EARLY_NOTES = 256  # silent-error notes held before the capture exists
@@ -119,8 +121,7 @@ class Recorder:
         early, self._early = self._early, []
         for kind, fields in early:
             self.observe(kind, fields)
-        from nccl_doctor.silent import hooks
-
+        from nccl_doctor.rank import hooks
         hooks.mark_start()
 
     def observe(self, kind: str, fields: dict[str, Any]) -> bool:
@@ -257,8 +258,7 @@ class Recorder:
         w.note("init", backend=str(self.c10d.get_backend()))
         run_id = os.environ.get(env.RUN_ID)
         if run_id:  # under `nccl-doctor run`: the agent answers the watchdog (stacks, FR dumps)
-            from nccl_doctor.agent import server
-
+            from nccl_doctor.rank import agent as server
             server.start(run_id)
 
     def forget(self, pg: Any = None) -> None:
@@ -289,7 +289,7 @@ class Recorder:
             return
         site = None
         while tb is not None:  # innermost frame in the user's code
-            if not frames.is_wrapper_file(tb.tb_frame.f_code.co_filename):
+            if not paths.is_wrapper_file(tb.tb_frame.f_code.co_filename):
                 site = tb
             tb = tb.tb_next
         fields: dict[str, Any] = {"type": tp.__name__, "message": str(value)[:500]}

@@ -17,7 +17,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Mapping
 
-from nccl_doctor.gpu.model import GpuDevice, RankGpu
+from nccl_doctor.gpu.readings import GpuDevice, RankGpu
 
 
 @dataclass(frozen=True)

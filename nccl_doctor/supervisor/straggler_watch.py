@@ -22,8 +22,8 @@ from nccl_doctor.capture.directory import load_capture_dir
 from nccl_doctor.errors import DoctorError
 from nccl_doctor.model import TraceSet
 from nccl_doctor.stacks.samples import SampleLog, StackSample
-from nccl_doctor.watchdog import evidence
-from nccl_doctor.watchdog.watchdog import Watchdog
+from nccl_doctor.supervisor import evidence
+from nccl_doctor.supervisor.watchdog import Watchdog
 
 
 DUTY = 20.0  # wait at least this many times a look's own duration before the next one

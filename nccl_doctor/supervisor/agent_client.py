@@ -14,8 +14,7 @@ import time
 from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
-from nccl_doctor.agent import protocol
-
+from nccl_doctor import agent_protocol as protocol
 __all__ = ["AgentUnavailable", "request", "request_many"]
 
 _MAX_WORKERS = 64

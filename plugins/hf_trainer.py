@@ -11,9 +11,7 @@ from typing import Any
 
 from transformers import TrainerCallback
 
-from nccl_doctor.silent import hooks
-
-
+from nccl_doctor.rank import hooks
 class DoctorCallback(TrainerCallback):  # type: ignore[misc]
     def on_step_begin(self, args: Any, state: Any, control: Any, **kwargs: Any) -> None:
         hooks.mark_step(getattr(state, "global_step", None))

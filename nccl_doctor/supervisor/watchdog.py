@@ -24,7 +24,7 @@ from pathlib import Path
 from typing import Any, Callable
 
 from nccl_doctor.analysis import analyze
-from nccl_doctor.analysis.describe import call_name, call_site, ranks_text
+from nccl_doctor.analysis.wording import call_name, call_site, ranks_text
 from nccl_doctor.capture import flight_recorder
 from nccl_doctor.capture.directory import REPORT_JSON, load_capture_dir
 from nccl_doctor.diagnosis import Diagnosis, Finding, FindingKind, Severity, Verdict
@@ -32,12 +32,12 @@ from nccl_doctor.errors import DoctorError
 from nccl_doctor.model import TraceSet
 from nccl_doctor.plugins import known_issues
 from nccl_doctor.reporters.json import write_report
-from nccl_doctor.stacks.model import RankStack
-from nccl_doctor.watchdog import evidence
-from nccl_doctor.watchdog.assess import Assessment, ProcState, Situation, assess
-from nccl_doctor.watchdog.policy import HangPolicy, OnHang
-from nccl_doctor.watchdog.probe import Registry, proc_state
-from nccl_doctor.watchdog.view import LiveView, rank_views
+from nccl_doctor.stacks.rank_stack import RankStack
+from nccl_doctor.supervisor import evidence
+from nccl_doctor.analysis.situation import Assessment, ProcState, Situation, assess
+from nccl_doctor.supervisor.policy import HangPolicy, OnHang
+from nccl_doctor.supervisor.probe import Registry, proc_state
+from nccl_doctor.supervisor.view import LiveView, rank_views
 
 HINT_STUCK = (
     "The waiting ranks can only go on once the stuck rank reaches the same collective. Its stack "

@@ -9,8 +9,8 @@ from __future__ import annotations
 import enum
 from dataclasses import dataclass
 
-from nccl_doctor.analysis.describe import call_name
-from nccl_doctor.watchdog.assess import Assessment, Situation
+from nccl_doctor.analysis.wording import call_name
+from nccl_doctor.analysis.situation import Assessment, Situation
 
 
 class RankState(str, enum.Enum):

@@ -18,8 +18,8 @@ from typing import Any, Callable, Mapping
 
 import psutil
 
-from nccl_doctor.gpu.mapping import RankHints, map_ranks
-from nccl_doctor.gpu.nvml import GpuSource, GpuUnavailable, Nvml
+from nccl_doctor.supervisor.gpu.mapping import RankHints, map_ranks
+from nccl_doctor.supervisor.gpu.nvml import GpuSource, GpuUnavailable, Nvml
 from nccl_doctor.gpu.series import GpuLog
 
 SLOW = 10.0

@@ -15,10 +15,10 @@ import threading
 from typing import TYPE_CHECKING, Any, Callable
 
 from nccl_doctor.capture.format import EventFlag, EventKind, EventState
-from nccl_doctor.recorder.specs import Spec
+from nccl_doctor.rank.recorder.specs import Spec
 
 if TYPE_CHECKING:
-    from nccl_doctor.recorder.core import Recorder
+    from nccl_doctor.rank.recorder.core import Recorder
 
 _NOWHERE = (1 << 30, "")  # the position of a parameter the function does not have
 

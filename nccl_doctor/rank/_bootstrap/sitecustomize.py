@@ -9,13 +9,13 @@ def _nccl_doctor_boot() -> None:
 
     try:
         try:
-            from nccl_doctor.recorder import bootstrap
+            from nccl_doctor.rank import bootstrap
         except ImportError:
             parent = os.environ.get("NCCL_DOCTOR_PACKAGE_PARENT")
             if not parent:
                 return
             sys.path.append(parent)
-            from nccl_doctor.recorder import bootstrap
+            from nccl_doctor.rank import bootstrap
         bootstrap.activate()
     except Exception as err:  # noqa: BLE001 - the job must start regardless
         sys.stderr.write(f"nccl-doctor: recorder not started ({err!r}); the job runs unrecorded\n")

@@ -5,11 +5,11 @@ from __future__ import annotations
 import time
 from typing import Any
 
-from nccl_doctor import frames
-from nccl_doctor.agent.client import AgentUnavailable, request_many
-from nccl_doctor.stacks import pyspy
+from nccl_doctor import paths
+from nccl_doctor.supervisor.agent_client import AgentUnavailable, request_many
+from nccl_doctor.supervisor import pyspy
 from nccl_doctor.stacks.aggregate import classify
-from nccl_doctor.stacks.model import Frame, RankStack, parse_stack_json
+from nccl_doctor.stacks.rank_stack import Frame, RankStack, parse_stack_json
 
 
 def collect_stacks(pids: dict[int, int], run_id: str, *, timeout: float) -> dict[int, RankStack]:
@@ -39,16 +39,16 @@ def collect_stacks(pids: dict[int, int], run_id: str, *, timeout: float) -> dict
 
 
 def _library(path: str) -> bool:
-    return frames.is_wrapper_file(path) or frames.is_internal_file(path)
+    return paths.is_wrapper_file(path) or paths.is_internal_file(path)
 
 
 def _own(path: str) -> bool:
     """The user's code: neither a library we know nor the standard library."""
-    return not _library(path) and not frames.is_stdlib_file(path)
+    return not _library(path) and not paths.is_stdlib_file(path)
 
 
 def _where(f: Frame) -> str:
-    return f"{frames.short_path(f.path)}:{f.line} in {f.function}"
+    return f"{paths.short_path(f.path)}:{f.line} in {f.function}"
 
 
 def user_frame(stack: RankStack) -> str | None:
@@ -88,7 +88,7 @@ def stack_classes(stacks: dict[int, RankStack]) -> list[dict[str, Any]]:
     for c in classify(stacks):
         out.append({
             "ranks": list(c.ranks), "odd": c.odd,
-            "frames": [f"{frames.short_path(f.path)}:{f.line} {f.function}" for f in c.frames],
+            "frames": [f"{paths.short_path(f.path)}:{f.line} {f.function}" for f in c.frames],
             "sources": sorted({stacks[r].source for r in c.ranks if r in stacks}),
         })
     return out

@@ -21,7 +21,7 @@ import sys
 import threading
 from typing import Any, Callable
 
-from nccl_doctor.silent.fingerprint import rng_fingerprint, row_digests
+from nccl_doctor.rank.fingerprint import rng_fingerprint, row_digests
 
 MAX_ROWS = 64  # row hashes kept per generation (plus one hash of all rows)
 MAX_METRICS = 48  # numeric metrics kept per logged step
@@ -43,8 +43,7 @@ def _note(kind: str, **fields: Any) -> bool:
         retry_pending()
     rec = _recorder
     if rec is None:
-        from nccl_doctor.recorder import bootstrap
-
+        from nccl_doctor.rank import bootstrap
         rec = bootstrap.recorder()
     if rec is None or not rec.enabled:
         return False

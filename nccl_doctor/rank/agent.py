@@ -83,8 +83,7 @@ import time
 from collections.abc import Callable
 from typing import Any
 
-from nccl_doctor.agent import protocol
-
+from nccl_doctor import agent_protocol as protocol
 __all__ = ["HANDLERS", "THREAD_NAME", "Agent", "after_fork_in_child", "current", "start"]
 
 THREAD_NAME = "nccl-doctor-agent"
