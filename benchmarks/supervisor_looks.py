@@ -19,7 +19,7 @@ from nccl_doctor.analysis import analyze
 from nccl_doctor.analysis.straggler import detect_straggler
 from nccl_doctor.capture import format as fmt
 from nccl_doctor.capture.directory import load_capture_dir
-from nccl_doctor.capture.format import EventKind, EventState
+from nccl_doctor.model import EventKind, EventState
 from nccl_doctor.capture.writer import CaptureWriter
 from nccl_doctor.gpu.readings import GpuDevice, GpuSample
 from nccl_doctor.gpu.series import GpuLog

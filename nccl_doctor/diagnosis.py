@@ -6,6 +6,7 @@ Reporters render it; ``to_json`` is ``report.json`` (schema_version 1, see READM
 from __future__ import annotations
 
 import enum
+import json
 from dataclasses import dataclass, field
 from typing import Any, Mapping
 
@@ -118,3 +119,7 @@ class Diagnosis:
             "stack_classes": [dict(c) for c in self.stack_classes],
             "watchdog": dict(self.watchdog),
         }
+
+    def to_json_text(self) -> str:
+        """``report.json``'s text."""
+        return json.dumps(self.to_json(), indent=2, sort_keys=False) + "\n"

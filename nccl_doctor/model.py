@@ -11,27 +11,38 @@ import re
 from dataclasses import dataclass, field
 from typing import Any, Mapping
 
-from nccl_doctor.capture.format import EventFlag, EventKind, EventState
 from nccl_doctor.gpu.readings import GpuTrace
+from nccl_doctor.location import Location
 from nccl_doctor.stacks.samples import StackSample
 
 __all__ = [
-    "IN_FLIGHT", "Callsite", "Event", "EventFlag", "EventKind", "EventState", "ExitKind",
+    "EventSource", "Location", "Event", "EventFlag", "EventKind", "EventState", "ExitKind",
     "RankExit", "RankMeta", "Integrity", "RankTrace", "GroupInfo", "TraceSet", "TensorSig", "parse_tensor_desc",
 ]
 
 
-@dataclass(frozen=True)
-class Callsite:
-    path: str
-    line: int
-    function: str = ""
+class EventKind(enum.IntEnum):
+    COLLECTIVE = 1  # all_reduce, all_gather, broadcast, barrier, ... (every member takes part)
+    P2P = 2  # send / recv / isend / irecv (matched pairwise)
+    WAIT = 3  # Work.wait() on an async op; ``parent`` is the op's record
+    GROUP = 4  # new_group / split: creates a process group
+    INIT = 5  # init_process_group
+    DESTROY = 6  # destroy_process_group
 
-    def __str__(self) -> str:
-        return f"{self.path}:{self.line}"
 
-    def to_json(self) -> dict[str, Any]:
-        return {"path": self.path, "line": self.line, "function": self.function}
+class EventFlag(enum.IntFlag):
+    NONE = 0
+    ASYNC = 1  # called with async_op=True (or isend/irecv)
+    COALESCED = 2  # a *_coalesced op, or issued inside a coalescing manager
+    NONUNIFORM_LIST = 4  # a tensor list whose members differ in shape or dtype
+    COMPOSITE = 8  # a wrapper around other recorded calls (object collectives, _base aliases)
+
+
+class EventState(enum.IntEnum):
+    ENTERED = 0  # no exit written: the call is still running, or the process died inside it
+    RETURNED = 1  # returned normally (for NCCL: enqueued on the GPU, not necessarily complete)
+    FAILED = 2  # raised an exception
+    ISSUED = 3  # async op returned its Work; see the WAIT record for completion
 
 
 @dataclass(frozen=True)
@@ -63,9 +74,12 @@ def parse_tensor_desc(desc: str) -> tuple[TensorSig, ...]:
     return tuple(sigs)
 
 
-#: ``Event.extra`` of a call that returned on the CPU but whose work Flight Recorder shows not
-#: completed (see nccl_doctor/capture/flight_recorder.py): the rank is still waiting in it.
-IN_FLIGHT = "in_flight"
+class EventSource(enum.Enum):
+    """Who saw a call: the in-rank recorder (Python API), or PyTorch's Flight Recorder (calls
+    issued from C++, e.g. DDP's gradient all_reduce, merged in by capture/flight_recorder.py)."""
+
+    RECORDER = "recorder"
+    FLIGHT_RECORDER = "flight_recorder"
 
 
 @dataclass(frozen=True)
@@ -90,9 +104,13 @@ class Event:
     nbytes: int
     peer: int  # root (src/dst) of a rooted collective, or the p2p peer, as a global rank; -1 none
     group_size: int
-    callsite: Callsite | None  # first frame outside torch and the libraries that wrap it
-    api_callsite: Callsite | None  # first frame outside torch: the direct caller of the API
-    extra: str = ""
+    callsite: Location | None  # first frame outside torch and the libraries that wrap it
+    api_callsite: Location | None  # first frame outside torch: the direct caller of the API
+    extra: str = ""  # a free-form note the recorder attached to the call
+    source: EventSource = EventSource.RECORDER
+    # returned on the CPU (an NCCL call, unwaited async work) but Flight Recorder shows its work
+    # not completed: the rank still waits in it (its state then reads ENTERED)
+    in_flight: bool = False
 
     @property
     def align_seq(self) -> int:
@@ -106,11 +124,6 @@ class Event:
     @property
     def done(self) -> bool:
         return self.state is not EventState.ENTERED
-
-    @property
-    def in_flight(self) -> bool:
-        """Returned on the CPU (an NCCL call, unwaited async work) but not completed."""
-        return self.extra == IN_FLIGHT
 
     @property
     def where(self) -> str:
@@ -131,7 +144,7 @@ class RankExit:
     code: int | None = None  # exit status when known
     signal: str | None = None  # signal name when known
     exception: str | None = None  # "RuntimeError: message"
-    callsite: Callsite | None = None  # where the exception / signal hit (innermost user frame)
+    callsite: Location | None = None  # where the exception / signal hit (innermost user frame)
     time_ns: int | None = None
 
     @property

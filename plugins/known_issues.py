@@ -11,10 +11,9 @@ from __future__ import annotations
 
 import re
 from dataclasses import dataclass, replace
-from typing import Callable, Mapping
+from typing import Callable, Mapping, Sequence
 
 from nccl_doctor.diagnosis import Diagnosis, Finding, FindingKind
-from nccl_doctor.model import TraceSet
 
 
 @dataclass(frozen=True)
@@ -130,21 +129,24 @@ def _frames(d: Diagnosis, f: Finding) -> str:
     return "\n".join(parts)
 
 
-def versions_of(traces: TraceSet) -> dict[str, str]:
-    """The library versions the ranks recorded (the first rank that has each)."""
-    out: dict[str, str] = {}
-    for _, trace in sorted(traces.ranks.items()):
-        for name, version in trace.meta.versions.items():
-            out.setdefault(str(name), str(version))
-    return out
-
-
 def annotate(d: Diagnosis, versions: Mapping[str, str]) -> Diagnosis:
-    """``d`` with each finding that matches a mechanism annotated (upstream or general fix)."""
+    """``d`` with each finding that matches a mechanism annotated (upstream or general fix).
+    The annotator registered as ``builtin`` in the ``nccl_doctor.known_issues`` entry points."""
+    return _annotate(d, versions, RULES)
+
+
+def rules_annotator(rules: Sequence[Rule]) -> Callable[[Diagnosis, Mapping[str, str]], Diagnosis]:
+    """An annotator for your own ``Rule``s, to register in the ``nccl_doctor.known_issues``
+    entry-point group (README, "Adding a known-issue rule")."""
+    chosen = tuple(rules)
+    return lambda d, versions: _annotate(d, versions, chosen)
+
+
+def _annotate(d: Diagnosis, versions: Mapping[str, str], all_rules: Sequence[Rule]) -> Diagnosis:
     findings = []
     for f in d.findings:
         frames = _frames(d, f)
-        rules = [r for r in RULES if r.applies(f, frames)]
+        rules = [r for r in all_rules if r.applies(f, frames)]
         upstream = [r for r in rules if _in_range(versions.get(r.library), r.affected)
                     and any(part in frames for part in r.files)]
         if upstream:

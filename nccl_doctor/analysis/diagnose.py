@@ -4,8 +4,9 @@ from __future__ import annotations
 
 from dataclasses import replace
 from pathlib import Path
-from typing import Callable
+from typing import Callable, Sequence
 
+from nccl_doctor.analysis import annotate
 from nccl_doctor.analysis.align import blocked_event, last_leaf
 from nccl_doctor.analysis.wording import call_name, call_site
 from nccl_doctor.analysis.desync import DESYNC, first_divergence_per_group
@@ -18,7 +19,6 @@ from nccl_doctor.analysis.degenerate import detect_degenerate_signal
 from nccl_doctor.analysis.straggler import detect_straggler
 from nccl_doctor.diagnosis import Diagnosis, Finding, FindingKind, RankSummary, Severity, Verdict
 from nccl_doctor.model import ExitKind, RankTrace, TraceSet
-from nccl_doctor.plugins import known_issues
 
 Pass = Callable[[TraceSet], list[Finding]]
 
@@ -44,7 +44,10 @@ _STATE = {
 }
 
 
-def analyze(traces: TraceSet, passes: tuple[Pass, ...] = PASSES) -> Diagnosis:
+def analyze(traces: TraceSet, passes: tuple[Pass, ...] = PASSES,
+            annotators: Sequence[annotate.Annotator] | None = None) -> Diagnosis:
+    """The passes' findings, ranked, as a ``Diagnosis``, then through ``annotators`` (default:
+    every installed known-issue plugin, nccl_doctor.analysis.annotate)."""
     found, notes = [], list(traces.problems)
     for p in passes:
         try:
@@ -60,12 +63,12 @@ def analyze(traces: TraceSet, passes: tuple[Pass, ...] = PASSES) -> Diagnosis:
         notes.append(f"GPUs not sampled: {traces.gpu.reason}")
     elif traces.gpu is not None and traces.gpu.stopped:
         notes.append(f"{traces.gpu.stopped} (GPU evidence after that is missing)")
-    return known_issues.annotate(Diagnosis(
+    return annotate.apply(Diagnosis(
         verdict=_verdict(findings, traces), findings=tuple(findings),
         ranks=tuple(_summaries(traces)), world_size=traces.world_size, command=traces.command,
         exit_status=traces.exit_status, notes=tuple(notes),
         groups={name: g.ranks for name, g in sorted(traces.groups.items())}, source=traces.source,
-    ), known_issues.versions_of(traces))
+    ), annotate.installed() if annotators is None else annotators, annotate.versions_of(traces))
 
 
 def _rank_findings(findings: list[Finding], traces: TraceSet) -> list[Finding]:

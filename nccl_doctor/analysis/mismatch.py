@@ -8,8 +8,7 @@ from typing import Any
 from nccl_doctor.analysis.align import canonical_op, timelines
 from nccl_doctor.analysis.wording import call_site, ranks_text
 from nccl_doctor.diagnosis import Finding, FindingKind, Severity
-from nccl_doctor.capture.flight_recorder import SOURCE as FLIGHT_RECORDER
-from nccl_doctor.model import Event, TraceSet, parse_tensor_desc
+from nccl_doctor.model import Event, EventSource, TraceSet, parse_tensor_desc
 
 # Which argument must have the same shape and dtype on every rank, per op. all_to_all_single with
 # split sizes and the list forms (whose lists exist on the root only) are not compared.
@@ -40,7 +39,7 @@ def _signature(e: Event) -> dict[str, Any]:
     """The aspects that must agree across ranks. A Flight Recorder event (issued from C++)
     carries its op only: its root is unknown and its tensors are described differently."""
     op = canonical_op(e.op)
-    if e.extra == FLIGHT_RECORDER:
+    if e.source is EventSource.FLIGHT_RECORDER:
         return {"op": op}
     desc = e.input if op in _SAME_INPUT else e.output if op in _SAME_OUTPUT else ""
     sigs = parse_tensor_desc(desc)

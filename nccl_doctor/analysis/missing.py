@@ -5,7 +5,7 @@ from __future__ import annotations
 from nccl_doctor.analysis.align import blocked_event, last_leaf, timelines
 from nccl_doctor.analysis.wording import call_name, call_site, fate, ranks_text
 from nccl_doctor.diagnosis import Finding, FindingKind, Severity
-from nccl_doctor.model import IN_FLIGHT, ExitKind, RankTrace, TraceSet
+from nccl_doctor.model import ExitKind, RankTrace, TraceSet
 
 HINT_EXITED = (
     "A rank ended while its peers still called collectives. Make every rank run the same number "
@@ -80,7 +80,7 @@ def detect_missing_collective(traces: TraceSet) -> list[Finding]:
             evidence={
                 "waiting_ranks": sorted(waiting), "missing_ranks": missing,
                 "instead": {str(r): {"category": c, "detail": w} for r, (c, w) in others.items()},
-                "waiting_states": {str(r): IN_FLIGHT if e.in_flight else e.state.name.lower()
+                "waiting_states": {str(r): "in_flight" if e.in_flight else e.state.name.lower()
                                    for r, e in waiting.items()},
             },
             time_ns=min(e.t_enter_ns for e in waiting.values()),

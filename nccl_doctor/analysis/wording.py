@@ -2,12 +2,11 @@
 
 from __future__ import annotations
 
-from nccl_doctor import paths
-from nccl_doctor.model import Callsite, Event, EventState, RankTrace
+from nccl_doctor.model import Event, Location, RankTrace
 
 
-def site(c: Callsite | None) -> str:
-    return f"{paths.short_path(c.path)}:{c.line}" if c is not None else "?"
+def site(c: Location | None) -> str:
+    return c.text() if c is not None else "?"
 
 
 def call_site(e: Event) -> str:
@@ -17,17 +16,6 @@ def call_site(e: Event) -> str:
 def call_name(e: Event) -> str:
     """``all_gather #3 (group 0)``."""
     return f"{e.op} #{e.align_seq} (group {e.group})"
-
-
-def state_words(e: Event) -> str:
-    if e.in_flight:
-        return "returned on the CPU, not completed (Flight Recorder)"
-    return {
-        EventState.ENTERED: "still inside it",
-        EventState.RETURNED: "returned",
-        EventState.FAILED: "it raised",
-        EventState.ISSUED: "issued (async)",
-    }[e.state]
 
 
 def ranks_text(ranks: list[int] | tuple[int, ...]) -> str:

@@ -1,14 +1,14 @@
 """A capture directory: ``manifest.json``, one capture file per rank process, and the evidence the
 supervisor gathered beside them (``gpu.jsonl``: nccl_doctor/gpu/series.py; ``stragglers.jsonl``:
-nccl_doctor/stacks/samples.py).
+nccl_doctor/stacks/samples.py), and ``report.json``.
 
-``load_capture_dir`` turns it into a ``TraceSet``; ``Manifest`` is written by the supervisor.
+This module owns the directory's file names (``OWN_FILES``). ``load_capture_dir`` turns it into
+a ``TraceSet``; ``Manifest`` and ``write_report`` are the supervisor's to write.
 """
 
 from __future__ import annotations
 
 import json
-import os
 from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
 from typing import Any
@@ -19,13 +19,37 @@ from nccl_doctor.capture.reader import read_capture
 from nccl_doctor.errors import (
     CaptureNotFound, CorruptCapture, DoctorError, NotACapture, UnsupportedVersion,
 )
-from nccl_doctor.gpu.series import read_gpu
-from nccl_doctor.stacks.samples import read_samples
+from nccl_doctor.diagnosis import Diagnosis
+from nccl_doctor.files import write_atomic
+from nccl_doctor.gpu.series import GPU_JSONL, read_gpu
+from nccl_doctor.stacks.samples import STRAGGLERS_JSONL, read_samples
 from nccl_doctor.model import ExitKind, GroupInfo, RankExit, RankTrace, TraceSet
 
 MANIFEST = "manifest.json"
 MANIFEST_FORMAT = "nccl-doctor-capture"
 REPORT_JSON = "report.json"
+#: Every name nccl-doctor writes into a capture directory (an --out holding only these is ours).
+OWN_FILES = (f"*{fmt.CAPTURE_SUFFIX}", f"*{fmt.FAULT_SUFFIX}", MANIFEST, REPORT_JSON, GPU_JSONL,
+             STRAGGLERS_JSONL)
+
+
+def remove_own_files(directory: Path) -> None:
+    """Delete what an earlier run wrote into ``directory`` (never any other file)."""
+    for pattern in OWN_FILES:
+        for path in directory.glob(pattern):
+            path.unlink()
+
+
+def report_path(directory: Path) -> Path:
+    return directory / REPORT_JSON
+
+
+def write_report(directory: Path, diagnosis: Diagnosis) -> Path:
+    """``report.json`` (the schema in README.md), written atomically: a reader never sees half
+    a report."""
+    path = report_path(directory)
+    write_atomic(path, diagnosis.to_json_text())
+    return path
 
 
 @dataclass(frozen=True)
@@ -52,9 +76,7 @@ class Manifest:
 
     def write(self, directory: Path) -> Path:
         path = directory / MANIFEST
-        tmp = directory / f".{MANIFEST}.tmp"
-        tmp.write_text(json.dumps(self.to_json(), indent=2, sort_keys=True) + "\n")
-        os.replace(tmp, path)  # readers never see half a manifest
+        write_atomic(path, json.dumps(self.to_json(), indent=2, sort_keys=True) + "\n")
         return path
 
 

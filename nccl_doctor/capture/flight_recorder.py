@@ -13,7 +13,7 @@ completed event has timed out").
 Completion: on NCCL a collective returns on the CPU as soon as it is enqueued on the GPU stream,
 long before it completes (the same holds for any ``async_op=True`` work that is not waited on).
 A call the recorder saw return whose Flight Recorder entry is neither retired nor completed is
-still in flight: ``merge`` turns it back into a call the rank is inside (``model.IN_FLIGHT``), so
+still in flight: ``merge`` turns it back into a call the rank is inside (``Event.in_flight``), so
 the watchdog sees that rank waiting on its peers instead of computing.
 """
 
@@ -22,11 +22,12 @@ from __future__ import annotations
 from dataclasses import replace
 from typing import Any, Mapping
 
-from nccl_doctor.model import IN_FLIGHT, Callsite, Event, EventFlag, EventKind, EventState, TraceSet
+from nccl_doctor.model import (
+    Event, EventFlag, EventKind, EventSource, EventState, Location, TraceSet,
+)
 
 IDX_BASE = 10**12  # Flight Recorder events get idx IDX_BASE + record_id: never a recorder idx
-SOURCE = "flight_recorder"
-CPP_CALLSITE = Callsite("<issued from C++ (e.g. DDP), seen by Flight Recorder>", 0, "")
+CPP_CALLSITE = Location("<issued from C++ (e.g. DDP), seen by Flight Recorder>", 0, "")
 
 _DTYPES = {
     "Float": "float32", "Double": "float64", "Half": "float16", "BFloat16": "bfloat16",
@@ -79,7 +80,7 @@ def events_from_dump(trace: Mapping[str, Any]) -> list[Event]:
                 input=_tensors(entry.get("input_sizes"), entry.get("input_dtypes")),
                 output=_tensors(entry.get("output_sizes"), entry.get("output_dtypes")),
                 nbytes=0, peer=-1, group_size=0, callsite=CPP_CALLSITE, api_callsite=None,
-                extra=SOURCE,
+                source=EventSource.FLIGHT_RECORDER,
             ))
         except (KeyError, TypeError, ValueError, IndexError, AttributeError):
             continue
@@ -126,7 +127,7 @@ def merge(traces: TraceSet, dumps: Mapping[int, Mapping[str, Any]]) -> TraceSet:
         seen = {(e.group, e.seq) for e in trace.events if e.seq >= 0}
         extra = [e for e in fr if (e.group, e.seq) not in seen]
         if extra or in_flight:
-            events = [replace(e, state=EventState.ENTERED, extra=IN_FLIGHT)
+            events = [replace(e, state=EventState.ENTERED, in_flight=True)
                       if e.idx in in_flight else e for e in trace.events]
             events = sorted(events + extra, key=lambda e: e.t_enter_ns)
             ranks[rank] = replace(trace, events=tuple(events))

@@ -30,6 +30,7 @@ RECORD_SIZE = 128
 DEFAULT_RING_RECORDS = 32768  # 4 MiB of events per rank
 DEFAULT_STRTAB_BYTES = 1 << 20  # 1 MiB of interned strings and notes per rank
 CAPTURE_SUFFIX = ".ndcap"
+FAULT_SUFFIX = ".fault"  # the rank's faulthandler output, beside its capture file
 
 # magic, version, header size, record size, capacity, ring offset, strtab offset, strtab size, created
 HEADER = struct.Struct("<8sIIIIQQQQ")
@@ -62,30 +63,6 @@ STR_HEAD = struct.Struct("<IBxxxI")
 class StrKind(enum.IntEnum):
     STRING = 1  # an interned string, referenced by id from records
     NOTE = 2  # a JSON object: lifecycle (exit, exception), group definitions
-
-
-class EventKind(enum.IntEnum):
-    COLLECTIVE = 1  # all_reduce, all_gather, broadcast, barrier, ... (every member takes part)
-    P2P = 2  # send / recv / isend / irecv (matched pairwise)
-    WAIT = 3  # Work.wait() on an async op; ``parent`` is the op's record
-    GROUP = 4  # new_group / split: creates a process group
-    INIT = 5  # init_process_group
-    DESTROY = 6  # destroy_process_group
-
-
-class EventFlag(enum.IntFlag):
-    NONE = 0
-    ASYNC = 1  # called with async_op=True (or isend/irecv)
-    COALESCED = 2  # a *_coalesced op, or issued inside a coalescing manager
-    NONUNIFORM_LIST = 4  # a tensor list whose members differ in shape or dtype
-    COMPOSITE = 8  # a wrapper around other recorded calls (object collectives, _base aliases)
-
-
-class EventState(enum.IntEnum):
-    ENTERED = 0  # no exit written: the call is still running, or the process died inside it
-    RETURNED = 1  # returned normally (for NCCL: enqueued on the GPU, not necessarily complete)
-    FAILED = 2  # raised an exception
-    ISSUED = 3  # async op returned its Work; see the WAIT record for completion
 
 
 def exit_check(idx: int, t_exit: int, seq_delta: int, state: int) -> int:

@@ -17,7 +17,7 @@ from nccl_doctor import paths
 from nccl_doctor.capture import format as fmt
 from nccl_doctor.errors import CorruptCapture, NotACapture, UnsupportedVersion
 from nccl_doctor.model import (
-    Callsite, Event, EventFlag, EventKind, EventState, ExitKind, Integrity, RankExit, RankMeta,
+    Location, Event, EventFlag, EventKind, EventState, ExitKind, Integrity, RankExit, RankMeta,
     RankTrace,
 )
 
@@ -121,10 +121,10 @@ def _read_strings(
     return strings, notes, bad
 
 
-def _callsite(strings: dict[int, str], file_id: int, line: int, func_id: int) -> Callsite | None:
+def _callsite(strings: dict[int, str], file_id: int, line: int, func_id: int) -> Location | None:
     if not file_id:
         return None
-    return Callsite(strings.get(file_id, "<?>"), line, strings.get(func_id, ""))
+    return Location(strings.get(file_id, "<?>"), line, strings.get(func_id, ""))
 
 
 def _read_events(
@@ -187,7 +187,7 @@ _FAULT_SIGNALS = {
 _FRAME_RE = re.compile(r'^\s*File "(.+)", line (\d+) in (.+)$')
 
 
-def parse_fault(text: str) -> tuple[str, Callsite | None] | None:
+def parse_fault(text: str) -> tuple[str, Location | None] | None:
     """Signal name and innermost user frame from a faulthandler dump (None if no fault)."""
     m = re.search(r"Fatal Python error: ([^\n]+)", text)
     if not m:
@@ -199,7 +199,7 @@ def parse_fault(text: str) -> tuple[str, Callsite | None] | None:
     for line in current.splitlines():
         fm = _FRAME_RE.match(line)
         if fm and not paths.is_wrapper_file(fm.group(1)):
-            site = Callsite(fm.group(1), int(fm.group(2)), fm.group(3).strip())
+            site = Location(fm.group(1), int(fm.group(2)), fm.group(3).strip())
             break  # faulthandler lists the most recent call first
     return signal, site
 
@@ -213,7 +213,7 @@ def _exit_from(notes: list[dict[str, Any]], fault_text: str | None) -> RankExit:
     if exc is not None:
         site = None
         if isinstance(exc.get("path"), str) and isinstance(exc.get("line"), int):
-            site = Callsite(exc["path"], exc["line"], str(exc.get("function", "")))
+            site = Location(exc["path"], exc["line"], str(exc.get("function", "")))
         return RankExit(
             ExitKind.EXCEPTION, code=1, exception=f"{exc.get('type')}: {exc.get('message')}",
             callsite=site, time_ns=exc.get("time_ns"),
@@ -256,7 +256,7 @@ def read_capture(path: Path) -> RankTrace:
         events, torn, overwritten, truncated = _read_events(data, capacity, ring_off, strings)
     except struct.error:
         raise CorruptCapture(f"{path} has unreadable event records") from None
-    fault_path = path.with_suffix(".fault")
+    fault_path = path.with_suffix(fmt.FAULT_SUFFIX)
     fault_text = None
     if fault_path.is_file():
         fault_text = fault_path.read_text("utf-8", "replace")[:1_000_000]

@@ -14,7 +14,7 @@ import time
 from typing import Callable, Protocol, TextIO
 
 from nccl_doctor.reporters import live
-from nccl_doctor.supervisor.view import LiveView
+from nccl_doctor.live_view import LiveView
 
 SAVE, RESTORE, CLEAR_ROW = "\0337", "\0338", "\033[2K"
 REDRAW_EVERY = 0.5  # seconds between bar redraws

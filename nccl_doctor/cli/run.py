@@ -7,22 +7,18 @@ import sys
 import time
 from pathlib import Path
 
-from nccl_doctor.capture import format as fmt
 from nccl_doctor.cli.live import make_display
 from nccl_doctor.cli.output import verdict_status
-from nccl_doctor.capture.directory import MANIFEST, REPORT_JSON
+from nccl_doctor.capture.directory import remove_own_files
 from nccl_doctor.errors import ExitStatus, OutputExists, UsageError
 from nccl_doctor.supervisor.gpu.nvml import Nvml
-from nccl_doctor.gpu.series import GPU_JSONL
 from nccl_doctor.reporters.console import ConsoleReporter
-from nccl_doctor.stacks.samples import STRAGGLERS_JSONL
 from nccl_doctor.supervisor.supervisor import Supervisor
 from nccl_doctor.supervisor.policy import (
     DEFAULT_HANG_AFTER, DEFAULT_ON_HANG, DEFAULT_STUCK_AFTER, HangPolicy, OnHang,
 )
 
 HELP = "run a launch command (torchrun, accelerate launch, deepspeed, python) under the doctor"
-_OURS = (f"*{fmt.CAPTURE_SUFFIX}", "*.fault", MANIFEST, REPORT_JSON, GPU_JSONL, STRAGGLERS_JSONL)
 
 
 def register(sub: argparse._SubParsersAction) -> None:
@@ -90,9 +86,7 @@ def prepare_out_dir(out: Path | None, force: bool) -> Path:
                 f"--out {out} is not empty: pass --force to replace its capture, or choose "
                 "another directory"
             )
-        for pattern in _OURS:  # only our own files: never the user's
-            for path in out.glob(pattern):
-                path.unlink()
+        remove_own_files(out)  # only our own files: never the user's
     return out
 
 

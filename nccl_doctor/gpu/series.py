@@ -23,6 +23,7 @@ from dataclasses import asdict, fields
 from pathlib import Path
 from typing import Any, Iterable, Mapping
 
+from nccl_doctor.files import write_atomic
 from nccl_doctor.gpu.readings import GpuDevice, GpuSample, GpuTrace, RankGpu
 
 GPU_JSONL = "gpu.jsonl"
@@ -84,9 +85,7 @@ class GpuLog:
 
     def _rewrite(self) -> None:
         data = self._header + self._ranks + "".join(self._samples) + self._error
-        tmp = self.path.with_name(f".{GPU_JSONL}.tmp")
-        tmp.write_text(data, encoding="utf-8")
-        os.replace(tmp, self.path)
+        write_atomic(self.path, data)
         self._size = len(data)
 
 

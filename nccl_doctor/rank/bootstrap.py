@@ -42,11 +42,14 @@ def install(directory: Path, *, lazy: bool = False) -> Any:
         from nccl_doctor.capture import format as fmt
         from nccl_doctor.rank.recorder.core import Recorder
 
+        from nccl_doctor.rank import hooks
+
         _recorder = Recorder(
             directory.absolute(),
             capacity=_env_size(env.RING_RECORDS, fmt.DEFAULT_RING_RECORDS, 16),
             strtab_bytes=_env_size(env.STRTAB_BYTES, fmt.DEFAULT_STRTAB_BYTES, 4096),
         )
+        hooks.connect(_recorder.observe)  # the hooks write through the recorder, never import it
         os.register_at_fork(after_in_child=_after_fork)
     module = sys.modules.get(_TARGET)
     if module is not None and hasattr(module, "all_reduce"):
@@ -65,9 +68,21 @@ def _patch(module: Any) -> None:
         if getattr(module, "is_available", lambda: False)():
             _recorder.patch(module)
             from nccl_doctor.rank import hooks
-            hooks.install(_recorder, sys.modules["torch"], when_imported)
+            hooks.install(sys.modules["torch"], when_imported, integrations())
     except Exception as err:  # never break the user's import of torch
         _recorder.fail(err)
+
+
+def integrations() -> list[Any]:
+    """The hooks registered for other libraries (entry-point group ``nccl_doctor.integrations``:
+    nccl-doctor's own, plugins/integrations.py, and any installed distribution's)."""
+    from nccl_doctor import entry_points
+
+    out = []
+    for _name, found, err in entry_points.load(entry_points.INTEGRATIONS):
+        if err is None and isinstance(found, (list, tuple)):
+            out.extend(found)
+    return out
 
 
 def when_imported(name: str, callback: Callable[[Any], None]) -> None:

@@ -1,33 +1,43 @@
 """In-rank hooks for silent errors: seeding calls, generation, logged metrics.
 
-Installed by the recorder when the process imports torch (``install``). Each hook calls the
-original first, then - never raising into the job - writes a note into the rank's capture:
+The recorder hands its ``observe`` to the hooks (``connect``) and installs them when the process
+imports torch (``install``), with the integrations registered for other libraries (entry-point
+group ``nccl_doctor.integrations``: plugins/integrations.py for transformers, accelerate and
+vLLM). Each hook calls the original first, then - never raising into the job - writes a note:
 
-- ``rng``: after ``torch.manual_seed``, ``random.seed``, ``numpy.random.seed``,
-  ``transformers.set_seed`` and ``accelerate.utils.set_seed`` (the outermost of nested calls
-  only), at the recorder's start and at step markers (``mark_step``): the seeding call, its seed
-  argument and ``rng_fingerprint()``.
-- ``gen``: every ``generate`` of a transformers model (and vLLM's ``LLM.generate`` when vLLM is
-  imported): whether it sampled, the RNG fingerprint *before* sampling, a hash per prompt row and
-  per generated row (new tokens only).
+- ``rng``: after ``torch.manual_seed``, ``random.seed``, ``numpy.random.seed`` and the libraries'
+  ``set_seed`` (``seeding_patch``; the outermost of nested calls only), at the recorder's start and
+  at step markers (``mark_step``): the seeding call, its seed argument and ``rng_fingerprint()``.
+- ``gen``: generations (``observe_completions``: the integrations call it for transformers'
+  ``generate`` and vLLM's ``LLM.generate``): whether it sampled, the RNG fingerprint *before*
+  sampling, a hash per prompt row and per generated row (new tokens only).
 - ``metrics``: the numbers a trainer logs (``observe_metrics``; the transformers callback in
   nccl_doctor.plugins calls it).
 """
 
 from __future__ import annotations
 
+import contextlib
 import functools
 import sys
 import threading
-from typing import Any, Callable
+from typing import Any, Callable, Iterator, NamedTuple, Sequence
 
 from nccl_doctor.rank.fingerprint import rng_fingerprint, row_digests
 
 MAX_ROWS = 64  # row hashes kept per generation (plus one hash of all rows)
 MAX_METRICS = 48  # numeric metrics kept per logged step
 
+
+class Integration(NamedTuple):
+    """A library's hook: ``patch(module)`` runs once ``module`` is imported (now, if it is)."""
+
+    module: str
+    patch: Callable[[Any], None]
+
+
 _local = threading.local()
-_recorder: Any = None
+_observe: Callable[[str, dict[str, Any]], bool] | None = None  # the recorder's, once connected
 _counts: dict[str, int] = {}
 # patches of modules that were still being imported when the hooks were installed (vLLM and
 # transformers import torch from their own __init__): retried at the next note
@@ -38,16 +48,32 @@ def _depth() -> int:
     return getattr(_local, "depth", 0)
 
 
+def in_hook() -> bool:
+    """Inside a hooked call: what it calls (a nested generate, a seeding) is not noted again."""
+    return _depth() > 0
+
+
+@contextlib.contextmanager
+def hooked() -> Iterator[None]:
+    """Mark the enclosed call as hooked (see ``in_hook``)."""
+    _local.depth = _depth() + 1
+    try:
+        yield
+    finally:
+        _local.depth -= 1
+
+
+def connect(observe: Callable[[str, dict[str, Any]], bool] | None) -> None:
+    """Where notes go: the recorder's ``observe`` (None: nowhere)."""
+    global _observe
+    _observe = observe
+
+
 def _note(kind: str, **fields: Any) -> bool:
     if _pending:
         retry_pending()
-    rec = _recorder
-    if rec is None:
-        from nccl_doctor.rank import bootstrap
-        rec = bootstrap.recorder()
-    if rec is None or not rec.enabled:
-        return False
-    return rec.observe(kind, fields)
+    observe = _observe
+    return observe(kind, fields) if observe is not None else False
 
 
 def _next(kind: str) -> int:
@@ -62,12 +88,9 @@ def _seeding(label: str, fn: Callable[..., Any]) -> Callable[..., Any]:
 
     @functools.wraps(fn)
     def seed(*args: Any, **kwargs: Any) -> Any:
-        _local.depth = _depth() + 1
-        try:
+        with hooked():
             result = fn(*args, **kwargs)
-        finally:
-            _local.depth -= 1
-        if _local.depth == 0:
+        if not in_hook():
             try:
                 value = args[0] if args else kwargs.get("seed", kwargs.get("a"))
                 extra = {k: v for k, v in kwargs.items()
@@ -83,7 +106,8 @@ def _seeding(label: str, fn: Callable[..., Any]) -> Callable[..., Any]:
     return seed
 
 
-def _patch_attr(owner: Any, name: str, label: str) -> None:
+def seeding_patch(owner: Any, name: str, label: str) -> None:
+    """Replace the seeding function ``owner.name`` by one that notes the RNG state after it."""
     fn = getattr(owner, name, None)
     if callable(fn):
         setattr(owner, name, _seeding(label, fn))
@@ -96,28 +120,11 @@ def _patch_torch(torch: Any) -> None:
 
 
 def _patch_random(random: Any) -> None:
-    _patch_attr(random, "seed", "random.seed")
+    seeding_patch(random, "seed", "random.seed")
 
 
 def _patch_numpy_random(np_random: Any) -> None:
-    _patch_attr(np_random, "seed", "numpy.random.seed")
-
-
-def _patch_transformers_seed(trainer_utils: Any) -> None:
-    _patch_attr(trainer_utils, "set_seed", "transformers.set_seed")
-    top = sys.modules.get("transformers")
-    # the lazy top-level module caches attributes once read: replace a cached copy too
-    if top is not None and "set_seed" in getattr(top, "__dict__", {}):
-        top.__dict__["set_seed"] = trainer_utils.set_seed
-
-
-def _patch_accelerate(utils: Any) -> None:
-    random_mod = sys.modules.get("accelerate.utils.random")
-    if random_mod is not None:
-        _patch_attr(random_mod, "set_seed", "accelerate.utils.set_seed")
-        utils.set_seed = random_mod.set_seed
-    else:
-        _patch_attr(utils, "set_seed", "accelerate.utils.set_seed")
+    seeding_patch(np_random, "seed", "numpy.random.seed")
 
 
 def mark_start() -> bool:
@@ -159,108 +166,6 @@ def observe_completions(completions: Any, prompts: Any = None, *, sampling: bool
         return False
 
 
-def _sampling_of(model: Any, kwargs: dict[str, Any]) -> tuple[bool, float | None]:
-    config = kwargs.get("generation_config") or getattr(model, "generation_config", None)
-    do_sample = kwargs.get("do_sample", getattr(config, "do_sample", False))
-    temperature = kwargs.get("temperature", getattr(config, "temperature", None))
-    sampling = bool(do_sample) and not (temperature is not None and temperature <= 0)
-    return sampling, float(temperature) if isinstance(temperature, (int, float)) else None
-
-
-def _patch_generate(utils: Any) -> None:
-    mixin = getattr(utils, "GenerationMixin", None)
-    fn = getattr(mixin, "generate", None)
-    if fn is None or getattr(fn, "__nccl_doctor__", False):
-        return
-
-    @functools.wraps(fn)
-    def generate(self: Any, *args: Any, **kwargs: Any) -> Any:
-        if _depth():
-            return fn(self, *args, **kwargs)
-        try:
-            before = rng_fingerprint()
-        except Exception:
-            before = {}
-        _local.depth = _depth() + 1
-        try:
-            out = fn(self, *args, **kwargs)
-        finally:
-            _local.depth -= 1
-        try:
-            _record_generate(self, args, kwargs, out, before)
-        except Exception:
-            pass
-        return out
-
-    generate.__nccl_doctor__ = True  # type: ignore[attr-defined]
-    mixin.generate = generate
-
-
-def _record_generate(model: Any, args: tuple, kwargs: dict[str, Any], out: Any,
-                     before: dict[str, str]) -> None:
-    prompt = kwargs.get("input_ids")
-    if prompt is None:
-        prompt = kwargs.get("inputs", args[0] if args else None)
-    sequences = getattr(out, "sequences", out)
-    if not hasattr(sequences, "dim"):
-        return
-    new = sequences
-    encoder_decoder = bool(getattr(getattr(model, "config", None), "is_encoder_decoder", False))
-    if prompt is not None and hasattr(prompt, "dim") and not encoder_decoder:
-        new = sequences[..., prompt.shape[-1]:]
-    sampling, temperature = _sampling_of(model, kwargs)
-    observe_completions(new, prompt if hasattr(prompt, "dim") else None, sampling=sampling,
-                        source="transformers", rng=before, temperature=temperature)
-
-
-def _vllm_tp(llm: Any) -> int:
-    """The engine's tensor-parallel size: ranks of one TP group generate identical outputs by
-    design (TRL's colocate mode), which the analysis must not call a seed bug."""
-    try:
-        return int(llm.llm_engine.vllm_config.parallel_config.tensor_parallel_size)
-    except Exception:
-        try:
-            return int(llm.llm_engine.parallel_config.tensor_parallel_size)
-        except Exception:
-            return 1
-
-
-def _patch_vllm(module: Any) -> None:
-    """vLLM's offline ``LLM.generate``: token ids of each request's outputs, and its seeds."""
-    llm = getattr(module, "LLM", None)
-    fn = getattr(llm, "generate", None)
-    if fn is None or getattr(fn, "__nccl_doctor__", False):
-        return
-
-    @functools.wraps(fn)
-    def generate(self: Any, *args: Any, **kwargs: Any) -> Any:
-        try:
-            before = rng_fingerprint()
-        except Exception:
-            before = {}
-        outputs = fn(self, *args, **kwargs)
-        try:
-            params = kwargs.get("sampling_params", args[1] if len(args) > 1 else None)
-            first = params[0] if isinstance(params, (list, tuple)) and params else params
-            temperature = getattr(first, "temperature", 1.0)
-            seeds = [getattr(p, "seed", None) for p in (
-                params if isinstance(params, (list, tuple)) else [params])][:MAX_ROWS]
-            rows, prompts = [], []
-            for request in outputs:
-                prompts.append(list(getattr(request, "prompt_token_ids", None) or []))
-                for completion in getattr(request, "outputs", []):
-                    rows.append(list(getattr(completion, "token_ids", [])))
-            observe_completions(rows, prompts, sampling=bool(temperature and temperature > 0),
-                                source="vllm", rng=before, temperature=temperature, seeds=seeds,
-                                tp=_vllm_tp(self))
-        except Exception:
-            pass
-        return outputs
-
-    generate.__nccl_doctor__ = True  # type: ignore[attr-defined]
-    llm.generate = generate
-
-
 # -- metrics -------------------------------------------------------------------------------
 def observe_metrics(step: int | None, metrics: dict[str, Any], *, source: str = "user") -> bool:
     """Record the numbers logged at ``step`` (non-numbers are dropped). Never raises."""
@@ -281,49 +186,19 @@ def observe_metrics(step: int | None, metrics: dict[str, Any], *, source: str = 
         return False
 
 
-def _patch_trainer(trainer_module: Any) -> None:
-    trainer = getattr(trainer_module, "Trainer", None)
-    init = getattr(trainer, "__init__", None)
-    if init is None or getattr(init, "__nccl_doctor__", False):
-        return
-
-    @functools.wraps(init)
-    def __init__(self: Any, *args: Any, **kwargs: Any) -> None:
-        init(self, *args, **kwargs)
-        try:
-            from nccl_doctor.plugins.hf_trainer import DoctorCallback
-
-            handler = getattr(self, "callback_handler", None)
-            if handler is not None and not any(
-                isinstance(c, DoctorCallback) for c in handler.callbacks
-            ):
-                self.add_callback(DoctorCallback())
-        except Exception:
-            pass
-
-    __init__.__nccl_doctor__ = True  # type: ignore[attr-defined]
-    trainer.__init__ = __init__
-
-
 # -- installation --------------------------------------------------------------------------
-#: module -> how to patch it, applied now if imported, else right after its import
-PATCHES: dict[str, Callable[[Any], None]] = {
-    "random": _patch_random,
-    "numpy.random": _patch_numpy_random,
-    "transformers.trainer_utils": _patch_transformers_seed,
-    "transformers.generation.utils": _patch_generate,
-    "transformers.trainer": _patch_trainer,
-    "accelerate.utils": _patch_accelerate,
-    "vllm": _patch_vllm,
-}
+#: the standard library's and numpy's seeding; the other libraries' come as integrations
+STANDARD: tuple[Integration, ...] = (
+    Integration("random", _patch_random),
+    Integration("numpy.random", _patch_numpy_random),
+)
 
 
-def install(recorder: Any, torch: Any, when_imported: Callable[[str, Callable], None]) -> None:
-    """Patch torch now, and each module of PATCHES now or once it is imported."""
-    global _recorder
-    _recorder = recorder
+def install(torch: Any, when_imported: Callable[[str, Callable], None],
+            integrations: Sequence[Integration] = ()) -> None:
+    """Patch torch now, and each integration's module now or once it is imported."""
     _safe(_patch_torch, torch)
-    for name, patch in PATCHES.items():
+    for name, patch in (*STANDARD, *integrations):
         guarded = functools.partial(_safe, patch)
         module = sys.modules.get(name)
         if module is None:

@@ -7,7 +7,7 @@ import io
 from rich.console import Console
 from rich.text import Text
 
-from nccl_doctor.supervisor.view import LiveView, RankState
+from nccl_doctor.live_view import LiveView, RankState
 
 #: each rank state's colour in the bar
 STYLES = {

@@ -7,11 +7,11 @@ the same place, and ``format_classes`` renders the groups as "3 ranks here, 1 ra
 from nccl_doctor.stacks.aggregate import (
     StackClass, classify, common_prefix, divergence, format_classes, rank_list,
 )
-from nccl_doctor.stacks.rank_stack import SOURCES, Frame, RankStack, ThreadStack, parse_stack_json
+from nccl_doctor.stacks.rank_stack import SOURCES, Location, RankStack, ThreadStack, parse_stack_json
 from nccl_doctor.supervisor.pyspy import PYSPY_ENV, collect, dump, find_pyspy, unavailable_reason
 
 __all__ = [
-    "Frame", "ThreadStack", "RankStack", "SOURCES", "parse_stack_json",
+    "Location", "ThreadStack", "RankStack", "SOURCES", "parse_stack_json",
     "StackClass", "classify", "common_prefix", "divergence", "format_classes", "rank_list",
     "PYSPY_ENV", "find_pyspy", "dump", "collect", "unavailable_reason",
 ]

@@ -8,11 +8,10 @@ class is described by what follows. Pure functions: no I/O.
 
 from __future__ import annotations
 
-import os
 from dataclasses import dataclass
 from typing import Iterable, Mapping, Sequence
 
-from nccl_doctor.stacks.rank_stack import Frame, RankStack
+from nccl_doctor.stacks.rank_stack import Location, RankStack
 
 __all__ = ["StackClass", "classify", "common_prefix", "divergence", "format_classes", "rank_list"]
 
@@ -25,7 +24,7 @@ class StackClass:
     frames); its ``frames`` are empty. ``odd`` marks a class smaller than the largest one.
     """
 
-    frames: tuple[Frame, ...]
+    frames: tuple[Location, ...]
     ranks: tuple[int, ...]
     odd: bool
     missing: bool = False
@@ -44,7 +43,7 @@ def classify(stacks: Mapping[int, RankStack], *, depth: int | None = None) -> li
     """
     if depth is not None and depth < 1:
         raise ValueError(f"depth must be at least 1, got {depth}")
-    groups: dict[tuple[Frame, ...], list[int]] = {}
+    groups: dict[tuple[Location, ...], list[int]] = {}
     missing: list[int] = []
     for rank in sorted(stacks):
         main = stacks[rank].main
@@ -65,7 +64,7 @@ def classify(stacks: Mapping[int, RankStack], *, depth: int | None = None) -> li
     ]
 
 
-def common_prefix(classes: Iterable[StackClass]) -> tuple[Frame, ...]:
+def common_prefix(classes: Iterable[StackClass]) -> tuple[Location, ...]:
     """The root-first frames every class with a stack shares (classes without one are ignored)."""
     stacks = [c.frames for c in classes if not c.missing]
     if not stacks:
@@ -81,7 +80,7 @@ def common_prefix(classes: Iterable[StackClass]) -> tuple[Frame, ...]:
     return prefix
 
 
-def divergence(classes: Sequence[StackClass]) -> list[tuple[StackClass, tuple[Frame, ...]]]:
+def divergence(classes: Sequence[StackClass]) -> list[tuple[StackClass, tuple[Location, ...]]]:
     """Each class with its frames after ``common_prefix(classes)``: what sets it apart."""
     n = len(common_prefix(classes))
     return [(c, c.frames[n:]) for c in classes]
@@ -131,12 +130,8 @@ def rank_list(ranks: Iterable[int]) -> str:
     return ", ".join(parts)
 
 
-def _chain(frames: Sequence[Frame], tail: int, *, more_before: bool = False) -> str:
+def _chain(frames: Sequence[Location], tail: int, *, more_before: bool = False) -> str:
     shown = frames[-tail:]
     cut = more_before or len(shown) < len(frames)
-    text = " -> ".join(_frame(f) for f in shown)
+    text = " -> ".join(f.text("base") for f in shown)
     return f"... -> {text}" if cut else text
-
-
-def _frame(frame: Frame) -> str:
-    return f"{os.path.basename(frame.path) or frame.path}:{frame.line} {frame.function}"

@@ -11,24 +11,12 @@ import json
 from dataclasses import dataclass, replace
 from typing import Any
 
-__all__ = ["SOURCES", "Frame", "ThreadStack", "RankStack", "parse_stack_json"]
+from nccl_doctor.location import Location
+
+__all__ = ["SOURCES", "Location", "ThreadStack", "RankStack", "parse_stack_json"]
 
 #: Who took a sample: py-spy from outside, the in-rank agent thread, or a faulthandler dump.
 SOURCES = ("py-spy", "agent", "faulthandler")
-
-
-@dataclass(frozen=True)
-class Frame:
-    function: str
-    path: str
-    line: int
-
-    @property
-    def where(self) -> str:
-        return f"{self.path}:{self.line}"
-
-    def to_json(self) -> dict[str, Any]:
-        return {"function": self.function, "path": self.path, "line": self.line}
 
 
 @dataclass(frozen=True)
@@ -37,13 +25,13 @@ class ThreadStack:
 
     thread_id: int
     name: str | None
-    frames: tuple[Frame, ...]
+    frames: tuple[Location, ...]
     active: bool | None
     owns_gil: bool | None
     is_main: bool
 
     @property
-    def root_first(self) -> tuple[Frame, ...]:
+    def root_first(self) -> tuple[Location, ...]:
         """The frames outermost first (``<module>`` first), the order stacks are compared in."""
         return self.frames[::-1]
 
@@ -141,7 +129,7 @@ def _thread(obj: Any, index: int, rank: int) -> ThreadStack:
     return ThreadStack(tid, name, parsed, active, gil, is_main=False)
 
 
-def _frame(obj: Any, where: str) -> Frame:
+def _frame(obj: Any, where: str) -> Location:
     if not isinstance(obj, dict):
         raise ValueError(f"{where} is a JSON {type(obj).__name__}, expected an object")
     name, path, line = obj.get("name"), obj.get("filename"), obj.get("line")
@@ -151,7 +139,7 @@ def _frame(obj: Any, where: str) -> Frame:
         line = 0
     if not _is_int(line):
         raise ValueError(f"{where} has a non-integer line {line!r}")
-    return Frame(name, path, line)
+    return Location(path, line, name)
 
 
 def _main_index(data: list[dict[str, Any]], pid: int) -> int | None:

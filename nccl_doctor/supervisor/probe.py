@@ -55,9 +55,6 @@ class Registry:
                 self.notes[known.rank] = notes
         return counts
 
-    def pids(self) -> dict[int, int]:
-        return {r: p.pid for r, p in self.ranks.items()}
-
     def local(self) -> dict[int, RankProcess]:
         """The ranks running on this host (the only ones this supervisor can sample)."""
         host = socket.gethostname()
@@ -90,12 +87,3 @@ def proc_state(pid: int) -> ProcState:
         return ProcState(pid, False, "gone")
     except psutil.AccessDenied:
         return ProcState(pid, True, "unknown")
-
-
-def job_processes(leader_pid: int) -> list[psutil.Process]:
-    """The job's process tree (its launcher and every descendant still alive)."""
-    try:
-        leader = psutil.Process(leader_pid)
-        return [leader] + leader.children(recursive=True)
-    except psutil.Error:
-        return []

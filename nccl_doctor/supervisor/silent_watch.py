@@ -1,66 +1,50 @@
 """Silent errors while the job runs: the supervisor compares the ranks' hashes (no collective).
 
 Every ``every`` seconds, if any rank wrote a note since the last look (a string-table counter in
-each capture's header), the captures are read and the silent passes run. A finding is announced
-the moment it is established, and report.json is rewritten with verdict ``suspect`` - unless the
-watchdog holds a hang diagnosis, which outranks it.
+each capture's header, in the tick's snapshot), the silent passes run on the snapshot's captures.
+A finding is announced the moment it is established, and returned for report.json with verdict
+``suspect`` - the supervisor keeps a standing hang report instead, which outranks it.
 """
 
 from __future__ import annotations
 
-import time
-from pathlib import Path
-from typing import Any, Callable
-
 from nccl_doctor.analysis import SILENT_PASSES, analyze
-from nccl_doctor.capture.directory import REPORT_JSON, load_capture_dir
 from nccl_doctor.diagnosis import Finding, Severity
-from nccl_doctor.errors import DoctorError
-from nccl_doctor.reporters.json import write_report
-from nccl_doctor.supervisor.watchdog import Watchdog
+from nccl_doctor.supervisor.live import Decision, LiveJob, Report, Snapshot
 
 
 class SilentWatch:
-    """``Supervisor`` listener; shares the watchdog's registry (its header polls)."""
+    """A watch of the supervisor (``look`` once per tick)."""
 
-    def __init__(self, out_dir: Path, watchdog: Watchdog, *, every: float = 2.0,
-                 clock: Callable[[], float] = time.monotonic) -> None:
-        self.out_dir, self.watchdog, self.every, self.clock = out_dir, watchdog, every, clock
+    what = "silent-error check"  # named when it fails (the supervisor drops it then)
+
+    def __init__(self, job: LiveJob, *, every: float = 2.0) -> None:
+        self.job, self.every = job, every
         self.findings: list[Finding] = []  # established so far, in order
         self._seen_notes: dict[int, int] = {}
-        self._last = clock()
+        self._last = job.clock()
 
-    what = "silent-error check"  # named when it fails (Supervisor.tick drops it then)
-
-    def __call__(self, _supervisor: Any = None) -> None:
-        self.tick()
-
-    def tick(self) -> None:
-        now = self.clock()
-        if now - self._last < self.every:
-            return
-        self._last = now
-        notes = dict(self.watchdog.registry.notes)  # polled by the watchdog every tick
-        if notes == self._seen_notes:
-            return
-        self._seen_notes = notes
-        try:
-            traces = load_capture_dir(self.out_dir, job_ended=False)
-        except DoctorError:
-            return
+    def look(self, snap: Snapshot) -> Decision | None:
+        if snap.at - self._last < self.every:
+            return None
+        self._last = snap.at
+        if snap.notes == self._seen_notes:
+            return None
+        self._seen_notes = dict(snap.notes)
+        traces = snap.traces
+        if traces is None:
+            return None
         # silent passes only: a live snapshot may catch ranks mid-collective, which the desync
         # passes would misread; hangs are the watchdog's to call
-        diagnosis = analyze(traces, SILENT_PASSES)
+        diagnosis = analyze(traces, SILENT_PASSES, annotators=self.job.annotators)
         known = {_key(f) for f in self.findings}
         new = [f for f in diagnosis.findings
                if f.severity is not Severity.INFO and _key(f) not in known]
         if not new:
-            return
+            return None
         self.findings.extend(new)
-        for f in new:
-            self.watchdog.announce(f"SUSPECT: {f.kind.value}: {f.title}")
-        if self.watchdog.diagnosis is None:
-            write_report(diagnosis, self.out_dir / REPORT_JSON)
+        return Decision(report=diagnosis, kind=Report.SUSPECT,
+                        announce=tuple(f"SUSPECT: {f.kind.value}: {f.title}" for f in new))
 
 
 def _key(f: Finding) -> tuple:

@@ -13,61 +13,55 @@ deadlock being confirmed, a stall) or a hang is called. Only this host's ranks a
 from __future__ import annotations
 
 import time
-from pathlib import Path
-from typing import Any, Callable
+from typing import Callable
 
 from nccl_doctor.analysis.align import blocked_event, timelines
 from nccl_doctor.analysis.straggler import detect_straggler
-from nccl_doctor.capture.directory import load_capture_dir
-from nccl_doctor.errors import DoctorError
 from nccl_doctor.model import TraceSet
+from nccl_doctor.stacks import summary
 from nccl_doctor.stacks.samples import SampleLog, StackSample
 from nccl_doctor.supervisor import evidence
-from nccl_doctor.supervisor.watchdog import Watchdog
+from nccl_doctor.supervisor.live import LiveJob, Snapshot
 
 
 DUTY = 20.0  # wait at least this many times a look's own duration before the next one
 
 
 class StragglerWatch:
-    """``Supervisor`` listener; uses the watchdog's registry and policy."""
+    """A watch of the supervisor (``look`` once per tick). ``hang_suspected()`` says when every
+    rank waits or a hang is called (the watchdog's business: this watch stands aside)."""
 
-    def __init__(self, out_dir: Path, watchdog: Watchdog, *, every: float = 10.0,
-                 clock: Callable[[], float] = time.monotonic) -> None:
-        self.out_dir, self.watchdog, self.every, self.clock = out_dir, watchdog, every, clock
-        self.log = SampleLog(out_dir)
-        self._last = clock()
+    what = "straggler sampling"  # named when it fails (the supervisor drops it then)
+
+    def __init__(self, job: LiveJob, hang_suspected: Callable[[], bool], *,
+                 every: float = 10.0) -> None:
+        self.job, self.hang_suspected, self.every = job, hang_suspected, every
+        self.log = SampleLog(job.out_dir)
+        self._last = job.clock()
         self._cost = 0.0  # how long the last look took
         self._seen: dict[int, int] = {}
 
-    what = "straggler sampling"  # named when it fails (Supervisor.tick drops it then)
-
-    def __call__(self, _supervisor: Any = None) -> None:
-        self.tick()
-
-    def tick(self) -> None:
-        now = self.clock()
+    def look(self, snap: Snapshot) -> None:
+        now = self.job.clock()
         # a look reads every capture: at most 5% of the supervisor's time goes to them
         if now - self._last < max(self.every, DUTY * self._cost):
             return
         self._last = now
         try:
-            self._look()
+            self._look(snap)
         finally:
-            self._cost = self.clock() - now
+            self._cost = self.job.clock() - now
 
-    def _look(self) -> None:
-        counts = self.watchdog.counts
-        if counts == self._seen or self.watchdog.hang_suspected:
+    def _look(self, snap: Snapshot) -> None:
+        if snap.counts == self._seen or self.hang_suspected():
             return  # nothing new, or every rank waits: that is the watchdog's business
-        self._seen = dict(counts)
-        before = self.watchdog.registry.poll()  # before the read that says who waits
-        try:
-            traces = load_capture_dir(self.out_dir, job_ended=False)
-        except DoctorError:
+        self._seen = dict(snap.counts)
+        before = snap.counts  # polled before the read that says who waits
+        traces = snap.traces
+        if traces is None:
             return
         late = sorted({r for f in detect_straggler(traces) for r in f.ranks})
-        local = {r: p.pid for r, p in self.watchdog.registry.local().items()}
+        local = {r: p.pid for r, p in self.job.local().items()}
         targets, waiting = {}, {}
         for rank in late:
             if rank in local and not self.log.full(rank):
@@ -76,11 +70,12 @@ class StragglerWatch:
                     targets[rank], waiting[rank] = local[rank], peers
         if not targets:
             return
-        stacks = evidence.collect_stacks(targets, self.watchdog.run_id,
-                                         timeout=self.watchdog.policy.stack_timeout)
-        after = self.watchdog.registry.poll()
+        policy = self.job.policy
+        stacks = evidence.collect_stacks(targets, self.job.run_id,
+                                         timeout=policy.stack_timeout if policy else 5.0)
+        after = self.job.registry.poll()
         for rank, stack in sorted(stacks.items()):
-            where = evidence.user_frames(stack)
+            where = summary.user_frames(stack)
             # a rank that recorded a call since the read reached the collective before the
             # sample was taken: where it was while its peers waited is not known
             if where and before.get(rank) == after.get(rank):

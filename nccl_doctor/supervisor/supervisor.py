@@ -1,8 +1,10 @@
 """The supervisor loop: launch, watch, collect, analyse, report.
 
-While the job runs, ``tick`` runs every ``poll_interval`` and calls the listeners: the live
-watchdog (nccl_doctor.watchdog) is one. Once the job has ended, the captures are analysed post
-mortem; a hang the watchdog diagnosed stays the report's verdict.
+While the job runs, ``tick`` runs every ``poll_interval``: it takes one ``Snapshot`` of the job
+(nccl_doctor/supervisor/live.py), hands it to every watch (the hang watchdog, the silent-error
+check, the straggler sampling), applies what they decide - it alone writes report.json and stops
+the job - then calls the listeners (the GPU sampler, a live display). Once the job has ended, the
+captures are analysed post mortem; a hang the watchdog diagnosed stays the report's verdict.
 """
 
 from __future__ import annotations
@@ -17,20 +19,18 @@ from pathlib import Path
 from typing import Callable, Sequence
 
 from nccl_doctor.analysis import analyze
-from nccl_doctor.capture.directory import (
-    REPORT_JSON, Manifest, capture_files, load_capture_dir,
-)
-from nccl_doctor.diagnosis import Diagnosis
+from nccl_doctor.analysis.annotate import Annotator
+from nccl_doctor.capture.directory import Manifest, capture_files, load_capture_dir, write_report
+from nccl_doctor.diagnosis import Diagnosis, Verdict
 from nccl_doctor.errors import DoctorError, ExitStatus
+from nccl_doctor.live_view import LiveView
 from nccl_doctor.supervisor.gpu.nvml import GpuSource, Nvml
 from nccl_doctor.supervisor.gpu.sampler import GpuSampler
-from nccl_doctor.reporters.json import write_report
 from nccl_doctor.supervisor.launch import Job, exit_status, job_environment
+from nccl_doctor.supervisor.live import Decision, LiveJob, Report, Watch
 from nccl_doctor.supervisor.policy import HangPolicy
-from nccl_doctor.supervisor.probe import Registry
 from nccl_doctor.supervisor.silent_watch import SilentWatch
 from nccl_doctor.supervisor.straggler_watch import StragglerWatch
-from nccl_doctor.supervisor.view import LiveView
 from nccl_doctor.supervisor.watchdog import Watchdog
 
 
@@ -65,59 +65,57 @@ class Supervisor:
     def __init__(self, command: Sequence[str], out_dir: Path, *, poll_interval: float = 0.2,
                  environ: dict[str, str] | None = None, policy: HangPolicy | None = HangPolicy(),
                  announce: Callable[[str], None] | None = None,
-                 gpu: Callable[[], GpuSource] | None = Nvml.open) -> None:
-        """``policy`` None runs no watchdog (post-mortem only); ``announce`` receives the
-        watchdog's events (a hang called, the job stopped) as one-line messages; ``gpu`` opens
-        the GPUs' NVML (None: no GPU sampling)."""
+                 gpu: Callable[[], GpuSource] | None = Nvml.open,
+                 annotators: Sequence[Annotator] | None = None) -> None:
+        """``policy`` None runs no watches (post-mortem only); ``announce`` receives the watches'
+        events (a hang called, the job stopped) as one-line messages; ``gpu`` opens the GPUs'
+        NVML (None: no GPU sampling); ``annotators`` recognise known issues (default: the
+        installed ones)."""
         self.command = tuple(command)
         self.out_dir = out_dir
         self.poll_interval = poll_interval
         self.environ = dict(os.environ if environ is None else environ)
         self.state = State.STARTING
         self.run_id = uuid.uuid4().hex[:12]
+        self.live = LiveJob(out_dir, self.run_id, policy, annotators=annotators, announce=announce)
         self.job: Job | None = None
         self._signals = 0
-        self.listeners: list[Callable[[Supervisor], None]] = []  # called every tick
+        self._kill_at: float | None = None  # when the job stopped for a hang gets SIGKILL
+        self._hang_reported = False  # a hang report stands: a suspicion does not replace it
+        self.stopped_for_hang = False
+        self.watches: list[Watch] = []  # handed the snapshot every tick
+        self.listeners: list[Callable[[Supervisor], None]] = []  # called every tick after them
         self.watchdog: Watchdog | None = None
         self.silent: SilentWatch | None = None
         self.straggler: StragglerWatch | None = None
         if policy is not None:
-            self.watchdog = Watchdog(out_dir, self.run_id, policy, stop_job=self._stop_job,
-                                     announce=announce)
-            self.listeners.append(self.watchdog)
-            self.silent = SilentWatch(out_dir, self.watchdog)
-            self.listeners.append(self.silent)
-            self.straggler = StragglerWatch(out_dir, self.watchdog)
-            self.listeners.append(self.straggler)
+            self.watchdog = Watchdog(self.live)
+            self.silent = SilentWatch(self.live)
+            watchdog = self.watchdog
+            self.straggler = StragglerWatch(self.live, lambda: watchdog.hang_suspected)
+            self.watches += [self.watchdog, self.silent, self.straggler]
         self.gpu: GpuSampler | None = None
         if gpu is not None:
-            registry = self.watchdog.registry if self.watchdog is not None else Registry(out_dir)
-            watchdog = self.watchdog
+            live, watchdog_ = self.live, self.watchdog
 
             def ranks() -> dict[int, tuple[int, int | None]]:  # this host's: its GPUs only
-                if watchdog is None:
-                    registry.poll()
-                return {r: (p.pid, p.local_rank) for r, p in registry.local().items()}
+                return {r: (p.pid, p.local_rank) for r, p in live.local().items()}
 
             self.gpu = GpuSampler(out_dir, ranks=ranks, open_source=gpu,
-                                  fast=lambda: watchdog is not None and watchdog.quiet)
+                                  fast=lambda: watchdog_ is not None and watchdog_.quiet)
             self.listeners.append(self.gpu)
 
     def attach(self, listener: Callable[[Supervisor], None],
                announce: Callable[[str], None] | None = None) -> None:
-        """Call ``listener`` every tick (a live display); ``announce`` gets the watchdog's
+        """Call ``listener`` every tick (a live display); ``announce`` gets the watches'
         events (a hang called, the job stopped) as one-line messages."""
         self.listeners.append(listener)
-        if announce is not None and self.watchdog is not None:
-            self.watchdog.announce = announce
+        if announce is not None:
+            self.live.announce = announce
 
     def view(self) -> LiveView | None:
         """The watchdog's live view of the job (None without a watchdog)."""
         return self.watchdog.view() if self.watchdog is not None else None
-
-    def _stop_job(self, sig: int) -> None:
-        if self.job is not None:
-            self.job.signal(sig)
 
     def _to(self, new: State) -> None:
         if new not in _ALLOWED[self.state]:
@@ -148,7 +146,7 @@ class Supervisor:
         status = exit_status(code)
         manifest = replace(manifest, ended_at=time.time(), exit_status=status)
         self._to(State.ANALYSING)
-        stopped_for_hang = self.watchdog is not None and self.watchdog.stopped_job
+        stopped_for_hang = self.stopped_for_hang
         if stopped_for_hang:
             status = ExitStatus.HANG_STOPPED
             manifest = replace(manifest, exit_status=status)
@@ -157,14 +155,41 @@ class Supervisor:
         return RunResult(status, diagnosis, report, error, stopped, stopped_for_hang)
 
     def tick(self) -> None:
+        """One look at the job: the snapshot to every watch, their decisions applied, then the
+        listeners. A watch or listener that fails is dropped; the job's supervision goes on."""
+        if self._kill_at is not None and self.live.clock() >= self._kill_at:
+            self._stop_job(signal.SIGKILL)  # the grace after SIGTERM is over
+            self._kill_at = None
+        snap = self.live.snapshot()
+        for watch in list(self.watches):
+            try:
+                decision = watch.look(snap)
+            except Exception as err:
+                self.watches.remove(watch)
+                self.live.announce(f"{watch.what} failed ({err!r}); it is off from here")
+                continue
+            if decision is not None:
+                self._apply(decision)
         for listener in list(self.listeners):
             try:
                 listener(self)
-            except Exception as err:  # a listener's failure must never stop the job's supervision
+            except Exception:  # a display or sampler must never stop the job's supervision
                 self.listeners.remove(listener)
-                what = getattr(listener, "what", None)  # a watch the user should know is gone
-                if what and self.watchdog is not None:
-                    self.watchdog.announce(f"{what} failed ({err!r}); it is off from here")
+
+    def _apply(self, decision: Decision) -> None:
+        if decision.report is not None:
+            if decision.kind is Report.HANG:
+                self._hang_reported = decision.report.verdict is Verdict.HANG
+                write_report(self.out_dir, decision.report)
+            elif not self._hang_reported:
+                write_report(self.out_dir, decision.report)
+        for message in decision.announce:
+            self.live.announce(message)
+        if decision.stop_job and not self.stopped_for_hang:
+            self.stopped_for_hang = True
+            self._stop_job(signal.SIGTERM)
+            policy = self.live.policy
+            self._kill_at = self.live.clock() + (policy.kill_grace if policy else 0.0)
 
     def _analyse(self, manifest: Manifest) -> tuple[Diagnosis | None, Path | None, str | None]:
         manifest.write(self.out_dir)  # ended_at and the exit status, which the loader reads
@@ -176,12 +201,10 @@ class Supervisor:
         manifest = replace(manifest, world_size=traces.world_size, hosts=hosts,
                            captures=tuple(f.name for f in capture_files(self.out_dir)))
         manifest.write(self.out_dir)
-        diagnosis = analyze(traces)
+        diagnosis = analyze(traces, annotators=self.live.annotators)
         if self.watchdog is not None:
             diagnosis = self.watchdog.final(diagnosis) or diagnosis
-        report = self.out_dir / REPORT_JSON
-        write_report(diagnosis, report)
-        return diagnosis, report, None
+        return diagnosis, write_report(self.out_dir, diagnosis), None
 
     # -- signals: the job is in its own process group, so forward what the terminal sends -----
     def _install_signal_forwarding(self) -> dict[int, object]:

@@ -13,7 +13,7 @@ from typing import Callable
 import pytest
 
 from nccl_doctor.model import (
-    Callsite, Event, EventFlag, EventKind, EventState, ExitKind, GroupInfo, Integrity, RankExit,
+    Location, Event, EventFlag, EventKind, EventState, ExitKind, GroupInfo, Integrity, RankExit,
     RankMeta, RankTrace, TraceSet,
 )
 
@@ -42,7 +42,7 @@ def make_event(
     parent: int = 0,
     flags: EventFlag = EventFlag.NONE,
     t_enter_ns: int | None = None,
-    callsite: Callsite | None = None,
+    callsite: Location | None = None,
     line: int | None = None,
 ) -> Event:
     """One recorded call. ``idx`` is rank-local; ``seq`` defaults to ``idx + seq_offset``."""
@@ -52,7 +52,7 @@ def make_event(
         seq_delta = None if state is EventState.ENTERED else 1
     t_enter = T0 + idx * STEP if t_enter_ns is None else t_enter_ns
     if callsite is None:
-        callsite = Callsite("/job/train.py", line if line is not None else 100 + idx, "step")
+        callsite = Location("/job/train.py", line if line is not None else 100 + idx, "step")
     return Event(
         idx=idx, parent=parent, kind=kind, op=op, group=group, seq=seq, seq_offset=seq_offset,
         seq_delta=seq_delta, state=state, flags=flags, t_enter_ns=t_enter,
@@ -89,7 +89,7 @@ def clean(time_ns: int | None = None, code: int = 0) -> RankExit:
 
 def raised(
     message: str = "RuntimeError: Connection closed by peer",
-    callsite: Callsite | None = None,
+    callsite: Location | None = None,
     time_ns: int | None = None,
 ) -> RankExit:
     return RankExit(ExitKind.EXCEPTION, code=1, exception=message, callsite=callsite,
@@ -160,7 +160,7 @@ def scenario_shape_mismatch() -> TraceSet:
         traces.append(make_trace(
             rank, events,
             raised("RuntimeError: [../gloo/transport/tcp/pair.cc:534] Connection closed by peer",
-                   Callsite("/job/train.py", 40, "step"), T0 + 50 * STEP),
+                   Location("/job/train.py", 40, "step"), T0 + 50 * STEP),
         ))
     return make_traceset(traces)
 
@@ -173,7 +173,7 @@ def scenario_rank_exited_early() -> TraceSet:
         traces.append(make_trace(
             rank, collectives(5, group_size=4, last_state=FAILED),
             raised("RuntimeError: [/gloo/pair.cc:1] Timed out waiting 1800000ms for recv",
-                   Callsite("/job/train.py", 105, "step"), T0 + 900 * STEP),
+                   Location("/job/train.py", 105, "step"), T0 + 900 * STEP),
             world_size=4,
         ))
     traces.append(make_trace(1, collectives(4, group_size=4), clean(T0 + 6 * STEP), world_size=4))

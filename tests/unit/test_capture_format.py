@@ -19,7 +19,7 @@ from nccl_doctor.errors import (
     CaptureNotFound, CorruptCapture, DoctorError, ExitStatus, NotACapture, UnsupportedVersion,
 )
 from nccl_doctor.model import (
-    Callsite, EventFlag, EventKind, EventState, ExitKind, GroupInfo, Integrity,
+    Location, EventFlag, EventKind, EventState, ExitKind, GroupInfo, Integrity,
 )
 
 T0 = 1_700_000_000_000_000_000
@@ -135,8 +135,8 @@ def test_round_trip_every_event_field(tmp_path: Path) -> None:
     assert e.input == "4*float32[2,7,32]" and e.output == "float32[8,7,32]"
     assert e.nbytes == 4096
     assert e.peer == 3 and e.group_size == 4
-    assert e.callsite == Callsite("/job/train.py", 42, "train_step")
-    assert e.api_callsite == Callsite("/venv/lib/accelerate/utils.py", 99, "")
+    assert e.callsite == Location("/job/train.py", 42, "train_step")
+    assert e.api_callsite == Location("/venv/lib/accelerate/utils.py", 99, "")
     assert e.extra == "note: extra"
     assert e.done and not e.is_composite
 
@@ -185,7 +185,7 @@ def test_round_trip_notes_and_exit_kinds(tmp_path: Path) -> None:
     assert tb_.exit.kind is ExitKind.EXCEPTION and tb_.exit.abnormal
     assert tb_.exit.code == 1
     assert tb_.exit.exception == "ValueError: bad batch"
-    assert tb_.exit.callsite == Callsite("/job/train.py", 40, "step")
+    assert tb_.exit.callsite == Location("/job/train.py", 40, "step")
     assert tb_.exit.time_ns == T0 + 88
 
     ts = load_capture_dir(tmp_path)
@@ -593,7 +593,7 @@ def test_doctor_errors_are_one_family() -> None:
 # -- faults --------------------------------------------------------------------------------------
 
 def test_parse_fault_abort() -> None:
-    assert parse_fault(FAULT_TEXT) == ("SIGABRT", Callsite("/x/train.py", 12, "main"))
+    assert parse_fault(FAULT_TEXT) == ("SIGABRT", Location("/x/train.py", 12, "main"))
 
 
 def test_parse_fault_skips_torch_frames_and_other_threads() -> None:
@@ -606,7 +606,7 @@ def test_parse_fault_skips_torch_frames_and_other_threads() -> None:
         "line 2501 in all_reduce\n"
         '  File "/x/train.py", line 33 in step\n'
     )
-    assert parse_fault(text) == ("SIGSEGV", Callsite("/x/train.py", 33, "step"))
+    assert parse_fault(text) == ("SIGSEGV", Location("/x/train.py", 33, "step"))
 
 
 def test_parse_fault_without_a_fault() -> None:
@@ -621,7 +621,7 @@ def test_fault_file_makes_the_exit_a_signal(tmp_path: Path) -> None:
     trace = read_capture(w.path)
     assert trace.exit.kind is ExitKind.SIGNAL and trace.exit.abnormal
     assert trace.exit.signal == "SIGABRT"
-    assert trace.exit.callsite == Callsite("/x/train.py", 12, "main")
+    assert trace.exit.callsite == Location("/x/train.py", 12, "main")
     ts = load_capture_dir(tmp_path, job_ended=True)
     assert ts.ranks[0].exit.kind is ExitKind.SIGNAL  # not turned into VANISHED
 

@@ -11,7 +11,7 @@ from nccl_doctor.analysis.mismatch import detect_collective_mismatch
 from nccl_doctor.analysis.missing import detect_missing_collective
 from nccl_doctor.diagnosis import FindingKind, Severity, Verdict
 from nccl_doctor.model import (
-    Callsite, EventFlag, EventKind, EventState, ExitKind, RankExit,
+    Location, EventFlag, EventKind, EventState, ExitKind, RankExit,
 )
 
 RETURNED, ENTERED, FAILED, ISSUED = (
@@ -387,7 +387,7 @@ def test_rank_exited_root_cause_when_peers_hang(tb) -> None:
 
 
 def test_rank_died_by_exception_outside_collectives(tb) -> None:
-    site = Callsite("/job/data.py", 88, "load")
+    site = Location("/job/data.py", 88, "load")
     ts = two_ranks(
         tb, tb.collectives(3), tb.collectives(3),
         exits=(tb.clean(), tb.raised("KeyError: 'label'", site, tb.T0 + 9 * tb.STEP)),

@@ -4,7 +4,8 @@ version and its code match, the general fix for the mechanism otherwise, nothing
 from __future__ import annotations
 
 from nccl_doctor.diagnosis import Diagnosis, Finding, FindingKind, Severity, Verdict
-from nccl_doctor.plugins.known_issues import annotate, versions_of
+from nccl_doctor.analysis.annotate import versions_of
+from nccl_doctor.plugins.known_issues import annotate
 
 
 def _diag(f: Finding, stacks: list[str] = (), ranks=(0, 1)) -> Diagnosis:
@@ -122,8 +123,8 @@ def test_from_a_synthetic_trace_and_its_environment(tb):
     from dataclasses import replace
 
     from nccl_doctor.analysis import analyze
-    from nccl_doctor.stacks.rank_stack import Frame, RankStack, ThreadStack
-    from nccl_doctor.supervisor.watchdog import hang_diagnosis
+    from nccl_doctor.stacks.rank_stack import Location, RankStack, ThreadStack
+    from nccl_doctor.analysis.hang import hang_diagnosis
 
     base = tb.scenarios["shape_mismatch"]()
     traces = replace(base, ranks={
@@ -131,11 +132,11 @@ def test_from_a_synthetic_trace_and_its_environment(tb):
         for r, t in base.ranks.items()})
     post_mortem = analyze(traces)
     assert known(post_mortem)["rule"] == "A" and "upstream" not in known(post_mortem)
-    frames = (Frame("wait", "/venv/lib/python3.11/site-packages/torch/distributed/"
-                            "distributed_c10d.py", 4287),
-              Frame("get_batch_loss_metrics", "/venv/lib/python3.11/site-packages/trl/trainer/"
-                                              "cpo_trainer.py", 812),
-              Frame("<module>", "/job/train.py", 40))
+    frames = (Location("/venv/lib/python3.11/site-packages/torch/distributed/"
+                       "distributed_c10d.py", 4287, "wait"),
+              Location("/venv/lib/python3.11/site-packages/trl/trainer/cpo_trainer.py", 812,
+                       "get_batch_loss_metrics"),
+              Location("/job/train.py", 40, "<module>"))
     stacks = {r: RankStack(r, 1000 + r, "py-spy", (ThreadStack(1, "MainThread", frames, True,
                                                                  True, True),))
               for r in traces.ranks}

@@ -5,7 +5,8 @@ from __future__ import annotations
 from nccl_doctor.model import EventState
 from nccl_doctor.reporters import live
 from nccl_doctor.analysis.situation import Assessment, Situation
-from nccl_doctor.supervisor.view import LiveView, RankState, RankView, rank_views
+from nccl_doctor.live_view import LiveView, RankState, RankView
+from nccl_doctor.supervisor.view import rank_views
 
 def test_rank_states_follow_the_last_look(tb):
     def _event(rank: int, seq: int):
@@ -62,7 +63,7 @@ def test_a_failing_watch_is_dropped_and_named_the_job_supervised_on(tmp_path):
     def broken(_s):
         raise RuntimeError("disk full")
 
-    sup.silent.tick = lambda: broken(sup)  # the watch's own failure, as Supervisor.tick sees it
+    sup.silent.look = lambda _snap: broken(sup)  # the watch's own failure, as tick sees it
     sup.tick()
-    assert sup.silent not in sup.listeners and sup.watchdog in sup.listeners
+    assert sup.silent not in sup.watches and sup.watchdog in sup.watches
     assert messages == ["silent-error check failed (RuntimeError('disk full')); it is off from here"]

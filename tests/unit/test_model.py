@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 
 from nccl_doctor.model import (
-    Callsite, EventFlag, ExitKind, Integrity, RankExit, TensorSig, parse_tensor_desc,
+    Location, EventFlag, ExitKind, Integrity, RankExit, TensorSig, parse_tensor_desc,
 )
 
 
@@ -75,5 +75,5 @@ def test_event_properties(tb) -> None:
     assert tb.event(1, flags=EventFlag.COMPOSITE | EventFlag.ASYNC).is_composite
     assert not tb.event(1, flags=EventFlag.ASYNC).is_composite
     assert e.where == "/job/train.py:105"
-    assert str(Callsite("/a.py", 3, "f")) == "/a.py:3"
-    assert Callsite("/a.py", 3, "f").to_json() == {"path": "/a.py", "line": 3, "function": "f"}
+    assert str(Location("/a.py", 3, "f")) == "/a.py:3"
+    assert Location("/a.py", 3, "f").to_json() == {"path": "/a.py", "line": 3, "function": "f"}

@@ -10,7 +10,7 @@ import pytest
 
 from nccl_doctor.analysis import analyze
 from nccl_doctor.capture.directory import load_capture_dir
-from nccl_doctor.capture.format import EventKind, EventState
+from nccl_doctor.model import EventKind, EventState
 from nccl_doctor.capture.writer import CaptureWriter
 from nccl_doctor.diagnosis import SCHEMA_VERSION, Verdict
 from nccl_doctor.errors import UsageError

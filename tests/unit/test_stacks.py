@@ -9,7 +9,7 @@ import threading
 import pytest
 
 from nccl_doctor.stacks import (
-    Frame, RankStack, StackClass, ThreadStack, classify, common_prefix, divergence, format_classes,
+    Location, RankStack, StackClass, ThreadStack, classify, common_prefix, divergence, format_classes,
     parse_stack_json, rank_list,
 )
 
@@ -181,8 +181,8 @@ def test_parse_recorded_pyspy_dump_with_two_threads():
     assert not stack.threads[0].is_main
     assert main.thread_id == 139823039753088
     assert main.frames == (
-        Frame("waiting_in_barrier", "/tmp/spyexp/target.py", 3),
-        Frame("<module>", "/tmp/spyexp/target.py", 8),
+        Location("/tmp/spyexp/target.py", 3, "waiting_in_barrier"),
+        Location("/tmp/spyexp/target.py", 8, "<module>"),
     )
     assert main.frames[0].where == "/tmp/spyexp/target.py:3"
     assert (main.active, main.owns_gil) == (False, False)
@@ -232,7 +232,7 @@ def test_parse_agent_shape():
     main = stack.main
     assert main is not None and main.thread_id == 7 and main.is_main
     assert (main.active, main.owns_gil) == (None, None)  # the agent does not know
-    assert main.root_first[0] == Frame("<module>", "/job/train.py", 80)
+    assert main.root_first[0] == Location("/job/train.py", 80, "<module>")
     assert main.frames[0].function == "all_reduce"
     assert [t.is_main for t in stack.threads] == [False, True]
 
@@ -259,7 +259,7 @@ def test_parse_agent_shape_built_from_real_frames():
 def test_a_frame_with_unknown_line_is_kept_as_line_zero():
     data = [{"thread_id": 1, "frames": [{"name": "f", "filename": "x.py", "line": None}]}]
     stack = parse_stack_json(data, rank=0, pid=1, source="faulthandler", taken_at=0.0)
-    assert stack.threads[0].frames == (Frame("f", "x.py", 0),)
+    assert stack.threads[0].frames == (Location("x.py", 0, "f"),)
 
 
 @pytest.mark.parametrize(
@@ -326,27 +326,27 @@ def test_to_json_is_plain_data():
 
 
 def test_model_is_frozen():
-    frame = Frame("f", "x.py", 1)
+    frame = Location("x.py", 1, "f")
     with pytest.raises(AttributeError):
         frame.line = 2  # type: ignore[misc]
 
 
 # --- classes -------------------------------------------------------------------------------------
 
-MODULE = Frame("<module>", "/job/train.py", 80)
-MAIN = Frame("main", "/job/train.py", 60)
-STEP = Frame("step", "/job/train.py", 41)
-STEP_LOSS = Frame("step", "/job/train.py", 45)
-ALL_REDUCE = Frame("all_reduce", "/site/torch/distributed/distributed_c10d.py", 2501)
-BARRIER = Frame("barrier", "/site/torch/distributed/distributed_c10d.py", 4100)
-LOSS = Frame("compute_loss", "/job/loss.py", 12)
+MODULE = Location("/job/train.py", 80, "<module>")
+MAIN = Location("/job/train.py", 60, "main")
+STEP = Location("/job/train.py", 41, "step")
+STEP_LOSS = Location("/job/train.py", 45, "step")
+ALL_REDUCE = Location("/site/torch/distributed/distributed_c10d.py", 2501, "all_reduce")
+BARRIER = Location("/site/torch/distributed/distributed_c10d.py", 4100, "barrier")
+LOSS = Location("/job/loss.py", 12, "compute_loss")
 
 
-def rank_stack(rank: int, *root_first: Frame, error: str | None = None) -> RankStack:
+def rank_stack(rank: int, *root_first: Location, error: str | None = None) -> RankStack:
     """A py-spy sample whose main thread holds ``root_first`` (given outermost first)."""
     if error is not None:
         return RankStack(rank, 1000 + rank, "py-spy", (), error, 0.0)
-    helper = ThreadStack(2, "pin_memory", (Frame("wait", "/py/threading.py", 320),), False, False,
+    helper = ThreadStack(2, "pin_memory", (Location("/py/threading.py", 320, "wait"),), False, False,
                          False)
     main = ThreadStack(1, "MainThread", tuple(reversed(root_first)), True, True, True)
     return RankStack(rank, 1000 + rank, "py-spy", (helper, main), None, 0.0)
@@ -457,7 +457,7 @@ def test_format_classes_shows_the_shared_stack_once_then_each_distinct_tail():
 
 
 def test_format_classes_keeps_only_the_innermost_tail_frames():
-    deep = [Frame(f"f{i}", "/job/deep.py", i) for i in range(10)]
+    deep = [Location("/job/deep.py", i, f"f{i}") for i in range(10)]
     stacks = {0: rank_stack(0, MODULE, *deep), 1: rank_stack(1, MODULE, STEP),
               2: rank_stack(2, MODULE, *deep)}
     lines = format_classes(classify(stacks), tail=3)

@@ -25,7 +25,7 @@ from nccl_doctor import env
 from nccl_doctor import paths
 from nccl_doctor._version import __version__
 from nccl_doctor.capture import format as fmt
-from nccl_doctor.capture.format import EventFlag, EventKind, EventState
+from nccl_doctor.model import EventFlag, EventKind, EventState
 from nccl_doctor.capture.writer import CaptureWriter
 from nccl_doctor.rank.recorder.arguments import Describer
 from nccl_doctor.rank.recorder.specs import SPECS
@@ -127,6 +127,8 @@ class Recorder:
     def observe(self, kind: str, fields: dict[str, Any]) -> bool:
         """A silent-error note (rng, gen, metrics). Before the capture exists (seeding usually
         precedes init_process_group) up to EARLY_NOTES are held and written at its creation."""
+        if not self.enabled:
+            return False
         w = self.writer
         fields.setdefault("time_ns", time.time_ns())
         if w is None:
@@ -251,7 +253,7 @@ class Recorder:
         sys.exit = exit
         if not faulthandler.is_enabled():  # never take over a faulthandler the user set up
             try:
-                self._fault_file = open(path.with_suffix(".fault"), "w")
+                self._fault_file = open(path.with_suffix(fmt.FAULT_SUFFIX), "w")
                 faulthandler.enable(self._fault_file, all_threads=True)
             except OSError:
                 self._fault_file = None

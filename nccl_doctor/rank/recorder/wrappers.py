@@ -14,7 +14,7 @@ import sys
 import threading
 from typing import TYPE_CHECKING, Any, Callable
 
-from nccl_doctor.capture.format import EventFlag, EventKind, EventState
+from nccl_doctor.model import EventFlag, EventKind, EventState
 from nccl_doctor.rank.recorder.specs import Spec
 
 if TYPE_CHECKING:

@@ -1,0 +1,56 @@
+"""Plugins: nccl-doctor's own (in plugins/, installed as nccl_doctor.plugins) and any installed
+distribution's, registered in these entry-point groups. The one place that loads them.
+
+- ``nccl_doctor.known_issues``: annotators, ``(Diagnosis, versions) -> Diagnosis``, that
+  recognise a known upstream bug in a finding (nccl_doctor.analysis.annotate);
+- ``nccl_doctor.integrations``: sequences of ``Integration`` (a module name and a patch applied
+  when the rank imports it), installed in every rank (nccl_doctor.rank.hooks).
+"""
+
+from __future__ import annotations
+
+import functools
+import importlib
+from importlib import metadata
+from typing import Any
+
+KNOWN_ISSUES = "nccl_doctor.known_issues"
+INTEGRATIONS = "nccl_doctor.integrations"
+#: nccl-doctor's own plugin per group, loaded by name (not through the installed metadata, which
+#: an interpreter that merely imports nccl_doctor from a path may not have)
+BUILTIN = {
+    KNOWN_ISSUES: "nccl_doctor.plugins.known_issues:annotate",
+    INTEGRATIONS: "nccl_doctor.plugins.integrations:INTEGRATIONS",
+}
+
+
+@functools.lru_cache(maxsize=None)
+def load(group: str) -> tuple[tuple[str, Any, BaseException | None], ...]:
+    """``(name, loaded object, None)`` per entry point of ``group``, or ``(name, None, error)``
+    for one that failed to load: a broken plugin is reported, never raised."""
+    out = []
+    own = BUILTIN.get(group)
+    if own is not None:
+        out.append(_load("builtin", own))
+    try:
+        found = metadata.entry_points(group=group)
+    except Exception:  # damaged metadata of some installed distribution
+        found = ()
+    seen = {own}
+    for ep in found:
+        if ep.value in seen:  # the same plugin seen twice on sys.path
+            continue
+        seen.add(ep.value)
+        out.append(_load(ep.name, ep.value))
+    return tuple(out)
+
+
+def _load(name: str, value: str) -> tuple[str, Any, BaseException | None]:
+    module, _, attr = value.partition(":")
+    try:
+        found: Any = importlib.import_module(module.strip())
+        for part in attr.strip().split(".") if attr.strip() else ():
+            found = getattr(found, part)
+        return name, found, None
+    except Exception as err:
+        return name, None, err

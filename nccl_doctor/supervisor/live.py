@@ -1,0 +1,98 @@
+"""The live job as the supervisor's watches see it: one object for the job (``LiveJob``), one
+``Snapshot`` of it per tick handed to every watch, and the ``Decision`` a watch returns.
+
+A watch never writes the report, never stops the job and never prints: it returns a decision
+and the supervisor applies it (nccl_doctor/supervisor/supervisor.py).
+"""
+
+from __future__ import annotations
+
+import enum
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Callable, Protocol, Sequence
+
+from nccl_doctor.analysis.annotate import Annotator
+from nccl_doctor.capture.directory import load_capture_dir
+from nccl_doctor.diagnosis import Diagnosis
+from nccl_doctor.errors import DoctorError
+from nccl_doctor.model import TraceSet
+from nccl_doctor.supervisor.policy import HangPolicy
+from nccl_doctor.supervisor.probe import RankProcess, Registry
+
+
+class LiveJob:
+    """The job being watched: its capture directory, run id, ranks (``registry``), hang policy,
+    the known-issue annotators and whom to tell (``announce``: one-line messages)."""
+
+    def __init__(self, out_dir: Path, run_id: str, policy: HangPolicy | None, *,
+                 annotators: Sequence[Annotator] | None = None,
+                 announce: Callable[[str], None] | None = None,
+                 clock: Callable[[], float] = time.monotonic) -> None:
+        self.out_dir, self.run_id, self.policy = out_dir, run_id, policy
+        self.annotators = annotators
+        self.announce = announce or (lambda _m: None)
+        self.clock = clock
+        self.registry = Registry(out_dir)
+
+    def snapshot(self) -> Snapshot:
+        """The ranks' progress counters now (a header read per rank); the captures themselves
+        are read on first use, once per snapshot, whichever watch asks first."""
+        counts = self.registry.poll()
+        return Snapshot(self.clock(), counts, dict(self.registry.notes), self.out_dir)
+
+    def pids(self, ranks: Sequence[int] | None = None) -> dict[int, int]:
+        """rank -> pid of ``ranks`` (default: every rank) the registry knows."""
+        known = self.registry.ranks
+        return {r: known[r].pid for r in (known if ranks is None else ranks) if r in known}
+
+    def local(self) -> dict[int, RankProcess]:
+        """This host's ranks: the only ones its supervisor can sample."""
+        return self.registry.local()
+
+
+@dataclass
+class Snapshot:
+    """One look at the running job, shared by every watch of one tick."""
+
+    at: float  # the supervisor's clock (monotonic seconds)
+    counts: dict[int, int]  # rank -> calls recorded so far
+    notes: dict[int, int]  # rank -> bytes of silent-error notes written so far
+    out_dir: Path
+    _traces: TraceSet | None = field(default=None, repr=False)
+    _read: bool = field(default=False, repr=False)
+
+    @property
+    def traces(self) -> TraceSet | None:
+        """Every rank's capture as of now (None while none can be read)."""
+        if not self._read:
+            self._read = True
+            try:
+                self._traces = load_capture_dir(self.out_dir, job_ended=False)
+            except DoctorError:
+                self._traces = None
+        return self._traces
+
+
+class Report(enum.Enum):
+    """What a decision's diagnosis is: a hang outranks a suspicion."""
+
+    HANG = "hang"  # a hang was called (or retracted): it replaces any report
+    SUSPECT = "suspect"  # silent errors: written unless a hang report stands
+
+
+@dataclass(frozen=True)
+class Decision:
+    """What a watch asks the supervisor to do."""
+
+    report: Diagnosis | None = None  # write it as report.json
+    kind: Report = Report.HANG
+    announce: tuple[str, ...] = ()  # one-line messages for the user
+    stop_job: bool = False  # stop the job (SIGTERM, then SIGKILL after the policy's grace)
+
+
+class Watch(Protocol):
+    what: str  # named when it fails (the supervisor then drops it and says so)
+
+    def look(self, snap: Snapshot) -> Decision | None: ...
