@@ -23,16 +23,25 @@ def _pattern(packages: tuple[str, ...]) -> re.Pattern[str]:
 
 _WRAPPER_RE = _pattern(WRAPPER_PACKAGES)
 _INTERNAL_RE = _pattern(_INTERNAL)
+# nccl_doctor.plugins is installed from the repository's top-level plugins/ (pyproject.toml's
+# package-dir): in an editable install its files lie outside nccl_doctor/, and are ours all the same
+_PLUGINS_DIR = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "plugins")
+_OWN_DIRS = (_PLUGINS_DIR + os.sep,) if os.path.isfile(
+    os.path.join(_PLUGINS_DIR, "known_issues.py")) else ()
 
 
 def is_wrapper_file(path: str) -> bool:
     """True for torch, the wrapping libraries, nccl_doctor itself and frozen importlib frames."""
-    return bool(_WRAPPER_RE.search(path)) and not _is_user_copy(path)
+    return (bool(_WRAPPER_RE.search(path)) and not _is_user_copy(path)) or _is_own(path)
 
 
 def is_internal_file(path: str) -> bool:
     """True for torch, nccl_doctor and frozen frames: never the direct caller worth naming."""
-    return bool(_INTERNAL_RE.search(path)) and not _is_user_copy(path)
+    return (bool(_INTERNAL_RE.search(path)) and not _is_user_copy(path)) or _is_own(path)
+
+
+def _is_own(path: str) -> bool:
+    return bool(_OWN_DIRS) and path.startswith(_OWN_DIRS)
 
 
 _STDLIB_RE = re.compile(rf"{_SEP}lib{_SEP}python3\.\d+{_SEP}(?!(?:site|dist)-packages{_SEP})")

@@ -1,4 +1,4 @@
-"""Known-issue rules: when a finding matches one of BUGS.md's five mechanisms, say which.
+"""Known-issue rules: when a finding matches one of docs/bugs.md's five mechanisms, say which.
 
 If the job's environment points at the upstream library (its version in the affected range and
 one of its files among the finding's frames: callsites, stacks), the finding carries the
@@ -18,7 +18,7 @@ from nccl_doctor.diagnosis import Diagnosis, Finding, FindingKind
 
 @dataclass(frozen=True)
 class Rule:
-    id: str  # BUGS.md's letter
+    id: str  # docs/bugs.md's letter
     mechanism: str
     applies: Callable[[Finding, str], bool]  # (finding, its frames as one text)
     library: str  # the import name whose version is checked

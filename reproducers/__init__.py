@@ -1,4 +1,4 @@
-"""Reproducers of the five upstream bugs of BUGS.md, one program per mechanism, each runnable
+"""Reproducers of the five upstream bugs of docs/bugs.md, one program per mechanism, each runnable
 with torchrun on CPU (gloo) and each with ``--fixed``. ``nccl-doctor demo NAME`` runs one under the
 doctor; ``REPRODUCERS`` says how."""
 
@@ -10,7 +10,7 @@ from dataclasses import dataclass
 @dataclass(frozen=True)
 class Reproducer:
     name: str
-    bug: str  # the letter in BUGS.md
+    bug: str  # the letter in docs/bugs.md
     summary: str
     module: str
     nproc: int = 2  # ranks per node

@@ -1,4 +1,4 @@
-"""BUGS.md A: CPO / SimPO / ORPO hang at step 0 (TRL #3068, fixed by #3069; ms-swift #3827).
+"""docs/bugs.md A: CPO / SimPO / ORPO hang at step 0 (TRL #3068, fixed by #3069; ms-swift #3827).
 
 What happens: the trainer gathers the policy logits ``[B, T, V]`` for its metrics. Each rank pads
 its batch to its own longest sequence, so ``T`` differs between ranks. On NCCL the all-gather of

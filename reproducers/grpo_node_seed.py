@@ -1,4 +1,4 @@
-"""BUGS.md C: GRPO with identical completions inside each node (ms-swift #3745 / #3780).
+"""docs/bugs.md C: GRPO with identical completions inside each node (ms-swift #3745 / #3780).
 
 What happens: sampling is seeded by something constant inside a node (here the node rank), not
 by the global rank. GRPO places the G samples of a prompt on consecutive ranks - here the ranks of

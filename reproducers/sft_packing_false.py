@@ -1,4 +1,4 @@
-"""BUGS.md B: SFT with ``packing=False`` hangs at the start (TRL #2879, fixed by #2890, v0.15.1).
+"""docs/bugs.md B: SFT with ``packing=False`` hangs at the start (TRL #2879, fixed by #2890, v0.15.1).
 
 What happens: TRL 0.15.0's ``SFTTrainer.compute_loss`` gathered ``shift_logits`` ``[B, T-1, V]``
 and ``shift_labels`` for its token-accuracy metric, in the forward pass, before any DDP

@@ -1,4 +1,4 @@
-"""BUGS.md D: a multi-node stall after the inference engines start (OpenRLHF #918; #865, #492).
+"""docs/bugs.md D: a multi-node stall after the inference engines start (OpenRLHF #918; #865, #492).
 
 What happens: actor rank 0 creates a weight-sync process group (itself plus every inference
 engine worker) over a TCP rendezvous and asks each worker to join it; the other actor ranks go

@@ -1,4 +1,4 @@
-"""BUGS.md E: ZeRO-3 ``generate`` hangs in ``_ALLGATHER_BASE`` (OpenRLHF #427; transformers
+"""docs/bugs.md E: ZeRO-3 ``generate`` hangs in ``_ALLGATHER_BASE`` (OpenRLHF #427; transformers
 #22231 / #22242).
 
 What happens: under ZeRO-3 every forward all-gathers the sharded weights first. Each rank decodes

@@ -1,4 +1,4 @@
-"""``degenerate_signal``: the training signal is dead (BUGS.md C: reward std 0, advantages 0,
+"""``degenerate_signal``: the training signal is dead (docs/bugs.md C: reward std 0, advantages 0,
 loss 0, KL 0) for ``SIGNAL_STEPS`` consecutive logged steps. Pure: reads the ``metrics`` notes
 of the captures (the transformers callback, ``nccl_doctor.observe_metrics``) or metrics parsed
 from a training log (nccl_doctor.capture.metrics_log).

@@ -1,7 +1,7 @@
 """``gpu_busy_hang``: ranks inside a collective that never returns while their GPUs read ~100%
 busy at low power with no interconnect traffic - NCCL kernels polling for a peer. Pure.
 
-This is bug A's symptom (BUGS.md): the dashboards show every GPU at 100% and the job looks alive
+This is bug A's symptom (docs/bugs.md): the dashboards show every GPU at 100% and the job looks alive
 until the NCCL timeout. The finding names the GPUs, their readings, and whom they wait for (the
 culprits of the group's desync, when there is one). It explains a hang; it is never its root cause
 while a desync explains it. What counts as spinning: nccl_doctor/gpu/signature.py.

@@ -1,5 +1,5 @@
 """``identical_completions`` and ``shared_rng_state``: ranks that should sample independently do
-not (BUGS.md C). Pure: reads the ``gen`` and ``rng`` notes of each rank's capture.
+not (docs/bugs.md C). Pure: reads the ``gen`` and ``rng`` notes of each rank's capture.
 
 The k-th generation of every rank is compared with the k-th of the others. Ranks whose outputs
 are identical in at least ``K`` of the ``N`` generations they all made (K = min(2, N)) form a

@@ -58,6 +58,6 @@ def demo(args: argparse.Namespace) -> int:
         more = [f"--{args.variant}"]
     if r.stuck_after is not None and args.stuck_after == DEFAULT_STUCK_AFTER:
         args.stuck_after = r.stuck_after  # its stuck rank sleeps: no need to wait two minutes
-    sys.stderr.write(f"nccl-doctor demo: {r.name} (BUGS.md {r.bug}: {r.summary})"
+    sys.stderr.write(f"nccl-doctor demo: {r.name} (docs/bugs.md {r.bug}: {r.summary})"
                      f"{', fixed variant' if args.fixed else ''}\n")
     return run_cli.supervise(args, command_for(r, args.fixed, more))

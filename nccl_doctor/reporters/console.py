@@ -65,7 +65,7 @@ class ConsoleReporter:
         known = f.evidence.get("known_issue")
         if isinstance(known, dict):
             where = known.get("upstream") or "no upstream library matched: the general fix"
-            console.print(f"    [magenta]known issue[/] (BUGS.md {escape(str(known.get('rule')))}"
+            console.print(f"    [magenta]known issue[/] (docs/bugs.md {escape(str(known.get('rule')))}"
                           f", {escape(str(known.get('mechanism')))}): {escape(str(where))}")
         if f.hint and (f.root_cause or f.severity is Severity.WARNING):
             console.print(f"    [green]fix:[/] {escape(f.hint)}")

@@ -11,7 +11,8 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Iterable, Mapping, Sequence
 
-from nccl_doctor.stacks.rank_stack import Location, RankStack
+from nccl_doctor.location import Location
+from nccl_doctor.stacks.rank_stack import RankStack
 
 __all__ = ["StackClass", "classify", "common_prefix", "divergence", "format_classes", "rank_list"]
 

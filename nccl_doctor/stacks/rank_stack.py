@@ -13,7 +13,7 @@ from typing import Any
 
 from nccl_doctor.location import Location
 
-__all__ = ["SOURCES", "Location", "ThreadStack", "RankStack", "parse_stack_json"]
+__all__ = ["SOURCES", "ThreadStack", "RankStack", "parse_stack_json"]
 
 #: Who took a sample: py-spy from outside, the in-rank agent thread, or a faulthandler dump.
 SOURCES = ("py-spy", "agent", "faulthandler")

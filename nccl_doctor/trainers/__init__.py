@@ -3,5 +3,5 @@
 They use a tiny causal LM built from a config (random weights, no download) and an offline
 word-level tokenizer (``tiny``), the papers' losses (``losses``), per-rank padding and the metric
 gathering real trainers do. The reproducers (nccl_doctor.reproducers) switch one detail to
-reproduce each upstream bug of BUGS.md.
+reproduce each upstream bug of docs/bugs.md.
 """

@@ -7,7 +7,7 @@ sample's clipped-surrogate loss. The metrics a GRPO trainer logs (reward, reward
 gathered, printed like Trainer's dict lines and recorded (``nccl_doctor.observe_metrics``).
 
 ``--seed-mode`` picks how sampling is seeded: ``rank`` (right: seed + global rank), ``node``
-(seed + node rank, as in BUGS.md C: identical samples inside a node), ``same`` (one seed).
+(seed + node rank, as in docs/bugs.md C: identical samples inside a node), ``same`` (one seed).
 
     torchrun --nproc-per-node 2 -m nccl_doctor.trainers.grpo --steps 3
 """
@@ -37,7 +37,7 @@ def reward(tokens: list[int]) -> float:
 def sampling_seed(mode: str, seed: int, rank: int) -> int:
     if mode == "rank":
         return seed + rank
-    if mode == "node":  # BUGS.md C: constant inside a node
+    if mode == "node":  # docs/bugs.md C: constant inside a node
         return seed + int(os.environ.get("GROUP_RANK", os.environ.get("NODE_RANK", "0")))
     if mode == "same":
         return seed

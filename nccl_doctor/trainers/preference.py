@@ -6,7 +6,7 @@ losses); DDP all-reduces the gradients from C++; then the metrics are gathered t
 ``get_batch_loss_metrics`` does: six per-example ``[B]`` gathers, the logits summary, the loss.
 
 ``gather_logits="whole"`` gathers the full ``[B, T, V]`` logits instead of their mean (TRL v0.14
-to v0.16, BUGS.md A): the shapes differ across ranks, and gloo aborts. ``"chunked"`` gathers them
+to v0.16, docs/bugs.md A): the shapes differ across ranks, and gloo aborts. ``"chunked"`` gathers them
 one ``[B, 1, V]`` time step at a time, which gives gloo NCCL's semantics for that bug: the rank
 with the shorter ``T`` finishes first and goes on to reduce the loss while its peer waits for
 the next chunk - a hang, not an abort. Run it with torchrun:
@@ -160,8 +160,8 @@ def main(argv: list[str] | None = None) -> None:
     p.add_argument("--batch", type=int, default=2)
     p.add_argument("--gather-logits", choices=GATHERS, default="scalar",
                    help="how the logits are gathered for the metrics: their mean (scalar, "
-                        "right), the full per-rank-padded tensor (whole: BUGS.md A, gloo "
-                        "aborts), or per time step (chunked: BUGS.md A as NCCL hangs)")
+                        "right), the full per-rank-padded tensor (whole: docs/bugs.md A, gloo "
+                        "aborts), or per time step (chunked: docs/bugs.md A as NCCL hangs)")
     args = p.parse_args(argv)
     dist.init_process_group("gloo")
     train(args.method, steps=args.steps, batch=args.batch, gather_logits=args.gather_logits,

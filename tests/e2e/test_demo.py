@@ -1,4 +1,4 @@
-"""`nccl-doctor demo`: each reproducer of BUGS.md under the doctor, and its --fixed variant."""
+"""`nccl-doctor demo`: each reproducer of docs/bugs.md under the doctor, and its --fixed variant."""
 
 from __future__ import annotations
 

@@ -15,9 +15,9 @@ from typing import Callable
 import psutil
 import pytest
 
-from nccl_doctor.stacks import (
-    PYSPY_ENV, RankStack, classify, collect, dump, find_pyspy, format_classes,
-)
+from nccl_doctor.stacks.aggregate import classify, format_classes
+from nccl_doctor.stacks.rank_stack import RankStack
+from nccl_doctor.supervisor.pyspy import PYSPY_ENV, collect, dump, find_pyspy
 
 pytestmark = pytest.mark.integration
 

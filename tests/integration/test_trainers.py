@@ -1,5 +1,5 @@
 """The reference preference trainers run clean under the doctor on 2 gloo ranks, and gathering
-per-rank-padded logits (BUGS.md A) is diagnosed with both shapes at the trainer's line."""
+per-rank-padded logits (docs/bugs.md A) is diagnosed with both shapes at the trainer's line."""
 
 from __future__ import annotations
 

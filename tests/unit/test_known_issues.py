@@ -123,7 +123,8 @@ def test_from_a_synthetic_trace_and_its_environment(tb):
     from dataclasses import replace
 
     from nccl_doctor.analysis import analyze
-    from nccl_doctor.stacks.rank_stack import Location, RankStack, ThreadStack
+    from nccl_doctor.location import Location
+    from nccl_doctor.stacks.rank_stack import RankStack, ThreadStack
     from nccl_doctor.analysis.hang import hang_diagnosis
 
     base = tb.scenarios["shape_mismatch"]()

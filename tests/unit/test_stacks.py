@@ -8,10 +8,11 @@ import threading
 
 import pytest
 
-from nccl_doctor.stacks import (
-    Location, RankStack, StackClass, ThreadStack, classify, common_prefix, divergence, format_classes,
-    parse_stack_json, rank_list,
+from nccl_doctor.location import Location
+from nccl_doctor.stacks.aggregate import (
+    StackClass, classify, common_prefix, divergence, format_classes, rank_list,
 )
+from nccl_doctor.stacks.rank_stack import RankStack, ThreadStack, parse_stack_json
 
 # Recorded once with py-spy 0.4.3 on CPython 3.11.7 (Linux x86_64) and pasted verbatim:
 #   py-spy dump --json --nonblocking --pid PID

@@ -3,7 +3,7 @@ config, an offline word-level tokenizer, and a reward that varies with the compl
 
 The G=2 samples of each prompt are spread across the 2 ranks (per_device_train_batch_size=1,
 num_generations=2). SEED_MODE=same forces every rank onto one seed after TRL's own
-set_seed(seed, device_specific=True), as BUGS.md C's node-level seeding did; SEED_MODE=trl keeps
+set_seed(seed, device_specific=True), as docs/bugs.md C's node-level seeding did; SEED_MODE=trl keeps
 TRL's seeding. Run with torchrun --nproc-per-node 2."""
 
 import gc

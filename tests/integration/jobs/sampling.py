@@ -2,7 +2,7 @@
 (built from a config: no download), STEPS times, an all_reduce between steps.
 
 SEED_MODE: "same" - every rank calls transformers.set_seed(1234) (the seed bug);
-"node" - seeded by node (GROUP_RANK), as in BUGS.md C; "rank" - seeded by global rank (right);
+"node" - seeded by node (GROUP_RANK), as in docs/bugs.md C; "rank" - seeded by global rank (right);
 "greedy" - seeded alike but decoding greedily (identical outputs are expected)."""
 
 import os

@@ -1,6 +1,6 @@
 """ZeRO-3-style sharded generation: every decode step all-gathers the sharded weights, and each
 rank stops decoding when its own sequence ends. Ranks whose sequences are shorter move on to the
-loss all_reduce while the others still all-gather: a deadlock (the mechanism of BUGS.md's
+loss all_reduce while the others still all-gather: a deadlock (the mechanism of docs/bugs.md's
 sharded-generate hangs)."""
 
 import torch

@@ -1,0 +1,216 @@
+"""The package's structure stays what docs/ARCHITECTURE.md says: every module on one side of the
+split, imports only in the allowed directions, no import cycle.
+
+Read from the source (``ast``), so a function-level import counts as much as a top-level one;
+imports under ``if TYPE_CHECKING:`` do not (they never run).
+"""
+
+from __future__ import annotations
+
+import ast
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[2]
+# where each installed package's source lives (pyproject.toml's package-dir)
+SOURCES = {"nccl_doctor": ROOT / "nccl_doctor", "nccl_doctor.plugins": ROOT / "plugins",
+           "nccl_doctor.reproducers": ROOT / "reproducers"}
+
+# The layers, by module-name prefix (the longest prefix decides).
+LAYERS = {
+    # pure: data model, capture format, analysis, reporters; both processes use it
+    "nccl_doctor._version": "core", "nccl_doctor.errors": "core", "nccl_doctor.env": "core",
+    "nccl_doctor.paths": "core", "nccl_doctor.location": "core", "nccl_doctor.files": "core",
+    "nccl_doctor.entry_points": "core", "nccl_doctor.model": "core",
+    "nccl_doctor.diagnosis": "core", "nccl_doctor.live_view": "core",
+    "nccl_doctor.agent_protocol": "core", "nccl_doctor.capture": "core",
+    "nccl_doctor.analysis": "core", "nccl_doctor.gpu": "core", "nccl_doctor.stacks": "core",
+    "nccl_doctor.reporters": "core",
+    # inside each rank of the job
+    "nccl_doctor.rank": "rank",
+    # the supervisor process, outside the job
+    "nccl_doctor.supervisor": "supervisor",
+    # integrations with other libraries (rank side) and known-issue rules (pure)
+    "nccl_doctor.plugins": "plugins",
+    # programs users run: reference trainers, examples, reproducers of upstream bugs
+    "nccl_doctor.trainers": "programs", "nccl_doctor.examples": "programs",
+    "nccl_doctor.reproducers": "programs",
+    # the edges that put the sides together: the public API, the CLI, the pytest plugin, and the
+    # sitecustomize every Python process of a job loads (it arms the rank side)
+    "nccl_doctor": "edge", "nccl_doctor.__main__": "edge", "nccl_doctor.cli": "edge",
+    "nccl_doctor.testing": "edge", "nccl_doctor.pytest_plugin": "edge",
+    "nccl_doctor.rank._bootstrap": "edge",
+}
+ALLOWED = {
+    "core": {"core"},
+    "rank": {"core", "rank"},
+    "supervisor": {"core", "supervisor"},
+    "plugins": {"core", "rank", "plugins"},
+    "programs": {"core", "programs", "edge-api"},
+    "edge": {"core", "rank", "supervisor", "plugins", "programs", "edge", "edge-api"},
+}
+
+
+def modules() -> dict[str, Path]:
+    out = {}
+    for package, directory in SOURCES.items():
+        for path in directory.rglob("*.py"):
+            parts = list(path.relative_to(directory).with_suffix("").parts)
+            if parts[-1] == "__init__":
+                parts = parts[:-1]
+            out[".".join([package, *parts])] = path
+    return out
+
+
+def layer(module: str) -> str | None:
+    best = max((p for p in LAYERS if module == p or module.startswith(p + ".")), key=len,
+               default=None)
+    if best is None:
+        return None
+    if module == "nccl_doctor":
+        return "edge-api"  # the public API (install, observe_*): what user programs import
+    return LAYERS[best]
+
+
+def _type_checking(node: ast.If) -> bool:
+    test = node.test
+    return (isinstance(test, ast.Name) and test.id == "TYPE_CHECKING") or (
+        isinstance(test, ast.Attribute) and test.attr == "TYPE_CHECKING")
+
+
+def imports(module: str, path: Path, known: set[str]) -> set[str]:
+    """The package's modules that ``module`` imports."""
+    tree = ast.parse(path.read_text(), str(path))
+    is_package = path.name == "__init__.py"
+    found: set[str] = set()
+
+    def visit(node: ast.AST) -> None:
+        if isinstance(node, ast.If) and _type_checking(node):
+            for child in node.orelse:
+                visit(child)
+            return
+        if isinstance(node, ast.Import):
+            for alias in node.names:
+                found.add(alias.name)
+        elif isinstance(node, ast.ImportFrom):
+            base = node.module or ""
+            if node.level:
+                parts = module.split(".") if is_package else module.split(".")[:-1]
+                parts = parts[:len(parts) - (node.level - 1)]
+                base = ".".join(parts + ([node.module] if node.module else []))
+            for alias in node.names:
+                sub = f"{base}.{alias.name}"
+                found.add(sub if sub in known else base)
+        for child in ast.iter_child_nodes(node):
+            visit(child)
+
+    visit(tree)
+    return {m for m in found if m in known and m != module}
+
+
+def graph() -> dict[str, set[str]]:
+    mods = modules()
+    known = set(mods)
+    return {m: imports(m, p, known) for m, p in mods.items()}
+
+
+def test_every_module_is_on_one_side_of_the_split():
+    unplaced = sorted(m for m in modules() if layer(m) is None)
+    assert not unplaced, f"place these modules in LAYERS (and docs/ARCHITECTURE.md): {unplaced}"
+
+
+def test_imports_only_go_down_the_layers():
+    wrong = []
+    for module, targets in sorted(graph().items()):
+        mine = layer(module)
+        for target in sorted(targets):
+            theirs = layer(target)
+            if theirs not in ALLOWED["edge" if mine == "edge-api" else mine]:
+                wrong.append(f"{module} ({mine}) imports {target} ({theirs})")
+    assert not wrong, "\n".join(wrong)
+
+
+def test_the_import_graph_has_no_cycle():
+    g = graph()
+    cycles = [c for c in _strongly_connected(g) if len(c) > 1]
+    assert not cycles, "import cycles: " + "; ".join(" <-> ".join(sorted(c)) for c in cycles)
+
+
+def test_the_check_sees_a_violation_and_a_cycle(tmp_path):
+    """The checks above can fail: a rank module importing the supervisor, and two modules
+    importing each other, are both found."""
+    pkg = tmp_path / "nccl_doctor"
+    (pkg / "rank").mkdir(parents=True)
+    (pkg / "supervisor").mkdir()
+    (pkg / "rank" / "a.py").write_text("def f():\n    from nccl_doctor.supervisor import b\n")
+    (pkg / "supervisor" / "b.py").write_text("from nccl_doctor.rank import a\n")
+    known = {"nccl_doctor.rank.a", "nccl_doctor.supervisor.b"}
+    g = {m: imports(m, pkg / (m.split(".", 1)[1].replace(".", "/") + ".py"), known)
+         for m in known}
+    assert g == {"nccl_doctor.rank.a": {"nccl_doctor.supervisor.b"},
+                 "nccl_doctor.supervisor.b": {"nccl_doctor.rank.a"}}
+    assert layer("nccl_doctor.supervisor.b") not in ALLOWED[layer("nccl_doctor.rank.a")]
+    assert [sorted(c) for c in _strongly_connected(g) if len(c) > 1] == [sorted(known)]
+
+
+def _strongly_connected(g: dict[str, set[str]]) -> list[set[str]]:
+    """Tarjan's algorithm, iterative."""
+    index: dict[str, int] = {}
+    low: dict[str, int] = {}
+    on_stack: set[str] = set()
+    stack: list[str] = []
+    out: list[set[str]] = []
+    counter = 0
+    for root in sorted(g):
+        if root in index:
+            continue
+        work = [(root, iter(sorted(g[root])))]
+        index[root] = low[root] = counter
+        counter += 1
+        stack.append(root)
+        on_stack.add(root)
+        while work:
+            node, children = work[-1]
+            advanced = False
+            for child in children:
+                if child not in g:
+                    continue
+                if child not in index:
+                    index[child] = low[child] = counter
+                    counter += 1
+                    stack.append(child)
+                    on_stack.add(child)
+                    work.append((child, iter(sorted(g[child]))))
+                    advanced = True
+                    break
+                if child in on_stack:
+                    low[node] = min(low[node], index[child])
+            if advanced:
+                continue
+            work.pop()
+            if work:
+                parent = work[-1][0]
+                low[parent] = min(low[parent], low[node])
+            if low[node] == index[node]:
+                component = set()
+                while True:
+                    member = stack.pop()
+                    on_stack.discard(member)
+                    component.add(member)
+                    if member == node:
+                        break
+                out.append(component)
+    return out
+
+
+def test_frames_in_the_top_level_plugins_are_ours_the_reproducers_are_user_code():
+    """plugins/ and reproducers/ are installed from the top of the repository (package-dir): in
+    an editable install their files lie outside nccl_doctor/. A frame of a plugin (the generate
+    wrapper) is never "the user's line"; a reproducer's is (it stands for a user's program)."""
+    from nccl_doctor import paths
+    from nccl_doctor.plugins import hf_transformers
+    from nccl_doctor.reproducers import cpo_logits_gather
+
+    assert paths.is_internal_file(hf_transformers.__file__)
+    assert paths.is_wrapper_file(hf_transformers.__file__)
+    assert not paths.is_wrapper_file(cpo_logits_gather.__file__)
+    assert not paths.is_wrapper_file(str(ROOT / "train.py"))

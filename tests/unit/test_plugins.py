@@ -1,0 +1,84 @@
+"""Plugins through entry points: a third-party distribution's known-issue rules (the README's
+example, verbatim) annotate a diagnosis after nccl-doctor's own; a broken one leaves a note."""
+
+from __future__ import annotations
+
+import re
+from pathlib import Path
+
+import pytest
+
+from nccl_doctor import entry_points
+from nccl_doctor.analysis import analyze, annotate
+from nccl_doctor.diagnosis import Diagnosis, Finding, FindingKind, Severity, Verdict
+
+README = Path(__file__).resolve().parents[2] / "README.md"
+
+
+def _readme_example() -> str:
+    block = re.search(r"```python\n(# acme_rules\.py\n.*?)```", README.read_text(), re.S)
+    assert block, "README's plugin example is gone"
+    return block.group(1)
+
+
+def _install(site: Path, dist: str, entry: str, module: str, source: str) -> None:
+    """A distribution as pip would leave it: its module and a dist-info with entry points."""
+    (site / f"{module}.py").write_text(source)
+    info = site / f"{dist}-1.0.dist-info"
+    info.mkdir()
+    (info / "METADATA").write_text(f"Metadata-Version: 2.1\nName: {dist}\nVersion: 1.0\n")
+    (info / "entry_points.txt").write_text(f"[nccl_doctor.known_issues]\n{entry}\n")
+
+
+@pytest.fixture
+def site(tmp_path, monkeypatch):
+    monkeypatch.syspath_prepend(str(tmp_path))
+    entry_points.load.cache_clear()
+    yield tmp_path
+    entry_points.load.cache_clear()
+
+
+def _mismatch(callsite: str) -> Diagnosis:
+    f = Finding(kind=FindingKind.COLLECTIVE_MISMATCH, severity=Severity.ERROR,
+                title="all_gather #3 of group 0: shapes differ", detail="", ranks=(0, 1),
+                hint="original", group="0", seq=3, op="all_reduce", callsite=callsite,
+                evidence={"aspect": "op"}, root_cause=True)
+    return Diagnosis(verdict=Verdict.HANG, findings=(f,), ranks=(), world_size=2)
+
+
+def test_the_readme_example_rule_annotates_after_the_builtin_rules(site):
+    _install(site, "acme_rules", "acme = acme_rules:annotate", "acme_rules", _readme_example())
+    found = annotate.installed()
+    assert [a.name for a in found] == ["builtin", "acme"] and all(a.annotate for a in found)
+    d = annotate.apply(_mismatch("site-packages/acme/loss.py:12"), found, {"acme": "1.2.0"})
+    k = d.findings[0].evidence["known_issue"]
+    assert k["rule"] == "acme-12" and k["library"] == "acme 1.2.0"
+    assert d.findings[0].hint == "upgrade acme to 1.4"
+    # outside the affected versions: the general fix
+    d = annotate.apply(_mismatch("site-packages/acme/loss.py:12"), found, {"acme": "1.4.0"})
+    assert d.findings[0].hint == "gather a reduced value, not padded logits"
+    assert "upstream" not in d.findings[0].evidence["known_issue"]
+
+
+def test_analyze_applies_installed_plugins_by_default(site, tb):
+    _install(site, "tagger", "tag = tagger:annotate", "tagger",
+             "from dataclasses import replace\n"
+             "def annotate(d, versions):\n"
+             "    return replace(d, notes=d.notes + ('tagged by a plugin',))\n")
+    traces = tb.scenarios["shape_mismatch"]()
+    assert "tagged by a plugin" in analyze(traces).notes
+    assert "tagged by a plugin" not in analyze(traces, annotators=()).notes
+
+
+def test_a_plugin_that_fails_to_load_or_raises_leaves_a_note_and_the_report(site):
+    _install(site, "broken", "broken = broken_rules:annotate", "broken_rules",
+             "raise ImportError('no acme here')\n")
+    (site / "raising.py").write_text("def annotate(d, versions):\n    raise KeyError('x')\n")
+    info = site / "broken-1.0.dist-info" / "entry_points.txt"
+    info.write_text(info.read_text() + "raising = raising:annotate\n")
+    entry_points.load.cache_clear()
+    d = annotate.apply(_mismatch("train.py:3"), annotate.installed(), {})
+    notes = "\n".join(d.notes)
+    assert "known-issue plugin 'broken' could not be loaded (ImportError('no acme here'))" in notes
+    assert "known-issue plugin 'raising' failed (KeyError('x'))" in notes
+    assert d.verdict is Verdict.HANG and len(d.findings) == 1
