@@ -117,6 +117,10 @@ class Supervisor:
         """The watchdog's live view of the job (None without a watchdog)."""
         return self.watchdog.view() if self.watchdog is not None else None
 
+    def _stop_job(self, sig: int) -> None:
+        if self.job is not None:
+            self.job.signal(sig)
+
     def _to(self, new: State) -> None:
         if new not in _ALLOWED[self.state]:
             raise RuntimeError(f"supervisor: {self.state.value} -> {new.value} is not allowed")

@@ -23,13 +23,16 @@ def demo(tmp_path, *args: str):
     return proc, report, out
 
 
-def line_of(relpath: str, text: str) -> str:
-    """'relpath:N' of the line holding ``text`` in the package's source."""
-    import nccl_doctor
+def line_of(module: str, text: str) -> str:
+    """'path:N' of the line holding ``text`` in a module's source, the path as reports show it
+    (relative to the working directory when below it: reproducers/ in an editable install)."""
+    import importlib
 
-    source = Path(nccl_doctor.__file__).parent.parent / relpath
+    from nccl_doctor.paths import short_path
+
+    source = Path(importlib.import_module(module).__file__)
     n = next(i for i, ln in enumerate(source.read_text().splitlines(), 1) if text in ln)
-    return f"{relpath}:{n}"
+    return f"{short_path(str(source))}:{n}"
 
 
 def root(report: dict) -> dict:
@@ -60,9 +63,9 @@ def test_cpo_logits_gather_hangs_where_the_padded_logits_are_gathered(tmp_path):
     # the rank with the shorter T finished its chunks and reduces the loss; its peer still
     # gathers logits chunks
     short, long_ = sides["all_reduce"][0][0], sides["all_gather"][0][0]
-    assert sides["all_gather"][1] == line_of("nccl_doctor/trainers/preference.py",
+    assert sides["all_gather"][1] == line_of("nccl_doctor.trainers.preference",
                                              "dist.all_gather(out, t.contiguous())")
-    assert sides["all_reduce"][1] == line_of("nccl_doctor/trainers/preference.py",
+    assert sides["all_reduce"][1] == line_of("nccl_doctor.trainers.preference",
                                              "dist.all_reduce(reduced)")
     traces = load_capture_dir(out)
     blocked = {r: t.events[-1] for r, t in traces.ranks.items()}
@@ -85,7 +88,7 @@ def test_zero3_generate_hangs_in_the_weight_gather(tmp_path):
     assert f["kind"] == "collective_mismatch" and f["evidence"]["aspect"] == "op"
     sides = {s["value"]: (s["ranks"], s["callsite"]) for s in f["evidence"]["sides"]}
     # step 2: rank 0 decodes 3 tokens, rank 1 four: rank 0 reduces the loss while rank 1 gathers
-    zero3 = "nccl_doctor/reproducers/zero3_generate.py"
+    zero3 = "nccl_doctor.reproducers.zero3_generate"
     assert sides["all_reduce"] == ([0], line_of(zero3, "dist.all_reduce(loss)"))
     assert sides["all_gather"] == ([1], line_of(zero3, "dist.all_gather(full, shard)"))
     # step 1 = 3 gathers + 1 reduce; step 2 = 3 gathers, then #8
@@ -124,7 +127,7 @@ def test_sft_packing_false_hangs_against_ddps_allreduce(tmp_path):
     sides = {s["value"]: (s["ranks"], s["callsite"]) for s in f["evidence"]["sides"]}
     # the shorter rank finished its chunks and went into DDP's gradient all_reduce, issued
     # from C++: only Flight Recorder saw it
-    assert sides["all_gather"][1] == line_of("nccl_doctor/reproducers/sft_packing_false.py",
+    assert sides["all_gather"][1] == line_of("nccl_doctor.reproducers.sft_packing_false",
                                              "dist.all_gather(parts, chunk.contiguous())")
     assert sides["all_reduce"][1].startswith("<issued from C++")
     assert sorted(sides["all_gather"][0] + sides["all_reduce"][0]) == [0, 1]
@@ -145,7 +148,7 @@ def test_weight_sync_join_blames_rank_0_in_the_rendezvous(tmp_path):
     f = root(report)
     assert f["kind"] == "missing_collective" and f["ranks"] == [0] and f["op"] == "barrier"
     assert f["seq"] == 2  # after the training group's first all_reduce
-    source = "nccl_doctor/reproducers/weight_sync_join.py"
+    source = "nccl_doctor.reproducers.weight_sync_join"
     assert f["callsite"] == line_of(source, "dist.barrier()  # the other actors")
     # where rank 0 is instead, from its stack: waiting for the worker in the rendezvous
     assert line_of(source, "world_size=1 + engines, is_master=True") in f["detail"]
