@@ -8,6 +8,7 @@ from nccl_doctor.analysis.situation import Assessment, Situation
 from nccl_doctor.live_view import LiveView, RankState, RankView
 from nccl_doctor.supervisor.view import rank_views
 
+
 def test_rank_states_follow_the_last_look(tb):
     def _event(rank: int, seq: int):
         return tb.event(seq, "broadcast", state=EventState.ENTERED)
@@ -67,3 +68,52 @@ def test_a_failing_watch_is_dropped_and_named_the_job_supervised_on(tmp_path):
     sup.tick()
     assert sup.silent not in sup.watches and sup.watchdog in sup.watches
     assert messages == ["silent-error check failed (RuntimeError('disk full')); it is off from here"]
+
+
+def test_the_supervisor_alone_writes_the_report_and_a_hang_outranks_a_suspicion(tmp_path):
+    """Watches return decisions; the supervisor applies them: a hang report stands against a
+    later suspicion, a retraction replaces it, and a stop is recorded once."""
+    import json
+
+    from nccl_doctor.diagnosis import Diagnosis, Verdict
+    from nccl_doctor.supervisor.live import Decision, Report
+    from nccl_doctor.supervisor.supervisor import Supervisor
+
+    messages: list[str] = []
+    sup = Supervisor(["true"], tmp_path, announce=messages.append, gpu=None)
+
+    def diagnosis(verdict: Verdict) -> Diagnosis:
+        return Diagnosis(verdict=verdict, findings=(), ranks=(), world_size=2)
+
+    def written() -> str:
+        return json.loads((tmp_path / "report.json").read_text())["verdict"]
+
+    sup._apply(Decision(report=diagnosis(Verdict.SUSPECT), kind=Report.SUSPECT,
+                        announce=("SUSPECT: x",)))
+    assert written() == "suspect" and messages == ["SUSPECT: x"]
+    sup._apply(Decision(report=diagnosis(Verdict.HANG), announce=("HANG: y",), stop_job=True))
+    assert written() == "hang" and sup.stopped_for_hang and sup._kill_at is not None
+    sup._apply(Decision(report=diagnosis(Verdict.SUSPECT), kind=Report.SUSPECT))
+    assert written() == "hang"  # the hang report stands
+    sup._apply(Decision(report=diagnosis(Verdict.SUSPECT)))  # a retraction (the watchdog's)
+    assert written() == "suspect"
+
+
+def test_watchdog_states_change_only_along_allowed_transitions(tmp_path):
+    import pytest
+
+    from nccl_doctor.supervisor.live import LiveJob
+    from nccl_doctor.supervisor.policy import HangPolicy
+    from nccl_doctor.supervisor.watchdog import Watchdog, WatchState
+
+    dog = Watchdog(LiveJob(tmp_path, "run", HangPolicy()))
+    assert dog.state is WatchState.WATCHING
+    with pytest.raises(RuntimeError, match="watching -> hang is not allowed"):
+        dog._to(WatchState.HANG)  # a hang is only called after a look
+    dog._to(WatchState.LOOKING)
+    dog._to(WatchState.HANG)
+    dog._to(WatchState.STOPPING)
+    with pytest.raises(RuntimeError):
+        dog._to(WatchState.WATCHING)  # a job being stopped does not come back
+    snap = LiveJob(tmp_path, "run", HangPolicy()).snapshot()
+    assert dog.look(snap) is None and dog.stopped_job
