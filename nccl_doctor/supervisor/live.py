@@ -40,7 +40,8 @@ class LiveJob:
         """The ranks' progress counters now (a header read per rank); the captures themselves
         are read on first use, once per snapshot, whichever watch asks first."""
         counts = self.registry.poll()
-        return Snapshot(self.clock(), counts, dict(self.registry.notes), self.out_dir)
+        return Snapshot(self.clock(), counts, dict(self.registry.notes), self.out_dir,
+                        self.registry.poll)
 
     def pids(self, ranks: Sequence[int] | None = None) -> dict[int, int]:
         """rank -> pid of ``ranks`` (default: every rank) the registry knows."""
@@ -60,14 +61,19 @@ class Snapshot:
     counts: dict[int, int]  # rank -> calls recorded so far
     notes: dict[int, int]  # rank -> bytes of silent-error notes written so far
     out_dir: Path
+    poll: Callable[[], dict[int, int]] | None = field(default=None, repr=False)
+    # the counters polled right before the captures were read: what they show at least
+    read_counts: dict[int, int] = field(default_factory=dict, repr=False)
     _traces: TraceSet | None = field(default=None, repr=False)
     _read: bool = field(default=False, repr=False)
 
     @property
     def traces(self) -> TraceSet | None:
-        """Every rank's capture as of now (None while none can be read)."""
+        """Every rank's capture as of its first use in this tick (None while none can be
+        read)."""
         if not self._read:
             self._read = True
+            self.read_counts = self.poll() if self.poll is not None else dict(self.counts)
             try:
                 self._traces = load_capture_dir(self.out_dir, job_ended=False)
             except DoctorError:

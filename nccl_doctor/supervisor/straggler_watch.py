@@ -56,10 +56,10 @@ class StragglerWatch:
         if snap.counts == self._seen or self.hang_suspected():
             return  # nothing new, or every rank waits: that is the watchdog's business
         self._seen = dict(snap.counts)
-        before = snap.counts  # polled before the read that says who waits
         traces = snap.traces
         if traces is None:
             return
+        before = snap.read_counts  # polled right before the read that says who waits
         late = sorted({r for f in detect_straggler(traces) for r in f.ranks})
         local = {r: p.pid for r, p in self.job.local().items()}
         targets, waiting = {}, {}
