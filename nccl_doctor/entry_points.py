@@ -10,7 +10,6 @@ distribution's, registered in these entry-point groups. The one place that loads
 from __future__ import annotations
 
 import functools
-import importlib
 from importlib import metadata
 from typing import Any
 
@@ -31,7 +30,7 @@ def load(group: str) -> tuple[tuple[str, Any, BaseException | None], ...]:
     out = []
     own = BUILTIN.get(group)
     if own is not None:
-        out.append(_load("builtin", own))
+        out.append(_load("builtin", own, group))
     try:
         found = metadata.entry_points(group=group)
     except Exception:  # damaged metadata of some installed distribution
@@ -41,16 +40,12 @@ def load(group: str) -> tuple[tuple[str, Any, BaseException | None], ...]:
         if ep.value in seen:  # the same plugin seen twice on sys.path
             continue
         seen.add(ep.value)
-        out.append(_load(ep.name, ep.value))
+        out.append(_load(ep.name, ep.value, group))
     return tuple(out)
 
 
-def _load(name: str, value: str) -> tuple[str, Any, BaseException | None]:
-    module, _, attr = value.partition(":")
+def _load(name: str, value: str, group: str) -> tuple[str, Any, BaseException | None]:
     try:
-        found: Any = importlib.import_module(module.strip())
-        for part in attr.strip().split(".") if attr.strip() else ():
-            found = getattr(found, part)
-        return name, found, None
+        return name, metadata.EntryPoint(name=name, value=value, group=group).load(), None
     except Exception as err:
         return name, None, err

@@ -2,8 +2,9 @@
 
 Pure once loaded: an annotator takes the ``Diagnosis`` and the ranks' recorded library versions
 and returns the ``Diagnosis`` with findings annotated. The analysis never imports a plugin: it
-receives annotators, by default every one registered in the ``nccl_doctor.known_issues``
-entry-point group (nccl-doctor's own rules, plugins/known_issues.py, are registered there too).
+receives annotators, by default the installed ones: nccl-doctor's own rules
+(plugins/known_issues.py, loaded by name) and every one registered in the
+``nccl_doctor.known_issues`` entry-point group (nccl_doctor/entry_points.py).
 """
 
 from __future__ import annotations
@@ -26,7 +27,7 @@ class Annotator:
 
 
 def installed() -> tuple[Annotator, ...]:
-    """The annotators of every installed distribution (loaded once per process)."""
+    """nccl-doctor's and every installed distribution's annotators (imported once per process)."""
     out = []
     for name, obj, err in entry_points.load(entry_points.KNOWN_ISSUES):
         if err is None and not callable(obj):

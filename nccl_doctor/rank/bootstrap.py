@@ -21,11 +21,6 @@ _TARGET = "torch.distributed"
 _recorder: Any = None
 
 
-def recorder() -> Any:
-    """The process's recorder, or None."""
-    return _recorder
-
-
 def activate() -> bool:
     """Arm the recorder if NCCL_DOCTOR_DIR is set (and NCCL_DOCTOR_ENABLE is not "0")."""
     directory = os.environ.get(env.CAPTURE_DIR)
@@ -40,9 +35,8 @@ def install(directory: Path, *, lazy: bool = False) -> Any:
     global _recorder
     if _recorder is None:
         from nccl_doctor.capture import format as fmt
-        from nccl_doctor.rank.recorder.core import Recorder
-
         from nccl_doctor.rank import hooks
+        from nccl_doctor.rank.recorder.core import Recorder
 
         _recorder = Recorder(
             directory.absolute(),

@@ -35,7 +35,9 @@ class StragglerWatch:
 
     def __init__(self, job: LiveJob, hang_suspected: Callable[[], bool], *,
                  every: float = 10.0) -> None:
-        self.job, self.hang_suspected, self.every = job, hang_suspected, every
+        assert job.policy is not None  # the supervisor runs its watches only with a policy
+        self.job, self.policy = job, job.policy
+        self.hang_suspected, self.every = hang_suspected, every
         self.log = SampleLog(job.out_dir)
         self._last = job.clock()
         self._cost = 0.0  # how long the last look took
@@ -70,9 +72,8 @@ class StragglerWatch:
                     targets[rank], waiting[rank] = local[rank], peers
         if not targets:
             return
-        policy = self.job.policy
         stacks = evidence.collect_stacks(targets, self.job.run_id,
-                                         timeout=policy.stack_timeout if policy else 5.0)
+                                         timeout=self.policy.stack_timeout)
         after = self.job.registry.poll()
         for rank, stack in sorted(stacks.items()):
             where = summary.user_frames(stack)

@@ -73,18 +73,17 @@ class Watchdog:
     def __init__(self, job: LiveJob) -> None:
         assert job.policy is not None
         self.job, self.policy, self.clock = job, job.policy, job.clock
-        clock = self.clock
         self.state = WatchState.WATCHING
         self.diagnosis: Diagnosis | None = None  # the standing hang diagnosis, if any
         self.detected_at: float | None = None
         self._counts: dict[int, int] = {}
-        self._progress_at = clock()
+        self._progress_at = self.clock()
         self._last_look = 0.0
         self._first_seen: dict[tuple, float] = {}  # situation key -> when first seen
         self._samples: dict[int, list[_Sample]] = {}
         self._last_sample = 0.0
         self._last_stacks: dict[int, RankStack] = {}  # the awaited ranks' latest sample
-        self._started = clock()
+        self._started = self.clock()
         self._assessment: Assessment | None = None  # the last look, while nothing has moved
         self._fr_dumps: dict[int, dict[str, Any]] | None = None  # cached while nothing moves
         self._fr_at = 0.0
@@ -173,11 +172,6 @@ class Watchdog:
             self._status(f"every rank is inside {call_name(next(iter(a.waiting.values())))}"
                          f" for {waited:.0f} s: a slow collective so far")
         return None
-
-    @property
-    def counts(self) -> dict[int, int]:
-        """Each rank's recorded calls so far (as of the last tick)."""
-        return self._counts
 
     @property
     def quiet(self) -> bool:
