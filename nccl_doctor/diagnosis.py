@@ -64,6 +64,26 @@ class Finding:
             "root_cause": self.root_cause, "evidence": dict(self.evidence),
         }
 
+    @classmethod
+    def from_json(cls, raw: Mapping[str, Any]) -> Finding | None:
+        """The finding ``to_json`` wrote (None for anything else: a kept record is input)."""
+        try:
+            ranks = raw.get("ranks", [])
+            seq = raw.get("seq")
+            return cls(
+                kind=FindingKind(raw["kind"]), severity=Severity(raw["severity"]),
+                title=str(raw["title"]), detail=str(raw.get("detail", "")),
+                ranks=tuple(int(r) for r in ranks), hint=str(raw.get("hint", "")),
+                group=None if raw.get("group") is None else str(raw["group"]),
+                seq=None if seq is None else int(seq),
+                op=None if raw.get("op") is None else str(raw["op"]),
+                callsite=None if raw.get("callsite") is None else str(raw["callsite"]),
+                evidence=dict(raw.get("evidence") or {}),
+                root_cause=bool(raw.get("root_cause", False)),
+            )
+        except (KeyError, TypeError, ValueError, AttributeError):
+            return None
+
 
 @dataclass(frozen=True)
 class RankSummary:

@@ -17,6 +17,7 @@ class ExitStatus:
     CORRUPT = 6  # a capture whose data cannot be read at all
     OUTPUT_EXISTS = 7  # would overwrite an output without --force
     LAUNCH_FAILED = 8  # the job's command could not be started
+    REFUSED = 9  # an input asks for something unsafe (a pickle naming code to run): not read
     INTERNAL = 70  # a bug in nccl-doctor (EX_SOFTWARE)
     # `run` otherwise exits with the job's own status; this one says nccl-doctor diagnosed a hang
     # and stopped the job (--on-hang kill). Like timeout(1)'s 124: "stopped, it would not finish".
@@ -50,6 +51,10 @@ class UnsupportedVersion(DoctorError):
 
 class CorruptCapture(DoctorError):
     exit_status = ExitStatus.CORRUPT
+
+
+class RefusedInput(DoctorError):
+    exit_status = ExitStatus.REFUSED
 
 
 class OutputExists(DoctorError):

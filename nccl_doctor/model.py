@@ -13,7 +13,9 @@ from typing import Any, Mapping
 
 from nccl_doctor.gpu.readings import GpuTrace
 from nccl_doctor.location import Location
+from nccl_doctor.stacks.rank_stack import RankStack
 from nccl_doctor.stacks.samples import StackSample
+from nccl_doctor.watch_log import WatchLog
 
 __all__ = [
     "EventSource", "Location", "Event", "EventFlag", "EventKind", "EventState", "ExitKind",
@@ -136,6 +138,9 @@ class ExitKind(enum.Enum):
     EXCEPTION = "exception"  # an uncaught exception ended the main thread
     SIGNAL = "signal"  # a fatal signal (SIGABRT, SIGSEGV, ...) caught by faulthandler
     VANISHED = "vanished"  # the process is gone with no record of how: SIGKILL, OOM killer, os._exit
+    # nccl-doctor stopped it after diagnosing a hang (--on-hang kill): it was alive, hung, until
+    # then (``signal`` names what was sent)
+    STOPPED = "stopped"
 
 
 @dataclass(frozen=True)
@@ -146,6 +151,11 @@ class RankExit:
     exception: str | None = None  # "RuntimeError: message"
     callsite: Location | None = None  # where the exception / signal hit (innermost user frame)
     time_ns: int | None = None
+
+    @property
+    def was_running(self) -> bool:
+        """Alive when the capture ends: still running, or stopped by nccl-doctor for a hang."""
+        return self.kind in (ExitKind.RUNNING, ExitKind.STOPPED)
 
     @property
     def abnormal(self) -> bool:
@@ -168,6 +178,9 @@ class RankExit:
             return f"was killed by {self.signal}"
         if self.kind is ExitKind.VANISHED:
             return "ended with no exit record (SIGKILL, the OOM killer or os._exit)"
+        if self.kind is ExitKind.STOPPED:
+            sent = f" ({self.signal})" if self.signal else ""
+            return f"was stopped by nccl-doctor{sent} after the hang was diagnosed"
         return "was still running"
 
 
@@ -254,6 +267,9 @@ class TraceSet:
     gpu: GpuTrace | None = None  # the GPU samples beside the captures (gpu.jsonl), if any
     # stack samples of late ranks taken while their peers waited (stragglers.jsonl)
     stack_samples: tuple[StackSample, ...] = ()
+    # what the live watchdog decided and did (watchdog.json), and the stacks it took then
+    watch: WatchLog | None = None
+    stacks: Mapping[int, RankStack] = field(default_factory=dict)
 
     def group_members(self, name: str) -> tuple[int, ...]:
         info = self.groups.get(name)

@@ -6,7 +6,7 @@ from dataclasses import replace
 from pathlib import Path
 from typing import Callable, Sequence
 
-from nccl_doctor.analysis import annotate
+from nccl_doctor.analysis import annotate, replayed
 from nccl_doctor.analysis.align import blocked_event, last_leaf
 from nccl_doctor.analysis.wording import call_name, call_site
 from nccl_doctor.analysis.desync import DESYNC, first_divergence_per_group
@@ -40,7 +40,7 @@ SILENT_PASSES: tuple[Pass, ...] = (
 
 _STATE = {
     ExitKind.CLEAN: "exited", ExitKind.EXCEPTION: "exception", ExitKind.SIGNAL: "signal",
-    ExitKind.VANISHED: "vanished",
+    ExitKind.VANISHED: "vanished", ExitKind.STOPPED: "stopped",
 }
 
 
@@ -63,12 +63,15 @@ def analyze(traces: TraceSet, passes: tuple[Pass, ...] = PASSES,
         notes.append(f"GPUs not sampled: {traces.gpu.reason}")
     elif traces.gpu is not None and traces.gpu.stopped:
         notes.append(f"{traces.gpu.stopped} (GPU evidence after that is missing)")
-    return annotate.apply(Diagnosis(
+    annotators = annotate.installed() if annotators is None else annotators
+    diagnosis = annotate.apply(Diagnosis(
         verdict=_verdict(findings, traces), findings=tuple(findings),
         ranks=tuple(_summaries(traces)), world_size=traces.world_size, command=traces.command,
         exit_status=traces.exit_status, notes=tuple(notes),
         groups={name: g.ranks for name, g in sorted(traces.groups.items())}, source=traces.source,
-    ), annotate.installed() if annotators is None else annotators, annotate.versions_of(traces))
+    ), annotators, annotate.versions_of(traces))
+    # a hang the live watchdog called stands (its kept record: replay reaches the live verdict)
+    return replayed.with_watch(diagnosis, traces, annotators)
 
 
 def _rank_findings(findings: list[Finding], traces: TraceSet) -> list[Finding]:
@@ -114,7 +117,7 @@ def _consequences(root: Finding, traces: TraceSet) -> dict:
 
 
 def _verdict(findings: list[Finding], traces: TraceSet) -> Verdict:
-    running = any(t.exit.kind is ExitKind.RUNNING for t in traces.ranks.values())
+    running = any(t.exit.was_running for t in traces.ranks.values())
     if running and any(f.kind in DESYNC or f.kind is FindingKind.GPU_BUSY_HANG for f in findings):
         return Verdict.HANG
     abnormal = any(t.exit.abnormal for t in traces.ranks.values())

@@ -28,7 +28,7 @@ def detect_rank_exited(traces: TraceSet) -> list[Finding]:
     groups: dict[tuple, list[int]] = defaultdict(list)
     for rank, trace in sorted(traces.ranks.items()):
         ex = trace.exit
-        if ex.kind is ExitKind.RUNNING:
+        if ex.was_running:
             continue
         last = last_leaf(trace)
         inside = last is not None and last.state in (EventState.ENTERED, EventState.FAILED)

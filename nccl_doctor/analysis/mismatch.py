@@ -39,10 +39,12 @@ def _signature(e: Event) -> dict[str, Any]:
     """The aspects that must agree across ranks. A Flight Recorder event (issued from C++)
     carries its op only: its root is unknown and its tensors are described differently."""
     op = canonical_op(e.op)
-    if e.source is EventSource.FLIGHT_RECORDER:
-        return {"op": op}
     desc = e.input if op in _SAME_INPUT else e.output if op in _SAME_OUTPUT else ""
     sigs = parse_tensor_desc(desc)
+    if e.source is EventSource.FLIGHT_RECORDER:
+        # compared with other Flight Recorder entries only (``_ASPECTS``' fr_ keys)
+        return {"op": op, "fr_dtype": tuple(s.dtype for s in sigs),
+                "fr_shape": tuple((s.count, s.shape) for s in sigs)}
     return {
         "op": op,
         "group_size": e.group_size,
@@ -50,6 +52,11 @@ def _signature(e: Event) -> dict[str, Any]:
         "dtype": tuple(s.dtype for s in sigs),
         "shape": tuple((s.count, s.shape) for s in sigs),
     }
+
+
+#: The aspects compared, in order; Flight Recorder entries describe their tensors in their own
+#: form, so their dtypes and shapes are compared among themselves (the ``fr_`` keys).
+_ASPECTS = ("op", "group_size", "root", "dtype", "shape", "fr_dtype", "fr_shape")
 
 
 def _describe(aspect: str, e: Event) -> str:
@@ -72,25 +79,61 @@ def detect_collective_mismatch(traces: TraceSet) -> list[Finding]:
                 continue
             sigs = {rank: _signature(e) for rank, e in by_rank.items()}
             aspect = next(
-                (a for a in ("op", "group_size", "root", "dtype", "shape")
-                 if len({repr(s[a]) for s in sigs.values() if a in s}) > 1),
+                (a for a in _ASPECTS if len({repr(s[a]) for s in sigs.values() if a in s}) > 1),
                 None,
             )
             if aspect is None:
                 continue
             known = {r: e for r, e in by_rank.items() if aspect in sigs[r]}
-            findings.append(_finding(name, seq, known, sigs, aspect))
+            findings.append(_finding(name, seq, known, sigs, aspect,
+                                     timeline.calls.get(seq + 1, {})))
             break  # the first divergence of a group is the cause; what follows is cascade
     return findings
 
 
-def _finding(group: str, seq: int, by_rank: dict[int, Event], sigs: dict, aspect: str) -> Finding:
+def _same_call(a: Event, b: Event | None) -> bool:
+    return (b is not None and canonical_op(a.op) == canonical_op(b.op)
+            and a.callsite == b.callsite and a.input == b.input)
+
+
+def _odd_without_majority(ordered: list[list[int]], by_rank: dict[int, Event],
+                          following: dict[int, Event]) -> tuple[list[int], str]:
+    """With no majority, the side to name and why. A side whose call #N is the very call every
+    other side makes next (#N+1, same op, line and tensors) skipped their call #N: it is the
+    odd one. Otherwise the sides that differ from the lowest rank's call are named, as PyTorch's
+    Flight Recorder analyzer does - a convention, which the report says."""
+    skipped = [side for side in ordered
+               if all(any(_same_call(by_rank[side[0]], following.get(r)) for r in other)
+                      for other in ordered if other is not side)]
+    if len(skipped) == 1:
+        (side,) = skipped
+        other = next(rs for rs in ordered if rs is not side)
+        e = by_rank[other[0]]
+        verb = "makes" if len(other) == 1 else "make"
+        return side, (f"No majority, but {ranks_text(side)}'s call #{e.align_seq} is the call "
+                      f"{ranks_text(other)} {verb} next: {ranks_text(side)} skipped {e.op} at "
+                      f"{call_site(e)}.")
+    reference = min(ordered, key=lambda rs: rs[0])
+    odd = sorted(r for rs in ordered if rs is not reference for r in rs)
+    return odd, (f"No majority: {ranks_text(odd)} named for differing from rank "
+                 f"{reference[0]}, the lowest rank (as PyTorch's Flight Recorder analyzer "
+                 "does); the fault may lie on either side.")
+
+
+def _finding(group: str, seq: int, by_rank: dict[int, Event], sigs: dict, aspect: str,
+             following: dict[int, Event]) -> Finding:
     classes: dict[str, list[int]] = defaultdict(list)
     for rank in sorted(by_rank):
         classes[repr(sigs[rank][aspect])].append(rank)
+    aspect = aspect.removeprefix("fr_")
     ordered = sorted(classes.values(), key=lambda rs: (-len(rs), rs[0]))
     majority = ordered[0] if len(ordered[0]) > len(ordered[1]) else None
-    odd = sorted(r for rs in ordered if rs is not majority for r in rs)
+    if majority is None:
+        odd, why = _odd_without_majority(ordered, by_rank, following)
+    else:
+        odd = sorted(r for rs in ordered if rs is not majority for r in rs)
+        verb = "disagrees" if len(odd) == 1 else "disagree"
+        why = f"The odd {ranks_text(odd)} {verb} with the majority ({ranks_text(majority)})."
     sides = []
     for rs in ordered:
         e = by_rank[rs[0]]
@@ -108,12 +151,7 @@ def _finding(group: str, seq: int, by_rank: dict[int, Event], sigs: dict, aspect
         f"{ranks_text(s['ranks'])}: {s['op']}({s['input'] or '-'}) at {s['callsite']} "
         f"[{s['state']}]" for s in sides
     ]
-    if majority is None:
-        lines.append("No majority: every side is as likely to be the odd one out.")
-    else:
-        verb = "disagrees" if len(odd) == 1 else "disagree"
-        lines.append(f"The odd {ranks_text(odd)} {verb} with the majority "
-                     f"({ranks_text(majority)}).")
+    lines.append(why)
     return Finding(
         kind=FindingKind.COLLECTIVE_MISMATCH, severity=Severity.ERROR, title=title,
         detail="\n".join(lines), ranks=tuple(odd), hint=HINTS[aspect], group=group, seq=seq,

@@ -24,7 +24,7 @@ def instead(trace: RankTrace | None, rank: int) -> tuple[str, str]:
     """(category, words) for what a rank did instead of entering the collective."""
     if trace is None:
         return "no_capture", f"rank {rank} left no capture (did it reach init_process_group?)"
-    if trace.exit.kind is not ExitKind.RUNNING:
+    if not trace.exit.was_running:
         return "exited", f"rank {rank} {fate(trace)}"
     blocked = blocked_event(trace)
     if blocked is not None:

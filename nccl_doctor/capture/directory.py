@@ -14,6 +14,7 @@ from pathlib import Path
 from typing import Any
 
 from nccl_doctor._version import __version__
+from nccl_doctor.capture import flight_recorder, fr_dump, watch_record
 from nccl_doctor.capture import format as fmt
 from nccl_doctor.capture.reader import read_capture
 from nccl_doctor.errors import (
@@ -30,7 +31,8 @@ MANIFEST_FORMAT = "nccl-doctor-capture"
 REPORT_JSON = "report.json"
 #: Every name nccl-doctor writes into a capture directory (an --out holding only these is ours).
 OWN_FILES = (f"*{fmt.CAPTURE_SUFFIX}", f"*{fmt.FAULT_SUFFIX}", MANIFEST, REPORT_JSON, GPU_JSONL,
-             STRAGGLERS_JSONL)
+             STRAGGLERS_JSONL, watch_record.WATCH_JSON, watch_record.STACKS_JSON,
+             f"{watch_record.FR_DIR}/rank_*.json")
 
 
 def remove_own_files(directory: Path) -> None:
@@ -38,6 +40,9 @@ def remove_own_files(directory: Path) -> None:
     for pattern in OWN_FILES:
         for path in directory.glob(pattern):
             path.unlink()
+    folder = directory / watch_record.FR_DIR
+    if folder.is_dir() and not any(folder.iterdir()):
+        folder.rmdir()
 
 
 def report_path(directory: Path) -> Path:
@@ -113,11 +118,14 @@ def capture_files(directory: Path) -> list[Path]:
     return sorted(directory.glob(f"*{fmt.CAPTURE_SUFFIX}"))
 
 
-def load_capture_dir(path: Path, *, job_ended: bool | None = None) -> TraceSet:
+def load_capture_dir(path: Path, *, job_ended: bool | None = None,
+                     evidence: bool = True) -> TraceSet:
     """Load every rank's capture under ``path`` (a directory, or one ``.ndcap`` file).
 
     ``job_ended`` says whether the job is over (ranks with no exit record then count as vanished);
-    by default the manifest's ``ended_at`` decides.
+    by default the manifest's ``ended_at`` decides. ``evidence``: also what the live watchdog
+    kept (nccl_doctor/capture/watch_record.py): its Flight Recorder pulls are merged, its
+    decisions and stacks attached, and the ranks it stopped marked so.
     """
     if not path.exists():
         raise CaptureNotFound(
@@ -138,7 +146,8 @@ def load_capture_dir(path: Path, *, job_ended: bool | None = None) -> TraceSet:
         if manifest is None and not files:
             raise NotACapture(
                 f"{path} is not an nccl-doctor capture directory "
-                f"(no {MANIFEST}, no *{fmt.CAPTURE_SUFFIX} files)"
+                f"(no {MANIFEST}, no *{fmt.CAPTURE_SUFFIX} files) nor a directory of PyTorch "
+                "Flight Recorder dumps"
             )
     if job_ended is None:
         job_ended = manifest is not None and manifest.ended_at is not None
@@ -189,12 +198,47 @@ def load_capture_dir(path: Path, *, job_ended: bool | None = None) -> TraceSet:
     if manifest is not None and manifest.world_size:
         sizes.append(manifest.world_size)
     world = max(sizes, default=0)
-    return TraceSet(
+    loaded = TraceSet(
         ranks=traces, groups=_groups(traces.values()), world_size=world,
         command=manifest.command if manifest else (), problems=tuple(problems),
         exit_status=manifest.exit_status if manifest else None, source=str(path), gpu=gpu,
         stack_samples=samples,
     )
+    return _with_evidence(loaded, path) if evidence and path.is_dir() else loaded
+
+
+def _with_evidence(traces: TraceSet, path: Path) -> TraceSet:
+    """``traces`` plus what the live watchdog kept beside them (each file optional; a damaged
+    one is a note, never the end of the replay)."""
+    problems = list(traces.problems)
+    watch, stacks = None, {}
+    try:
+        watch = watch_record.read_watch_log(path)
+    except ValueError as err:
+        problems.append(f"the watchdog's record skipped: {err}")
+    try:
+        stacks = watch_record.read_stacks(path)
+    except ValueError as err:
+        problems.append(f"the kept stacks skipped: {err}")
+    folder = path / watch_record.FR_DIR
+    if folder.is_dir() and any(folder.iterdir()):
+        try:
+            dumps = fr_dump.load_dumps(folder)
+            traces = flight_recorder.merge(traces, dumps.by_rank)
+            problems.extend(dumps.problems)
+        except DoctorError as err:
+            problems.append(f"the kept Flight Recorder pulls skipped: {err}")
+    ranks = dict(traces.ranks)
+    stopped_at = watch.stopped_at if watch is not None else None
+    if stopped_at is not None:
+        sent = ", then ".join(dict.fromkeys(watch.signals)) if watch else ""
+        for rank, trace in ranks.items():
+            ex = trace.exit
+            ended_before = ex.time_ns is not None and ex.time_ns < stopped_at * 1e9
+            if (ex.abnormal or ex.kind is ExitKind.RUNNING) and not ended_before:
+                ranks[rank] = replace(trace, exit=RankExit(ExitKind.STOPPED, signal=sent or None,
+                                                           time_ns=ex.time_ns))
+    return replace(traces, ranks=ranks, problems=tuple(problems), watch=watch, stacks=stacks)
 
 
 def _groups(traces: Any) -> dict[str, GroupInfo]:

@@ -22,6 +22,7 @@ from __future__ import annotations
 from dataclasses import replace
 from typing import Any, Mapping
 
+from nccl_doctor import paths
 from nccl_doctor.model import (
     Event, EventFlag, EventKind, EventSource, EventState, Location, TraceSet,
 )
@@ -47,8 +48,12 @@ def _tensors(sizes: Any, dtypes: Any) -> str:
     return ";".join(parts)
 
 
-def events_from_dump(trace: Mapping[str, Any]) -> list[Event]:
+def events_from_dump(trace: Mapping[str, Any], *, with_callsites: bool = False) -> list[Event]:
     """The collectives of one rank's Flight Recorder dump, as events (p2p entries are skipped).
+
+    ``with_callsites``: the callsite is the first frame of the entry's stack outside torch and the
+    libraries that wrap it (a dump read on its own); otherwise every event is marked as issued
+    from C++ (merged live: the recorder saw every Python call, so what it missed came from C++).
 
     Sequence numbers are the recorder's (``_get_sequence_number_for_group``): on gloo that counts
     every operation (``op_id``); ProcessGroupNCCL returns its collective count
@@ -58,6 +63,7 @@ def events_from_dump(trace: Mapping[str, Any]) -> list[Event]:
     entries = trace.get("entries") if isinstance(trace, Mapping) else None
     entries = entries if isinstance(entries, list) else []
     done_up_to = _done_up_to(entries)
+    sites: dict[tuple, tuple[Location | None, Location | None]] = {}
     for entry in entries:
         try:
             if entry.get("is_p2p"):
@@ -70,6 +76,9 @@ def events_from_dump(trace: Mapping[str, Any]) -> list[Event]:
             created = int(entry.get("time_created_ns", 0))
             record = int(entry.get("record_id", 0))
             done = completed(entry) or record < done_up_to.get(group, -1)
+            callsite, api = CPP_CALLSITE, None
+            if with_callsites:
+                callsite, api = _callsites(entry.get("frames"), sites)
             out.append(Event(
                 idx=IDX_BASE + record, parent=0,
                 kind=EventKind.COLLECTIVE, op=name, group=group, seq=seq,
@@ -79,12 +88,36 @@ def events_from_dump(trace: Mapping[str, Any]) -> list[Event]:
                 thread=int(entry.get("thread_id", 0) or 0),
                 input=_tensors(entry.get("input_sizes"), entry.get("input_dtypes")),
                 output=_tensors(entry.get("output_sizes"), entry.get("output_dtypes")),
-                nbytes=0, peer=-1, group_size=0, callsite=CPP_CALLSITE, api_callsite=None,
+                nbytes=0, peer=-1, group_size=0, callsite=callsite, api_callsite=api,
                 source=EventSource.FLIGHT_RECORDER,
             ))
         except (KeyError, TypeError, ValueError, IndexError, AttributeError):
             continue
     return out
+
+
+def _callsites(frames: Any, cache: dict) -> tuple[Location | None, Location | None]:
+    """(first frame outside torch and its wrappers, first frame outside torch) of an entry's
+    stack (innermost first), or ``CPP_CALLSITE`` when it has no Python frame (C++ work)."""
+    if not isinstance(frames, list) or not frames:
+        return CPP_CALLSITE, None
+    key = tuple((f.get("filename"), f.get("line")) if isinstance(f, Mapping) else None
+                for f in frames)
+    found = cache.get(key)
+    if found is None:
+        user = api = None
+        for f in frames:
+            if not isinstance(f, Mapping) or not isinstance(f.get("filename"), str):
+                continue
+            path, line = f["filename"], f.get("line")
+            where = Location(path, line if isinstance(line, int) else 0, str(f.get("name", "")))
+            if api is None and not paths.is_internal_file(path):
+                api = where
+            if not paths.is_wrapper_file(path):
+                user = where
+                break
+        found = cache[key] = (user or api or CPP_CALLSITE, api)
+    return found
 
 
 def _done_up_to(entries: list) -> dict[str, int]:
@@ -171,3 +204,28 @@ def progress_signature(dumps: Mapping[int, Any]) -> tuple:
         done = sum(1 for e in entries if isinstance(e, Mapping) and completed(e))
         out.append((rank, len(entries), newest, done))
     return tuple(out)
+
+
+def entry_fate(dump: Mapping[str, Any], group: str, seq: int) -> str | None:
+    """What became of collective ``seq`` of ``group`` in one rank's dump: "completed",
+    "timed_out" (an NCCL entry retired without completing: its watchdog gave up on it),
+    "pending", or None when the dump does not hold it."""
+    for e in events_from_dump(dump):
+        if e.group == group and e.seq == seq:
+            if e.state is EventState.RETURNED:
+                return "completed"
+            break
+    else:
+        return None
+    entries = dump.get("entries") if isinstance(dump, Mapping) else None
+    for entry in entries if isinstance(entries, list) else ():
+        try:
+            nccl = str(entry["profiling_name"]).startswith("nccl:")
+            if str(entry["process_group"][0]) != group:
+                continue
+            if int(entry["collective_seq_id"] if nccl else entry["op_id"]) != seq:
+                continue
+            return "timed_out" if nccl and entry.get("retired") else "pending"
+        except (KeyError, TypeError, ValueError, IndexError, AttributeError):
+            continue
+    return "pending"

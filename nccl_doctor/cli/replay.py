@@ -8,18 +8,24 @@ from pathlib import Path
 from dataclasses import replace
 
 from nccl_doctor.analysis import analyze
-from nccl_doctor.capture.directory import load_capture_dir
+from nccl_doctor.capture import sources
 from nccl_doctor.cli.output import emit, verdict_status
 from nccl_doctor.errors import CaptureNotFound, ExitStatus
 from nccl_doctor.reporters import REPORTERS
 from nccl_doctor.capture import metrics_log
-HELP = "diagnose a capture directory offline (the --out DIR of `nccl-doctor run`)"
+
+HELP = ("diagnose a capture directory (the --out DIR of `nccl-doctor run`) or PyTorch Flight "
+        "Recorder dumps offline")
 
 
 def register(sub: argparse._SubParsersAction) -> None:
     p = sub.add_parser("replay", help=HELP, description=HELP[0].upper() + HELP[1:] + ".")
-    p.add_argument("capture", type=Path, metavar="DIR",
-                   help="capture directory, or a single .ndcap capture file")
+    p.add_argument("capture", type=Path, metavar="PATH",
+                   help="capture directory, a single .ndcap capture file, or a directory of "
+                        "Flight Recorder dumps (one file per rank, pickle or JSON, any prefix)")
+    p.add_argument("--fr", type=Path, default=None, metavar="DIR",
+                   help="the job's own Flight Recorder dumps, merged with the capture "
+                        "(TORCH_FR_DUMP_TEMP_FILE's directory)")
     p.add_argument("--format", choices=sorted(REPORTERS), default=None,
                    help="report format (default: console, or json for an -o FILE ending in .json)")
     p.add_argument("-o", "--output", type=Path, default=None, metavar="FILE",
@@ -34,7 +40,7 @@ def register(sub: argparse._SubParsersAction) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    traces = load_capture_dir(args.capture)
+    traces = sources.load(args.capture, args.fr)
     if args.log is not None:
         if not args.log.is_file():
             raise CaptureNotFound(f"--log {args.log} does not exist or is not a file")

@@ -79,6 +79,30 @@ class RankStack:
         }
 
 
+def stack_from_json(raw: Any, rank: int) -> RankStack:
+    """The stack ``RankStack.to_json`` wrote. Raises ValueError for anything else."""
+    if not isinstance(raw, dict) or not isinstance(raw.get("threads"), list):
+        raise ValueError(f"the stack of rank {rank} is not a stack record")
+    threads = []
+    for t in raw["threads"]:
+        if not isinstance(t, dict) or not isinstance(t.get("frames"), list):
+            raise ValueError(f"a thread of rank {rank} is not a thread record")
+        frames = []
+        for f in t["frames"]:
+            if not isinstance(f, dict):
+                raise ValueError(f"a frame of rank {rank} is not a frame record")
+            line = f.get("line")
+            frames.append(Location(str(f.get("path", "?")), line if _is_int(line) else 0,
+                                   str(f.get("function", ""))))
+        tid = t.get("thread_id")
+        threads.append(ThreadStack(tid if _is_int(tid) else 0, t.get("name"), tuple(frames),
+                                   t.get("active"), t.get("owns_gil"), bool(t.get("is_main"))))
+    pid, taken = raw.get("pid"), raw.get("taken_at")
+    return RankStack(rank, pid if _is_int(pid) else 0, str(raw.get("source", "?")),
+                     tuple(threads), raw.get("error") if isinstance(raw.get("error"), str) else None,
+                     float(taken) if isinstance(taken, (int, float)) else 0.0)
+
+
 def parse_stack_json(
     text_or_obj: str | bytes | list[Any],
     *,

@@ -11,13 +11,14 @@ import enum
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Callable, Protocol, Sequence
+from typing import Any, Callable, Mapping, Protocol, Sequence
 
 from nccl_doctor.analysis.annotate import Annotator
 from nccl_doctor.capture.directory import load_capture_dir
 from nccl_doctor.diagnosis import Diagnosis
 from nccl_doctor.errors import DoctorError
 from nccl_doctor.model import TraceSet
+from nccl_doctor.stacks.rank_stack import RankStack
 from nccl_doctor.supervisor.policy import HangPolicy
 from nccl_doctor.supervisor.probe import RankProcess, Registry
 
@@ -75,7 +76,7 @@ class Snapshot:
             self._read = True
             self.read_counts = self.poll() if self.poll is not None else dict(self.counts)
             try:
-                self._traces = load_capture_dir(self.out_dir, job_ended=False)
+                self._traces = load_capture_dir(self.out_dir, job_ended=False, evidence=False)
             except DoctorError:
                 self._traces = None
         return self._traces
@@ -96,6 +97,11 @@ class Decision:
     kind: Report = Report.HANG
     announce: tuple[str, ...] = ()  # one-line messages for the user
     stop_job: bool = False  # stop the job (SIGTERM, then SIGKILL after the policy's grace)
+    # what to keep beside the captures for replay (nccl_doctor/capture/watch_record.py): the
+    # watchdog's account of this decision, the stacks and Flight Recorder pulls it used
+    record: Mapping[str, Any] | None = None
+    stacks: Mapping[int, RankStack] | None = None
+    fr_dumps: Mapping[int, Mapping[str, Any]] | None = None
 
 
 class Watch(Protocol):

@@ -20,6 +20,7 @@ from typing import Callable, Sequence
 
 from nccl_doctor.analysis import analyze
 from nccl_doctor.analysis.annotate import Annotator
+from nccl_doctor.capture import watch_record
 from nccl_doctor.capture.directory import Manifest, capture_files, load_capture_dir, write_report
 from nccl_doctor.diagnosis import Diagnosis, Verdict
 from nccl_doctor.errors import DoctorError, ExitStatus
@@ -164,6 +165,7 @@ class Supervisor:
         if self._kill_at is not None and self.live.clock() >= self._kill_at:
             self._stop_job(signal.SIGKILL)  # the grace after SIGTERM is over
             self._kill_at = None
+            self._keep(watch_record.event("stop", signals=["SIGKILL"]))
         snap = self.live.snapshot()
         for watch in list(self.watches):
             try:
@@ -180,7 +182,22 @@ class Supervisor:
             except Exception:  # a display or sampler must never stop the job's supervision
                 self.listeners.remove(listener)
 
+    def _keep(self, record: dict | None = None, decision: Decision | None = None) -> None:
+        """Keep what a decision used, and what was done, beside the captures (for replay). A
+        disk that fails here costs the replay its evidence, never the supervision."""
+        try:
+            if decision is not None and decision.fr_dumps:
+                watch_record.write_fr_dumps(self.out_dir, decision.fr_dumps)
+            if decision is not None and decision.stacks:
+                watch_record.write_stacks(self.out_dir, decision.stacks)
+            if record is not None:
+                watch_record.append_event(self.out_dir, record)
+        except (OSError, ValueError) as err:
+            self.live.announce(f"could not keep the watchdog's evidence ({err}); replay will "
+                               "lack it")
+
     def _apply(self, decision: Decision) -> None:
+        self._keep(dict(decision.record) if decision.record is not None else None, decision)
         if decision.report is not None:
             if decision.kind is Report.HANG:
                 self._hang_reported = decision.report.verdict is Verdict.HANG
@@ -192,6 +209,7 @@ class Supervisor:
         if decision.stop_job and not self.stopped_for_hang:
             self.stopped_for_hang = True
             self._stop_job(signal.SIGTERM)
+            self._keep(watch_record.event("stop", signals=["SIGTERM"]))
             policy = self.live.policy
             self._kill_at = self.live.clock() + (policy.kill_grace if policy else 0.0)
 
@@ -205,6 +223,11 @@ class Supervisor:
         manifest = replace(manifest, world_size=traces.world_size, hosts=hosts,
                            captures=tuple(f.name for f in capture_files(self.out_dir)))
         manifest.write(self.out_dir)
+        if self.watchdog is not None:
+            settled = self.watchdog.settle(traces)
+            if settled is not None:
+                self._apply(settled)
+                traces = replace(traces, watch=watch_record.read_watch_log(self.out_dir))
         diagnosis = analyze(traces, annotators=self.live.annotators)
         if self.watchdog is not None:
             diagnosis = self.watchdog.final(diagnosis) or diagnosis

@@ -29,11 +29,12 @@ from nccl_doctor.analysis.annotate import versions_of
 from nccl_doctor.analysis.hang import hang_diagnosis, idle_stall, stall, stuck_peer
 from nccl_doctor.analysis.situation import Assessment, ProcState, Situation, assess
 from nccl_doctor.analysis.wording import call_name, ranks_text
-from nccl_doctor.capture import flight_recorder
+from nccl_doctor.analysis.aftermath import stuck_calls_fate
+from nccl_doctor.capture import flight_recorder, watch_record
 from nccl_doctor.capture.directory import report_path
 from nccl_doctor.diagnosis import Diagnosis, Finding, Verdict
 from nccl_doctor.live_view import LiveView
-from nccl_doctor.model import TraceSet
+from nccl_doctor.model import EventSource, TraceSet
 from nccl_doctor.stacks.rank_stack import RankStack
 from nccl_doctor.supervisor import evidence
 from nccl_doctor.supervisor.live import Decision, LiveJob, Snapshot
@@ -89,6 +90,10 @@ class Watchdog:
         self._fr_at = 0.0
         self._fr_signature: tuple | None = None  # what the last pull showed (progress check)
         self._nccl = False  # Flight Recorder has shown NCCL entries
+        # the calls the waiting ranks were stuck in when the hang was called: rank -> (group,
+        # seq, in flight on the GPU only)
+        self._stuck: dict[int, tuple[str, int, bool]] = {}
+        self._aftermath: tuple[str, ...] = ()  # what the backend did to them since
         self.message = ""  # the current one-line status ("" while nothing is wrong)
 
     # -- the loop ----------------------------------------------------------------------------
@@ -107,7 +112,7 @@ class Watchdog:
             self._counts = dict(snap.counts)
             self._fr_dumps, self._fr_signature = None, None  # Python calls moved: pull afresh
             if self.state is WatchState.HANG:
-                return self._retract(now)
+                return self._after_hang(snap, now)
             self._progressed(now)
             return None
         quiet_for, since_look = now - self._progress_at, now - self._last_look
@@ -288,11 +293,21 @@ class Watchdog:
         pids = self.job.pids(a.live)
         stacks = evidence.collect_stacks(pids, self.job.run_id, timeout=self.policy.stack_timeout)
         kill = self.policy.on_hang is OnHang.KILL
-        diagnosis = hang_diagnosis(analysis, root, stacks, {
+        account = {
             "situation": a.situation.value, "how": how, "waited_s": round(waited, 1),
             "policy": self.policy.on_hang.value,
             "action": "stopped the job" if kill else "reported",
-        }, versions_of(traces), self.job.annotators)
+        }
+        diagnosis = hang_diagnosis(analysis, root, stacks, account, versions_of(traces),
+                                   self.job.annotators)
+        self._stuck = {r: (e.group, e.seq, e.in_flight or self._nccl
+                              or e.source is EventSource.FLIGHT_RECORDER)
+                       for r, e in a.waiting.items()}
+        self._aftermath = ()
+        cause = diagnosis.root_cause
+        record = watch_record.event(
+            "hang", watchdog=account, root=cause.to_json() if cause else None,
+            stuck={str(r): [g, q] for r, (g, q, _) in self._stuck.items()})
         self._to(WatchState.HANG)
         self.diagnosis = diagnosis
         self.detected_at = self.clock()
@@ -305,7 +320,8 @@ class Watchdog:
         else:
             said = (f"HANG: {title}",
                     f"report: {report}; the job is left running (--on-hang report)")
-        return Decision(report=diagnosis, announce=said, stop_job=kill)
+        return Decision(report=diagnosis, announce=said, stop_job=kill, record=record,
+                        stacks=stacks, fr_dumps=self._fr_dumps)
 
     def _retract(self, now: float) -> Decision:
         """Progress resumed after a reported hang: the report says so."""
@@ -319,7 +335,50 @@ class Watchdog:
         self.diagnosis = None
         self._progressed(now)
         return Decision(report=retracted,
-                        announce=("progress resumed: the hang report was retracted",))
+                        announce=("progress resumed: the hang report was retracted",),
+                        record=watch_record.event("retracted"))
+
+    def _after_hang(self, snap: Snapshot, now: float) -> Decision | None:
+        """Calls were recorded after the hang was called: progress only if the calls the ranks
+        were stuck in completed. The backend ending them - NCCL's watchdog aborting the
+        communicator (``DistBackendError``, SIGABRT), a gloo timeout - is a consequence of the
+        hang: it stands, and the report adds what the backend did."""
+        traces = snap.traces
+        if traces is None:
+            return None
+        fr: dict[int, dict[str, Any]] = {}
+        if any(via_fr for _, _, via_fr in self._stuck.values()):
+            fr = evidence.flight_recorder_dumps(
+                self.job.pids(tuple(self._stuck)), self.job.run_id,
+                timeout=self.policy.stack_timeout)
+        return self._settle(traces, fr, now)
+
+    def settle(self, traces: TraceSet) -> Decision | None:
+        """The job has ended (``traces``: its captures, post mortem): what became of the calls a
+        standing hang was called on, which the job may have ended too soon to show live."""
+        if self.diagnosis is None or self.stopped_job:
+            return None  # no hang, or nccl-doctor ended the calls itself
+        return self._settle(traces, {}, self.clock(), ended=True)
+
+    def _settle(self, traces: TraceSet, fr: dict[int, dict[str, Any]], now: float,
+                ended: bool = False) -> Decision | None:
+        fate = stuck_calls_fate(traces, self._stuck, fr)
+        if fate.aborted:
+            new = tuple(w for w in fate.aborted if w not in self._aftermath)
+            if not new:
+                return None
+            self._aftermath += new
+            what = ("after the hang was called, the backend ended the stuck collectives: "
+                    + "; ".join(new) + " - a consequence of the hang, not progress")
+            assert self.diagnosis is not None
+            self.diagnosis = replace(self.diagnosis, notes=self.diagnosis.notes + (what,),
+                                     watchdog={**self.diagnosis.watchdog,
+                                               "aftermath": list(self._aftermath)})
+            return Decision(report=self.diagnosis, announce=(f"the hang stands: {what}",),
+                            record=watch_record.event("aftermath", what=what), fr_dumps=fr or None)
+        if fate.completed and not ended:
+            return self._retract(now)
+        return None  # the stuck calls are still pending: the hang stands
 
     @property
     def stopped_job(self) -> bool:

@@ -4,11 +4,13 @@ from __future__ import annotations
 
 import json
 import os
+import pickle
 import signal
 import struct
 import subprocess
 import sys
 import time
+from pathlib import Path
 
 import psutil
 import pytest
@@ -172,3 +174,52 @@ def test_replay_with_a_missing_log_is_one_line(capture_copy, tmp_path):
     proc = doctor("replay", "--log", str(tmp_path / "nope.log"), str(capture_copy))
     assert proc.returncode == ExitStatus.NOT_FOUND
     assert "--log" in one_error_line(proc)
+
+
+FR_FIXTURES = Path(__file__).parent.parent / "fixtures" / "fr_dumps"
+
+
+class _Payload:
+    def __init__(self, target: str) -> None:
+        self.target = target
+
+    def __reduce__(self):
+        return (os.system, (f"touch {self.target}",))
+
+
+@pytest.mark.parametrize("setup,status,words", [
+    ("malicious", ExitStatus.REFUSED, "asks for posix.system: refused"),
+    ("truncated", ExitStatus.CORRUPT, "truncated or damaged pickle"),
+    ("future", ExitStatus.UNSUPPORTED_VERSION, "Flight Recorder format 7.0"),
+    ("wrong_type", ExitStatus.CORRUPT, "\"entries\" must be a list"),
+])
+def test_replay_of_bad_flight_recorder_dumps_is_one_line(tmp_path, setup, status, words):
+    dumps = tmp_path / "dumps"
+    dumps.mkdir()
+    good = (FR_FIXTURES / "h100_nccl_skip_broadcast" / "rank_0").read_bytes()
+    if setup == "malicious":
+        content = pickle.dumps({"version": "2.10", "entries": [],
+                                "x": _Payload(str(tmp_path / "pwned"))})
+    elif setup == "truncated":
+        content = good[:300]
+    elif setup == "future":
+        content = pickle.dumps({"version": "7.0", "entries": []})
+    else:
+        content = json.dumps({"version": "2.10", "entries": {"0": "all_reduce"}}).encode()
+    (dumps / "rank_0").write_bytes(content)
+    proc = doctor("replay", str(dumps))
+    assert proc.returncode == status, proc.stderr
+    assert words in one_error_line(proc)
+    assert not (tmp_path / "pwned").exists()
+
+
+def test_replay_of_flight_recorder_dumps_names_the_culprit(tmp_path):
+    proc = doctor("replay", "--format", "json", str(FR_FIXTURES / "h100_nccl_shape_mismatch"))
+    assert proc.returncode == 0, proc.stderr
+    root = json.loads(proc.stdout)["findings"][0]
+    assert root["root_cause"] and root["kind"] == "collective_mismatch" and root["ranks"] == [1]
+    assert root["callsite"].endswith("nccl_shape_mismatch.py:15")
+    missing = doctor("replay", str(FR_FIXTURES / "h100_nccl_shape_mismatch"), "--fr",
+                     str(tmp_path / "nope"))
+    assert missing.returncode == ExitStatus.NOT_FOUND and "does not exist" in one_error_line(
+        missing)

@@ -78,7 +78,8 @@ def test_shape_mismatch_two_ranks(tb) -> None:
     assert f.kind is FindingKind.COLLECTIVE_MISMATCH and f.severity is Severity.ERROR
     assert f.evidence["aspect"] == "shape"
     assert f.evidence["majority"] is None
-    assert f.ranks == (0, 1)
+    # no majority: the side that differs from the lowest rank is named (PyTorch's convention)
+    assert f.ranks == (1,) and "differing from rank 0, the lowest rank" in f.detail
     assert f.group == "0" and f.seq == 3 and f.op == "all_gather"
     assert "float32[2,7,32]" in f.title and "float32[2,9,32]" in f.title
     assert "shapes differ" in f.title
@@ -110,8 +111,21 @@ def test_op_mismatch(tb) -> None:
     ev1 = tb.collectives(2) + [tb.event(3, "broadcast", peer=0, state=ENTERED)]
     (f,) = detect_collective_mismatch(two_ranks(tb, ev0, ev1))
     assert f.evidence["aspect"] == "op"
-    assert f.seq == 3 and f.ranks == (0, 1)
+    assert f.seq == 3 and f.ranks == (1,)
     assert "all_reduce / broadcast #3" in f.title and "ops differ" in f.title
+
+
+def test_no_majority_names_the_rank_that_skipped_a_call(tb) -> None:
+    """Two ranks, ops differ at #3: the rank whose call #3 is its peer's next call (#4) skipped
+    the peer's #3 - whichever rank that is, the lowest included."""
+    bcast = tb.event(3, "broadcast", peer=0, state=RETURNED, line=14)
+    for skipper in (0, 1):
+        skipped = tb.collectives(2) + [tb.event(3, "all_reduce", state=ENTERED, line=20)]
+        full = tb.collectives(2) + [bcast, tb.event(4, "all_reduce", state=ENTERED, line=20)]
+        ev = {skipper: skipped, 1 - skipper: full}
+        (f,) = detect_collective_mismatch(two_ranks(tb, ev[0], ev[1]))
+        assert f.ranks == (skipper,), f.detail
+        assert f"rank {skipper} skipped broadcast" in f.detail
 
 
 def test_dtype_mismatch(tb) -> None:

@@ -1,0 +1,279 @@
+"""PyTorch Flight Recorder dump files: read safely, one per rank, into a ``TraceSet``.
+
+A job on torch >= 2.3 writes one dump per rank on a collective timeout
+(``TORCH_NCCL_DUMP_ON_TIMEOUT=1``; files ``$TORCH_FR_DUMP_TEMP_FILE<rank>``, formerly
+``TORCH_NCCL_DEBUG_INFO_TEMP_FILE``), as a pickle, or as JSON from ``_dump_nccl_trace_json`` /
+``_dump_fr_trace_json``; nccl-doctor's supervisor keeps the JSON pulls it made live in a capture
+directory's ``flight_recorder/`` (nccl_doctor/capture/directory.py).
+
+A dump is input from outside, never trusted: a pickle is read by an unpickler that builds plain
+containers and scalars only and refuses any global (a class, a function: ``__reduce__`` payloads),
+so reading a dump never runs code from it. What the entries mean, and how they merge with the
+recorder's events, is nccl_doctor/capture/flight_recorder.py's.
+"""
+
+from __future__ import annotations
+
+import io
+import json
+import pickle
+import re
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Mapping
+
+from nccl_doctor.capture import flight_recorder
+from nccl_doctor.errors import (
+    CaptureNotFound, CorruptCapture, NotACapture, RefusedInput, UnsupportedVersion,
+)
+from nccl_doctor.model import (
+    ExitKind, GroupInfo, Integrity, RankExit, RankMeta, RankTrace, TraceSet,
+)
+
+#: Flight Recorder's format versions this reader knows ("2.0" .. "2.10" so far). A newer minor
+#: version adds fields (read, with a note); another major version is refused.
+MAJOR = 2
+KNOWN_MINOR = 10
+#: Larger files are not Flight Recorder dumps (2,000 entries with stacks: about 4 MB).
+MAX_BYTES = 512 * 1024 * 1024
+_RANK_IN_NAME = re.compile(r"(\d+)(?:\.(?:json|pkl|pickle))?$")
+
+
+class _Refused(Exception):
+    pass
+
+
+class _PlainUnpickler(pickle.Unpickler):
+    """Builds dicts, lists, tuples, sets, strings, bytes, numbers, bools and None. Any global
+    (GLOBAL/STACK_GLOBAL/INST/OBJ/REDUCE/EXT all go through ``find_class``) or persistent id
+    is refused before it is looked up, so nothing named in the file is ever imported or
+    called."""
+
+    def find_class(self, module: str, name: str) -> Any:
+        raise _Refused(f"{module}.{name}")
+
+    def persistent_load(self, pid: Any) -> Any:
+        raise _Refused("a persistent id")
+
+
+def loads(data: bytes, name: str) -> dict[str, Any]:
+    """One dump's content (JSON or pickle), checked to be a Flight Recorder dump. ``name`` says
+    which file in the errors. Raises RefusedInput, CorruptCapture, NotACapture,
+    UnsupportedVersion."""
+    head = data.lstrip()[:1]
+    if head in (b"{", b"["):
+        try:
+            raw = json.loads(data)
+        except (ValueError, UnicodeDecodeError) as err:
+            raise CorruptCapture(f"{name} is not valid JSON ({err}): the dump is damaged") from None
+    elif data[:1] == b"\x80":
+        try:
+            raw = _PlainUnpickler(io.BytesIO(data)).load()
+        except _Refused as err:
+            raise RefusedInput(
+                f"{name} is a pickle that asks for {err}: refused (a Flight Recorder dump holds "
+                "only plain data; nothing in it was run). Use dumps you trust, or JSON dumps"
+            ) from None
+        except Exception as err:  # a damaged pickle raises anything: EOFError, ValueError...
+            raise CorruptCapture(
+                f"{name} is a truncated or damaged pickle ({type(err).__name__}): copy the dump "
+                "again from the job's TORCH_FR_DUMP_TEMP_FILE location"
+            ) from None
+    else:
+        raise NotACapture(f"{name} is neither a Flight Recorder pickle nor JSON")
+    return _checked(raw, name)
+
+
+def _checked(raw: Any, name: str) -> dict[str, Any]:
+    if not isinstance(raw, dict):
+        raise NotACapture(f"{name} is not a Flight Recorder dump (a {type(raw).__name__}, "
+                          "not a mapping with \"entries\")")
+    version = raw.get("version")
+    if version is not None:
+        major, minor = _version(version)
+        if major is None:
+            raise CorruptCapture(f"{name} has a Flight Recorder version of the wrong type or "
+                                 f"form ({version!r}): the dump is damaged")
+        if major != MAJOR:
+            raise UnsupportedVersion(
+                f"{name} is Flight Recorder format {version}; this nccl-doctor reads "
+                f"{MAJOR}.x: replay it with a newer nccl-doctor")
+    if "entries" not in raw and "pg_config" not in raw:
+        raise NotACapture(f"{name} is not a Flight Recorder dump (no \"entries\")")
+    entries = raw.get("entries", [])
+    if not isinstance(entries, list) or not all(isinstance(e, dict) for e in entries):
+        raise CorruptCapture(f"{name}: \"entries\" must be a list of mappings (it is a "
+                             f"{type(entries).__name__}): the dump is damaged")
+    return raw
+
+
+def _version(value: Any) -> tuple[int | None, int | None]:
+    if not isinstance(value, str):
+        return None, None
+    m = re.fullmatch(r"(\d+)\.(\d+)", value.strip())
+    return (int(m.group(1)), int(m.group(2))) if m else (None, None)
+
+
+def read_dump(path: Path) -> dict[str, Any]:
+    """One dump file (see ``loads``)."""
+    try:
+        size = path.stat().st_size
+        if size > MAX_BYTES:
+            raise NotACapture(f"{path} is {size >> 20} MB: too large for a Flight Recorder dump")
+        data = path.read_bytes()
+    except OSError as err:
+        raise CaptureNotFound(f"{path} cannot be read ({err.strerror})") from None
+    return loads(data, str(path))
+
+
+def rank_of(path: Path, dump: Mapping[str, Any]) -> int | None:
+    """The rank a dump belongs to: its own ``rank`` field where it has one, else the number
+    that ends the file's name (``rank_3``, ``nccl_trace_rank_3.json``, ``fr12.pkl``)."""
+    rank = dump.get("rank")
+    if isinstance(rank, int) and not isinstance(rank, bool) and rank >= 0:
+        return rank
+    m = _RANK_IN_NAME.search(path.name)
+    return int(m.group(1)) if m else None
+
+
+@dataclass(frozen=True)
+class Dumps:
+    """Every rank's dump from one place, and what could not be used."""
+
+    by_rank: dict[int, dict[str, Any]]
+    problems: tuple[str, ...] = ()
+    notes: tuple[str, ...] = ()
+
+
+def _candidates(path: Path) -> list[Path]:
+    if path.is_file():
+        return [path]
+    return sorted(p for p in path.iterdir()
+                  if p.is_file() and not p.name.startswith(".") and p.suffix not in (".txt", ".md",
+                                                                                     ".log"))
+
+
+def is_dump_dir(path: Path) -> bool:
+    """Whether ``path`` looks like Flight Recorder dumps (a file, or a directory of them): the
+    first candidate's first bytes are a pickle or a JSON object holding "entries"."""
+    try:
+        files = _candidates(path)
+    except OSError:
+        return False
+    for f in files[:1]:
+        try:
+            with open(f, "rb") as fh:
+                head = fh.read(4096)
+        except OSError:
+            return False
+        return head[:1] == b"\x80" or (head.lstrip()[:1] == b"{" and b'"entries"' in head) or (
+            head.lstrip()[:1] == b"{" and b'"pg_config"' in head)
+    return False
+
+
+def load_dumps(path: Path) -> Dumps:
+    """Each rank's dump under ``path`` (a directory of per-rank files with any common prefix, or
+    one file). A damaged file among readable ones is noted and skipped; a refused pickle
+    stops the whole read (the directory is not to be trusted)."""
+    if not path.exists():
+        raise CaptureNotFound(f"{path} does not exist: pass a directory of Flight Recorder dumps "
+                              "(one file per rank)")
+    files = _candidates(path)
+    if not files:
+        raise CaptureNotFound(f"{path} holds no files: no Flight Recorder dump to read")
+    by_rank: dict[int, dict[str, Any]] = {}
+    problems: list[str] = []
+    notes: list[str] = []
+    errors = []
+    for f in files:
+        try:
+            dump = read_dump(f)
+        except RefusedInput:
+            raise
+        except (CorruptCapture, NotACapture, UnsupportedVersion, CaptureNotFound) as err:
+            errors.append(err)
+            problems.append(f"{f.name} skipped: {err}")
+            continue
+        rank = rank_of(f, dump)
+        if rank is None:
+            problems.append(f"{f.name} skipped: no rank in its name or content (name the "
+                            "files <prefix><rank>, as torch does)")
+            continue
+        if rank in by_rank:
+            problems.append(f"{f.name} skipped: a second dump of rank {rank}")
+            continue
+        _, minor = _version(dump.get("version"))
+        if minor is not None and minor > KNOWN_MINOR and not notes:
+            notes.append(f"Flight Recorder format {dump['version']} is newer than this "
+                         f"nccl-doctor knows ({MAJOR}.{KNOWN_MINOR}): fields it adds are ignored")
+        by_rank[rank] = dump
+    if not by_rank:
+        if len(errors) == 1:
+            raise errors[0]
+        raise CorruptCapture(f"none of the {len(files)} files in {path} is a readable Flight "
+                             f"Recorder dump ({problems[0]})")
+    return Dumps(by_rank, tuple(problems), tuple(notes))
+
+
+def groups_of(dumps: Mapping[int, Mapping[str, Any]]) -> dict[str, GroupInfo]:
+    """The process groups the dumps' ``pg_config`` declare (name -> ranks, description)."""
+    groups: dict[str, GroupInfo] = {}
+    for dump in dumps.values():
+        config = dump.get("pg_config")
+        if not isinstance(config, dict):
+            continue
+        for key, pg in config.items():
+            if not isinstance(pg, dict):
+                continue
+            ranks = pg.get("ranks")
+            if isinstance(ranks, str):
+                try:
+                    ranks = json.loads(ranks)
+                except ValueError:
+                    ranks = None
+            if not isinstance(ranks, list) or not all(
+                    isinstance(r, int) and not isinstance(r, bool) for r in ranks):
+                continue
+            name = str(pg.get("name", key))
+            if name not in groups or len(ranks) > len(groups[name].ranks):
+                groups[name] = GroupInfo(name, tuple(ranks), "", str(pg.get("desc", "")))
+    return groups
+
+
+def traces_from_dumps(dumps: Dumps, source: str) -> TraceSet:
+    """A ``TraceSet`` of the dumps alone: each rank's collectives as Flight Recorder saw them,
+    callsites from the entries' stacks. The ranks are taken as still running (a dump is written
+    while the job lives, on a timeout); ranks of the groups with no dump are named."""
+    by_rank = dumps.by_rank
+    groups = groups_of(by_rank)
+    backend = {"nccl" if flight_recorder.has_nccl(by_rank) else "gloo"}
+    groups = {n: GroupInfo(g.name, g.ranks, next(iter(backend)), g.desc) for n, g in groups.items()}
+    members = {r for g in groups.values() for r in g.ranks}
+    world = max(members | set(by_rank), default=-1) + 1
+    ranks = {}
+    for rank, dump in sorted(by_rank.items()):
+        events = tuple(flight_recorder.events_from_dump(dump, with_callsites=True))
+        meta = RankMeta(rank=rank, world_size=world, local_rank=None, node_rank=None, host="",
+                        pid=0, started_ns=0,
+                        versions={"nccl": str(dump["comm_lib_version"])}
+                        if isinstance(dump.get("comm_lib_version"), str) else {})
+        ranks[rank] = RankTrace(meta, events, RankExit(ExitKind.RUNNING), Integrity(),
+                                path=f"{source}#rank{rank}")
+    notes = list(dumps.notes)
+    missing = sorted(set(range(world)) - set(by_rank))
+    if missing:
+        notes.append(f"no Flight Recorder dump for rank(s) {_ranges(missing)}: what they did is "
+                     "unknown (their peers' entries still say which collectives they missed)")
+    return TraceSet(ranks=ranks, groups=groups, world_size=world, source=source,
+                    problems=tuple(dumps.problems) + tuple(notes))
+
+
+def _ranges(ranks: list[int]) -> str:
+    out, start = [], None
+    for i, r in enumerate(ranks):
+        if start is None:
+            start = r
+        if i + 1 == len(ranks) or ranks[i + 1] != r + 1:
+            out.append(str(start) if start == r else f"{start}-{r}")
+            start = None
+    return ", ".join(out)
