@@ -29,6 +29,7 @@ from nccl_doctor.model import (
 
 IDX_BASE = 10**12  # Flight Recorder events get idx IDX_BASE + record_id: never a recorder idx
 CPP_CALLSITE = Location("<issued from C++ (e.g. DDP), seen by Flight Recorder>", 0, "")
+NO_STACK = Location("<no Python stack in the Flight Recorder dump>", 0, "")
 
 _DTYPES = {
     "Float": "float32", "Double": "float64", "Half": "float16", "BFloat16": "bfloat16",
@@ -100,7 +101,7 @@ def _callsites(frames: Any, cache: dict) -> tuple[Location | None, Location | No
     """(first frame outside torch and its wrappers, first frame outside torch) of an entry's
     stack (innermost first), or ``CPP_CALLSITE`` when it has no Python frame (C++ work)."""
     if not isinstance(frames, list) or not frames:
-        return CPP_CALLSITE, None
+        return NO_STACK, None  # JSON dumps carry none; torch's pickles do
     key = tuple((f.get("filename"), f.get("line")) if isinstance(f, Mapping) else None
                 for f in frames)
     found = cache.get(key)

@@ -160,14 +160,15 @@ def is_dump_dir(path: Path) -> bool:
         files = _candidates(path)
     except OSError:
         return False
-    for f in files[:1]:
+    for f in files[:16]:  # dumps may sit beside a note or two
         try:
             with open(f, "rb") as fh:
                 head = fh.read(4096)
         except OSError:
-            return False
-        return head[:1] == b"\x80" or (head.lstrip()[:1] == b"{" and b'"entries"' in head) or (
-            head.lstrip()[:1] == b"{" and b'"pg_config"' in head)
+            continue
+        if head[:1] == b"\x80" or (head.lstrip()[:1] == b"{" and (
+                b'"entries"' in head or b'"pg_config"' in head)):
+            return True
     return False
 
 

@@ -92,7 +92,7 @@ class Watchdog:
         self._nccl = False  # Flight Recorder has shown NCCL entries
         # the calls the waiting ranks were stuck in when the hang was called: rank -> (group,
         # seq, in flight on the GPU only)
-        self._stuck: dict[int, tuple[str, int, bool]] = {}
+        self._stuck_calls: dict[int, tuple[str, int, bool]] = {}
         self._aftermath: tuple[str, ...] = ()  # what the backend did to them since
         self.message = ""  # the current one-line status ("" while nothing is wrong)
 
@@ -300,14 +300,14 @@ class Watchdog:
         }
         diagnosis = hang_diagnosis(analysis, root, stacks, account, versions_of(traces),
                                    self.job.annotators)
-        self._stuck = {r: (e.group, e.seq, e.in_flight or self._nccl
+        self._stuck_calls = {r: (e.group, e.seq, e.in_flight or self._nccl
                               or e.source is EventSource.FLIGHT_RECORDER)
                        for r, e in a.waiting.items()}
         self._aftermath = ()
         cause = diagnosis.root_cause
         record = watch_record.event(
             "hang", watchdog=account, root=cause.to_json() if cause else None,
-            stuck={str(r): [g, q] for r, (g, q, _) in self._stuck.items()})
+            stuck={str(r): [g, q] for r, (g, q, _) in self._stuck_calls.items()})
         self._to(WatchState.HANG)
         self.diagnosis = diagnosis
         self.detected_at = self.clock()
@@ -347,9 +347,9 @@ class Watchdog:
         if traces is None:
             return None
         fr: dict[int, dict[str, Any]] = {}
-        if any(via_fr for _, _, via_fr in self._stuck.values()):
+        if any(via_fr for _, _, via_fr in self._stuck_calls.values()):
             fr = evidence.flight_recorder_dumps(
-                self.job.pids(tuple(self._stuck)), self.job.run_id,
+                self.job.pids(tuple(self._stuck_calls)), self.job.run_id,
                 timeout=self.policy.stack_timeout)
         return self._settle(traces, fr, now)
 
@@ -362,7 +362,7 @@ class Watchdog:
 
     def _settle(self, traces: TraceSet, fr: dict[int, dict[str, Any]], now: float,
                 ended: bool = False) -> Decision | None:
-        fate = stuck_calls_fate(traces, self._stuck, fr)
+        fate = stuck_calls_fate(traces, self._stuck_calls, fr)
         if fate.aborted:
             new = tuple(w for w in fate.aborted if w not in self._aftermath)
             if not new:

@@ -143,3 +143,37 @@ def test_one_damaged_dump_among_good_ones_is_skipped_with_a_note(tmp_path):
     d = diagnose(tmp_path)
     assert any("rank_1 skipped" in n for n in d.notes) and any(
         "no Flight Recorder dump for rank(s) 1" in n for n in d.notes)
+
+
+# -- JSON and pickle dumps of real gloo jobs recorded here (tests/fixtures/fr_dumps/record_gloo.py)
+
+GLOO = {  # scenario -> the finding kind; the culprit is torchfrtrace's (its saved output)
+    "gloo_skip_broadcast": FindingKind.COLLECTIVE_MISMATCH,
+    "gloo_shape_mismatch": FindingKind.COLLECTIVE_MISMATCH,
+    "gloo_ddp_uneven": FindingKind.COLLECTIVE_MISMATCH,
+    "gloo_missing_rank2_of_3": FindingKind.MISSING_COLLECTIVE,
+}
+
+
+def torchfrtrace_blames(directory: Path) -> tuple[int, ...]:
+    text = (directory / "torchfrtrace.txt").read_text()
+    culprit = re.search(r"Culprit rank (\d+)", text)
+    if culprit:
+        return (int(culprit.group(1)),)
+    missing = re.search(r"missing ranks: \{([\d, ]+)\}", text)
+    assert missing, "torchfrtrace blamed no rank"
+    return tuple(int(r) for r in missing.group(1).split(","))
+
+
+@pytest.mark.parametrize("scenario", sorted(GLOO))
+@pytest.mark.parametrize("form", ["json", "pickle"])
+def test_gloo_dumps_agree_with_torchfrtrace(scenario, form):
+    directory = FIXTURES / scenario
+    d = diagnose(directory if form == "json" else directory / "pickle")
+    root = d.root_cause
+    assert root is not None and root.kind is GLOO[scenario], d.findings
+    assert root.ranks == torchfrtrace_blames(directory)
+    if form == "pickle":  # torch's pickles carry the Python stack: the user's line
+        assert "record_gloo.py:" in root.callsite and "distributed_c10d" not in root.callsite
+    else:  # its JSON dumps carry none, and the report says so instead of inventing one
+        assert root.callsite.startswith("<no Python stack")
