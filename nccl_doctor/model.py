@@ -7,6 +7,7 @@ enums only: no I/O, no torch.
 from __future__ import annotations
 
 import enum
+import functools
 import re
 from dataclasses import dataclass, field
 from typing import Any, Mapping
@@ -63,6 +64,7 @@ class TensorSig:
 _SIG = re.compile(r"^(?:(\d+)\*)?([A-Za-z0-9_.]+)\[([0-9,]*)\]$")
 
 
+@functools.lru_cache(maxsize=4096)
 def parse_tensor_desc(desc: str) -> tuple[TensorSig, ...]:
     """Parse the recorder's tensor description (``;``-separated for non-uniform lists)."""
     sigs = []
@@ -121,7 +123,8 @@ class Event:
 
     @property
     def is_composite(self) -> bool:
-        return bool(self.flags & EventFlag.COMPOSITE)
+        flags = self.flags
+        return flags is not EventFlag.NONE and bool(flags & EventFlag.COMPOSITE)
 
     @property
     def done(self) -> bool:

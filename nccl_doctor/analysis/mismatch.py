@@ -70,14 +70,23 @@ def _describe(aspect: str, e: Event) -> str:
     return f"group of {e.group_size}"
 
 
+def _signature_cached(e: Event, cache: dict) -> dict[str, Any]:
+    key = (e.op, e.source, e.input, e.output, e.group_size, e.peer)
+    sig = cache.get(key)
+    if sig is None:
+        sig = cache[key] = _signature(e)
+    return sig
+
+
 def detect_collective_mismatch(traces: TraceSet) -> list[Finding]:
     findings = []
+    cache: dict[tuple, dict[str, Any]] = {}  # thousands of calls share a few signatures
     for name, timeline in sorted(timelines(traces).items()):
         for seq in timeline.seqs():
             by_rank = timeline.calls[seq]
             if len(by_rank) < 2:
                 continue
-            sigs = {rank: _signature(e) for rank, e in by_rank.items()}
+            sigs = {rank: _signature_cached(e, cache) for rank, e in by_rank.items()}
             aspect = next(
                 (a for a in _ASPECTS if len({repr(s[a]) for s in sigs.values() if a in s}) > 1),
                 None,

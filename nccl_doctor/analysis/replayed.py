@@ -1,10 +1,11 @@
 """The live watchdog's verdict, reached again offline from what it kept (``TraceSet.watch``).
 
-A hang the watchdog called and did not retract stands in the replay: the root cause is the
-analysis's own when it names the same divergence (a desync seen in the captures and the kept
-Flight Recorder pulls); otherwise - a peer the watchdog saw stuck, idle, over several samples; a
-stall past --hang-after - the finding the watchdog recorded, since those samples exist only in
-its record. What the backend did afterwards (an NCCL abort, a gloo timeout) is added as such.
+A hang the watchdog called and did not retract stands in the replay, with the root finding it
+recorded (the evidence of a peer seen stuck over several samples, or of a stall past
+--hang-after, exists only in its record); ``watchdog.root_from_captures`` says whether the
+analysis of the captures and the kept Flight Recorder pulls names the same divergence by itself
+(it does for a desync). What the backend did afterwards (an NCCL abort, a gloo timeout) is added
+as such.
 """
 
 from __future__ import annotations
@@ -30,8 +31,11 @@ def with_watch(diagnosis: Diagnosis, traces: TraceSet,
     if watch is None or hang is None:
         return diagnosis
     recorded, own = watch.root, diagnosis.root_cause
-    root = own if _same(own, recorded) or recorded is None else recorded
+    root = recorded or own
     account = dict(hang.get("watchdog") or {})
+    # whether the captures alone lead to the same root cause (a desync does; a peer seen stuck
+    # over several samples is the watchdog's own evidence)
+    account["root_from_captures"] = _same(own, recorded)
     notes = [str(e.get("what")) for e in watch.after_hang("aftermath") if e.get("what")]
     if watch.stopped_at is not None:
         sent = ", then ".join(dict.fromkeys(watch.signals)) or "signals"

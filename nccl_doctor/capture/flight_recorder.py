@@ -38,6 +38,16 @@ _DTYPES = {
 }
 
 
+def _tensors_cached(sizes: Any, dtypes: Any, cache: dict[str, str]) -> str:
+    """``_tensors``, once per distinct description (a dump repeats a handful thousands of
+    times)."""
+    key = f"{sizes!r}|{dtypes!r}"
+    text = cache.get(key)
+    if text is None:
+        text = cache[key] = _tensors(sizes, dtypes)
+    return text
+
+
 def _tensors(sizes: Any, dtypes: Any) -> str:
     if not isinstance(sizes, list) or not isinstance(dtypes, list):
         return ""
@@ -64,7 +74,8 @@ def events_from_dump(trace: Mapping[str, Any], *, with_callsites: bool = False) 
     entries = trace.get("entries") if isinstance(trace, Mapping) else None
     entries = entries if isinstance(entries, list) else []
     done_up_to = _done_up_to(entries)
-    sites: dict[tuple, tuple[Location | None, Location | None]] = {}
+    sites: dict[Any, Any] = {}
+    tensors: dict[str, str] = {}
     for entry in entries:
         try:
             if entry.get("is_p2p"):
@@ -87,8 +98,10 @@ def events_from_dump(trace: Mapping[str, Any], *, with_callsites: bool = False) 
                 state=EventState.RETURNED if done else EventState.ENTERED,
                 flags=EventFlag.NONE, t_enter_ns=created, t_exit_ns=None,
                 thread=int(entry.get("thread_id", 0) or 0),
-                input=_tensors(entry.get("input_sizes"), entry.get("input_dtypes")),
-                output=_tensors(entry.get("output_sizes"), entry.get("output_dtypes")),
+                input=_tensors_cached(entry.get("input_sizes"), entry.get("input_dtypes"),
+                                      tensors),
+                output=_tensors_cached(entry.get("output_sizes"), entry.get("output_dtypes"),
+                                       tensors),
                 nbytes=0, peer=-1, group_size=0, callsite=callsite, api_callsite=api,
                 source=EventSource.FLIGHT_RECORDER,
             ))
@@ -97,28 +110,36 @@ def events_from_dump(trace: Mapping[str, Any], *, with_callsites: bool = False) 
     return out
 
 
-def _callsites(frames: Any, cache: dict) -> tuple[Location | None, Location | None]:
+def _callsites(frames: Any, cache: dict) -> tuple[Location, Location | None]:
     """(first frame outside torch and its wrappers, first frame outside torch) of an entry's
-    stack (innermost first), or ``CPP_CALLSITE`` when it has no Python frame (C++ work)."""
+    stack (innermost first); ``NO_STACK`` when the entry has none. ``cache`` keeps each file's
+    class and each frame's ``Location`` (a dump repeats a few stacks thousands of times)."""
     if not isinstance(frames, list) or not frames:
         return NO_STACK, None  # JSON dumps carry none; torch's pickles do
-    key = tuple((f.get("filename"), f.get("line")) if isinstance(f, Mapping) else None
-                for f in frames)
-    found = cache.get(key)
-    if found is None:
-        user = api = None
-        for f in frames:
-            if not isinstance(f, Mapping) or not isinstance(f.get("filename"), str):
+    user = api = None
+    for f in frames:
+        if type(f) is not dict:
+            continue
+        path = f.get("filename")
+        kind = cache.get(path)
+        if kind is None:
+            if not isinstance(path, str):
                 continue
-            path, line = f["filename"], f.get("line")
-            where = Location(path, line if isinstance(line, int) else 0, str(f.get("name", "")))
-            if api is None and not paths.is_internal_file(path):
-                api = where
-            if not paths.is_wrapper_file(path):
-                user = where
-                break
-        found = cache[key] = (user or api or CPP_CALLSITE, api)
-    return found
+            kind = cache[path] = (paths.is_wrapper_file(path), paths.is_internal_file(path))
+        wrapper, internal = kind
+        if internal and wrapper:
+            continue
+        key = (path, f.get("line"), f.get("name"))
+        where = cache.get(key)
+        if where is None:
+            line = key[1]
+            where = cache[key] = Location(path, line if type(line) is int else 0, str(key[2] or ""))
+        if api is None and not internal:
+            api = where
+        if not wrapper:
+            user = where
+            break
+    return user or api or NO_STACK, api
 
 
 def _done_up_to(entries: list) -> dict[str, int]:

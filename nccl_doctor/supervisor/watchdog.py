@@ -386,8 +386,15 @@ class Watchdog:
         return self.state is WatchState.STOPPING
 
     def final(self, post_mortem: Diagnosis | None) -> Diagnosis | None:
-        """The report to keep once the job has ended: a standing hang outranks what followed."""
+        """The report to keep once the job has ended: a standing hang outranks what followed.
+        The post-mortem analysis reads the watchdog's kept record (watchdog.json): when it
+        reaches this hang, it is the report - what ``replay`` will say too, with the ranks'
+        ends (stopped by nccl-doctor, or what the backend did) filled in."""
         if self.diagnosis is None:
+            return post_mortem
+        mine, theirs = self.diagnosis.root_cause, post_mortem.root_cause if post_mortem else None
+        if (post_mortem is not None and post_mortem.verdict is Verdict.HANG and mine and theirs
+                and (mine.kind, mine.group, mine.seq) == (theirs.kind, theirs.group, theirs.seq)):
             return post_mortem
         note = ("nccl-doctor stopped the job after diagnosing the hang (--on-hang kill)"
                 if self.stopped_job else "the job ended after the hang was diagnosed")

@@ -58,7 +58,8 @@ def test_cpo_logits_gather_hangs_where_the_padded_logits_are_gathered(tmp_path):
     assert proc.returncode == ExitStatus.HANG_STOPPED, proc.stderr[-3000:]
     f = root(report)
     assert report["verdict"] == "hang" and f["kind"] == "collective_mismatch"
-    assert f["evidence"]["aspect"] == "op" and f["ranks"] == [0, 1]
+    # two ranks, no majority: rank 1 named against rank 0, as torchfrtrace would, and said so
+    assert f["evidence"]["aspect"] == "op" and f["ranks"] == [1] and "No majority" in f["detail"]
     sides = {s["value"]: (s["ranks"], s["callsite"]) for s in f["evidence"]["sides"]}
     # the rank with the shorter T finished its chunks and reduces the loss; its peer still
     # gathers logits chunks
