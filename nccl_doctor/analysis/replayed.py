@@ -37,6 +37,8 @@ def with_watch(diagnosis: Diagnosis, traces: TraceSet,
     # over several samples is the watchdog's own evidence)
     account["root_from_captures"] = _same(own, recorded)
     notes = [str(e.get("what")) for e in watch.after_hang("aftermath") if e.get("what")]
+    if notes:
+        account["aftermath"] = list(notes)
     if watch.stopped_at is not None:
         sent = ", then ".join(dict.fromkeys(watch.signals)) or "signals"
         notes.append(f"nccl-doctor stopped the job after diagnosing the hang ({sent}); the "
