@@ -1,0 +1,116 @@
+"""Which Flight Recorder entries a diagnosis needs: from a little before the first collective on
+which the ranks' dumps disagree (or the first one a rank lacks) to the end.
+
+A timeout dump holds up to 2,000 entries per rank; at 1,024 ranks that is two million entries,
+nearly all of them identical on every rank and irrelevant to why the job hung. Finding the first
+divergence needs one cheap comparison per entry (op, input sizes and dtypes, per process group
+and sequence number); only the entries from there on become events for the analysis passes, which
+then see the same divergence, the same last collective of each rank and the same missing calls as
+on the whole dumps.
+"""
+
+from __future__ import annotations
+
+import bisect
+from typing import Any, Mapping
+
+#: Entries kept before the first divergence (context: the call each side made before it).
+MARGIN = 4
+
+
+class _Column:
+    """One group's entries in one dump, in the dump's order: sequence numbers, the compared
+    keys, and where each entry sits in the dump."""
+
+    __slots__ = ("seqs", "keys", "index")
+
+    def __init__(self) -> None:
+        self.seqs: list[int] = []
+        self.keys: list[tuple] = []
+        self.index: list[int] = []
+
+
+def _columns(entries: list) -> dict[str, _Column]:
+    """Per group, the collectives of one dump (p2p and malformed entries left out: the events
+    leave them out too). Sequence numbers as nccl_doctor/capture/flight_recorder.py numbers
+    them: NCCL's collective count, gloo's op id. The hot loop of a large replay: kept lean."""
+    out: dict[str, _Column] = {}
+    for i, e in enumerate(entries):
+        try:
+            if e.get("is_p2p"):
+                continue
+            name = e["profiling_name"]
+            group = e["process_group"][0]
+            seq = e["collective_seq_id"] if name.startswith("nccl:") else e["op_id"]
+            col = out.get(group)
+            if col is None:
+                col = out[group] = _Column()
+            col.seqs.append(int(seq))
+            col.keys.append((name, e.get("input_sizes"), e.get("input_dtypes")))
+            col.index.append(i)
+        except (KeyError, TypeError, ValueError, IndexError, AttributeError):
+            continue
+    return {str(g): c for g, c in out.items()}
+
+
+def _first_difference(a: _Column, b: _Column) -> int | None:
+    """The lowest sequence number both columns hold with different keys (None: none)."""
+    sa, ka = a.seqs, a.keys
+    sb, kb = b.seqs, b.keys
+    if not sa or not sb:
+        return None
+    lo, hi = max(sa[0], sb[0]), min(sa[-1], sb[-1])
+    if lo > hi:
+        return None
+    contiguous = sa[-1] - sa[0] + 1 == len(sa) and sb[-1] - sb[0] + 1 == len(sb)
+    if contiguous:  # the common case: compare the overlapping slices in one go (C speed)
+        xa, xb = ka[lo - sa[0]:hi - sa[0] + 1], kb[lo - sb[0]:hi - sb[0] + 1]
+        if xa == xb:
+            return None
+        return lo + next(i for i, (x, y) in enumerate(zip(xa, xb)) if x != y)
+    other = dict(zip(sb, kb))
+    for seq, key in zip(sa, ka):
+        if seq in other and other[seq] != key:
+            return seq
+    return None
+
+
+def _starts(columns: Mapping[int, dict[str, _Column]]) -> dict[str, int]:
+    """Per process group, the first sequence number to keep."""
+    groups = {g for cols in columns.values() for g in cols}
+    starts = {}
+    for group in groups:
+        ranks = [r for r in sorted(columns) if group in columns[r] and columns[r][group].seqs]
+        if not ranks:
+            continue
+        ref = columns[ranks[0]][group]
+        first = min(columns[r][group].seqs[-1] for r in ranks)  # a rank's last: missing after
+        for r in ranks[1:]:
+            diff = _first_difference(ref, columns[r][group])
+            if diff is not None:
+                first = min(first, diff)
+        starts[group] = first - MARGIN
+    return starts
+
+
+def trim(by_rank: Mapping[int, Mapping[str, Any]]) -> tuple[dict[int, dict[str, Any]], int, int]:
+    """(the dumps with only the collectives from each group's window start on, entries kept,
+    entries in all)."""
+    columns = {r: _columns(d.get("entries") or []) for r, d in by_rank.items()}
+    starts = _starts(columns)
+    out, kept, total = {}, 0, 0
+    for rank, dump in by_rank.items():
+        entries = dump.get("entries") or []
+        keep: list[int] = []
+        for group, col in columns[rank].items():
+            start, seqs = starts.get(group), col.seqs
+            if start is None:
+                keep.extend(col.index)
+            elif all(x <= y for x, y in zip(seqs, seqs[1:])):  # in order: cut at the start
+                keep.extend(col.index[bisect.bisect_left(seqs, start):])
+            else:
+                keep.extend(i for i, q in zip(col.index, seqs) if q >= start)
+        keep.sort()
+        out[rank] = {**dump, "entries": [entries[i] for i in keep]}
+        kept, total = kept + len(keep), total + len(entries)
+    return out, kept, total
