@@ -146,9 +146,11 @@ class Dumps:
     by_rank: dict[int, dict[str, Any]]
     problems: tuple[str, ...] = ()
     notes: tuple[str, ...] = ()
+    compared: int = 0  # entries compared across the ranks, when cut to a window (fr_window)
+    kept: int = 0  # of which kept
 
 
-def _candidates(path: Path) -> list[Path]:
+def candidates(path: Path) -> list[Path]:
     if path.is_file():
         return [path]
     return sorted(p for p in path.iterdir()
@@ -160,7 +162,7 @@ def is_dump_dir(path: Path) -> bool:
     """Whether ``path`` looks like Flight Recorder dumps (a file, or a directory of them): the
     first candidate's first bytes are a pickle or a JSON object holding "entries"."""
     try:
-        files = _candidates(path)
+        files = candidates(path)
     except OSError:
         return False
     for f in files[:16]:  # dumps may sit beside a note or two
@@ -182,7 +184,7 @@ def load_dumps(path: Path) -> Dumps:
     if not path.exists():
         raise CaptureNotFound(f"{path} does not exist: pass a directory of Flight Recorder dumps "
                               "(one file per rank)")
-    files = _candidates(path)
+    files = candidates(path)
     if not files:
         raise CaptureNotFound(f"{path} holds no files: no Flight Recorder dump to read")
     by_rank: dict[int, dict[str, Any]] = {}
@@ -283,6 +285,7 @@ def traces_from_dumps(dumps: Dumps, source: str) -> TraceSet:
         ranks[rank] = RankTrace(meta, events, RankExit(ExitKind.RUNNING), Integrity(),
                                 path=f"{source}#rank{rank}")
     notes = list(dumps.notes)
+    total, kept = max(total, dumps.compared), kept if not dumps.compared else dumps.kept
     if kept < total:
         notes.append(f"Flight Recorder: {total} entries compared across the ranks; the "
                      f"{kept} from just before the first divergence on are analysed")

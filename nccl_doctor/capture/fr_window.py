@@ -19,21 +19,22 @@ MARGIN = 4
 
 
 class _Column:
-    """One group's entries in one dump, in the dump's order: sequence numbers, the compared
-    keys, and where each entry sits in the dump."""
+    """One group's collectives in one dump, in the dump's order: sequence numbers, the compared
+    keys (ids of (op, input sizes, input dtypes)) and where each entry sits in the dump."""
 
     __slots__ = ("seqs", "keys", "index")
 
     def __init__(self) -> None:
         self.seqs: list[int] = []
-        self.keys: list[tuple] = []
+        self.keys: list[int] = []
         self.index: list[int] = []
 
 
-def _columns(entries: list) -> dict[str, _Column]:
+def columns(entries: list, ids: dict[tuple, int]) -> dict[str, _Column]:
     """Per group, the collectives of one dump (p2p and malformed entries left out: the events
     leave them out too). Sequence numbers as nccl_doctor/capture/flight_recorder.py numbers
-    them: NCCL's collective count, gloo's op id. The hot loop of a large replay: kept lean."""
+    them: NCCL's collective count, gloo's op id. ``ids`` numbers the keys (shared by the dumps
+    compared). The hot loop of a large replay: kept lean."""
     out: dict[str, _Column] = {}
     for i, e in enumerate(entries):
         try:
@@ -45,8 +46,10 @@ def _columns(entries: list) -> dict[str, _Column]:
             col = out.get(group)
             if col is None:
                 col = out[group] = _Column()
+            sizes, dtypes = e.get("input_sizes"), e.get("input_dtypes")
+            key = (name, tuple(map(tuple, sizes)) if sizes else (), tuple(dtypes or ()))
             col.seqs.append(int(seq))
-            col.keys.append((name, e.get("input_sizes"), e.get("input_dtypes")))
+            col.keys.append(ids.setdefault(key, len(ids)))
             col.index.append(i)
         except (KeyError, TypeError, ValueError, IndexError, AttributeError):
             continue
@@ -75,42 +78,50 @@ def _first_difference(a: _Column, b: _Column) -> int | None:
     return None
 
 
-def _starts(columns: Mapping[int, dict[str, _Column]]) -> dict[str, int]:
-    """Per process group, the first sequence number to keep."""
-    groups = {g for cols in columns.values() for g in cols}
-    starts = {}
+def starts(all_columns: Mapping[int, Mapping[str, Any]]) -> dict[str, int]:
+    """Per process group, the first sequence number to keep (columns: rank -> group -> an
+    object with ``seqs`` and ``keys``)."""
+    groups = {g for cols in all_columns.values() for g in cols}
+    out = {}
     for group in groups:
-        ranks = [r for r in sorted(columns) if group in columns[r] and columns[r][group].seqs]
+        ranks = [r for r in sorted(all_columns)
+                 if group in all_columns[r] and all_columns[r][group].seqs]
         if not ranks:
             continue
-        ref = columns[ranks[0]][group]
-        first = min(columns[r][group].seqs[-1] for r in ranks)  # a rank's last: missing after
+        ref = all_columns[ranks[0]][group]
+        first = min(all_columns[r][group].seqs[-1] for r in ranks)  # a rank's last: missing after
         for r in ranks[1:]:
-            diff = _first_difference(ref, columns[r][group])
+            diff = _first_difference(ref, all_columns[r][group])
             if diff is not None:
                 first = min(first, diff)
-        starts[group] = first - MARGIN
-    return starts
+        out[group] = first - MARGIN
+    return out
+
+
+def cut(dump: Mapping[str, Any], cols: Mapping[str, _Column], start_of: Mapping[str, int]
+        ) -> dict[str, Any]:
+    """``dump`` with only its collectives from each group's start on."""
+    entries = dump.get("entries") or []
+    keep: list[int] = []
+    for group, col in cols.items():
+        start, seqs = start_of.get(group), col.seqs
+        if start is None:
+            keep.extend(col.index)
+        elif all(x <= y for x, y in zip(seqs, seqs[1:])):  # in order: cut at the start
+            keep.extend(col.index[bisect.bisect_left(seqs, start):])
+        else:
+            keep.extend(i for i, q in zip(col.index, seqs) if q >= start)
+    keep.sort()
+    return {**dump, "entries": [entries[i] for i in keep]}
 
 
 def trim(by_rank: Mapping[int, Mapping[str, Any]]) -> tuple[dict[int, dict[str, Any]], int, int]:
     """(the dumps with only the collectives from each group's window start on, entries kept,
     entries in all)."""
-    columns = {r: _columns(d.get("entries") or []) for r, d in by_rank.items()}
-    starts = _starts(columns)
-    out, kept, total = {}, 0, 0
-    for rank, dump in by_rank.items():
-        entries = dump.get("entries") or []
-        keep: list[int] = []
-        for group, col in columns[rank].items():
-            start, seqs = starts.get(group), col.seqs
-            if start is None:
-                keep.extend(col.index)
-            elif all(x <= y for x, y in zip(seqs, seqs[1:])):  # in order: cut at the start
-                keep.extend(col.index[bisect.bisect_left(seqs, start):])
-            else:
-                keep.extend(i for i, q in zip(col.index, seqs) if q >= start)
-        keep.sort()
-        out[rank] = {**dump, "entries": [entries[i] for i in keep]}
-        kept, total = kept + len(keep), total + len(entries)
+    ids: dict[tuple, int] = {}
+    cols = {r: columns(d.get("entries") or [], ids) for r, d in by_rank.items()}
+    start_of = starts(cols)
+    out = {r: cut(d, cols[r], start_of) for r, d in by_rank.items()}
+    kept = sum(len(d["entries"]) for d in out.values())
+    total = sum(len(d.get("entries") or []) for d in by_rank.values())
     return out, kept, total

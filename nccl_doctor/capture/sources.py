@@ -6,7 +6,7 @@ from __future__ import annotations
 from dataclasses import replace
 from pathlib import Path
 
-from nccl_doctor.capture import flight_recorder, fr_dump
+from nccl_doctor.capture import flight_recorder, fr_dump, fr_parallel
 from nccl_doctor.capture import format as fmt
 from nccl_doctor.capture.directory import MANIFEST, load_capture_dir
 from nccl_doctor.model import TraceSet
@@ -22,7 +22,7 @@ def load(path: Path, fr: Path | None = None) -> TraceSet:
     """The traces at ``path`` (a capture, else Flight Recorder dumps), with the Flight Recorder
     dumps under ``fr`` merged in by (process group, sequence number)."""
     if path.exists() and not is_capture(path) and fr_dump.is_dump_dir(path):
-        traces = fr_dump.traces_from_dumps(fr_dump.load_dumps(path), str(path))
+        traces = fr_dump.traces_from_dumps(fr_parallel.load_window(path), str(path))
     else:
         traces = load_capture_dir(path)  # says what is wrong with anything else
     if fr is None:

@@ -177,3 +177,59 @@ def test_gloo_dumps_agree_with_torchfrtrace(scenario, form):
         assert "record_gloo.py:" in root.callsite and "distributed_c10d" not in root.callsite
     else:  # its JSON dumps carry none, and the report says so instead of inventing one
         assert root.callsite.startswith("<no Python stack")
+
+
+# -- many dumps: read by worker processes, cut to the window the analysis needs -------------------
+
+def _job(tmp_path: Path, ranks: int, skipper: int) -> Path:
+    """``ranks`` copies of the H100 skip-broadcast job's rank 0 dump, one of which (``skipper``)
+    is rank 1's: it skipped the broadcast."""
+    out = tmp_path / "dumps"
+    out.mkdir()
+    good = (H100["skip_broadcast"] / "rank_0").read_bytes()
+    bad = (H100["skip_broadcast"] / "rank_1").read_bytes()
+    for r in range(ranks):
+        dump = pickle.loads(bad if r == skipper else good)  # trusted: our own fixture
+        dump["pg_config"]["0"]["ranks"] = json.dumps(list(range(ranks)))
+        (out / f"rank_{r}").write_bytes(pickle.dumps(dump))
+    return out
+
+
+@pytest.mark.parametrize("workers", [1, 2])
+def test_many_dumps_in_workers_give_the_serial_diagnosis(tmp_path, monkeypatch, workers):
+    from nccl_doctor.capture import fr_parallel
+
+    monkeypatch.setattr(fr_parallel, "MIN_FILES", 2)
+    dumps = fr_parallel.load_window(_job(tmp_path, 6, skipper=4), workers=workers)
+    assert sorted(dumps.by_rank) == list(range(6)) and dumps.compared == 6 * 7 - 1
+    d = analyze(fr_dump.traces_from_dumps(dumps, "x"), annotators=())
+    root = d.root_cause
+    assert root.kind is FindingKind.COLLECTIVE_MISMATCH and root.ranks == (4,), root.detail
+    assert root.seq == 4 and root.evidence["majority"] == [0, 1, 2, 3, 5]
+
+
+def test_a_refused_pickle_in_a_worker_is_refused_in_the_replay(tmp_path, monkeypatch):
+    from nccl_doctor.capture import fr_parallel
+
+    monkeypatch.setattr(fr_parallel, "MIN_FILES", 2)
+    directory = _job(tmp_path, 4, skipper=1)
+    target = tmp_path / "pwned"
+    (directory / "rank_3").write_bytes(pickle.dumps({"entries": [], "x": _Payload(target)}))
+    with pytest.raises(RefusedInput, match="rank_3 is a pickle that asks for posix.system"):
+        fr_parallel.load_window(directory, workers=2)
+    assert not target.exists()
+
+
+def test_the_window_keeps_what_the_analysis_needs(tmp_path, monkeypatch):
+    """Cut to the window, the dumps give the diagnosis the whole dumps give."""
+    from nccl_doctor.capture import fr_window
+
+    monkeypatch.setattr(fr_window, "MARGIN", 1)  # these dumps are short: a narrow window
+    whole = fr_dump.load_dumps(_job(tmp_path, 3, skipper=2))
+    cut, kept, total = fr_window.trim(whole.by_rank)
+    assert kept < total
+    full = analyze(fr_dump.traces_from_dumps(fr_dump.Dumps(whole.by_rank), "x"), annotators=())
+    windowed = analyze(fr_dump.traces_from_dumps(fr_dump.Dumps(cut), "x"), annotators=())
+    assert [(f.kind, f.ranks, f.seq, f.callsite) for f in full.findings] == [
+        (f.kind, f.ranks, f.seq, f.callsite) for f in windowed.findings]
+    assert [r.last_collective for r in full.ranks] == [r.last_collective for r in windowed.ranks]
