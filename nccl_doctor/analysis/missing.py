@@ -5,7 +5,7 @@ from __future__ import annotations
 from nccl_doctor.analysis.align import blocked_event, last_leaf, timelines
 from nccl_doctor.analysis.wording import call_name, call_site, fate, ranks_text
 from nccl_doctor.diagnosis import Finding, FindingKind, Severity
-from nccl_doctor.model import ExitKind, RankTrace, TraceSet
+from nccl_doctor.model import RankTrace, TraceSet
 
 HINT_EXITED = (
     "A rank ended while its peers still called collectives. Make every rank run the same number "
