@@ -268,11 +268,12 @@ def test_every_rank_busy_outside_collectives_is_not_a_hang(supervise):
 def test_a_consistently_late_rank_is_a_straggler_not_a_hang(supervise, monkeypatch):
     from nccl_doctor.supervisor import straggler_watch
 
-    sup, messages = supervise(3, "train_loop.py", {"SLOW_RANK": "1", "SLOW_SECONDS": "0.5",
+    # rank 1 is late by 1 s a step: a sample (a capture read, then py-spy, which takes up to a
+    # second on a loaded 2-core machine) must fit inside its late phase to count
+    sup, messages = supervise(3, "train_loop.py", {"SLOW_RANK": "1", "SLOW_SECONDS": "1.0",
                                                    "STEPS": "24", "PAUSE": "0.05"})
     sup.straggler.every = 0.5  # the default (10 s) outlasts this short job
-    # nor may the back-off after a slow look (20x its duration: py-spy on a loaded 2-core
-    # machine takes a second) leave this 13 s job a single sample
+    # nor may the back-off after a slow look (20x its duration) leave this job a single sample
     monkeypatch.setattr(straggler_watch, "DUTY", 2.0)
     result = sup.run()
     assert result.exit_status == 0 and not result.stopped_for_hang, messages
