@@ -19,7 +19,8 @@ from nccl_doctor.diagnosis import Diagnosis, Finding
 from nccl_doctor.model import TraceSet
 
 
-def _same(a: Finding | None, b: Finding | None) -> bool:
+def same_root(a: Finding | None, b: Finding | None) -> bool:
+    """Whether two root findings name the same divergence (kind, group, sequence number)."""
     return a is not None and b is not None and (a.kind, a.group, a.seq) == (b.kind, b.group, b.seq)
 
 
@@ -35,7 +36,7 @@ def with_watch(diagnosis: Diagnosis, traces: TraceSet,
     account = dict(hang.get("watchdog") or {})
     # whether the captures alone lead to the same root cause (a desync does; a peer seen stuck
     # over several samples is the watchdog's own evidence)
-    account["root_from_captures"] = _same(own, recorded)
+    account["root_from_captures"] = same_root(own, recorded)
     notes = [str(e.get("what")) for e in watch.after_hang("aftermath") if e.get("what")]
     if notes:
         account["aftermath"] = list(notes)

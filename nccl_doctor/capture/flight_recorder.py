@@ -78,13 +78,12 @@ def events_from_dump(trace: Mapping[str, Any], *, with_callsites: bool = False) 
     tensors: dict[str, str] = {}
     for entry in entries:
         try:
-            if entry.get("is_p2p"):
+            at = position(entry)
+            if at is None:
                 continue
-            op_id, coll = int(entry["op_id"]), int(entry["collective_seq_id"])
-            group = str(entry["process_group"][0])
-            profile = str(entry["profiling_name"])
-            name = profile.rpartition(":")[2] or "?"
-            seq = coll if profile.startswith("nccl:") else op_id
+            group, seq = at
+            coll, _ = int(entry["collective_seq_id"]), int(entry["op_id"])
+            name = str(entry["profiling_name"]).rpartition(":")[2] or "?"
             created = int(entry.get("time_created_ns", 0))
             record = int(entry.get("record_id", 0))
             done = completed(entry) or record < done_up_to.get(group, -1)
@@ -108,6 +107,20 @@ def events_from_dump(trace: Mapping[str, Any], *, with_callsites: bool = False) 
         except (KeyError, TypeError, ValueError, IndexError, AttributeError):
             continue
     return out
+
+
+def position(entry: Any) -> tuple[str, int] | None:
+    """(process group, sequence number) of a collective entry, numbered as the recorder numbers
+    calls (``_get_sequence_number_for_group``): NCCL's collective count, gloo's op id. None for
+    p2p and malformed entries."""
+    try:
+        if entry.get("is_p2p"):
+            return None
+        name = entry["profiling_name"]
+        seq = entry["collective_seq_id"] if str(name).startswith("nccl:") else entry["op_id"]
+        return str(entry["process_group"][0]), int(seq)
+    except (KeyError, TypeError, ValueError, IndexError, AttributeError):
+        return None
 
 
 def _callsites(frames: Any, cache: dict) -> tuple[Location, Location | None]:
@@ -232,22 +245,15 @@ def entry_fate(dump: Mapping[str, Any], group: str, seq: int) -> str | None:
     """What became of collective ``seq`` of ``group`` in one rank's dump: "completed",
     "timed_out" (an NCCL entry retired without completing: its watchdog gave up on it),
     "pending", or None when the dump does not hold it."""
-    for e in events_from_dump(dump):
-        if e.group == group and e.seq == seq:
-            if e.state is EventState.RETURNED:
-                return "completed"
-            break
-    else:
-        return None
     entries = dump.get("entries") if isinstance(dump, Mapping) else None
-    for entry in entries if isinstance(entries, list) else ():
-        try:
-            nccl = str(entry["profiling_name"]).startswith("nccl:")
-            if str(entry["process_group"][0]) != group:
-                continue
-            if int(entry["collective_seq_id"] if nccl else entry["op_id"]) != seq:
-                continue
-            return "timed_out" if nccl and entry.get("retired") else "pending"
-        except (KeyError, TypeError, ValueError, IndexError, AttributeError):
+    entries = entries if isinstance(entries, list) else []
+    for entry in entries:
+        if position(entry) != (group, seq):
             continue
-    return "pending"
+        record = entry.get("record_id")
+        if completed(entry) or (isinstance(record, int)
+                                and record < _done_up_to(entries).get(group, -1)):
+            return "completed"
+        nccl = str(entry.get("profiling_name", "")).startswith("nccl:")
+        return "timed_out" if nccl and entry.get("retired") else "pending"
+    return None

@@ -14,6 +14,8 @@ from __future__ import annotations
 import bisect
 from typing import Any, Mapping
 
+from nccl_doctor.capture.flight_recorder import position
+
 #: Entries kept before the first divergence (context: the call each side made before it).
 MARGIN = 4
 
@@ -31,29 +33,27 @@ class _Column:
 
 
 def columns(entries: list, ids: dict[tuple, int]) -> dict[str, _Column]:
-    """Per group, the collectives of one dump (p2p and malformed entries left out: the events
-    leave them out too). Sequence numbers as nccl_doctor/capture/flight_recorder.py numbers
-    them: NCCL's collective count, gloo's op id. ``ids`` numbers the keys (shared by the dumps
-    compared). The hot loop of a large replay: kept lean."""
+    """Per group, the collectives of one dump, placed as the events are
+    (``flight_recorder.position``: p2p and malformed entries left out). ``ids`` numbers the
+    keys (shared by the dumps compared). The hot loop of a large replay: kept lean."""
     out: dict[str, _Column] = {}
     for i, e in enumerate(entries):
-        try:
-            if e.get("is_p2p"):
-                continue
-            name = e["profiling_name"]
-            group = e["process_group"][0]
-            seq = e["collective_seq_id"] if name.startswith("nccl:") else e["op_id"]
-            col = out.get(group)
-            if col is None:
-                col = out[group] = _Column()
-            sizes, dtypes = e.get("input_sizes"), e.get("input_dtypes")
-            key = (name, tuple(map(tuple, sizes)) if sizes else (), tuple(dtypes or ()))
-            col.seqs.append(int(seq))
-            col.keys.append(ids.setdefault(key, len(ids)))
-            col.index.append(i)
-        except (KeyError, TypeError, ValueError, IndexError, AttributeError):
+        at = position(e)
+        if at is None:
             continue
-    return {str(g): c for g, c in out.items()}
+        try:
+            sizes, dtypes = e.get("input_sizes"), e.get("input_dtypes")
+            key = (e["profiling_name"], tuple(map(tuple, sizes)) if sizes else (),
+                   tuple(dtypes or ()))
+        except TypeError:  # sizes that are not lists of lists: the entry is malformed
+            continue
+        col = out.get(at[0])
+        if col is None:
+            col = out[at[0]] = _Column()
+        col.seqs.append(at[1])
+        col.keys.append(ids.setdefault(key, len(ids)))
+        col.index.append(i)
+    return out
 
 
 def _first_difference(a: _Column, b: _Column) -> int | None:

@@ -30,6 +30,7 @@ from nccl_doctor.analysis.hang import hang_diagnosis, idle_stall, stall, stuck_p
 from nccl_doctor.analysis.situation import Assessment, ProcState, Situation, assess
 from nccl_doctor.analysis.wording import call_name, ranks_text
 from nccl_doctor.analysis.aftermath import stuck_calls_fate
+from nccl_doctor.analysis.replayed import same_root
 from nccl_doctor.capture import flight_recorder, watch_record
 from nccl_doctor.capture.directory import report_path
 from nccl_doctor.diagnosis import Diagnosis, Finding, Verdict
@@ -300,9 +301,10 @@ class Watchdog:
         }
         diagnosis = hang_diagnosis(analysis, root, stacks, account, versions_of(traces),
                                    self.job.annotators)
-        self._stuck_calls = {r: (e.group, e.seq, e.in_flight or self._nccl
-                              or e.source is EventSource.FLIGHT_RECORDER)
-                       for r, e in a.waiting.items()}
+        via_fr = self._nccl  # on NCCL only Flight Recorder says when a call completed
+        self._stuck_calls = {
+            r: (e.group, e.seq, via_fr or e.in_flight or e.source is EventSource.FLIGHT_RECORDER)
+            for r, e in a.waiting.items()}
         self._aftermath = ()
         cause = diagnosis.root_cause
         record = watch_record.event(
@@ -392,9 +394,8 @@ class Watchdog:
         ends (stopped by nccl-doctor, or what the backend did) filled in."""
         if self.diagnosis is None:
             return post_mortem
-        mine, theirs = self.diagnosis.root_cause, post_mortem.root_cause if post_mortem else None
-        if (post_mortem is not None and post_mortem.verdict is Verdict.HANG and mine and theirs
-                and (mine.kind, mine.group, mine.seq) == (theirs.kind, theirs.group, theirs.seq)):
+        if (post_mortem is not None and post_mortem.verdict is Verdict.HANG
+                and same_root(self.diagnosis.root_cause, post_mortem.root_cause)):
             return post_mortem
         note = ("nccl-doctor stopped the job after diagnosing the hang (--on-hang kill)"
                 if self.stopped_job else "the job ended after the hang was diagnosed")
