@@ -38,6 +38,7 @@ class FindingKind(str, enum.Enum):
     SHARED_RNG_STATE = "shared_rng_state"
     IDENTICAL_COMPLETIONS = "identical_completions"
     DEGENERATE_SIGNAL = "degenerate_signal"
+    NODE_LOST = "node_lost"  # a host's ranks and supervisor vanished (multi-node jobs)
 
 
 @dataclass(frozen=True)
@@ -122,6 +123,8 @@ class Diagnosis:
     # sources}), and how the watchdog came to its verdict ({situation, waited_s, policy, action}).
     stack_classes: tuple[Mapping[str, Any], ...] = ()
     watchdog: Mapping[str, Any] = field(default_factory=dict)
+    # Multi-node jobs: which node diagnosed the job, the nodes and what became of each
+    nodes: Mapping[str, Any] = field(default_factory=dict)
 
     @property
     def root_cause(self) -> Finding | None:
@@ -137,8 +140,33 @@ class Diagnosis:
             "groups": {name: list(ranks) for name, ranks in self.groups.items()},
             "notes": list(self.notes), "source": self.source,
             "stack_classes": [dict(c) for c in self.stack_classes],
-            "watchdog": dict(self.watchdog),
+            "watchdog": dict(self.watchdog), **({"nodes": dict(self.nodes)} if self.nodes else {}),
         }
+
+    @classmethod
+    def from_json(cls, raw: Mapping[str, Any]) -> Diagnosis | None:
+        """The diagnosis ``to_json`` wrote (another node's report: None for anything else)."""
+        try:
+            findings = tuple(f for f in (Finding.from_json(x) for x in raw.get("findings", []))
+                             if f is not None)
+            ranks = tuple(RankSummary(
+                rank=int(r["rank"]), host=str(r.get("host", "")), pid=int(r.get("pid") or 0),
+                state=str(r.get("state", "")), exit_code=r.get("exit_code"),
+                signal=r.get("signal"), exit_detail=str(r.get("exit_detail", "")),
+                last_collective=r.get("last_collective"), stack_summary=r.get("stack_summary"),
+                capture=dict(r.get("capture") or {})) for r in raw.get("ranks", []))
+            return cls(
+                verdict=Verdict(raw["verdict"]), findings=findings, ranks=ranks,
+                world_size=int(raw.get("world_size") or 0),
+                command=tuple(str(c) for c in raw.get("command", [])),
+                exit_status=raw.get("exit_status"),
+                notes=tuple(str(n) for n in raw.get("notes", [])),
+                groups={str(k): tuple(v) for k, v in (raw.get("groups") or {}).items()},
+                source=str(raw.get("source", "")),
+                stack_classes=tuple(raw.get("stack_classes") or ()),
+                watchdog=dict(raw.get("watchdog") or {}), nodes=dict(raw.get("nodes") or {}))
+        except (KeyError, TypeError, ValueError, AttributeError):
+            return None
 
     def to_json_text(self) -> str:
         """``report.json``'s text."""

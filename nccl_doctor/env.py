@@ -31,3 +31,19 @@ RECORDED_ENV = (
     "TORCHELASTIC_RESTART_COUNT", "TORCHELASTIC_RUN_ID", "CUDA_VISIBLE_DEVICES",
     "TORCH_DISTRIBUTED_DEBUG", "NCCL_DEBUG", "ACCELERATE_MIXED_PRECISION", "SLURM_JOB_ID",
 )
+
+#: This host's name as nccl-doctor reports it, instead of the system's (tests that simulate
+#: several hosts on one machine where UTS namespaces are refused; hosts whose names collide).
+HOSTNAME = "NCCL_DOCTOR_HOSTNAME"
+
+
+def host_name() -> str:
+    """The host name ranks and supervisors report (``NCCL_DOCTOR_HOSTNAME``, else the
+    system's)."""
+    import os
+    import socket
+
+    return os.environ.get(HOSTNAME) or socket.gethostname()
+
+#: ``--coordinator``'s twin: HOST:PORT where the supervisors of a multi-node job meet.
+COORDINATOR = "NCCL_DOCTOR_COORDINATOR"

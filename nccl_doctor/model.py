@@ -144,6 +144,9 @@ class ExitKind(enum.Enum):
     # nccl-doctor stopped it after diagnosing a hang (--on-hang kill): it was alive, hung, until
     # then (``signal`` names what was sent)
     STOPPED = "stopped"
+    # its host was lost: the node's supervisor stopped answering with the rank still running (a
+    # multi-node job; ``exception`` names the host). Nothing more is known about its end.
+    LOST = "lost"
 
 
 @dataclass(frozen=True)
@@ -162,7 +165,7 @@ class RankExit:
 
     @property
     def abnormal(self) -> bool:
-        if self.kind in (ExitKind.EXCEPTION, ExitKind.SIGNAL, ExitKind.VANISHED):
+        if self.kind in (ExitKind.EXCEPTION, ExitKind.SIGNAL, ExitKind.VANISHED, ExitKind.LOST):
             return True
         return self.kind is ExitKind.CLEAN and self.code not in (None, 0)
 
@@ -181,6 +184,9 @@ class RankExit:
             return f"was killed by {self.signal}"
         if self.kind is ExitKind.VANISHED:
             return "ended with no exit record (SIGKILL, the OOM killer or os._exit)"
+        if self.kind is ExitKind.LOST:
+            return f"was lost with its host {self.exception}" if self.exception else \
+                "was lost with its host"
         if self.kind is ExitKind.STOPPED:
             sent = f" ({self.signal})" if self.signal else ""
             return f"was stopped by nccl-doctor{sent} after the hang was diagnosed"

@@ -8,9 +8,10 @@ from typing import Callable, Sequence
 
 from nccl_doctor.analysis import annotate, replayed
 from nccl_doctor.analysis.align import blocked_event, last_leaf
-from nccl_doctor.analysis.wording import call_name, call_site
+from nccl_doctor.analysis.wording import call_name, call_site, ranks_text
 from nccl_doctor.analysis.desync import DESYNC, first_divergence_per_group
 from nccl_doctor.analysis.exited import detect_rank_exited
+from nccl_doctor.analysis.lost import detect_node_lost
 from nccl_doctor.analysis.gpu_hang import detect_gpu_busy_hang
 from nccl_doctor.analysis.mismatch import detect_collective_mismatch
 from nccl_doctor.analysis.missing import detect_missing_collective
@@ -27,6 +28,7 @@ PASSES: tuple[Pass, ...] = (
     detect_collective_mismatch,
     detect_missing_collective,
     detect_rank_exited,
+    detect_node_lost,
     detect_identical_completions,
     detect_shared_rng_state,
     detect_degenerate_signal,
@@ -40,7 +42,7 @@ SILENT_PASSES: tuple[Pass, ...] = (
 
 _STATE = {
     ExitKind.CLEAN: "exited", ExitKind.EXCEPTION: "exception", ExitKind.SIGNAL: "signal",
-    ExitKind.VANISHED: "vanished", ExitKind.STOPPED: "stopped",
+    ExitKind.VANISHED: "vanished", ExitKind.STOPPED: "stopped", ExitKind.LOST: "lost",
 }
 
 
@@ -57,6 +59,7 @@ def analyze(traces: TraceSet, passes: tuple[Pass, ...] = PASSES,
                          "findings are missing")
     findings = first_divergence_per_group(found)
     findings = _rank_findings(findings, traces)
+    findings = _on_hosts(findings, traces)
     if not traces.ranks:
         notes.append("no rank joined a process group: there are no collectives to analyse")
     if traces.gpu is not None and not traces.gpu.available:
@@ -79,7 +82,7 @@ def _rank_findings(findings: list[Finding], traces: TraceSet) -> list[Finding]:
     errors = [f for f in findings if f.severity is Severity.ERROR]
     if not errors:
         return findings
-    exits = [f for f in errors if f.kind is FindingKind.RANK_EXITED]
+    exits = [f for f in errors if f.kind in (FindingKind.RANK_EXITED, FindingKind.NODE_LOST)]
     candidates = []
     for f in errors:
         # A rank missing from a collective because it exited: the exit is the cause.
@@ -97,13 +100,35 @@ def _rank_findings(findings: list[Finding], traces: TraceSet) -> list[Finding]:
     return [replace(first, root_cause=True, **_consequences(first, traces))] + rest
 
 
+def _on_hosts(findings: list[Finding], traces: TraceSet) -> list[Finding]:
+    """A job across several hosts: each finding says where its ranks run ("rank 3 on nodeB"),
+    in its title and as ``evidence.hosts``."""
+    hosts = {r: t.meta.host for r, t in traces.ranks.items() if t.meta.host}
+    if len(set(hosts.values())) < 2:
+        return findings
+    out = []
+    for f in findings:
+        mine = {r: hosts[r] for r in f.ranks if r in hosts}
+        if not mine:
+            out.append(f)
+            continue
+        by_host: dict[str, list[int]] = {}
+        for r, h in sorted(mine.items()):
+            by_host.setdefault(h, []).append(r)
+        where = "; ".join(f"{ranks_text(rs)} on {h}" for h, rs in by_host.items())
+        title = f.title if f.kind is FindingKind.NODE_LOST else f"{f.title} [{where}]"
+        out.append(replace(f, title=title, evidence={
+            **f.evidence, "hosts": {str(r): h for r, h in sorted(mine.items())}}))
+    return out
+
+
 def _consequences(root: Finding, traces: TraceSet) -> dict:
     """What the other ranks suffered afterwards (the cascade), stated as such."""
     lines, items = [], []
     for rank, trace in sorted(traces.ranks.items()):
         if not trace.exit.abnormal:
             continue
-        if rank in root.ranks and root.kind is FindingKind.RANK_EXITED:
+        if rank in root.ranks and root.kind in (FindingKind.RANK_EXITED, FindingKind.NODE_LOST):
             continue  # its own exit is the finding's title
         last = last_leaf(trace)
         where = f" in {call_name(last)}" if last is not None else ""

@@ -28,8 +28,8 @@ def detect_rank_exited(traces: TraceSet) -> list[Finding]:
     groups: dict[tuple, list[int]] = defaultdict(list)
     for rank, trace in sorted(traces.ranks.items()):
         ex = trace.exit
-        if ex.was_running:
-            continue
+        if ex.was_running or ex.kind is ExitKind.LOST:
+            continue  # running, or lost with its host (nccl_doctor/analysis/lost.py)
         last = last_leaf(trace)
         inside = last is not None and last.state in (EventState.ENTERED, EventState.FAILED)
         if not ex.abnormal and rank not in needed:

@@ -14,7 +14,7 @@ from nccl_doctor.diagnosis import Diagnosis, Finding, FindingKind
 from nccl_doctor.model import Event, ExitKind, TraceSet
 
 DESYNC = (FindingKind.COLLECTIVE_MISMATCH, FindingKind.MISSING_COLLECTIVE,
-          FindingKind.RANK_EXITED)
+          FindingKind.RANK_EXITED, FindingKind.NODE_LOST)
 
 
 class Situation(str, enum.Enum):

@@ -199,7 +199,7 @@ def load_capture_dir(path: Path, *, job_ended: bool | None = None,
         sizes.append(manifest.world_size)
     world = max(sizes, default=0)
     loaded = TraceSet(
-        ranks=traces, groups=_groups(traces.values()), world_size=world,
+        ranks=traces, groups=groups_from_notes(traces.values()), world_size=world,
         command=manifest.command if manifest else (), problems=tuple(problems),
         exit_status=manifest.exit_status if manifest else None, source=str(path), gpu=gpu,
         stack_samples=samples,
@@ -241,7 +241,7 @@ def _with_evidence(traces: TraceSet, path: Path) -> TraceSet:
     return replace(traces, ranks=ranks, problems=tuple(problems), watch=watch, stacks=stacks)
 
 
-def _groups(traces: Any) -> dict[str, GroupInfo]:
+def groups_from_notes(traces: Any) -> dict[str, GroupInfo]:
     groups: dict[str, GroupInfo] = {}
     for trace in traces:
         for note in trace.notes:

@@ -1,5 +1,6 @@
 """What ``replay`` reads: a capture directory (or one capture file), a directory of PyTorch
-Flight Recorder dumps, or both merged (a capture plus the job's own dumps)."""
+Flight Recorder dumps, or both merged (a capture plus the job's own dumps); for a job across
+several hosts, every node's capture directory (or one directory holding them), as one job."""
 
 from __future__ import annotations
 
@@ -8,7 +9,9 @@ from pathlib import Path
 
 from nccl_doctor.capture import flight_recorder, fr_dump, fr_parallel
 from nccl_doctor.capture import format as fmt
-from nccl_doctor.capture.directory import MANIFEST, load_capture_dir
+from nccl_doctor.capture.directory import MANIFEST, load_capture_dir, read_manifest
+from nccl_doctor.capture.union import union
+from nccl_doctor.errors import DoctorError
 from nccl_doctor.model import TraceSet
 
 
@@ -35,3 +38,39 @@ def load(path: Path, fr: Path | None = None) -> TraceSet:
                         f"no capture in {path}: not merged")
     merged = flight_recorder.merge(traces, dumps.by_rank)
     return replace(merged, problems=tuple(problems))
+
+
+def node_dirs(path: Path) -> list[Path]:
+    """The per-node capture directories directly under ``path`` (after an rsync, or on a shared
+    filesystem), when ``path`` holds no capture of its own; else []."""
+    if not path.is_dir() or is_capture(path):
+        return []
+    return sorted(d for d in path.iterdir() if d.is_dir() and is_capture(d))
+
+
+def _lead_order(path: Path) -> tuple[int, int]:
+    """The leader's directory first (its watchdog record is the job's), then by node rank."""
+    try:
+        manifest = read_manifest(path) if path.is_dir() else None
+    except DoctorError:
+        manifest = None
+    node = (manifest.extra.get("node") if manifest is not None else None) or {}
+    rank = node.get("node_rank") if isinstance(node, dict) else None
+    leader = isinstance(node, dict) and node.get("role") == "leader"
+    return (0 if leader else 1, rank if isinstance(rank, int) else 1 << 30)
+
+
+def load_many(paths: list[Path], fr: Path | None = None) -> TraceSet:
+    """One job from ``paths``: a capture, Flight Recorder dumps, several nodes' capture
+    directories, or one directory holding those (merged by rank, the leader's record first)."""
+    if len(paths) == 1 and not node_dirs(paths[0]):
+        return load(paths[0], fr)
+    dirs = [d for p in paths for d in (node_dirs(p) or [p])]
+    dirs = sorted(dict.fromkeys(dirs), key=_lead_order)  # stable: the order given otherwise
+    parts = [load(d) for d in dirs]
+    merged = union(parts, source=", ".join(str(p) for p in paths))
+    if fr is None:
+        return merged
+    dumps = fr_dump.load_dumps(fr)
+    problems = list(merged.problems) + list(dumps.problems) + list(dumps.notes)
+    return replace(flight_recorder.merge(merged, dumps.by_rank), problems=tuple(problems))

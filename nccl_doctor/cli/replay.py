@@ -20,9 +20,11 @@ HELP = ("diagnose a capture directory (the --out DIR of `nccl-doctor run`) or Py
 
 def register(sub: argparse._SubParsersAction) -> None:
     p = sub.add_parser("replay", help=HELP, description=HELP[0].upper() + HELP[1:] + ".")
-    p.add_argument("capture", type=Path, metavar="PATH",
+    p.add_argument("capture", type=Path, metavar="PATH", nargs="+",
                    help="capture directory, a single .ndcap capture file, or a directory of "
-                        "Flight Recorder dumps (one file per rank, pickle or JSON, any prefix)")
+                        "Flight Recorder dumps (one file per rank, pickle or JSON, any prefix); "
+                        "a multi-node job: every node's --out directory, or one directory "
+                        "holding them")
     p.add_argument("--fr", type=Path, default=None, metavar="DIR",
                    help="the job's own Flight Recorder dumps, merged with the capture "
                         "(TORCH_FR_DUMP_TEMP_FILE's directory)")
@@ -40,7 +42,7 @@ def register(sub: argparse._SubParsersAction) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    traces = sources.load(args.capture, args.fr)
+    traces = sources.load_many(args.capture, args.fr)
     if args.log is not None:
         if not args.log.is_file():
             raise CaptureNotFound(f"--log {args.log} does not exist or is not a file")

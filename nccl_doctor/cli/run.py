@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+import os
 import sys
 import time
 from pathlib import Path
@@ -10,7 +11,9 @@ from pathlib import Path
 from nccl_doctor.cli.live import make_display
 from nccl_doctor.cli.output import verdict_status
 from nccl_doctor.capture.directory import remove_own_files
+from nccl_doctor.env import COORDINATOR
 from nccl_doctor.errors import ExitStatus, OutputExists, UsageError
+from nccl_doctor.supervisor.federation import rendezvous
 from nccl_doctor.supervisor.gpu.nvml import Nvml
 from nccl_doctor.reporters.console import ConsoleReporter
 from nccl_doctor.supervisor.supervisor import Supervisor
@@ -27,7 +30,7 @@ def register(sub: argparse._SubParsersAction) -> None:
         "passes through unchanged; nccl-doctor exits with the command's own exit status.",
         usage="nccl-doctor run [--out DIR] [--force] [--quiet] [--on-hang report|kill] "
               "[--hang-after SECONDS] [--stuck-after SECONDS] [--fail-on suspect] [--no-watch] "
-              "[--no-gpu] "
+              "[--no-gpu] [--coordinator HOST:PORT] [--node-rank N] [--nnodes N] "
               "-- COMMAND [ARGS...]",
     )
     add_options(p)
@@ -63,6 +66,32 @@ def add_options(p: argparse.ArgumentParser) -> None:
     p.add_argument("--no-gpu", action="store_true",
                    help="do not sample the GPUs through NVML (by default every GPU of this host "
                         "is sampled: every 10 s, every 0.5 s once no call was recorded for 1 s)")
+    nodes = p.add_argument_group(
+        "several nodes", "one `nccl-doctor run` per node; their supervisors meet on a TCPStore "
+        "that node 0's hosts, found from the launcher's rendezvous (torchrun --master-addr/"
+        "--master-port or --rdzv-endpoint, accelerate --main_process_ip/--main_process_port, "
+        "deepspeed --master_addr/--master_port, else MASTER_ADDR/MASTER_PORT) on the job's port "
+        f"+ {rendezvous.PORT_OFFSET}")
+    nodes.add_argument("--coordinator", default=os.environ.get(COORDINATOR) or None,
+                       metavar="HOST:PORT",
+                       help="where the nodes' supervisors meet, when the command does not say "
+                            f"(node 0's host and a free port; env {COORDINATOR})")
+    nodes.add_argument("--node-rank", type=_count(0), default=None, metavar="N",
+                       help="this node's rank (default: the launcher's --node-rank)")
+    nodes.add_argument("--nnodes", type=_count(1), default=None, metavar="N",
+                       help="how many nodes the job has (default: the launcher's --nnodes)")
+
+
+def _count(low: int):
+    def parse(text: str) -> int:
+        try:
+            value = int(text)
+        except ValueError:
+            raise argparse.ArgumentTypeError(f"{text!r} is not a whole number") from None
+        if value < low:
+            raise argparse.ArgumentTypeError(f"{text!r}: give a number >= {low}")
+        return value
+    return parse
 
 
 def _seconds(text: str) -> float:
@@ -107,7 +136,13 @@ def supervise(args: argparse.Namespace, command: list[str]) -> int:
     policy = None if args.no_watch else HangPolicy(on_hang=OnHang(args.on_hang),
                                                    hang_after=args.hang_after,
                                                    stuck_after=args.stuck_after)
-    supervisor = Supervisor(command, out, policy=policy, gpu=None if args.no_gpu else Nvml.open)
+    meeting = _meeting(args, command, err)
+    environ = dict(os.environ)  # the job's: what follows is for this process only
+    if meeting is not None:
+        # torch's C++ log would print every retry of a store connection on the user's terminal
+        os.environ.setdefault("TORCH_CPP_LOG_LEVEL", "FATAL")
+    supervisor = Supervisor(command, out, policy=policy, gpu=None if args.no_gpu else Nvml.open,
+                            environ=environ, rendezvous=meeting)
     display = None
     if not args.quiet:
         display = make_display(err, supervisor.watchdog.view if supervisor.watchdog else None)
@@ -127,3 +162,22 @@ def supervise(args: argparse.Namespace, command: list[str]) -> int:
     if result.report_path is not None and not args.quiet:
         err.write(f"Wrote {result.report_path}\n")
     return verdict_status(result.diagnosis, result.exit_status, args.fail_on)
+
+
+def _meeting(args: argparse.Namespace, command: list[str], err) -> rendezvous.Rendezvous | None:
+    """Where this node meets the job's other nodes (None: one node, or nowhere to meet)."""
+    explicit = getattr(args, "coordinator", None)
+    try:
+        found = rendezvous.find(command, os.environ, coordinator=explicit,
+                                node_rank=getattr(args, "node_rank", None),
+                                nnodes=getattr(args, "nnodes", None))
+    except rendezvous.RendezvousError as e:
+        if explicit:
+            raise UsageError(f"--coordinator: {e}") from None
+        err.write(f"nccl-doctor: cannot tell where the nodes meet ({e}); diagnosing this node "
+                  "alone: pass --coordinator HOST:PORT\n")
+        return None
+    if found is None and rendezvous.several_nodes(command, os.environ, getattr(args, "nnodes", None)):
+        err.write("nccl-doctor: a multi-node job, but the command names no rendezvous address; "
+                  "diagnosing this node alone: pass --coordinator HOST:PORT\n")
+    return found

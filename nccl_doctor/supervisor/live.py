@@ -19,8 +19,10 @@ from nccl_doctor.diagnosis import Diagnosis
 from nccl_doctor.errors import DoctorError
 from nccl_doctor.model import TraceSet
 from nccl_doctor.stacks.rank_stack import RankStack
+from nccl_doctor.analysis.situation import ProcState
+from nccl_doctor.supervisor import evidence
 from nccl_doctor.supervisor.policy import HangPolicy
-from nccl_doctor.supervisor.probe import RankProcess, Registry
+from nccl_doctor.supervisor.probe import RankProcess, Registry, proc_state
 
 
 class LiveJob:
@@ -44,6 +46,24 @@ class LiveJob:
         return Snapshot(self.clock(), counts, dict(self.registry.notes), self.out_dir,
                         self.registry.poll)
 
+    # -- what the watches may look at: this host's ranks here; a multi-node leader
+    #    (nccl_doctor/supervisor/federation/) asks the other nodes' supervisors for theirs
+    def procs(self, ranks: Sequence[int] | None = None) -> dict[int, ProcState]:
+        """One look at each rank's process (default: every rank the registry knows)."""
+        return {r: proc_state(pid) for r, pid in self.pids(ranks).items()}
+
+    def stacks(self, ranks: Sequence[int], timeout: float) -> dict[int, RankStack]:
+        """The Python stacks of ``ranks`` (py-spy, else the in-rank agent)."""
+        return evidence.collect_stacks(self.pids(ranks), self.run_id, timeout=timeout)
+
+    def flight_recorder(self, ranks: Sequence[int], timeout: float) -> dict[int, dict[str, Any]]:
+        """The Flight Recorder dumps of ``ranks`` that can answer."""
+        return evidence.flight_recorder_dumps(self.pids(ranks), self.run_id, timeout=timeout)
+
+    def hosts(self) -> dict[int, str]:
+        """rank -> its host, for every rank known."""
+        return {r: p.host for r, p in self.registry.ranks.items()}
+
     def pids(self, ranks: Sequence[int] | None = None) -> dict[int, int]:
         """rank -> pid of ``ranks`` (default: every rank) the registry knows."""
         known = self.registry.ranks
@@ -63,6 +83,9 @@ class Snapshot:
     notes: dict[int, int]  # rank -> bytes of silent-error notes written so far
     out_dir: Path
     poll: Callable[[], dict[int, int]] | None = field(default=None, repr=False)
+    # reads the traces (default: the capture directory; a multi-node leader adds the other
+    # nodes' summaries)
+    load: Callable[[], TraceSet] | None = field(default=None, repr=False)
     # the counters polled right before the captures were read: what they show at least
     read_counts: dict[int, int] = field(default_factory=dict, repr=False)
     _traces: TraceSet | None = field(default=None, repr=False)
@@ -76,7 +99,8 @@ class Snapshot:
             self._read = True
             self.read_counts = self.poll() if self.poll is not None else dict(self.counts)
             try:
-                self._traces = load_capture_dir(self.out_dir, job_ended=False, evidence=False)
+                self._traces = (self.load() if self.load is not None else
+                                load_capture_dir(self.out_dir, job_ended=False, evidence=False))
             except DoctorError:
                 self._traces = None
         return self._traces

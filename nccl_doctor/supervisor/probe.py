@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-import socket
+from nccl_doctor.env import host_name
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -57,7 +57,7 @@ class Registry:
 
     def local(self) -> dict[int, RankProcess]:
         """The ranks running on this host (the only ones this supervisor can sample)."""
-        host = socket.gethostname()
+        host = host_name()
         return {r: p for r, p in self.ranks.items() if p.host == host}
 
 

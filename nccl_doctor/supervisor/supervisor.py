@@ -21,10 +21,14 @@ from typing import Callable, Sequence
 from nccl_doctor.analysis import analyze
 from nccl_doctor.analysis.annotate import Annotator
 from nccl_doctor.capture import watch_record
-from nccl_doctor.capture.directory import Manifest, capture_files, load_capture_dir, write_report
+from nccl_doctor.capture.directory import (
+    Manifest, capture_files, load_capture_dir, report_path, write_report,
+)
 from nccl_doctor.diagnosis import Diagnosis, Verdict
+from nccl_doctor.env import host_name
 from nccl_doctor.errors import DoctorError, ExitStatus
 from nccl_doctor.live_view import LiveView
+from nccl_doctor.supervisor.federation import Federation, LeaderJob, Rendezvous
 from nccl_doctor.supervisor.gpu.nvml import GpuSource, Nvml
 from nccl_doctor.supervisor.gpu.sampler import GpuSampler
 from nccl_doctor.supervisor.launch import Job, exit_status, job_environment
@@ -67,18 +71,30 @@ class Supervisor:
                  environ: dict[str, str] | None = None, policy: HangPolicy | None = HangPolicy(),
                  announce: Callable[[str], None] | None = None,
                  gpu: Callable[[], GpuSource] | None = Nvml.open,
-                 annotators: Sequence[Annotator] | None = None) -> None:
+                 annotators: Sequence[Annotator] | None = None,
+                 rendezvous: Rendezvous | None = None, final_wait: float = 300.0) -> None:
         """``policy`` None runs no watches (post-mortem only); ``announce`` receives the watches'
         events (a hang called, the job stopped) as one-line messages; ``gpu`` opens the GPUs'
         NVML (None: no GPU sampling); ``annotators`` recognise known issues (default: the
-        installed ones)."""
+        installed ones); ``rendezvous``: where this node meets the other nodes of a multi-node
+        job (nccl_doctor/supervisor/federation/); ``final_wait``: how long a node whose job
+        ended waits for the others' ends (the leader) or the leader's final report."""
         self.command = tuple(command)
         self.out_dir = out_dir
         self.poll_interval = poll_interval
         self.environ = dict(os.environ if environ is None else environ)
         self.state = State.STARTING
         self.run_id = uuid.uuid4().hex[:12]
-        self.live = LiveJob(out_dir, self.run_id, policy, annotators=annotators, announce=announce)
+        self.live: LiveJob = (LeaderJob if rendezvous is not None else LiveJob)(
+            out_dir, self.run_id, policy, annotators=annotators, announce=announce)
+        self.final_wait = final_wait
+        self.federation: Federation | None = None
+        if rendezvous is not None:
+            live = self.live
+            self.federation = Federation(rendezvous, live, host_name(),
+                                         announce=lambda m: live.announce(m))
+            assert isinstance(live, LeaderJob)
+            live.federation = self.federation
         self.job: Job | None = None
         self._signals = 0
         self._kill_at: float | None = None  # when the job stopped for a hang gets SIGKILL
@@ -133,12 +149,15 @@ class Supervisor:
         manifest.write(self.out_dir)
         environment = job_environment(self.environ, self.out_dir, self.run_id)
         previous = self._install_signal_forwarding()
+        if self.federation is not None:
+            self.federation.start()  # the leader listens before any rank starts
         try:
             self.job = Job(self.command, environment)
             self._to(State.RUNNING)
             while (code := self.job.poll()) is None:
                 self.tick()
                 time.sleep(self.poll_interval)
+            self._wait_for_nodes()
         except DoctorError:
             self.state = State.DONE
             raise
@@ -167,7 +186,12 @@ class Supervisor:
             self._kill_at = None
             self._keep(watch_record.event("stop", signals=["SIGKILL"]))
         snap = self.live.snapshot()
-        for watch in list(self.watches):
+        fed = self.federation
+        if fed is not None and fed.following:  # the leader diagnoses: its decisions apply here
+            for raw in fed.link.follow(fed.local(snap.counts, ended=False)):
+                self._apply_remote(raw)
+        watches = [] if fed is not None and fed.following else list(self.watches)
+        for watch in watches:
             try:
                 decision = watch.look(snap)
             except Exception as err:
@@ -196,7 +220,43 @@ class Supervisor:
             self.live.announce(f"could not keep the watchdog's evidence ({err}); replay will "
                                "lack it")
 
-    def _apply(self, decision: Decision) -> None:
+    def _apply_remote(self, raw: dict) -> None:
+        """A decision of the leader's watches, applied to this node as the leader applied it."""
+        report = raw.get("report")
+        diagnosis = Diagnosis.from_json(report) if isinstance(report, dict) else None
+        record = raw.get("record")
+        theirs, ours = str(raw.get("report_path") or ""), str(report_path(self.out_dir))
+        said = tuple(str(m).replace(theirs, ours) if theirs else str(m)
+                     for m in raw.get("announce", []))
+        self._apply(Decision(
+            report=diagnosis, kind=Report(raw.get("kind", "hang")), announce=said,
+            stop_job=bool(raw.get("stop_job")), record=record if isinstance(record, dict) else
+            None), share=False, stop_at=raw.get("stop_at"))
+
+    def _share(self, decision: Decision) -> None:
+        """The leader hands its decision to every other node."""
+        fed = self.federation
+        if fed is None or not fed.leading:
+            return
+        report = decision.report
+        fed.link.publish({
+            "report": report.to_json() if report is not None else None,
+            "kind": decision.kind.value, "announce": list(decision.announce),
+            "report_path": str(report_path(self.out_dir)),  # what the announcements name
+            "stop_job": decision.stop_job,
+            # the leader's own stop: every node's ranks that ended after it were stopped for the
+            # hang, whichever node's signal or broken connection ended them first
+            "stop_at": round(time.time(), 3) if decision.stop_job else None,
+            "record": dict(decision.record) if decision.record is not None else None})
+
+    def _apply(self, decision: Decision, share: bool = True,
+               stop_at: float | None = None) -> None:
+        fed = self.federation
+        if fed is not None and fed.leading and decision.report is not None:
+            decision = replace(decision, report=replace(decision.report,
+                                                        nodes=fed.nodes_section()))
+        if share:
+            self._share(decision)
         self._keep(dict(decision.record) if decision.record is not None else None, decision)
         if decision.report is not None:
             if decision.kind is Report.HANG:
@@ -209,19 +269,58 @@ class Supervisor:
         if decision.stop_job and not self.stopped_for_hang:
             self.stopped_for_hang = True
             self._stop_job(signal.SIGTERM)
-            self._keep(watch_record.event("stop", signals=["SIGTERM"]))
+            stop = watch_record.event("stop", signals=["SIGTERM"])
+            if isinstance(stop_at, (int, float)):
+                stop["at"] = min(float(stop_at), stop["at"])
+            self._keep(stop)
             policy = self.live.policy
             self._kill_at = self.live.clock() + (policy.kill_grace if policy else 0.0)
 
+    def _wait_for_nodes(self) -> None:
+        """This node's job ended. The leader goes on watching the job until every other node's
+        has ended too (or is lost, or ``final_wait`` passed): its watches still see theirs."""
+        fed = self.federation
+        if fed is None or not fed.leading:
+            return
+        deadline = self.live.clock() + self.final_wait
+        while fed.leading and self.live.clock() < deadline:
+            fed.link.gather()
+            if all(r.lost or r.beat.get("ended") for r in fed.link.remotes.values()):
+                return
+            self.tick()
+            time.sleep(self.poll_interval)
+
+    def _from_leader(self) -> Diagnosis | None:
+        """A follower's final report: the leader's, once it has every node's end."""
+        fed = self.federation
+        if fed is None or not fed.following:
+            return None
+        counts = self.live.registry.poll()
+        final = fed.link.follower_finish(fed.local(counts, ended=True), self.final_wait)
+        return Diagnosis.from_json(final) if final is not None else None
+
     def _analyse(self, manifest: Manifest) -> tuple[Diagnosis | None, Path | None, str | None]:
         manifest.write(self.out_dir)  # ended_at and the exit status, which the loader reads
+        fed = self.federation
+        leader = self._from_leader()
         try:
-            traces = load_capture_dir(self.out_dir, job_ended=True)
+            if fed is not None and fed.leading:
+                traces = self.live.union(ended=True, evidence=True)  # type: ignore[attr-defined]
+            else:
+                traces = load_capture_dir(self.out_dir, job_ended=True)
         except DoctorError as err:
             return None, None, str(err)
         hosts = tuple(sorted({t.meta.host for t in traces.ranks.values()}))
+        if leader is not None:  # a follower: the leader's report is this node's too
+            if fed is not None:
+                fed.close()
+            manifest = replace(manifest, world_size=traces.world_size, hosts=hosts, captures=tuple(
+                f.name for f in capture_files(self.out_dir)), extra=self._node_extra())
+            manifest.write(self.out_dir)
+            return leader, write_report(self.out_dir, leader), None
         manifest = replace(manifest, world_size=traces.world_size, hosts=hosts,
-                           captures=tuple(f.name for f in capture_files(self.out_dir)))
+                           captures=tuple(f.name for f in capture_files(self.out_dir)),
+                           extra=self._node_extra())
         manifest.write(self.out_dir)
         if self.watchdog is not None:
             settled = self.watchdog.settle(traces)
@@ -231,7 +330,24 @@ class Supervisor:
         diagnosis = analyze(traces, annotators=self.live.annotators)
         if self.watchdog is not None:
             diagnosis = self.watchdog.final(diagnosis) or diagnosis
+        if fed is not None:
+            diagnosis = replace(diagnosis, nodes=fed.nodes_section())
+            if not fed.leading and fed.link.problem:
+                diagnosis = replace(diagnosis, notes=diagnosis.notes + (
+                    f"this report covers this node's ranks only: {fed.link.problem}",))
+            fed.link.publish_final(diagnosis.to_json(), wait=10.0)
+            fed.close()
         return diagnosis, write_report(self.out_dir, diagnosis), None
+
+    def _node_extra(self) -> dict:
+        """The manifest's word on this node's part in a multi-node job (replay orders the
+        nodes' directories by it: the leader's first)."""
+        fed = self.federation
+        if fed is None:
+            return {}
+        return {"node": {"role": fed.link.role.value, "state": fed.link.state.value,
+                         "node_rank": fed.rdzv.node_rank, "host": fed.host,
+                         "coordinator": fed.rdzv.address}}
 
     # -- signals: the job is in its own process group, so forward what the terminal sends -----
     def _install_signal_forwarding(self) -> dict[int, object]:

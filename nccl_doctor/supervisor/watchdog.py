@@ -37,10 +37,8 @@ from nccl_doctor.diagnosis import Diagnosis, Finding, Verdict
 from nccl_doctor.live_view import LiveView
 from nccl_doctor.model import EventSource, TraceSet
 from nccl_doctor.stacks.rank_stack import RankStack
-from nccl_doctor.supervisor import evidence
 from nccl_doctor.supervisor.live import Decision, LiveJob, Snapshot
 from nccl_doctor.supervisor.policy import OnHang
-from nccl_doctor.supervisor.probe import proc_state
 from nccl_doctor.supervisor.view import rank_views
 
 
@@ -131,7 +129,7 @@ class Watchdog:
             return None
         annotators = self.job.annotators
         live_analysis = analyze(traces, annotators=annotators)
-        procs = {r: proc_state(p.pid) for r, p in self.job.registry.ranks.items()}
+        procs = self.job.procs()
         a = assess(traces, live_analysis, procs)
         waited = now - self._progress_at
         # On NCCL every call returns on the CPU at once: a rank that looks outside collectives may
@@ -211,8 +209,7 @@ class Watchdog:
         if self._fr_dumps is not None and not fresh and now - self._fr_at < every:
             return self._fr_dumps, False
         self._fr_at = now
-        self._fr_dumps = evidence.flight_recorder_dumps(
-            self.job.pids(a.live), self.job.run_id, timeout=self.policy.stack_timeout)
+        self._fr_dumps = self.job.flight_recorder(a.live, self.policy.stack_timeout)
         # get_backend() says "undefined" for a plain init_process_group(): the entries tell
         self._nccl = self._nccl or flight_recorder.has_nccl(self._fr_dumps)
         signature = flight_recorder.progress_signature(self._fr_dumps)
@@ -226,10 +223,10 @@ class Watchdog:
         if now - self._last_sample < every:
             return
         self._last_sample = now
-        pids = self.job.pids(ranks)
-        stacks = evidence.collect_stacks(pids, self.job.run_id, timeout=self.policy.stack_timeout)
+        stacks = self.job.stacks(ranks, self.policy.stack_timeout)
+        now_procs = self.job.procs(ranks)
         for r in ranks:
-            proc = proc_state(pids[r]) if r in pids else procs.get(r)
+            proc = now_procs.get(r) or procs.get(r)
             stack = stacks.get(r)
             sig = stack.signature() if stack is not None and stack.threads else ()
             self._samples.setdefault(r, []).append(
@@ -291,8 +288,7 @@ class Watchdog:
     # -- the verdict -------------------------------------------------------------------------
     def _declare(self, traces: TraceSet, analysis: Diagnosis, a: Assessment, waited: float,
                  root: Finding | None, how: str) -> Decision:
-        pids = self.job.pids(a.live)
-        stacks = evidence.collect_stacks(pids, self.job.run_id, timeout=self.policy.stack_timeout)
+        stacks = self.job.stacks(a.live, self.policy.stack_timeout)
         kill = self.policy.on_hang is OnHang.KILL
         account = {
             "situation": a.situation.value, "how": how, "waited_s": round(waited, 1),
@@ -350,9 +346,7 @@ class Watchdog:
             return None
         fr: dict[int, dict[str, Any]] = {}
         if any(via_fr for _, _, via_fr in self._stuck_calls.values()):
-            fr = evidence.flight_recorder_dumps(
-                self.job.pids(tuple(self._stuck_calls)), self.job.run_id,
-                timeout=self.policy.stack_timeout)
+            fr = self.job.flight_recorder(tuple(self._stuck_calls), self.policy.stack_timeout)
         return self._settle(traces, fr, now)
 
     def settle(self, traces: TraceSet) -> Decision | None:
@@ -419,6 +413,6 @@ class Watchdog:
                 phase = "ended"  # every rank that joined has exited
         else:
             phase = "running"
-        hosts = {r: p.host for r, p in self.job.registry.ranks.items()}
+        hosts = self.job.hosts()
         return LiveView(rank_views(self._counts, hosts, self._assessment, set()), phase,
                         self.message, now - self._progress_at, now - self._started)

@@ -12,7 +12,6 @@ import faulthandler
 import functools
 import os
 import re
-import socket
 import sys
 import threading
 import time
@@ -91,7 +90,7 @@ class Recorder:
             return
         c10d = self.c10d
         rank, world = c10d.get_rank(), c10d.get_world_size()
-        host = socket.gethostname()
+        host = env.host_name()
         self.directory.mkdir(parents=True, exist_ok=True)
         safe_host = re.sub(r"[^A-Za-z0-9_-]", "_", host)[:64]
         stem = f"rank{rank:05d}.{safe_host}.{os.getpid()}"

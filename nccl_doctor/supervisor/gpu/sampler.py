@@ -10,7 +10,7 @@ why and stops. It never raises into the supervisor, and the file is bounded (ser
 
 from __future__ import annotations
 
-import socket
+from nccl_doctor.env import host_name
 import threading
 import time
 from pathlib import Path
@@ -88,11 +88,11 @@ class GpuSampler:
         try:
             source = self.open_source()
         except GpuUnavailable as err:
-            self.log.header(available=False, reason=str(err), host=socket.gethostname())
+            self.log.header(available=False, reason=str(err), host=host_name())
             return
         try:
             devices = {d.index: d for d in source.devices()}
-            self.log.header(available=True, host=socket.gethostname(), devices=devices.values())
+            self.log.header(available=True, host=host_name(), devices=devices.values())
             mapped_for: dict[int, RankHints] | None = None
             mapped_at = 0.0
             mapping: dict = {}
