@@ -279,6 +279,9 @@ class TraceSet:
     # what the live watchdog decided and did (watchdog.json), and the stacks it took then
     watch: WatchLog | None = None
     stacks: Mapping[int, RankStack] = field(default_factory=dict)
+    # why these captures cover only some hosts of a multi-node job ("" : the whole job); the
+    # ranks without a capture then ran elsewhere, unseen - never "missing"
+    partial: str = ""
 
     def group_members(self, name: str) -> tuple[int, ...]:
         info = self.groups.get(name)

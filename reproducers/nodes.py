@@ -69,6 +69,8 @@ def main(argv: list[str] | None = None) -> int:
                    help="each node under its own `nccl-doctor run --out DIR/HOST`")
     p.add_argument("--hosts", default=None, help="comma-separated host names, one per node")
     p.add_argument("--doctor-args", default="", help="more options for every nccl-doctor run")
+    p.add_argument("--master-port", type=int, default=None,
+                   help="the job's rendezvous port (default: a free one)")
     target = p.add_mutually_exclusive_group(required=True)
     target.add_argument("-m", dest="module")
     target.add_argument("--script")
@@ -83,7 +85,7 @@ def main(argv: list[str] | None = None) -> int:
         if not uts:
             print(f"nodes: UTS namespaces refused ({why or 'unshare failed'}): hosts are "
                   "simulated with NCCL_DOCTOR_HOSTNAME", file=sys.stderr, flush=True)
-    port = free_port()
+    port = a.master_port or free_port()
     what = ["-m", a.module, *rest] if a.module else [a.script, *rest]
     agents = []
     for node in range(a.nnodes):

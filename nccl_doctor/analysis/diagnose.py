@@ -60,6 +60,9 @@ def analyze(traces: TraceSet, passes: tuple[Pass, ...] = PASSES,
     findings = first_divergence_per_group(found)
     findings = _rank_findings(findings, traces)
     findings = _on_hosts(findings, traces)
+    if traces.partial:
+        notes.append(f"{traces.partial}: the ranks with no capture here ran on other hosts, "
+                     "unseen; nothing is said about them")
     if not traces.ranks:
         notes.append("no rank joined a process group: there are no collectives to analyse")
     if traces.gpu is not None and not traces.gpu.available:
@@ -82,6 +85,11 @@ def _rank_findings(findings: list[Finding], traces: TraceSet) -> list[Finding]:
     errors = [f for f in findings if f.severity is Severity.ERROR]
     if not errors:
         return findings
+    lost = {r for f in errors if f.kind is FindingKind.NODE_LOST for r in f.ranks}
+    if lost:  # what a lost node's ranks last said is stale: missing there is its loss, no news
+        findings = [f for f in findings if f.kind is not FindingKind.MISSING_COLLECTIVE
+                    or not set(f.ranks) <= lost]
+        errors = [f for f in errors if f in findings]
     exits = [f for f in errors if f.kind in (FindingKind.RANK_EXITED, FindingKind.NODE_LOST)]
     candidates = []
     for f in errors:
@@ -156,11 +164,12 @@ def _verdict(findings: list[Finding], traces: TraceSet) -> Verdict:
 
 def _summaries(traces: TraceSet) -> list[RankSummary]:
     out = [_summary(t) for _, t in sorted(traces.ranks.items())]
+    unseen = "on another host, not seen here" if traces.partial else "left no capture"
     for rank in range(traces.world_size):
         if rank not in traces.ranks:
             out.append(RankSummary(
                 rank=rank, host="", pid=0, state="no_capture", exit_code=None, signal=None,
-                exit_detail="left no capture", last_collective=None, stack_summary=None,
+                exit_detail=unseen, last_collective=None, stack_summary=None,
                 capture={},
             ))
     return sorted(out, key=lambda s: s.rank)

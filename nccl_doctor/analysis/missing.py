@@ -41,7 +41,8 @@ def detect_missing_collective(traces: TraceSet) -> list[Finding]:
     for name, timeline in sorted(timelines(traces).items()):
         present = {r: s for r, s in timeline.last_seq.items()}
         for r in timeline.members:  # members that never recorded anything in this group
-            present.setdefault(r, 0)
+            if r in traces.ranks or not traces.partial:  # (partial: the others ran unseen)
+                present.setdefault(r, 0)
         if not present:
             continue
         top = max(present.values())

@@ -112,7 +112,9 @@ def _hits(c: tuple[int, ...], pairs: dict[tuple[int, int], list[int]]) -> list[i
 def _node_of(traces: TraceSet, rank: int) -> str:
     meta = traces.ranks[rank].meta
     if meta.node_rank is not None:
-        return f"node {meta.node_rank}"
+        hosts = {t.meta.host for t in traces.ranks.values()}
+        on = f" on {meta.host}" if len(hosts) > 1 and meta.host else ""  # really several hosts
+        return f"node {meta.node_rank}{on}"
     return f"host {meta.host}" if meta.host else "node ?"
 
 

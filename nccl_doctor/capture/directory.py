@@ -198,7 +198,14 @@ def load_capture_dir(path: Path, *, job_ended: bool | None = None,
     if manifest is not None and manifest.world_size:
         sizes.append(manifest.world_size)
     world = max(sizes, default=0)
+    node = manifest.extra.get("node") if manifest is not None else None
+    partial = ""
+    if isinstance(node, dict) and len(traces) < world:
+        partial = (f"the captures of host {node.get('host', '?')} only (node "
+                   f"{node.get('node_rank', '?')} of a multi-node job; replay every node's "
+                   "directory together for the whole job)")
     loaded = TraceSet(
+        partial=partial,
         ranks=traces, groups=groups_from_notes(traces.values()), world_size=world,
         command=manifest.command if manifest else (), problems=tuple(problems),
         exit_status=manifest.exit_status if manifest else None, source=str(path), gpu=gpu,

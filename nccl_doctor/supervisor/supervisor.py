@@ -28,7 +28,7 @@ from nccl_doctor.diagnosis import Diagnosis, Verdict
 from nccl_doctor.env import host_name
 from nccl_doctor.errors import DoctorError, ExitStatus
 from nccl_doctor.live_view import LiveView
-from nccl_doctor.supervisor.federation import Federation, LeaderJob, Rendezvous
+from nccl_doctor.supervisor.federation import Federation, FederatedJob, Rendezvous
 from nccl_doctor.supervisor.gpu.nvml import GpuSource, Nvml
 from nccl_doctor.supervisor.gpu.sampler import GpuSampler
 from nccl_doctor.supervisor.launch import Job, exit_status, job_environment
@@ -85,7 +85,7 @@ class Supervisor:
         self.environ = dict(os.environ if environ is None else environ)
         self.state = State.STARTING
         self.run_id = uuid.uuid4().hex[:12]
-        self.live: LiveJob = (LeaderJob if rendezvous is not None else LiveJob)(
+        self.live: LiveJob = (FederatedJob if rendezvous is not None else LiveJob)(
             out_dir, self.run_id, policy, annotators=annotators, announce=announce)
         self.final_wait = final_wait
         self.federation: Federation | None = None
@@ -93,7 +93,7 @@ class Supervisor:
             live = self.live
             self.federation = Federation(rendezvous, live, host_name(),
                                          announce=lambda m: live.announce(m))
-            assert isinstance(live, LeaderJob)
+            assert isinstance(live, FederatedJob)
             live.federation = self.federation
         self.job: Job | None = None
         self._signals = 0
@@ -304,8 +304,8 @@ class Supervisor:
         fed = self.federation
         leader = self._from_leader()
         try:
-            if fed is not None and fed.leading:
-                traces = self.live.union(ended=True, evidence=True)  # type: ignore[attr-defined]
+            if isinstance(self.live, FederatedJob):
+                traces = self.live.union(ended=True, evidence=True)
             else:
                 traces = load_capture_dir(self.out_dir, job_ended=True)
         except DoctorError as err:

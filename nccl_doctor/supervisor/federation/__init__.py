@@ -5,13 +5,14 @@ One `nccl-doctor run` per node wraps that node's launcher. They find each other 
 launcher's own rendezvous arguments (rendezvous.py) and meet on a torch TCPStore that node 0's
 supervisor hosts on its own port (store.py). Followers publish their ranks' progress and, when
 quiet, their ranks in brief; the leader's watches run on the union - the same watches and passes
-as on one host, through ``LeaderJob`` - and every decision (report, stop) goes to every node
+as on one host, through ``FederatedJob`` - and every decision (report, stop) goes to every node
 (link.py). A node that cannot meet the others diagnoses its own ranks and says so.
 """
 
 from __future__ import annotations
 
 import ipaddress
+from dataclasses import replace
 import socket
 from typing import Any, Callable, Sequence
 
@@ -21,7 +22,7 @@ from nccl_doctor.capture.directory import groups_from_notes, load_capture_dir
 from nccl_doctor.capture.union import union
 from nccl_doctor.diagnosis import Diagnosis
 from nccl_doctor.errors import DoctorError
-from nccl_doctor.model import TraceSet
+from nccl_doctor.model import ExitKind, Integrity, RankExit, RankMeta, RankTrace, TraceSet
 from nccl_doctor.stacks.rank_stack import RankStack, stack_from_json
 from nccl_doctor.supervisor.federation.link import Link, LinkState, Local, Role
 from nccl_doctor.supervisor.federation.rendezvous import Rendezvous
@@ -30,7 +31,7 @@ from nccl_doctor.supervisor.live import LiveJob, Snapshot
 #: Flight Recorder entries a follower sends per rank (the newest).
 FR_ENTRIES = 512
 
-__all__ = ["Federation", "LeaderJob", "Rendezvous"]
+__all__ = ["Federation", "FederatedJob", "Rendezvous"]
 
 
 def _is_local(host: str) -> bool:
@@ -129,9 +130,10 @@ class Federation:
         return out
 
 
-class LeaderJob(LiveJob):
-    """The job as the leader's watches see it: its own ranks as on one host, the followers'
-    ranks through their supervisors (beats, summaries, requests). The watches cannot tell."""
+class FederatedJob(LiveJob):
+    """The job as a node's watches see it. The leader's: its own ranks as on one host, the
+    followers' ranks through their supervisors (beats, summaries, requests) - the watches cannot
+    tell. A follower that lost its leader: its own ranks, and the leader's as lost."""
 
     def __init__(self, *args: Any, **kwargs: Any) -> None:
         super().__init__(*args, **kwargs)
@@ -144,10 +146,14 @@ class LeaderJob(LiveJob):
 
     def snapshot(self) -> Snapshot:
         snap = super().snapshot()
+        fed = self.federation
+        if fed is not None and not fed.leading:
+            snap.load = self.union  # alone, or without its leader: the other hosts are unseen
         link = self._link
-        if link is None:
+        if link is None or fed is None:
             return snap
         link.gather()
+        link.publish_roster({r: (p.host, fed.rdzv.node_rank) for r, p in self.local().items()})
         counts, notes = link.remote_counts()
         snap.counts = {**counts, **snap.counts}
         snap.notes = {**notes, **snap.notes}
@@ -162,13 +168,24 @@ class LeaderJob(LiveJob):
     def union(self, ended: bool = False, evidence: bool = False) -> TraceSet:
         """This node's captures and every follower's ranks, as one job."""
         local = load_capture_dir(self.out_dir, job_ended=ended, evidence=evidence)
-        link = self._link
-        if link is None:
+        fed = self.federation
+        if fed is not None and fed.link.state is LinkState.LEADER_LOST:
+            remote = _lost_with_leader(fed.link, local.world_size)
+        elif self._link is not None:
+            remote = self._link.remote_traces(fresh=not ended)  # ended: the final summaries
+        elif fed is not None and not fed.leading:  # alone: the other hosts' ranks are unseen
+            return replace(local, partial=fed.link.problem or "this node diagnosed alone")
+        else:
             return local
-        remote = link.remote_traces(fresh=not ended)  # ended: each follower's final summary
         part = TraceSet(ranks={t.rank: t for t in remote}, groups=groups_from_notes(remote),
                         world_size=max((t.meta.world_size for t in remote), default=0))
-        return union([local, part], source=local.source)
+        merged = union([local, part], source=local.source)
+        if fed is not None and not fed.leading:
+            why = fed.link.problem or "this node diagnosed alone"
+        else:
+            why = "the ranks of nodes that never joined the coordinator are unseen"
+        whole = all(r in merged.ranks for r in range(merged.world_size))
+        return replace(merged, partial="" if whole else why)
 
     def procs(self, ranks: Sequence[int] | None = None) -> dict[int, ProcState]:
         out = super().procs(ranks)
@@ -219,3 +236,14 @@ class LeaderJob(LiveJob):
                 out.setdefault(r, remote.host)
         return out
 
+
+
+def _lost_with_leader(link: Link, world_size: int) -> list[RankTrace]:
+    """The leader's ranks, lost with it (what a follower knows of them: their host)."""
+    return [RankTrace(
+        meta=RankMeta(rank=r, world_size=world_size, local_rank=None, node_rank=node, host=host,
+                      pid=0, started_ns=0),
+        events=(), exit=RankExit(ExitKind.LOST, exception=host,
+                                 time_ns=int(link.lost_at_wall * 1e9) or None),
+        integrity=Integrity(), path="")
+        for r, (host, node) in sorted(link.leader_ranks().items())]

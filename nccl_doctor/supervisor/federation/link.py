@@ -118,6 +118,8 @@ class Link:
         self._registered = 0
         self._decision_n = 0
         self._request_n = 0
+        self._roster: dict[str, Any] = {}  # rank -> [host, node rank]: the leader's last word
+        self.lost_at_wall = 0.0  # a follower: when the leader was lost
 
     # -- starting ------------------------------------------------------------------------------
     def start(self, leader: bool) -> None:
@@ -131,9 +133,11 @@ class Link:
                     "format": st.FORMAT, "version": st.VERSION, "job": self.rdzv.job,
                     "host": self.host, "node_rank": self.rdzv.node_rank})
                 st.put(self._store, st.DECISION_N, 0)
+                st.put(self._store, st.ROSTER, {})
                 st.add(self._store, st.NODES, 0)
             except st.StoreError as err:
-                self._alone(f"cannot host the coordinator on port {self.rdzv.port} ({err}); "
+                why = "the port is in use" if "EADDRINUSE" in str(err) else str(err)
+                self._alone(f"cannot host the coordinator on port {self.rdzv.port} ({why}); "
                             "pass --coordinator HOST:PORT with a free port of node 0's host")
                 return
             self.state = LinkState.JOINED
@@ -208,11 +212,34 @@ class Link:
             self._publish(local, now)
             return self._read_leader()
         except st.StoreError as err:
-            self.state = LinkState.LEADER_LOST
-            self.problem = (f"the leader ({self.leader_host or self.rdzv.host}) was lost "
-                            f"({err})")
+            self._leader_lost(err)
             self.announce(f"{self.problem}: diagnosing this node alone")
             return []
+
+    def _leader_lost(self, err: Exception) -> None:
+        self.state, self.lost_at_wall = LinkState.LEADER_LOST, time.time()
+        self.problem = f"the leader ({self.leader_host or self.rdzv.host}) was lost ({err})"
+
+    def leader_ranks(self) -> dict[int, tuple[str, int | None]]:
+        """rank -> (host, node rank) of the leader's own ranks, as it last said."""
+        out = {}
+        for r, (host, node) in self._roster.items():
+            if host == self.leader_host:
+                out[int(r)] = (str(host), node if isinstance(node, int) else None)
+        return out
+
+    def publish_roster(self, local: dict[int, tuple[str, int | None]]) -> None:
+        """The leader's word on which host runs each rank (when it changed)."""
+        roster = {str(r): list(v) for r, v in local.items()}
+        for remote in self.remotes.values():
+            for r in remote.ranks:
+                roster.setdefault(str(r), [remote.host, remote.node_rank])
+        if roster != self._roster and self.state is LinkState.JOINED:
+            self._roster = roster
+            try:
+                st.put(self._store, st.ROSTER, roster)
+            except st.StoreError:
+                pass
 
     def _beat(self, counts: dict[int, int], notes: dict[int, int], down: tuple[int, ...],
               ended: bool, node_rank: int | None) -> dict[str, Any]:
@@ -243,7 +270,10 @@ class Link:
             "counts": {str(r): c for r, c in self._last_counts.items()}})
 
     def _read_leader(self) -> list[dict[str, Any]]:
-        n, req = st.get_many(self._store, [st.DECISION_N, st.request_key(self.id)])
+        n, req, roster = st.get_many(self._store, [st.DECISION_N, st.request_key(self.id),
+                                                   st.ROSTER])
+        if isinstance(roster, dict):
+            self._roster = roster
         out = []
         if isinstance(n, int) and n > self._decisions_seen:
             out = [d for d in st.get_many(
@@ -437,6 +467,10 @@ class Link:
     def follower_finish(self, local: Local, wait: float) -> dict[str, Any] | None:
         """A follower's job ended: publish its end, then wait (up to ``wait`` s, beating) for
         the leader's final report; None if the leader is gone or never answered."""
+        if self.role is Role.FOLLOWER and self.state is LinkState.CONNECTING:
+            self.state = LinkState.ALONE
+            self.problem = self.problem or (f"never reached the coordinator at "
+                                            f"{self.rdzv.address} ({self._error or 'no answer'})")
         if self.role is not Role.FOLLOWER or self.state is not LinkState.JOINED:
             return None
         deadline = self.clock() + wait
@@ -453,8 +487,6 @@ class Link:
                     return final if isinstance(final, dict) else None
                 time.sleep(min(self.every, 0.2))
         except st.StoreError as err:
-            self.state = LinkState.LEADER_LOST
-            self.problem = (f"the leader ({self.leader_host or self.rdzv.host}) was lost "
-                            f"({err})")
+            self._leader_lost(err)
             self.announce(f"{self.problem}: this node's report covers it alone")
         return None

@@ -14,6 +14,7 @@ What each key holds (JSON unless said; ``<id>`` is a node's id, ``<k>`` a counte
 | ``ncd/req/<id>`` | leader | a request for stacks or Flight Recorder pulls |
 | ``ncd/resp/<id>/<k>`` | the follower | the answer to request k |
 | ``ncd/decision/n``, ``ncd/decision/<k>`` | leader | the watches' decisions, in order |
+| ``ncd/roster`` | leader | every rank's host and node (who was lost with the leader) |
 | ``ncd/final``, ``ncd/final/acks`` | leader; followers (``add``) | the final report; who read it |
 """
 
@@ -29,6 +30,7 @@ VERSION = 1
 MAGIC = "ncd/magic"
 NODES = "ncd/nodes"
 DECISION_N = "ncd/decision/n"
+ROSTER = "ncd/roster"
 FINAL = "ncd/final"
 FINAL_ACKS = "ncd/final/acks"
 
