@@ -18,12 +18,29 @@ from nccl_doctor.model import (
 
 FORMAT = 1
 #: The calls a summary keeps per rank (the newest), besides each process group's last call.
-TAIL = 48
+TAIL = 24
 #: Most process groups whose last call is kept beyond the tail.
 GROUPS = 32
 #: Notes kept per kind (the newest); kinds not named here keep ``NOTES_DEFAULT``.
 NOTES_KEPT = {"group": 256, "gen": 32, "rng": 32, "seed": 32, "metrics": 32}
 NOTES_DEFAULT = 8
+
+
+class _Sites:
+    """A summary's table of source locations (a rank calls from a handful of lines)."""
+
+    def __init__(self) -> None:
+        self.rows: list[list] = []
+        self._index: dict[Location, int] = {}
+
+    def __call__(self, loc: Location | None) -> int:
+        if loc is None:
+            return -1
+        i = self._index.get(loc)
+        if i is None:
+            i = self._index[loc] = len(self.rows)
+            self.rows.append([loc.path, loc.line, loc.function])
+        return i
 
 
 def _loc(loc: Location | None) -> list | None:
@@ -36,23 +53,45 @@ def _unloc(raw: Any) -> Location | None:
     return Location(str(raw[0]), int(raw[1]), str(raw[2]))
 
 
-def _event(e: Event) -> list:
+def _event(e: Event, site: _Sites) -> list:
     return [e.idx, e.parent, int(e.kind), e.op, e.group, e.seq, e.seq_offset, e.seq_delta,
             int(e.state), int(e.flags), e.t_enter_ns, e.t_exit_ns, e.thread, e.input, e.output,
-            e.nbytes, e.peer, e.group_size, _loc(e.callsite), _loc(e.api_callsite), e.extra,
+            e.nbytes, e.peer, e.group_size, site(e.callsite), site(e.api_callsite), e.extra,
             e.source.value, e.in_flight]
 
 
-def _unevent(raw: Sequence[Any]) -> Event:
+_KINDS = {int(k): k for k in EventKind}
+_STATES = {int(k): k for k in EventState}
+_SOURCES = {k.value: k for k in EventSource}
+
+
+def _unevent(raw: Sequence[Any], sites: list[Location | None]) -> Event:
     (idx, parent, kind, op, group, seq, seq_offset, seq_delta, state, flags, t_enter, t_exit,
      thread, inp, out, nbytes, peer, group_size, callsite, api_callsite, extra, source,
      in_flight) = raw
     return Event(
-        int(idx), int(parent), EventKind(kind), str(op), str(group), int(seq), int(seq_offset),
-        None if seq_delta is None else int(seq_delta), EventState(state), EventFlag(flags),
-        int(t_enter), None if t_exit is None else int(t_exit), int(thread), str(inp), str(out),
-        int(nbytes), int(peer), int(group_size), _unloc(callsite), _unloc(api_callsite),
-        str(extra), EventSource(source), bool(in_flight))
+        int(idx), int(parent), _KINDS[kind], str(op), str(group), int(seq), int(seq_offset),
+        None if seq_delta is None else int(seq_delta), _STATES[state],
+        EventFlag(flags) if flags else EventFlag.NONE, int(t_enter),
+        None if t_exit is None else int(t_exit), int(thread), str(inp), str(out), int(nbytes),
+        int(peer), int(group_size), sites[callsite] if callsite >= 0 else None,
+        sites[api_callsite] if api_callsite >= 0 else None, str(extra), _SOURCES[source],
+        bool(in_flight))
+
+
+def _pack_ranks(ranks: Any) -> Any:
+    """A long contiguous rank list as [first, last + 1] (a world group of 8,192 ranks)."""
+    if (isinstance(ranks, list) and len(ranks) > 16 and all(isinstance(r, int) for r in ranks)
+            and ranks == list(range(ranks[0], ranks[0] + len(ranks)))):
+        return {"range": [ranks[0], ranks[0] + len(ranks)]}
+    return ranks
+
+
+def _unpack_ranks(ranks: Any) -> Any:
+    if isinstance(ranks, dict) and isinstance(ranks.get("range"), list):
+        first, stop = ranks["range"]
+        return list(range(int(first), int(stop)))
+    return ranks
 
 
 def kept_events(events: Sequence[Event], tail: int = TAIL) -> list[Event]:
@@ -94,18 +133,22 @@ def summarize(trace: RankTrace, tail: int = TAIL) -> dict[str, Any]:
     """``trace`` in brief (JSON-safe)."""
     m, ex, i = trace.meta, trace.exit, trace.integrity
     events = kept_events(trace.events, tail)
+    site = _Sites()
+    packed = [_event(e, site) for e in events]
+    notes = [{**n, "ranks": _pack_ranks(n["ranks"])} if n.get("note") == "group" and "ranks" in n
+             else n for n in kept_notes(trace.notes)]
     return {
         "meta": {"rank": m.rank, "world_size": m.world_size, "local_rank": m.local_rank,
                  "node_rank": m.node_rank, "host": m.host, "pid": m.pid,
                  "started_ns": m.started_ns, "run_id": m.run_id, "argv": list(m.argv)[:8],
                  "versions": dict(m.versions), "env": dict(m.env)},
-        "events": [_event(e) for e in events],
+        "sites": site.rows, "events": packed,
         "dropped": len(trace.events) - len(events),
         "exit": {"kind": ex.kind.value, "code": ex.code, "signal": ex.signal,
                  "exception": ex.exception, "callsite": _loc(ex.callsite), "time_ns": ex.time_ns},
         "integrity": [i.torn_records, i.truncated, i.overwritten, i.bad_strings],
         "path": trace.path,
-        "notes": kept_notes(trace.notes),
+        "notes": notes,
     }
 
 
@@ -124,10 +167,13 @@ def unsummarize(raw: Mapping[str, Any]) -> RankTrace:
         exit_ = RankExit(ExitKind(ex["kind"]), ex.get("code"), ex.get("signal"),
                          ex.get("exception"), _unloc(ex.get("callsite")), ex.get("time_ns"))
         torn, truncated, overwritten, bad = raw.get("integrity") or (0, False, 0, 0)
+        sites = [_unloc(row) for row in raw.get("sites", ())]
+        notes = tuple({**n, "ranks": _unpack_ranks(n["ranks"])} if "ranks" in n else n
+                      for n in raw.get("notes", ()) if isinstance(n, dict))
         return RankTrace(
-            meta=meta, events=tuple(_unevent(e) for e in raw.get("events", ())), exit=exit_,
+            meta=meta, events=tuple(_unevent(e, sites) for e in raw.get("events", ())),
+            exit=exit_,
             integrity=Integrity(int(torn), bool(truncated), int(overwritten), int(bad)),
-            path=str(raw.get("path", "")),
-            notes=tuple(n for n in raw.get("notes", ()) if isinstance(n, dict)))
-    except (KeyError, TypeError, ValueError) as err:
+            path=str(raw.get("path", "")), notes=notes)
+    except (KeyError, TypeError, ValueError, IndexError) as err:
         raise ValueError(f"not a rank summary ({err!r})") from None

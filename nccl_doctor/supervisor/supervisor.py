@@ -29,6 +29,7 @@ from nccl_doctor.env import host_name
 from nccl_doctor.errors import DoctorError, ExitStatus
 from nccl_doctor.live_view import LiveView
 from nccl_doctor.supervisor.federation import Federation, FederatedJob, Rendezvous
+from nccl_doctor.supervisor.federation.link import Role
 from nccl_doctor.supervisor.gpu.nvml import GpuSource, Nvml
 from nccl_doctor.supervisor.gpu.sampler import GpuSampler
 from nccl_doctor.supervisor.launch import Job, exit_status, job_environment
@@ -280,12 +281,12 @@ class Supervisor:
         """This node's job ended. The leader goes on watching the job until every other node's
         has ended too (or is lost, or ``final_wait`` passed): its watches still see theirs."""
         fed = self.federation
-        if fed is None or not fed.leading:
+        if fed is None or fed.link.role is not Role.LEADER:
             return
         deadline = self.live.clock() + self.final_wait
-        while fed.leading and self.live.clock() < deadline:
+        while self.live.clock() < deadline:
             fed.link.gather()
-            if all(r.lost or r.beat.get("ended") for r in fed.link.remotes.values()):
+            if fed.link.all_ended():
                 return
             self.tick()
             time.sleep(self.poll_interval)

@@ -223,3 +223,16 @@ def test_replay_of_flight_recorder_dumps_names_the_culprit(tmp_path):
                      str(tmp_path / "nope"))
     assert missing.returncode == ExitStatus.NOT_FOUND and "does not exist" in one_error_line(
         missing)
+
+
+@pytest.mark.parametrize("flags, words", [
+    (["--coordinator", "nohost"], "--coordinator 'nohost' is not HOST:PORT"),
+    (["--coordinator", "h:99999"], "the port must be 1-65535"),
+    (["--node-rank", "-1"], "give a number >= 0"),
+    (["--nnodes", "two"], "'two' is not a whole number"),
+])
+def test_run_with_bad_multi_node_options_is_one_line(tmp_path, flags, words):
+    proc = doctor("run", "--out", str(tmp_path / "o"), *flags, "--", sys.executable, "-c", "pass")
+    assert proc.returncode == ExitStatus.USAGE
+    assert words in one_error_line(proc)
+    assert not (tmp_path / "o").exists()  # nothing was started

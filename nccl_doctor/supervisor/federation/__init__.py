@@ -147,12 +147,13 @@ class FederatedJob(LiveJob):
     def snapshot(self) -> Snapshot:
         snap = super().snapshot()
         fed = self.federation
+        if fed is not None and fed.link.role is Role.LEADER:
+            fed.link.gather()  # (its store coming up, or failing to, is said here)
         if fed is not None and not fed.leading:
             snap.load = self.union  # alone, or without its leader: the other hosts are unseen
         link = self._link
         if link is None or fed is None:
             return snap
-        link.gather()
         link.publish_roster({r: (p.host, fed.rdzv.node_rank) for r, p in self.local().items()})
         counts, notes = link.remote_counts()
         snap.counts = {**counts, **snap.counts}

@@ -51,6 +51,7 @@ class Remote:
     node_rank: int | None = None
     beat: dict[str, Any] = field(default_factory=dict)
     seen_at: float = 0.0  # the leader's clock when the beat last changed
+    moved_at: float = 0.0  # the leader's clock when its ranks' counters last moved
     traces: dict[int, RankTrace] = field(default_factory=dict)  # from its latest summary
     version: int = 0  # the summary the traces come from
     summary_counts: dict[str, Any] = field(default_factory=dict)  # the counters it shows
@@ -123,30 +124,46 @@ class Link:
 
     # -- starting ------------------------------------------------------------------------------
     def start(self, leader: bool) -> None:
-        """Host the coordinator (``leader``) or start reaching it in the background."""
+        """Host the coordinator (``leader``) or reach it, in the background: loading torch and
+        meeting the others never delays the job's start."""
         if leader:
             self.role = Role.LEADER
-            try:
-                self._store = st.open_store(self.rdzv.host, self.rdzv.port, leader=True,
-                                            timeout=self.timeout)
-                st.put(self._store, st.MAGIC, {
-                    "format": st.FORMAT, "version": st.VERSION, "job": self.rdzv.job,
-                    "host": self.host, "node_rank": self.rdzv.node_rank})
-                st.put(self._store, st.DECISION_N, 0)
-                st.put(self._store, st.ROSTER, {})
-                st.add(self._store, st.NODES, 0)
-            except st.StoreError as err:
-                why = "the port is in use" if "EADDRINUSE" in str(err) else str(err)
-                self._alone(f"cannot host the coordinator on port {self.rdzv.port} ({why}); "
-                            "pass --coordinator HOST:PORT with a free port of node 0's host")
-                return
-            self.state = LinkState.JOINED
-            self.announce(f"coordinating {self.rdzv.nnodes or 'the'} nodes on "
-                          f"{self.rdzv.address} ({self.rdzv.source})")
-            return
-        self._thread = threading.Thread(target=self._connect, name="nccl-doctor-link",
-                                        daemon=True)
+        self._thread = threading.Thread(target=self._host if leader else self._connect,
+                                        name="nccl-doctor-link", daemon=True)
         self._thread.start()
+
+    def _host(self) -> None:
+        try:
+            store = st.open_store(self.rdzv.host, self.rdzv.port, leader=True,
+                                  timeout=self.timeout)
+            st.put(store, st.MAGIC, {
+                "format": st.FORMAT, "version": st.VERSION, "job": self.rdzv.job,
+                "host": self.host, "node_rank": self.rdzv.node_rank})
+            st.put(store, st.DECISION_N, 0)
+            st.put(store, st.ROSTER, {})
+            st.add(store, st.NODES, 0)
+            self._pending = store
+        except st.StoreError as err:
+            why = "the port is in use" if "EADDRINUSE" in str(err) else str(err)
+            self._error = (f"cannot host the coordinator on port {self.rdzv.port} ({why}); "
+                           "pass --coordinator HOST:PORT with a free port of node 0's host")
+
+    def wait_started(self, timeout: float) -> None:
+        """Until the leader's store is up or failed (a benchmark, a test)."""
+        if self._thread is not None:
+            self._thread.join(timeout)
+        self.gather()
+
+    def _hosted(self) -> bool:
+        """The leader: whether its store is up (says so, or why not, once)."""
+        if self.state is LinkState.CONNECTING:
+            if self._pending is not None:
+                self._store, self.state = self._pending, LinkState.JOINED
+                self.announce(f"coordinating {self.rdzv.nnodes or 'the'} nodes on "
+                              f"{self.rdzv.address} ({self.rdzv.source})")
+            elif self._error:
+                self._alone(self._error)
+        return self.state is LinkState.JOINED
 
     def _connect(self) -> None:
         """Reach the leader's store (in a thread: a follower may start first)."""
@@ -295,7 +312,7 @@ class Link:
     # -- the leader ----------------------------------------------------------------------------
     def gather(self) -> None:
         """The leader's look: every follower's beat (new followers join here)."""
-        if self.role is not Role.LEADER or self.state is not LinkState.JOINED:
+        if self.role is not Role.LEADER or not self._hosted():
             return
         now = self.clock()
         try:
@@ -316,6 +333,8 @@ class Link:
             if not isinstance(beat, dict):
                 continue
             if beat.get("n") != remote.beat.get("n"):
+                if beat.get("counts") != remote.beat.get("counts"):
+                    remote.moved_at = now
                 remote.beat, remote.seen_at = beat, now
                 remote.host = str(beat.get("host", remote.host))
                 if isinstance(beat.get("node_rank"), int):
@@ -350,8 +369,12 @@ class Link:
             return []
         want = [r for r in self.remotes.values()
                 if int(r.beat.get("summary", 0) or 0) > r.version]
+        # a node still recording calls is not asked: its summary would be old at once (and a
+        # silent-error look while the job runs must not make every node read its captures)
+        now = self.clock()
         stale = [r for r in self.remotes.values()
-                 if not r.lost and r not in want and r.beat.get("counts") != r.summary_counts]
+                 if not r.lost and r not in want and r.beat.get("counts") != r.summary_counts
+                 and now - r.moved_at >= self.quiet_for]
         try:
             if fresh and stale:
                 replies = self._request(stale, "summary", [], self.timeout)
@@ -438,17 +461,19 @@ class Link:
             pass  # the leader's own store; gather() says so on the next look
 
     # -- the end -------------------------------------------------------------------------------
-    def leader_finish(self, wait: float) -> list[Remote]:
-        """The leader's job ended: wait (up to ``wait`` s) for every follower to end or be lost;
-        the followers that did neither."""
-        deadline = self.clock() + wait
-        while self.state is LinkState.JOINED and self.clock() < deadline:
-            self.gather()
-            if all(r.lost or r.beat.get("ended") for r in self.remotes.values()):
-                break
-            time.sleep(min(self.every, 0.2))
-        self.gather()
-        return [r for r in self.remotes.values() if not r.lost and not r.beat.get("ended")]
+    def all_ended(self) -> bool:
+        """The leader: every follower expected has joined, and ended or was lost - or the ones
+        missing had ``connect_within`` seconds to join and did not."""
+        if self.role is not Role.LEADER:
+            return True
+        if self.state is LinkState.CONNECTING:  # its store is still coming up
+            return self.clock() - self._started >= self.connect_within
+        if self.state is not LinkState.JOINED:
+            return True
+        joined = len(self.remotes) + 1 >= self.rdzv.nnodes
+        if not joined and self.clock() - self._started < self.connect_within:
+            return False
+        return all(r.lost or r.beat.get("ended") for r in self.remotes.values())
 
     def publish_final(self, report: dict[str, Any], wait: float) -> None:
         """The final report for every node; waits (up to ``wait`` s) until the followers that
@@ -467,6 +492,13 @@ class Link:
     def follower_finish(self, local: Local, wait: float) -> dict[str, Any] | None:
         """A follower's job ended: publish its end, then wait (up to ``wait`` s, beating) for
         the leader's final report; None if the leader is gone or never answered."""
+        # a job that ended before the nodes met: they still meet, for its report
+        while (self.state is LinkState.CONNECTING and self._pending is None and not self._error
+               .startswith(f"{self.rdzv.address} is not") and
+               self.clock() - self._started < self.connect_within):
+            time.sleep(0.2)
+        if self.state is LinkState.CONNECTING and self._pending is not None:
+            self._store, self.state = self._pending, LinkState.JOINED
         if self.role is Role.FOLLOWER and self.state is LinkState.CONNECTING:
             self.state = LinkState.ALONE
             self.problem = self.problem or (f"never reached the coordinator at "

@@ -1,0 +1,171 @@
+"""Multi-node supervision at scale: what the nodes send per look and what the leader pays.
+
+Part 1 (synthetic, ``--nodes 16,128,1024``): a leader hosts the coordinator's TCPStore in this
+process; N followers are simulated by writing exactly what a follower writes (one beat per node
+and, as when the job is quiet, one summary of its ``--ranks`` ranks, each rank's capture holding
+``--events`` calls) with nccl-doctor's own code (capture/summary.py, federation/link.py). Then
+the leader's side is timed, as its supervisor does it:
+
+  look       Link.gather(): every beat in one round trip, parsed (every tick of a running job)
+  traces     Link.remote_traces(): every summary fetched and parsed (only once the job is quiet)
+  analysis   the union with the leader's own ranks, and analyze() on it (the watchdog's look)
+
+and the bytes: one beat, one summary, per node and in all per look.
+
+Part 2 (``--live N``): N real runs of two simulated hosts (reproducers/nodes.py --doctor, UTS
+namespaces) where global rank 3 on nodeB skips a broadcast; prints how long after the last
+progress the leader called the deadlock (report.json's ``watchdog.waited_s``).
+
+    python benchmarks/federation.py [--nodes 16,128,1024] [--ranks 8] [--events 2000]
+        [--repeat 5] [--live 0]
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+from nccl_doctor.analysis import analyze
+from nccl_doctor.capture import summary
+from nccl_doctor.capture.union import union
+from nccl_doctor.location import Location
+from nccl_doctor.model import (
+    Event, EventFlag, EventKind, EventState, ExitKind, GroupInfo, Integrity, RankExit, RankMeta,
+    RankTrace, TraceSet,
+)
+from nccl_doctor.reproducers.nodes import free_port
+from nccl_doctor.supervisor.federation import store as st
+from nccl_doctor.supervisor.federation.link import Link
+from nccl_doctor.supervisor.federation.rendezvous import Rendezvous
+
+SITE = Location("/job/train.py", 120, "train_step")
+
+
+def rank_trace(rank: int, world: int, node: int, ranks: int, events: int,
+               culprit: int) -> RankTrace:
+    """A rank that made ``events`` all_reduce calls and waits in the last one; ``culprit``
+    waits in a broadcast there instead."""
+    out = []
+    for i in range(1, events + 1):
+        last = i == events
+        op = "broadcast" if last and rank == culprit else "all_reduce"
+        out.append(Event(
+            i, 0, EventKind.COLLECTIVE, op, "0", i, 0, None if last else 1,
+            EventState.ENTERED if last else EventState.RETURNED, EventFlag.NONE,
+            1_700_000_000_000_000_000 + i * 1_000_000, None if last else
+            1_700_000_000_000_000_000 + i * 1_000_000 + 500_000, 1, "float32[1024]", "",
+            4096, 0 if op == "broadcast" else -1, world, SITE, SITE))
+    meta = RankMeta(rank, world, rank % ranks, node, f"node{node:04d}", 10_000 + rank, 1)
+    notes = ({"note": "group", "name": "0", "ranks": list(range(world)), "backend": "nccl"},)
+    return RankTrace(meta, tuple(out), RankExit(ExitKind.RUNNING), Integrity(),
+                     f"/out/rank{rank:05d}.ndcap", notes)
+
+
+def synthetic(nodes: int, ranks: int, events: int, repeat: int) -> dict:
+    world = nodes * ranks
+    culprit = world - 1
+    port = free_port()
+    rdzv = Rendezvous("127.0.0.1", port, nodes, 0, "benchmark", f"127.0.0.1:{port - 1000}")
+    leader = Link(rdzv, "leader", announce=lambda _m: None, answer=lambda *a: {},
+                  summaries=lambda ended: [])
+    leader.start(True)
+    leader.wait_started(60)
+    store = leader._store  # the followers' writes, as a follower's Link makes them
+    beat_bytes = summary_bytes = 0
+    t0 = time.perf_counter()
+    for node in range(1, nodes):
+        nid = f"node{node:04d}-{node}"
+        docs = [summary.summarize(rank_trace(node * ranks + r, world, node, ranks, events,
+                                             culprit)) for r in range(ranks)]
+        counts = {str(node * ranks + r): events for r in range(ranks)}
+        doc = {"v": 1, "ranks": docs, "counts": counts}
+        beat = {"n": 1, "t": time.time(), "host": f"node{node:04d}", "node_rank": node,
+                "counts": counts, "notes": {k: 0 for k in counts}, "down": [], "ended": False,
+                "summary": 1}
+        text_b, text_s = json.dumps(beat, separators=(",", ":")), json.dumps(
+            doc, separators=(",", ":"))
+        beat_bytes, summary_bytes = len(text_b), len(text_s)
+        store.set(st.summary_key(nid), text_s)
+        store.set(st.beat_key(nid), text_b)
+        store.set(st.node_key(st.add(store, st.NODES, 1)), json.dumps(nid))
+    setup = time.perf_counter() - t0
+    own = TraceSet({r: rank_trace(r, world, 0, ranks, events, culprit) for r in range(ranks)},
+                   {"0": GroupInfo("0", tuple(range(world)), "nccl")}, world)
+
+    looks, fetches, cached, analyses = [], [], [], []
+    root = None
+    for i in range(repeat):
+        t = time.perf_counter()
+        leader.gather()
+        looks.append(time.perf_counter() - t)
+        for remote in leader.remotes.values():
+            remote.version = 0  # fetch and parse every summary again, as after a change
+            remote.traces = {}
+        t = time.perf_counter()
+        remote_traces = leader.remote_traces(fresh=False)
+        fetches.append(time.perf_counter() - t)
+        t = time.perf_counter()
+        leader.remote_traces(fresh=False)
+        cached.append(time.perf_counter() - t)
+        t = time.perf_counter()
+        part = TraceSet({tr.rank: tr for tr in remote_traces}, {}, world)
+        d = analyze(union([own, part]), annotators=())
+        analyses.append(time.perf_counter() - t)
+        root = d.root_cause
+    leader.close()
+    return {
+        "nodes": nodes, "ranks": world, "setup_s": setup, "beat_bytes": beat_bytes,
+        "summary_bytes": summary_bytes, "look_ms": statistics.median(looks) * 1e3,
+        "fetch_s": statistics.median(fetches), "cached_ms": statistics.median(cached) * 1e3,
+        "analysis_s": statistics.median(analyses),
+        "root": f"{root.kind.value} ranks {list(root.ranks)}" if root else "none",
+        "right": bool(root and root.ranks == (culprit,)),
+    }
+
+
+def live(runs: int) -> list[float]:
+    out = []
+    job = Path(__file__).resolve().parent.parent / "tests/integration/jobs/skip_broadcast.py"
+    for _ in range(runs):
+        with tempfile.TemporaryDirectory() as tmp:
+            subprocess.run([sys.executable, "-m", "nccl_doctor.reproducers.nodes", "--doctor",
+                            tmp, "--hosts", "nodeA,nodeB", "--script", str(job)],
+                           env=dict(os.environ, SKIPPER="3"), capture_output=True, timeout=300)
+            rep = json.loads((Path(tmp) / "nodeB" / "report.json").read_text())
+            out.append(float(rep["watchdog"]["waited_s"]))
+    return out
+
+
+def main() -> int:
+    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p.add_argument("--nodes", default="16,128,1024")
+    p.add_argument("--ranks", type=int, default=8, help="ranks per node")
+    p.add_argument("--events", type=int, default=2000, help="calls in each rank's capture")
+    p.add_argument("--repeat", type=int, default=5)
+    p.add_argument("--live", type=int, default=0, help="real two-host runs to time")
+    a = p.parse_args()
+    print(f"{'nodes':>6} {'ranks':>6} {'beat B':>7} {'summary B':>10} {'look ms':>8} "
+          f"{'look KB':>8} {'fetch s':>8} {'cached ms':>9} {'analysis s':>10}  root cause")
+    for n in (int(x) for x in a.nodes.split(",")):
+        r = synthetic(n, a.ranks, a.events, a.repeat)
+        print(f"{r['nodes']:>6} {r['ranks']:>6} {r['beat_bytes']:>7} {r['summary_bytes']:>10} "
+              f"{r['look_ms']:>8.1f} {r['beat_bytes'] * (n - 1) / 1024:>8.0f} "
+              f"{r['fetch_s']:>8.2f} {r['cached_ms']:>9.1f} {r['analysis_s']:>10.2f}  "
+              f"{r['root']} ({'right' if r['right'] else 'WRONG'})", flush=True)
+    if a.live:
+        waits = live(a.live)
+        print(f"two hosts, rank 3 on nodeB skips a broadcast: deadlock called "
+              f"{', '.join(f'{w:.1f}' for w in waits)} s after the last progress "
+              f"(median {statistics.median(waits):.1f} s)")
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
