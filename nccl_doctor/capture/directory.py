@@ -254,10 +254,12 @@ def groups_from_notes(traces: Any) -> dict[str, GroupInfo]:
         for note in trace.notes:
             if note.get("note") != "group" or not isinstance(note.get("name"), str):
                 continue
-            ranks = note.get("ranks")
-            if not isinstance(ranks, list) or not all(isinstance(r, int) for r in ranks):
+            ranks, name = note.get("ranks"), note["name"]
+            if not isinstance(ranks, list) or (name in groups and
+                                               len(ranks) <= len(groups[name].ranks)):
+                continue  # (every rank notes the world group: check each layout once)
+            if not all(isinstance(r, int) for r in ranks):
                 continue
-            name = note["name"]
             if name not in groups or len(ranks) > len(groups[name].ranks):
                 groups[name] = GroupInfo(
                     name, tuple(ranks), str(note.get("backend", "")), str(note.get("desc", ""))

@@ -7,7 +7,9 @@ the exit). Analysis passes read a summary's ``RankTrace`` as they read a ring th
 
 from __future__ import annotations
 
+import functools
 from collections import defaultdict
+from dataclasses import fields
 from typing import Any, Mapping, Sequence
 
 from nccl_doctor.location import Location
@@ -65,18 +67,24 @@ _STATES = {int(k): k for k in EventState}
 _SOURCES = {k.value: k for k in EventSource}
 
 
+_FIELDS = tuple(f.name for f in fields(Event))
+_INTS = (0, 1, 5, 6, 10, 12, 15, 16, 17)  # positions of the plain integers in a packed event
+
+
 def _unevent(raw: Sequence[Any], sites: list[Location | None]) -> Event:
-    (idx, parent, kind, op, group, seq, seq_offset, seq_delta, state, flags, t_enter, t_exit,
-     thread, inp, out, nbytes, peer, group_size, callsite, api_callsite, extra, source,
-     in_flight) = raw
-    return Event(
-        int(idx), int(parent), _KINDS[kind], str(op), str(group), int(seq), int(seq_offset),
-        None if seq_delta is None else int(seq_delta), _STATES[state],
-        EventFlag(flags) if flags else EventFlag.NONE, int(t_enter),
-        None if t_exit is None else int(t_exit), int(thread), str(inp), str(out), int(nbytes),
-        int(peer), int(group_size), sites[callsite] if callsite >= 0 else None,
-        sites[api_callsite] if api_callsite >= 0 else None, str(extra), _SOURCES[source],
-        bool(in_flight))
+    """A packed event back. The leader reads thousands of ranks at once: the frozen
+    dataclass's field-by-field __init__ is skipped (its values checked here instead)."""
+    if len(raw) != len(_FIELDS) or not all(type(raw[i]) is int for i in _INTS):
+        raise ValueError("not a packed event")
+    values = list(raw)
+    values[2], values[8], values[21] = _KINDS[raw[2]], _STATES[raw[8]], _SOURCES[raw[21]]
+    values[9] = EventFlag(raw[9]) if raw[9] else EventFlag.NONE
+    values[18] = sites[raw[18]] if raw[18] >= 0 else None
+    values[19] = sites[raw[19]] if raw[19] >= 0 else None
+    values[22] = bool(raw[22])
+    event = object.__new__(Event)
+    event.__dict__.update(zip(_FIELDS, values))
+    return event
 
 
 def _pack_ranks(ranks: Any) -> Any:
@@ -90,8 +98,15 @@ def _pack_ranks(ranks: Any) -> Any:
 def _unpack_ranks(ranks: Any) -> Any:
     if isinstance(ranks, dict) and isinstance(ranks.get("range"), list):
         first, stop = ranks["range"]
-        return list(range(int(first), int(stop)))
+        return _ranks(int(first), int(stop))
     return ranks
+
+
+@functools.lru_cache(maxsize=64)
+def _ranks(first: int, stop: int) -> list[int]:
+    """One list per range, shared by every rank's note (a world group of 8,192 ranks is in
+    every rank's summary). Read only."""
+    return list(range(first, stop))
 
 
 def kept_events(events: Sequence[Event], tail: int = TAIL) -> list[Event]:

@@ -42,7 +42,7 @@ class LinkState(str, enum.Enum):
     LEADER_LOST = "leader_lost"  # the leader stopped answering: this node goes on alone
 
 
-@dataclass
+@dataclass(eq=False)  # one per follower: compared by identity
 class Remote:
     """A follower as the leader knows it."""
 
@@ -372,8 +372,9 @@ class Link:
         # a node still recording calls is not asked: its summary would be old at once (and a
         # silent-error look while the job runs must not make every node read its captures)
         now = self.clock()
+        wanted = {r.id for r in want}
         stale = [r for r in self.remotes.values()
-                 if not r.lost and r not in want and r.beat.get("counts") != r.summary_counts
+                 if not r.lost and r.id not in wanted and r.beat.get("counts") != r.summary_counts
                  and now - r.moved_at >= self.quiet_for]
         try:
             if fresh and stale:
@@ -443,8 +444,11 @@ class Link:
             for node, n in sent:
                 left = max(0.05, deadline - time.monotonic())
                 key = st.response_key(node.id, n)
-                replies.append(st.get(self._store, key) if st.wait(self._store, key, left)
-                               else None)
+                if st.wait(self._store, key, left):
+                    replies.append(st.get(self._store, key))
+                    st.delete(self._store, key)  # the store holds the latest state, no history
+                else:
+                    replies.append(None)
             return replies
         except st.StoreError:
             return []

@@ -114,6 +114,13 @@ def get_many(store: Any, keys: list[str]) -> list[Any]:
     return out
 
 
+def delete(store: Any, key: str) -> None:
+    try:
+        store.delete_key(key)
+    except Exception as err:
+        raise StoreError(_first_line(err)) from None
+
+
 def has(store: Any, key: str) -> bool:
     try:
         return bool(store.check([key]))
