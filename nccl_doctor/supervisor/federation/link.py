@@ -375,7 +375,7 @@ class Link:
         wanted = {r.id for r in want}
         stale = [r for r in self.remotes.values()
                  if not r.lost and r.id not in wanted and r.beat.get("counts") != r.summary_counts
-                 and now - r.moved_at >= self.quiet_for]
+                 and now - r.moved_at >= self.quiet_for and self._answers(r, now)]
         try:
             if fresh and stale:
                 replies = self._request(stale, "summary", [], self.timeout)
@@ -405,6 +405,11 @@ class Link:
                 out.append(trace)
         return out
 
+    def _answers(self, remote: Remote, now: float) -> bool:
+        """Worth asking: not lost, and beating (a node silent for a few beats may be being
+        lost: a request would only wait out its timeout)."""
+        return not remote.lost and now - remote.seen_at < 4 * self.every
+
     def owners(self) -> dict[int, Remote]:
         """rank -> the follower that runs it."""
         return {r: remote for remote in self.remotes.values() for r in remote.ranks}
@@ -414,8 +419,9 @@ class Link:
         ``flight_recorder``); their answers merged (rank -> answer as JSON)."""
         owners = self.owners()
         by_node: dict[str, list[int]] = {}
-        for r in ranks:
-            if r in owners and not owners[r].lost:
+        now = self.clock()
+        for r in ranks:  # a node silent for a few beats is not asked (it may be being lost)
+            if r in owners and self._answers(owners[r], now):
                 by_node.setdefault(owners[r].id, []).append(r)
         nodes = [self.remotes[n] for n in by_node]
         if not nodes:
