@@ -119,8 +119,14 @@ class Supervisor:
             def ranks() -> dict[int, tuple[int, int | None]]:  # this host's: its GPUs only
                 return {r: (p.pid, p.local_rank) for r, p in live.local().items()}
 
-            self.gpu = GpuSampler(out_dir, ranks=ranks, open_source=gpu,
-                                  fast=lambda: watchdog_ is not None and watchdog_.quiet)
+            fed = self.federation
+
+            def fast() -> bool:  # nothing recorded for a while: a hang may be coming
+                if fed is not None and fed.following:  # (its watchdog waits: the leader looks)
+                    return fed.link.still_for() >= (policy.quiet if policy else 1.0)
+                return watchdog_ is not None and watchdog_.quiet
+
+            self.gpu = GpuSampler(out_dir, ranks=ranks, open_source=gpu, fast=fast)
             self.listeners.append(self.gpu)
 
     def attach(self, listener: Callable[[Supervisor], None],

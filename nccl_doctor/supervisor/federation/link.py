@@ -233,6 +233,10 @@ class Link:
             self.announce(f"{self.problem}: diagnosing this node alone")
             return []
 
+    def still_for(self) -> float:
+        """A follower: seconds since its ranks last recorded a call."""
+        return self.clock() - self._moved_at
+
     def _leader_lost(self, err: Exception) -> None:
         self.state, self.lost_at_wall = LinkState.LEADER_LOST, time.time()
         self.problem = f"the leader ({self.leader_host or self.rdzv.host}) was lost ({err})"
