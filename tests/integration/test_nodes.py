@@ -109,6 +109,14 @@ def test_replay_of_the_nodes_directories_is_the_live_diagnosis(skipped):
             live["kind"], tuple(live["ranks"]), live["group"], live["seq"], live["callsite"])
         assert {s.rank: s.state for s in d.ranks} == {0: "stopped", 1: "stopped",
                                                        2: "stopped", 3: "stopped"}
+    # through the command, as a user replays the nodes' directories after an rsync
+    proc = subprocess.run([sys.executable, "-m", "nccl_doctor", "replay", str(out / "nodeA"),
+                           str(out / "nodeB"), "--format", "json"], capture_output=True,
+                          text=True, timeout=120)
+    assert proc.returncode == 0, proc.stderr
+    replayed = root(json.loads(proc.stdout))
+    assert {k: replayed[k] for k in ("kind", "ranks", "group", "seq", "callsite")} == {
+        k: live[k] for k in ("kind", "ranks", "group", "seq", "callsite")}
     # one node's directory alone is a part of the job: it blames no unseen rank
     alone = analyze(load_many([out / "nodeA"]))
     assert any("replay every node's directory together" in n for n in alone.notes)

@@ -22,9 +22,9 @@ from nccl_doctor.capture.directory import groups_from_notes, load_capture_dir
 from nccl_doctor.capture.union import union
 from nccl_doctor.diagnosis import Diagnosis
 from nccl_doctor.errors import DoctorError
-from nccl_doctor.model import ExitKind, Integrity, RankExit, RankMeta, RankTrace, TraceSet
+from nccl_doctor.model import RankTrace, TraceSet
 from nccl_doctor.stacks.rank_stack import RankStack, stack_from_json
-from nccl_doctor.supervisor.federation.link import Link, LinkState, Local, Role
+from nccl_doctor.supervisor.federation.link import Link, LinkState, Local, Role, lost_rank
 from nccl_doctor.supervisor.federation.rendezvous import Rendezvous
 from nccl_doctor.supervisor.live import LiveJob, Snapshot
 
@@ -241,10 +241,6 @@ class FederatedJob(LiveJob):
 
 def _lost_with_leader(link: Link, world_size: int) -> list[RankTrace]:
     """The leader's ranks, lost with it (what a follower knows of them: their host)."""
-    return [RankTrace(
-        meta=RankMeta(rank=r, world_size=world_size, local_rank=None, node_rank=node, host=host,
-                      pid=0, started_ns=0),
-        events=(), exit=RankExit(ExitKind.LOST, exception=host,
-                                 time_ns=int(link.lost_at_wall * 1e9) or None),
-        integrity=Integrity(), path="")
-        for r, (host, node) in sorted(link.leader_ranks().items())]
+    when = int(link.lost_at_wall * 1e9) or None
+    return [lost_rank(r, host, node, when, world_size)
+            for r, (host, node) in sorted(link.leader_ranks().items())]

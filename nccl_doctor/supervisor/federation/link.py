@@ -25,7 +25,7 @@ from dataclasses import dataclass, field, replace
 from typing import Any, Callable
 
 from nccl_doctor.capture import summary
-from nccl_doctor.model import ExitKind, RankExit, RankTrace
+from nccl_doctor.model import ExitKind, Integrity, RankExit, RankMeta, RankTrace
 from nccl_doctor.supervisor.federation import store as st
 from nccl_doctor.supervisor.federation.rendezvous import Rendezvous
 
@@ -65,6 +65,16 @@ class Remote:
     @property
     def name(self) -> str:
         return f"{self.host} (node {self.node_rank})" if self.node_rank is not None else self.host
+
+
+def lost_rank(rank: int, host: str, node_rank: int | None, when_ns: int | None,
+              world_size: int = 0) -> RankTrace:
+    """A rank lost with its host, of which nothing but its host is known."""
+    return RankTrace(
+        meta=RankMeta(rank=rank, world_size=world_size, local_rank=None, node_rank=node_rank, host=host,
+                      pid=0, started_ns=0),
+        events=(), exit=RankExit(ExitKind.LOST, exception=host, time_ns=when_ns),
+        integrity=Integrity(), path="")
 
 
 @dataclass(frozen=True)
@@ -401,12 +411,15 @@ class Link:
             remote.summary_counts = doc.get("counts") or {}
         out = []
         for remote in self.remotes.values():
+            host, when = remote.host or remote.id, int(remote.lost_at_wall * 1e9) or None
             for trace in remote.traces.values():
                 if remote.lost and trace.exit.kind is ExitKind.RUNNING:
-                    trace = replace(trace, exit=RankExit(
-                        ExitKind.LOST, exception=remote.host or remote.id,
-                        time_ns=int(remote.lost_at_wall * 1e9)))
+                    trace = replace(trace, exit=RankExit(ExitKind.LOST, exception=host,
+                                                         time_ns=when))
                 out.append(trace)
+            if remote.lost:  # ranks it never summarised (it was never still): lost all the same
+                out += [lost_rank(r, host, remote.node_rank, when)
+                        for r in sorted(remote.ranks) if r not in remote.traces]
         return out
 
     def _answers(self, remote: Remote, now: float) -> bool:

@@ -1,0 +1,125 @@
+"""The nodes' link over a real torch TCPStore, leader and followers in one process (no job):
+joining, beats, summaries, requests, decisions, a lost follower, a lost leader, the end."""
+
+from __future__ import annotations
+
+import threading
+import time
+
+from nccl_doctor.model import ExitKind
+from nccl_doctor.reproducers.nodes import free_port
+from nccl_doctor.supervisor.federation.link import Link, LinkState, Local, Role
+from nccl_doctor.supervisor.federation.rendezvous import Rendezvous
+
+
+def rdzv(port: int, node: int) -> Rendezvous:
+    return Rendezvous("127.0.0.1", port, 2, node, "test", "127.0.0.1:1")
+
+
+def leader_and_follower(port: int, said: list[str], **opts):
+    leader = Link(rdzv(port, 0), "nodeA", announce=said.append, answer=lambda *a: {},
+                  summaries=lambda ended: [], every=0.05, **opts)
+    answers = []
+
+    def answer(what, ranks, timeout):
+        answers.append((what, ranks))
+        return {"ranks": {str(r): f"{what} of {r}" for r in ranks}}
+
+    follower = Link(rdzv(port, 1), "nodeB", announce=said.append, answer=answer,
+                    summaries=lambda ended: [], every=0.05, quiet_for=0.05, **opts)
+    leader.start(True)
+    leader.wait_started(60)
+    follower.start(False)
+    return leader, follower, answers
+
+
+def until(predicate, timeout=30.0):
+    end = time.monotonic() + timeout
+    while time.monotonic() < end:
+        if predicate():
+            return True
+        time.sleep(0.05)
+    return False
+
+
+def test_a_follower_joins_beats_answers_and_gets_the_decisions():
+    said: list[str] = []
+    leader, follower, answers = leader_and_follower(free_port(), said)
+    local = Local({2: 10, 3: 11}, {2: 0, 3: 0}, (), False, 1)
+    assert until(lambda: follower.follow(local) is not None and follower.state is LinkState.JOINED)
+    assert any("joined the job's nodes" in m and "leader: nodeA" in m for m in said)
+    assert until(lambda: (follower.follow(local), leader.gather(), leader.remotes)[2])
+    remote = next(iter(leader.remotes.values()))
+    assert (remote.host, remote.node_rank, sorted(remote.ranks)) == ("nodeB", 1, [2, 3])
+    assert leader.remote_counts()[0] == {2: 10, 3: 11}
+
+    stop = threading.Event()
+
+    def follow_loop():
+        while not stop.is_set():
+            follower.follow(local)
+            time.sleep(0.02)
+
+    loop = threading.Thread(target=follow_loop)
+    loop.start()
+    try:
+        got = leader.request("stacks", [3], 5.0)
+        leader.publish({"kind": "hang", "announce": ["HANG: x"]})
+    finally:
+        stop.set()
+        loop.join()
+    assert got == {"3": "stacks of 3"} and answers == [("stacks", [3])]
+    decisions = []
+    assert until(lambda: decisions.extend(follower.follow(local)) or decisions)
+    assert decisions == [{"kind": "hang", "announce": ["HANG: x"]}]
+    leader.close()
+    follower.close()
+
+
+def test_a_silent_follower_is_lost_with_its_ranks_summarised_or_not():
+    said: list[str] = []
+    leader, follower, _ = leader_and_follower(free_port(), said, lost_after=0.5)
+    local = Local({2: 10, 3: 11}, {}, (), False, 1)
+    assert until(lambda: (follower.follow(local), leader.gather(), leader.remotes)[2])
+    follower.close()  # it stops beating, as a SIGKILLed node does
+    assert until(lambda: (leader.gather(), any(r.lost for r in leader.remotes.values()))[1])
+    assert any(m.startswith("LOST: nodeB (node 1)") for m in said)
+    lost = leader.remote_traces()
+    assert sorted(t.rank for t in lost) == [2, 3]  # it never sent a summary: still named
+    assert all(t.exit.kind is ExitKind.LOST and t.meta.host == "nodeB" for t in lost)
+    assert leader.all_ended()
+    leader.close()
+
+
+def test_a_lost_leader_leaves_the_follower_alone_and_says_so():
+    said: list[str] = []
+    port = free_port()
+    leader, follower, _ = leader_and_follower(port, said)
+    local = Local({2: 1}, {}, (), False, 1)
+    assert until(lambda: (follower.follow(local), follower.state is LinkState.JOINED)[1])
+    leader.publish_roster({0: ("nodeA", 0), 1: ("nodeA", 0)})
+    assert until(lambda: (follower.follow(local), follower.leader_ranks())[1])
+    assert follower.leader_ranks() == {0: ("nodeA", 0), 1: ("nodeA", 0)}
+    del leader._store, leader._pending  # the leader's process is gone: its store with it
+    import gc
+    gc.collect()
+    assert until(lambda: (follower.follow(local), follower.state is LinkState.LEADER_LOST)[1])
+    assert "the leader (nodeA) was lost" in follower.problem
+    assert follower.follower_finish(local, 1.0) is None
+    assert follower.role is Role.FOLLOWER
+
+
+def test_the_final_report_reaches_a_follower_that_ended():
+    said: list[str] = []
+    leader, follower, _ = leader_and_follower(free_port(), said)
+    local = Local({2: 5}, {}, (), False, 1)
+    assert until(lambda: (follower.follow(local), leader.gather(), leader.remotes)[2])
+    got = {}
+    t = threading.Thread(target=lambda: got.setdefault(
+        "final", follower.follower_finish(Local({2: 6}, {}, (), True, 1), 30.0)))
+    t.start()
+    assert until(lambda: (leader.gather(), leader.all_ended())[1])
+    leader.publish_final({"verdict": "ok"}, wait=10.0)
+    t.join(30)
+    assert got["final"] == {"verdict": "ok"}
+    leader.close()
