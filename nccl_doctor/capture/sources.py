@@ -28,14 +28,18 @@ def load(path: Path, fr: Path | None = None) -> TraceSet:
         traces = fr_dump.traces_from_dumps(fr_parallel.load_window(path), str(path))
     else:
         traces = load_capture_dir(path)  # says what is wrong with anything else
-    if fr is None:
-        return traces
+    return traces if fr is None else _with_fr(traces, fr, str(path))
+
+
+def _with_fr(traces: TraceSet, fr: Path, where: str) -> TraceSet:
+    """``traces`` with the Flight Recorder dumps under ``fr`` merged in by (process group,
+    sequence number); dumps of ranks with no capture in ``where`` are named, not merged."""
     dumps = fr_dump.load_dumps(fr)
     problems = list(traces.problems) + list(dumps.problems) + list(dumps.notes)
     unknown = sorted(set(dumps.by_rank) - set(traces.ranks))
     if unknown:
         problems.append(f"Flight Recorder dumps of rank(s) {', '.join(map(str, unknown))} have "
-                        f"no capture in {path}: not merged")
+                        f"no capture in {where}: not merged")
     merged = flight_recorder.merge(traces, dumps.by_rank)
     return replace(merged, problems=tuple(problems))
 
@@ -69,8 +73,4 @@ def load_many(paths: list[Path], fr: Path | None = None) -> TraceSet:
     dirs = sorted(dict.fromkeys(dirs), key=_lead_order)  # stable: the order given otherwise
     parts = [load(d) for d in dirs]
     merged = union(parts, source=", ".join(str(p) for p in paths))
-    if fr is None:
-        return merged
-    dumps = fr_dump.load_dumps(fr)
-    problems = list(merged.problems) + list(dumps.problems) + list(dumps.notes)
-    return replace(flight_recorder.merge(merged, dumps.by_rank), problems=tuple(problems))
+    return merged if fr is None else _with_fr(merged, fr, merged.source)

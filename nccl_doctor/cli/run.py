@@ -166,18 +166,17 @@ def supervise(args: argparse.Namespace, command: list[str]) -> int:
 
 def _meeting(args: argparse.Namespace, command: list[str], err) -> rendezvous.Rendezvous | None:
     """Where this node meets the job's other nodes (None: one node, or nowhere to meet)."""
-    explicit = getattr(args, "coordinator", None)
+    explicit = args.coordinator
     try:
         found = rendezvous.find(command, os.environ, coordinator=explicit,
-                                node_rank=getattr(args, "node_rank", None),
-                                nnodes=getattr(args, "nnodes", None))
+                                node_rank=args.node_rank, nnodes=args.nnodes)
     except rendezvous.RendezvousError as e:
         if explicit:
             raise UsageError(f"--coordinator: {e}") from None
         err.write(f"nccl-doctor: cannot tell where the nodes meet ({e}); diagnosing this node "
                   "alone: pass --coordinator HOST:PORT\n")
         return None
-    if found is None and rendezvous.several_nodes(command, os.environ, getattr(args, "nnodes", None)):
+    if found is None and rendezvous.several_nodes(command, os.environ, args.nnodes):
         err.write("nccl-doctor: a multi-node job, but the command names no rendezvous address; "
                   "diagnosing this node alone: pass --coordinator HOST:PORT\n")
     return found

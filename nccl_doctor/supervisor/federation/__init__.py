@@ -14,7 +14,7 @@ from __future__ import annotations
 import ipaddress
 from dataclasses import replace
 import socket
-from typing import Any, Callable, Sequence
+from typing import Any, Callable, Mapping, Sequence
 
 from nccl_doctor.analysis.situation import ProcState
 from nccl_doctor.capture import summary
@@ -205,28 +205,29 @@ class FederatedJob(LiveJob):
                 out[int(r)] = ProcState(0, bool(raw[0]), str(raw[1]), float(raw[2]))
         return out
 
+    def _ask(self, what: str, ranks: Sequence[int], have: Mapping[int, Any],
+             timeout: float) -> dict[int, Any]:
+        """rank -> the raw answer of its node's supervisor, for ``ranks`` not in ``have``
+        (this host's)."""
+        link = self._link
+        remote = [r for r in ranks if r not in have]
+        if link is None or not remote:
+            return {}
+        return {int(r): raw for r, raw in link.request(what, remote, timeout).items()}
+
     def stacks(self, ranks: Sequence[int], timeout: float) -> dict[int, RankStack]:
         out = super().stacks(ranks, timeout)
-        link = self._link
-        remote = [r for r in ranks if r not in out]
-        if link is None or not remote:
-            return out
-        for r, raw in link.request("stacks", remote, timeout).items():
+        for r, raw in self._ask("stacks", ranks, out, timeout).items():
             try:
-                out[int(r)] = stack_from_json(raw, int(r))
+                out[r] = stack_from_json(raw, r)
             except (ValueError, TypeError):
                 continue
         return out
 
     def flight_recorder(self, ranks: Sequence[int], timeout: float) -> dict[int, dict[str, Any]]:
         out = super().flight_recorder(ranks, timeout)
-        link = self._link
-        remote = [r for r in ranks if r not in out]
-        if link is None or not remote:
-            return out
-        for r, raw in link.request("flight_recorder", remote, timeout).items():
-            if isinstance(raw, dict):
-                out[int(r)] = raw
+        out.update((r, raw) for r, raw in self._ask("flight_recorder", ranks, out,
+                                                     timeout).items() if isinstance(raw, dict))
         return out
 
     def hosts(self) -> dict[int, str]:

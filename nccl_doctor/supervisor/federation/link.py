@@ -109,6 +109,7 @@ class Link:
         self._store: Any = None
         self._pending: Any = None  # a store the connecting thread reached
         self._error = ""
+        self._refused = False  # what listens there is not this job's coordinator: stop trying
         self._thread: threading.Thread | None = None
         self._stop = threading.Event()
         self._started = clock()
@@ -164,11 +165,17 @@ class Link:
             self._thread.join(timeout)
         self.gather()
 
+    def _take_pending(self) -> bool:
+        """The store the background thread hosted or reached, in use from now (False: none)."""
+        if self.state is not LinkState.CONNECTING or self._pending is None:
+            return False
+        self._store, self.state = self._pending, LinkState.JOINED
+        return True
+
     def _hosted(self) -> bool:
         """The leader: whether its store is up (says so, or why not, once)."""
         if self.state is LinkState.CONNECTING:
-            if self._pending is not None:
-                self._store, self.state = self._pending, LinkState.JOINED
+            if self._take_pending():
                 self.announce(f"coordinating {self.rdzv.nnodes or 'the'} nodes on "
                               f"{self.rdzv.address} ({self.rdzv.source})")
             elif self._error:
@@ -190,6 +197,7 @@ class Link:
                         or magic.get("job") != self.rdzv.job):
                     self._error = (f"{self.rdzv.address} is not this job's nccl-doctor "
                                    "coordinator")
+                    self._refused = True
                     return
                 self.leader_host = str(magic.get("host", ""))
                 st.put(store, st.beat_key(self.id), self._beat({}, {}, (), False, None))
@@ -217,11 +225,10 @@ class Link:
         if local.counts != self._last_counts:
             self._last_counts, self._moved_at = dict(local.counts), now
         if self.state is LinkState.CONNECTING:
-            if self._pending is not None:
-                self._store, self.state = self._pending, LinkState.JOINED
+            if self._take_pending():
                 self.announce(f"joined the job's nodes at {self.rdzv.address} (leader: "
                               f"{self.leader_host or '?'}); the leader diagnoses the job")
-            elif self._error and "not this job" in self._error:
+            elif self._refused:
                 self._alone(self._error)
                 return []
             elif now - self._started >= self.connect_within and not self._said_waiting:
@@ -392,7 +399,7 @@ class Link:
                  and now - r.moved_at >= self.quiet_for and self._answers(r, now)]
         try:
             if fresh and stale:
-                replies = self._request(stale, "summary", [], self.timeout)
+                replies = self._request(stale, "summary", self.timeout)
                 want += [r for r, reply in zip(stale, replies) if isinstance(reply, dict)]
             docs = st.get_many(self._store, [st.summary_key(r.id) for r in want])
         except st.StoreError:
@@ -443,15 +450,17 @@ class Link:
         nodes = [self.remotes[n] for n in by_node]
         if not nodes:
             return {}
-        replies = self._request(nodes, what, [], timeout, by_node)
+        replies = self._request(nodes, what, timeout, by_node)
         out: dict[str, Any] = {}
         for reply in replies:
             if isinstance(reply, dict):
                 out.update(reply.get("ranks", {}))
         return out
 
-    def _request(self, nodes: list[Remote], what: str, ranks: list[int], timeout: float,
+    def _request(self, nodes: list[Remote], what: str, timeout: float,
                  by_node: dict[str, list[int]] | None = None) -> list[Any]:
+        """Ask each of ``nodes`` for ``what`` (about its ranks in ``by_node``); their replies
+        in order (None: no answer in time)."""
         if self.state is not LinkState.JOINED:
             return []
         sent = []
@@ -460,7 +469,7 @@ class Link:
                 self._request_n += 1
                 st.put(self._store, st.request_key(node.id), {
                     "n": self._request_n, "what": what, "timeout": timeout,
-                    "ranks": (by_node or {}).get(node.id, ranks)})
+                    "ranks": (by_node or {}).get(node.id, [])})
                 sent.append((node, self._request_n))
             deadline = time.monotonic() + timeout + self.every + 1.0
             replies = []
@@ -520,12 +529,10 @@ class Link:
         """A follower's job ended: publish its end, then wait (up to ``wait`` s, beating) for
         the leader's final report; None if the leader is gone or never answered."""
         # a job that ended before the nodes met: they still meet, for its report
-        while (self.state is LinkState.CONNECTING and self._pending is None and not self._error
-               .startswith(f"{self.rdzv.address} is not") and
-               self.clock() - self._started < self.connect_within):
+        while (self.state is LinkState.CONNECTING and self._pending is None and not self._refused
+               and self.clock() - self._started < self.connect_within):
             time.sleep(0.2)
-        if self.state is LinkState.CONNECTING and self._pending is not None:
-            self._store, self.state = self._pending, LinkState.JOINED
+        self._take_pending()
         if self.role is Role.FOLLOWER and self.state is LinkState.CONNECTING:
             self.state = LinkState.ALONE
             self.problem = self.problem or (f"never reached the coordinator at "

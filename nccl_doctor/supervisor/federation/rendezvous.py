@@ -27,6 +27,7 @@ _ACCELERATE = {"addr": ("--main_process_ip", "--main-process-ip"),
                "node_rank": ("--machine_rank", "--machine-rank")}
 _DEEPSPEED = {"addr": ("--master_addr", "--master-addr"), "port": ("--master_port", "--master-port"),
               "nnodes": ("--num_nodes", "--num-nodes"), "node_rank": ("--node_rank", "--node-rank")}
+_LAUNCHERS = {"torchrun": _TORCHRUN, "accelerate": _ACCELERATE, "deepspeed": _DEEPSPEED}
 #: Options that take no value (so the token after them is the script, not their value).
 _FLAGS = {"--standalone", "-m", "--module", "--no-python", "--no_python", "--run-path",
           "--run_path", "--virtual-local-rank", "--multi_gpu", "--multi-gpu", "--cpu",
@@ -135,7 +136,7 @@ def find(command: Sequence[str], environ: Mapping[str, str], *, coordinator: str
     found = launcher(command)
     name = found[0] if found else ""
     options = launcher_options(command, found[1]) if found else {}
-    names = {"torchrun": _TORCHRUN, "accelerate": _ACCELERATE, "deepspeed": _DEEPSPEED}.get(name, {})
+    names = _LAUNCHERS.get(name, {})
 
     def get(key: str) -> str | None:
         value = _pick(options, names.get(key, ()))
@@ -179,7 +180,7 @@ def several_nodes(command: Sequence[str], environ: Mapping[str, str],
     if found is None:
         return False
     options = launcher_options(command, found[1])
-    names = {"torchrun": _TORCHRUN, "accelerate": _ACCELERATE, "deepspeed": _DEEPSPEED}[found[0]]
+    names = _LAUNCHERS[found[0]]
     text = _pick(options, names["nnodes"])
     try:
         return text is not None and _nnodes(text) > 1
