@@ -52,6 +52,19 @@ class GroupTimeline:
 
 
 def timelines(traces: TraceSet) -> dict[str, GroupTimeline]:
+    """Per process group, every rank's collectives lined up (the passes share the last
+    result: they all ask for the same traces in turn)."""
+    if _last and _last[0] is traces:
+        return _last[1]
+    out = _timelines(traces)
+    _last[:] = [traces, out]
+    return out
+
+
+_last: list = []  # [traces, their timelines]: the most recent call's
+
+
+def _timelines(traces: TraceSet) -> dict[str, GroupTimeline]:
     calls: dict[str, dict[int, dict[int, Event]]] = defaultdict(lambda: defaultdict(dict))
     for rank, trace in traces.ranks.items():
         for e in leaf_collectives(trace):

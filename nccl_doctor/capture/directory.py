@@ -11,19 +11,21 @@ from __future__ import annotations
 import json
 from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
-from typing import Any
+from typing import Any, Callable
 
 from nccl_doctor._version import __version__
 from nccl_doctor.capture import flight_recorder, fr_dump, watch_record
 from nccl_doctor.capture import format as fmt
-from nccl_doctor.capture.reader import read_capture
+from nccl_doctor.capture import window
+from nccl_doctor.capture.follow import CaptureFollower, Scan, scan_capture
 from nccl_doctor.errors import (
     CaptureNotFound, CorruptCapture, DoctorError, NotACapture, UnsupportedVersion,
 )
 from nccl_doctor.diagnosis import Diagnosis
 from nccl_doctor.files import write_atomic
+from nccl_doctor.gpu.readings import GpuTrace
 from nccl_doctor.gpu.series import GPU_JSONL, read_gpu
-from nccl_doctor.stacks.samples import STRAGGLERS_JSONL, read_samples
+from nccl_doctor.stacks.samples import STRAGGLERS_JSONL, StackSample, read_samples
 from nccl_doctor.model import ExitKind, GroupInfo, RankExit, RankTrace, TraceSet
 
 MANIFEST = "manifest.json"
@@ -119,48 +121,178 @@ def capture_files(directory: Path) -> list[Path]:
 
 
 def load_capture_dir(path: Path, *, job_ended: bool | None = None,
-                     evidence: bool = True) -> TraceSet:
+                     evidence: bool = True, window_above: int | None = None) -> TraceSet:
     """Load every rank's capture under ``path`` (a directory, or one ``.ndcap`` file).
 
     ``job_ended`` says whether the job is over (ranks with no exit record then count as vanished);
     by default the manifest's ``ended_at`` decides. ``evidence``: also what the live watchdog
     kept (nccl_doctor/capture/watch_record.py): its Flight Recorder pulls are merged, its
-    decisions and stacks attached, and the ranks it stopped marked so.
+    decisions and stacks attached, and the ranks it stopped marked so. ``window_above``: how many
+    records in all make the passes see a window of them (default ``WINDOW_ABOVE``).
     """
+    manifest, files = _contents(path)
+    if job_ended is None:
+        job_ended = manifest is not None and manifest.ended_at is not None
+    scans = [_try(scan_capture, f) for f in files]
+    read, note = _events(scans, manifest, window_above)
+    gpu, samples, problems = _beside(path)
+    loaded = _assemble(path, manifest, files, read, job_ended, gpu, samples, problems + note)
+    return _with_evidence(loaded, path) if evidence and path.is_dir() else loaded
+
+
+#: Records above which a replay analyses a window of them (capture/window.py), not all.
+WINDOW_ABOVE = 100_000
+#: The newest records of each rank analysed in a window: this many in all, shared by the ranks,
+#: and at least ``TAIL`` each.
+WINDOW_TAILS = 32_768
+TAIL = 64
+
+
+def _events(scans: list[Scan | DoctorError], manifest: Manifest | None,
+            above: int | None = None) -> tuple[list[RankTrace | DoctorError], list[str]]:
+    """Each capture's trace: with every record, or - past ``above`` records in all - with the
+    window the passes need (capture/window.py), and a note saying so."""
+    above = WINDOW_ABOVE if above is None else above
+    good = [s for s in scans if isinstance(s, Scan)]
+    total = sum(len(s.decoded.rows) for s in good)
+    if total <= above:
+        return [s if isinstance(s, DoctorError) else s.trace() for s in scans], []
+    table: dict[str, int] = {}
+    latest: dict[int, Scan] = {}
+    for scan in good:
+        held = latest.get(scan.meta.rank)
+        if held is None or held.meta.started_ns <= scan.meta.started_ns:
+            latest[scan.meta.rank] = scan
+    lv = {id(s): window.leaves(s.decoded.rows, s.decoded.exited,
+                               window.codes(s.strings, table, s.decoded.rows)) for s in good}
+    groups = groups_from_notes(latest.values())
+    members = {table[name]: g.ranks for name, g in groups.items() if name in table}
+    world = max([s.meta.world_size for s in good] + [manifest.world_size or 0 if manifest else 0])
+    node = manifest.extra.get("node") if manifest is not None else None
+    partial = isinstance(node, dict) and len(latest) < world
+    points = window.focus({r: lv[id(s)] for r, s in latest.items()}, members, partial)
+    tail = max(TAIL, WINDOW_TAILS // max(1, len(good)))
+    out: list[RankTrace | DoctorError] = []
+    kept = 0
+    for scan in scans:
+        if isinstance(scan, DoctorError):
+            out.append(scan)
+            continue
+        mask = window.keep(scan.decoded.rows, lv[id(scan)], points, tail)
+        kept += int(mask.sum())
+        out.append(scan.trace(mask))
+    return out, [f"{total} records compared across the ranks with numpy; {kept} analysed call "
+                 f"by call: each rank's newest {tail} and those around each process group's "
+                 "first divergence and its slowest member's last call"]
+
+
+class LiveCaptures:
+    """The captures of a running job, followed (capture/follow.py): ``load()`` costs the records
+    written since the previous one, and returns the previous ``TraceSet`` itself when nothing
+    changed - the watches and the silent checks all share it, and may cache on its identity."""
+
+    def __init__(self, directory: Path) -> None:
+        self.directory = directory
+        self._followers: dict[Path, CaptureFollower] = {}
+        self._read: list[RankTrace | DoctorError] = []
+        self._beside: tuple[tuple, tuple] = ((), ())  # (stamps, what) of gpu.jsonl & stragglers
+        self._last: TraceSet | None = None
+
+    def load(self) -> TraceSet:
+        """The job as its captures show it now (ranks still running: no exit yet)."""
+        manifest, files = _contents(self.directory)
+        read = [self._follow(f) for f in files]
+        stamps = tuple(_stamp(self.directory / name) for name in (GPU_JSONL, STRAGGLERS_JSONL))
+        moved = stamps != self._beside[0]
+        if moved:
+            self._beside = (stamps, _beside(self.directory))
+        same = len(read) == len(self._read) and all(a is b for a, b in zip(read, self._read))
+        if same and not moved and self._last is not None:
+            return self._last
+        self._read = read
+        gpu, samples, problems = self._beside[1]
+        self._last = _assemble(self.directory, manifest, files, read, False, gpu, samples,
+                               problems)
+        return self._last
+
+    def _follow(self, path: Path) -> RankTrace | DoctorError:
+        follower = self._followers.get(path)
+        try:
+            if follower is None:  # (a file being created may not be readable yet: next time)
+                follower = self._followers[path] = CaptureFollower(path)
+            return follower.read()
+        except DoctorError as err:
+            return err
+
+    def close(self) -> None:
+        for follower in self._followers.values():
+            follower.close()
+        self._followers.clear()
+
+
+def _stamp(path: Path) -> tuple[int, int] | None:
+    try:
+        st = path.stat()
+    except OSError:
+        return None
+    return st.st_size, st.st_mtime_ns
+
+
+def _try(read: Callable[[Path], RankTrace], path: Path) -> RankTrace | DoctorError:
+    try:
+        return read(path)
+    except DoctorError as err:
+        return err
+
+
+def _contents(path: Path) -> tuple[Manifest | None, list[Path]]:
+    """(the manifest, the capture files) of a capture directory or file."""
     if not path.exists():
         raise CaptureNotFound(
             f"{path} does not exist: pass the --out directory of an `nccl-doctor run`"
         )
-    manifest = None
     if path.is_file():
         if path.suffix != fmt.CAPTURE_SUFFIX:
             raise NotACapture(
                 f"{path} is not a capture: pass a capture directory or a {fmt.CAPTURE_SUFFIX} file"
             )
-        files = [path]
-    else:
-        if not any(path.iterdir()):
-            raise CaptureNotFound(f"{path} is empty: it holds no capture (was the job ever run?)")
-        manifest = read_manifest(path)
-        files = capture_files(path)
-        if manifest is None and not files:
-            raise NotACapture(
-                f"{path} is not an nccl-doctor capture directory "
-                f"(no {MANIFEST}, no *{fmt.CAPTURE_SUFFIX} files) nor a directory of PyTorch "
-                "Flight Recorder dumps"
-            )
-    if job_ended is None:
-        job_ended = manifest is not None and manifest.ended_at is not None
+        return None, [path]
+    if not any(path.iterdir()):
+        raise CaptureNotFound(f"{path} is empty: it holds no capture (was the job ever run?)")
+    manifest = read_manifest(path)
+    files = capture_files(path)
+    if manifest is None and not files:
+        raise NotACapture(
+            f"{path} is not an nccl-doctor capture directory "
+            f"(no {MANIFEST}, no *{fmt.CAPTURE_SUFFIX} files) nor a directory of PyTorch "
+            "Flight Recorder dumps"
+        )
+    return manifest, files
 
+
+def _beside(path: Path) -> tuple[GpuTrace | None, tuple[StackSample, ...], list[str]]:
+    """The GPU samples and the stragglers' stack samples beside the captures."""
+    gpu, samples, problems = None, (), []
+    if path.is_dir():
+        try:
+            gpu = read_gpu(path)
+        except ValueError as err:
+            problems.append(f"GPU samples skipped: {err}")
+        samples = read_samples(path)
+    return gpu, samples, problems
+
+
+def _assemble(path: Path, manifest: Manifest | None, files: list[Path],
+              read: list[RankTrace | DoctorError], job_ended: bool, gpu: GpuTrace | None,
+              samples: tuple[StackSample, ...], beside_problems: list[str]) -> TraceSet:
+    """The ``TraceSet`` of what was read from ``files`` (a trace, or why not, for each)."""
     traces: dict[int, RankTrace] = {}
     problems: list[str] = []
     errors: list[DoctorError] = []
-    for f in files:
-        try:
-            trace = read_capture(f)
-        except DoctorError as err:
-            errors.append(err)
-            problems.append(str(err))
+    for trace in read:
+        if isinstance(trace, DoctorError):
+            errors.append(trace)
+            problems.append(str(trace))
             continue
         if job_ended and trace.exit.kind is ExitKind.RUNNING:
             trace = replace(trace, exit=RankExit(ExitKind.VANISHED))
@@ -186,14 +318,7 @@ def load_capture_dir(path: Path, *, job_ended: bool | None = None,
                 f"rank {rank}'s capture is incomplete ({trace.integrity.describe()}): "
                 "its last events may be missing"
             )
-
-    gpu, samples = None, ()
-    if path.is_dir():
-        try:
-            gpu = read_gpu(path)
-        except ValueError as err:
-            problems.append(f"GPU samples skipped: {err}")
-        samples = read_samples(path)
+    problems += beside_problems
     sizes = [t.meta.world_size for t in traces.values()]
     if manifest is not None and manifest.world_size:
         sizes.append(manifest.world_size)
@@ -204,14 +329,13 @@ def load_capture_dir(path: Path, *, job_ended: bool | None = None,
         partial = (f"the captures of host {node.get('host', '?')} only (node "
                    f"{node.get('node_rank', '?')} of a multi-node job; replay every node's "
                    "directory together for the whole job)")
-    loaded = TraceSet(
+    return TraceSet(
         partial=partial,
         ranks=traces, groups=groups_from_notes(traces.values()), world_size=world,
         command=manifest.command if manifest else (), problems=tuple(problems),
         exit_status=manifest.exit_status if manifest else None, source=str(path), gpu=gpu,
         stack_samples=samples,
     )
-    return _with_evidence(loaded, path) if evidence and path.is_dir() else loaded
 
 
 def _with_evidence(traces: TraceSet, path: Path) -> TraceSet:

@@ -1,4 +1,5 @@
-"""The one reader of capture files: bytes on disk -> a typed ``RankTrace``.
+"""Parsing a capture file's header, metadata, string table and exit notes (the ring's records:
+capture/records.py; reading a whole capture, fresh or followed: capture/follow.py).
 
 Never executes anything from the file; every field is bounds- and checksum-checked. Raises
 ``NotACapture`` / ``UnsupportedVersion`` / ``CorruptCapture`` for files it cannot use at all; a file
@@ -9,7 +10,6 @@ from __future__ import annotations
 
 import json
 import re
-import struct
 from pathlib import Path
 from typing import Any
 
@@ -17,8 +17,7 @@ from nccl_doctor import paths
 from nccl_doctor.capture import format as fmt
 from nccl_doctor.errors import CorruptCapture, NotACapture, UnsupportedVersion
 from nccl_doctor.model import (
-    Location, Event, EventFlag, EventKind, EventState, ExitKind, Integrity, RankExit, RankMeta,
-    RankTrace,
+    Location, ExitKind, RankExit, RankMeta,
 )
 
 
@@ -84,29 +83,25 @@ def read_counters(path: Path) -> tuple[dict[str, Any], int, int]:
     return meta, started, used
 
 
-def _read_strings(
-    data: bytes, str_off: int, str_size: int
-) -> tuple[dict[int, str], list[dict[str, Any]], int]:
-    strings: dict[int, str] = {0: ""}
-    notes: list[dict[str, Any]] = []
-    bad = 0
-    (used,) = fmt.COUNTER.unpack_from(data, fmt.STRTAB_USED_OFFSET)
-    end = str_off + min(used, str_size)
-    pos = str_off
-    while pos + fmt.STR_HEAD.size <= min(end, len(data)):
+def parse_strings(data: bytes, pos: int, strings: dict[int, str],
+                  notes: list[dict[str, Any]]) -> tuple[int, int, bool]:
+    """Parse string-table entries of ``data`` (the table's bytes in use) from ``pos`` on into
+    ``strings`` and ``notes``. Returns (where parsing stopped, notes that were not JSON, whether
+    it stopped at a damaged entry - a reader may resume from there once more is written)."""
+    bad_json = 0
+    end = len(data)
+    while pos + fmt.STR_HEAD.size <= end:
         length, kind, sid = fmt.STR_HEAD.unpack_from(data, pos)
         if length == 0 and kind == 0:
             break
         body_end = pos + fmt.STR_HEAD.size + length
-        if body_end + fmt.CRC.size > min(end, len(data)):
-            bad += 1
-            break
+        if body_end + fmt.CRC.size > end:
+            return pos, bad_json, True
         body = data[pos + 4 : body_end]
         (crc,) = fmt.CRC.unpack_from(data, body_end)
-        pos = body_end + fmt.CRC.size
         if fmt.crc32(body) != crc:
-            bad += 1
-            break  # lengths after a corrupt entry cannot be trusted
+            return pos, bad_json, True  # lengths after a corrupt entry cannot be trusted
+        pos = body_end + fmt.CRC.size
         payload = body[8:].decode("utf-8", "replace")
         if kind == fmt.StrKind.STRING:
             strings[sid] = payload
@@ -114,70 +109,24 @@ def _read_strings(
             try:
                 note = json.loads(payload)
             except ValueError:
-                bad += 1
+                bad_json += 1
                 continue
             if isinstance(note, dict):
                 notes.append(note)
-    return strings, notes, bad
+    return pos, bad_json, False
 
 
-def _callsite(strings: dict[int, str], file_id: int, line: int, func_id: int) -> Location | None:
-    if not file_id:
-        return None
-    return Location(strings.get(file_id, "<?>"), line, strings.get(func_id, ""))
+def ring_slots(capacity: int, started: int, available: int) -> int:
+    """How many slots from the ring's start can hold records: all of them once the ring has
+    lapped; before that the records started so far (the header's counter) and a few beyond it
+    (a thread of the pure-Python ring may publish its count after a later one's)."""
+    if started <= 0 or started >= capacity:
+        return min(capacity, available)
+    return min(capacity, available, started + LOOKAHEAD)
 
 
-def _read_events(
-    data: bytes, capacity: int, ring_off: int, strings: dict[int, str]
-) -> tuple[list[Event], int, int, bool]:
-    # No per-event counter is kept (it would cost the hot path a write): scan every slot. A
-    # record is trusted only if its check holds and its index belongs in its slot.
-    ring_end = ring_off + capacity * fmt.RECORD_SIZE
-    truncated = len(data) < ring_end
-    events: list[Event] = []
-    torn = 0
-    count = 0
-    for slot in range(capacity):
-        off = ring_off + slot * fmt.RECORD_SIZE
-        if off + fmt.RECORD_SIZE > len(data):
-            break
-        if not any(data[off : off + fmt.RECORD_SIZE]):
-            continue  # never written
-        raw = data[off : off + fmt.ENTER.size]
-        (check,) = fmt.CRC.unpack_from(data, off + fmt.ENTER.size)
-        if fmt.record_check(raw) != check:
-            torn += 1
-            continue
-        f = fmt.ENTER.unpack(raw)
-        idx = f[0]
-        if idx < 1 or (idx - 1) % capacity != slot:
-            torn += 1
-            continue
-        count = max(count, idx)
-        t_exit, seq_delta, state, check = fmt.EXIT.unpack_from(data, off + fmt.EXIT_OFFSET)
-        if t_exit and check == fmt.exit_check(idx, t_exit, seq_delta, state) and state in (1, 2, 3):
-            st, exit_ns, delta = EventState(state), t_exit, seq_delta
-        else:
-            if t_exit or check:
-                torn += 1  # an exit part cut off mid-write
-            st, exit_ns, delta = EventState.ENTERED, None, None
-        (idx, parent, t_enter, seq, nbytes, thread, op, group, in_d, out_d, uf, ul, ufn, af, al,
-         extra, peer, gsize, seq_off, kind, flags, _pad) = f
-        try:
-            ekind = EventKind(kind)
-        except ValueError:
-            torn += 1
-            continue
-        events.append(Event(
-            idx=idx, parent=parent, kind=ekind, op=strings.get(op, "<?>"),
-            group=strings.get(group, "<?>"), seq=seq, seq_offset=seq_off, seq_delta=delta,
-            state=st, flags=EventFlag(flags), t_enter_ns=t_enter, t_exit_ns=exit_ns,
-            thread=thread, input=strings.get(in_d, ""), output=strings.get(out_d, ""),
-            nbytes=nbytes, peer=peer, group_size=gsize, callsite=_callsite(strings, uf, ul, ufn),
-            api_callsite=_callsite(strings, af, al, 0), extra=strings.get(extra, ""),
-        ))
-    events.sort(key=lambda e: e.idx)
-    return events, torn, max(0, count - capacity), truncated
+#: Slots read past the header's counter (records started by threads racing the counter).
+LOOKAHEAD = 64
 
 
 _FAULT_SIGNALS = {
@@ -243,25 +192,13 @@ def _meta(meta: dict[str, Any]) -> RankMeta:
     )
 
 
-def read_capture(path: Path) -> RankTrace:
-    """Load one capture file (and its faulthandler file beside it, if any)."""
-    try:
-        data = path.read_bytes()
-    except OSError as err:
-        raise CorruptCapture(f"{path} cannot be read: {err.strerror}") from None
-    capacity, ring_off, str_off, str_size, _created = read_header(data, path)
-    meta = read_meta(data, path)
-    strings, notes, bad_strings = _read_strings(data, str_off, str_size)
-    try:
-        events, torn, overwritten, truncated = _read_events(data, capacity, ring_off, strings)
-    except struct.error:
-        raise CorruptCapture(f"{path} has unreadable event records") from None
+def read_fault(path: Path) -> str | None:
+    """The faulthandler output beside a capture file (bounded), if any."""
     fault_path = path.with_suffix(fmt.FAULT_SUFFIX)
-    fault_text = None
-    if fault_path.is_file():
-        fault_text = fault_path.read_text("utf-8", "replace")[:1_000_000]
-    return RankTrace(
-        meta=_meta(meta), events=tuple(events), exit=_exit_from(notes, fault_text),
-        integrity=Integrity(torn, truncated, overwritten, bad_strings), path=str(path),
-        notes=tuple(notes),
-    )
+    try:
+        with fault_path.open("rb") as fh:
+            return fh.read(4_000_000).decode("utf-8", "replace")[:1_000_000]
+    except FileNotFoundError:
+        return None
+    except OSError:
+        return None

@@ -14,7 +14,7 @@ from pathlib import Path
 from typing import Any, Callable, Mapping, Protocol, Sequence
 
 from nccl_doctor.analysis.annotate import Annotator
-from nccl_doctor.capture.directory import load_capture_dir
+from nccl_doctor.capture.directory import LiveCaptures
 from nccl_doctor.diagnosis import Diagnosis
 from nccl_doctor.errors import DoctorError
 from nccl_doctor.model import TraceSet
@@ -38,13 +38,14 @@ class LiveJob:
         self.announce = announce or (lambda _m: None)
         self.clock = clock
         self.registry = Registry(out_dir)
+        self.captures = LiveCaptures(out_dir)  # followed: one read per tick feeds every watch
 
     def snapshot(self) -> Snapshot:
         """The ranks' progress counters now (a header read per rank); the captures themselves
         are read on first use, once per snapshot, whichever watch asks first."""
         counts = self.registry.poll()
         return Snapshot(self.clock(), counts, dict(self.registry.notes), self.out_dir,
-                        self.registry.poll)
+                        self.registry.poll, self.captures.load)
 
     # -- what the watches may look at: this host's ranks here; a multi-node leader
     #    (nccl_doctor/supervisor/federation/) asks the other nodes' supervisors for theirs
@@ -100,7 +101,7 @@ class Snapshot:
             self.read_counts = self.poll() if self.poll is not None else dict(self.counts)
             try:
                 self._traces = (self.load() if self.load is not None else
-                                load_capture_dir(self.out_dir, job_ended=False, evidence=False))
+                                LiveCaptures(self.out_dir).load())
             except DoctorError:
                 self._traces = None
         return self._traces

@@ -170,6 +170,7 @@ class Supervisor:
             raise
         finally:
             self._restore_signals(previous)
+            self.live.captures.close()
             if self.gpu is not None:
                 self.gpu.close()  # its last sample lands before the analysis reads it
         self._to(State.ENDED)

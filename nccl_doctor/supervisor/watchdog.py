@@ -94,6 +94,9 @@ class Watchdog:
         self._stuck_calls: dict[int, tuple[str, int, bool]] = {}
         self._aftermath: tuple[str, ...] = ()  # what the backend did to them since
         self.message = ""  # the current one-line status ("" while nothing is wrong)
+        # the last analysis and Flight Recorder merge, kept while their inputs are the same
+        self._analyses: list[tuple[TraceSet, Diagnosis]] = []
+        self._merge: tuple[TraceSet, tuple, TraceSet] | None = None
 
     # -- the loop ----------------------------------------------------------------------------
     def _to(self, new: WatchState) -> None:
@@ -127,8 +130,7 @@ class Watchdog:
         traces = snap.traces
         if traces is None:
             return None
-        annotators = self.job.annotators
-        live_analysis = analyze(traces, annotators=annotators)
+        live_analysis = self._analysed(traces)
         procs = self.job.procs()
         a = assess(traces, live_analysis, procs)
         waited = now - self._progress_at
@@ -146,15 +148,18 @@ class Watchdog:
             # confirmed on a fresh pull, never on a cached one.
             previous = self._assessment
             fresh = previous is not None and previous.situation is Situation.DEADLOCK
+            # while peers wait: pulled at the sampling cadence on NCCL (its calls return at
+            # once) or when an awaited rank looks idle (blocked, maybe in a C++ collective);
+            # a busy one is computing (an evaluation, a checkpoint): the slow cadence
             every = (self.policy.sample_every if a.situation is Situation.WAITING_ON_PEERS
-                     else fr_every)
+                     and (nccl or self._idle(a.awaited)) else fr_every)
             dumps, moved = self._flight_recorder(a, now, every, fresh)
             if moved:  # C++ collectives completed since the last pull: the job progresses
                 self._progressed(now)
                 return None
             if dumps:
-                traces = flight_recorder.merge(traces, dumps)
-                live_analysis = analyze(traces, annotators=annotators)
+                traces = self._merged(traces, dumps)
+                live_analysis = self._analysed(traces)
                 a = assess(traces, live_analysis, procs)
         self._assessment = a
         if a.situation is Situation.COMPUTING and waited < self._computing_every():
@@ -176,6 +181,26 @@ class Watchdog:
             self._status(f"every rank is inside {call_name(next(iter(a.waiting.values())))}"
                          f" for {waited:.0f} s: a slow collective so far")
         return None
+
+    def _analysed(self, traces: TraceSet) -> Diagnosis:
+        """The passes' findings on ``traces``, worked out once per distinct look: while nothing
+        moves, the shared reader hands the same object back and the watchdog's looks cost
+        little more than a header read per rank."""
+        for seen, diagnosis in self._analyses:
+            if seen is traces:
+                return diagnosis
+        diagnosis = analyze(traces, annotators=self.job.annotators)
+        # two kept: a look analyses the captures, then them with Flight Recorder merged
+        self._analyses = [(traces, diagnosis)] + self._analyses[:1]
+        return diagnosis
+
+    def _merged(self, traces: TraceSet, dumps: dict[int, dict[str, Any]]) -> TraceSet:
+        """``traces`` with the Flight Recorder pulls merged in; the previous merge again while
+        neither the captures nor the pulls' progress changed."""
+        key = (traces, flight_recorder.progress_signature(dumps))
+        if self._merge is None or self._merge[0] is not traces or self._merge[1] != key[1]:
+            self._merge = (traces, key[1], flight_recorder.merge(traces, dumps))
+        return self._merge[2]
 
     @property
     def quiet(self) -> bool:
@@ -263,6 +288,19 @@ class Watchdog:
         self._status(f"{waiting} wait in a collective on {ranks_text(list(a.awaited))} "
                      f"(outside collectives): watching")
         return None
+
+    def _idle(self, ranks: tuple[int, ...]) -> bool:
+        """Any of ``ranks`` used less than ``policy.idle_cpu`` of a core between its last two
+        samples (unknown until it has two)."""
+        for r in ranks:
+            samples = self._samples.get(r, [])
+            if len(samples) >= 2:
+                prev, last = samples[-2], samples[-1]
+                span = last.at - prev.at
+                if last.stopped or (span > 0 and
+                                    (last.cpu - prev.cpu) / span < self.policy.idle_cpu):
+                    return True
+        return False
 
     def _stuck(self, rank: int) -> str | None:
         """Why ``rank`` is stuck, from its samples since the situation began; None if not."""

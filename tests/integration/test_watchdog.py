@@ -121,7 +121,7 @@ def _pids_when_running(out: Path, nproc: int, timeout: float = 60) -> dict[int, 
 def _stop_outside_collectives(out: Path, rank: int, pid: int, tries: int = 50) -> None:
     """SIGSTOP ``pid``; if its capture then shows it inside a collective, let it go and retry."""
     from nccl_doctor.analysis.align import blocked_event
-    from nccl_doctor.capture.reader import read_capture
+    from nccl_doctor.capture.follow import read_capture
 
     path = next(f for f in capture_files(out) if read_progress(f)[0]["rank"] == rank)
     for _ in range(tries):

@@ -13,7 +13,8 @@ from nccl_doctor.capture import format as fmt
 from nccl_doctor.capture.directory import (
     MANIFEST, MANIFEST_FORMAT, Manifest, load_capture_dir, read_manifest,
 )
-from nccl_doctor.capture.reader import parse_fault, read_capture
+from nccl_doctor.capture.follow import read_capture
+from nccl_doctor.capture.reader import parse_fault
 from nccl_doctor.capture.writer import CaptureWriter
 from nccl_doctor.errors import (
     CaptureNotFound, CorruptCapture, DoctorError, ExitStatus, NotACapture, UnsupportedVersion,

@@ -102,7 +102,8 @@ class Federation:
         """This node's ranks in brief; once its job ended, as the post mortem reads them (no
         exit record: vanished; stopped for the leader's hang: stopped)."""
         try:
-            traces = load_capture_dir(self.live.out_dir, job_ended=ended, evidence=ended)
+            traces = (load_capture_dir(self.live.out_dir, job_ended=True, evidence=True) if ended
+                      else self.live.captures.load())
         except DoctorError:
             return []
         return [summary.summarize(t) for _, t in sorted(traces.ranks.items())]
@@ -168,7 +169,8 @@ class FederatedJob(LiveJob):
 
     def union(self, ended: bool = False, evidence: bool = False) -> TraceSet:
         """This node's captures and every follower's ranks, as one job."""
-        local = load_capture_dir(self.out_dir, job_ended=ended, evidence=evidence)
+        local = (self.captures.load() if not (ended or evidence) else
+                 load_capture_dir(self.out_dir, job_ended=ended, evidence=evidence))
         fed = self.federation
         if fed is not None and fed.link.state is LinkState.LEADER_LOST:
             remote = _lost_with_leader(fed.link, local.world_size)

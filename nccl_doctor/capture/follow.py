@@ -1,0 +1,278 @@
+"""Following a capture while its rank writes it: each read costs the records written since the
+last one, not the ring.
+
+A ``CaptureFollower`` keeps what it decoded, slot by slot. Each ``read`` looks at the header's
+two counters (records started, string-table bytes used) and re-decodes only the slots that can
+have changed since: those of the records started since (and a few beyond the counter, where a
+racing thread of the pure-Python ring may already have written), records whose exit part is not
+written yet (calls still running), and slots that were torn or referenced strings not yet read
+(a write caught half done). A slot whose record and exit both hold never changes until the ring
+laps it, which the counter says. When the reader falls a whole lap behind it decodes the ring
+afresh. The result is the same ``RankTrace`` a fresh read of the file gives at that moment, and
+the same object as the previous read when nothing changed (callers may cache on identity).
+
+``read_capture`` is a follower's first read: one implementation for replay and live.
+"""
+
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from nccl_doctor.capture import format as fmt, records
+from nccl_doctor.capture.reader import (
+    LOOKAHEAD, _exit_from, _meta, parse_strings, read_fault, read_header, read_meta, ring_slots,
+)
+from nccl_doctor.errors import CorruptCapture
+from nccl_doctor.model import Event, Integrity, RankExit, RankMeta, RankTrace
+
+#: Records the frontier may trail the counter by before a slot still not written there is taken
+#: for torn (re-read on each read until the ring laps it) and the frontier moves on.
+_PATIENCE = 4 * LOOKAHEAD
+
+
+class CaptureFollower:
+    """One capture file, followed. ``read()`` -> the ``RankTrace`` now; ``close()`` when done."""
+
+    def __init__(self, path: Path) -> None:
+        self.path = path
+        try:
+            self._fd = os.open(path, os.O_RDONLY)
+        except OSError as err:
+            raise CorruptCapture(f"{path} cannot be read: {err.strerror}") from None
+        try:
+            head = os.pread(self._fd, fmt.HEADER_SIZE, 0)
+            size = os.fstat(self._fd).st_size
+        except OSError as err:
+            self.close()
+            raise CorruptCapture(f"{path} cannot be read: {err.strerror}") from None
+        try:
+            capacity, ring_off, str_off, str_size, _ = read_header(head, path)
+            self._meta = _meta(read_meta(head, path))
+        except Exception:
+            self.close()
+            raise
+        self.capacity, self._ring_off = capacity, ring_off
+        self._str_off, self._str_size = str_off, str_size
+        self._available = max(0, size - ring_off) // fmt.RECORD_SIZE  # slots in the file
+        self._truncated = size < ring_off + capacity * fmt.RECORD_SIZE
+        # strings and notes, parsed up to ``_str_pos`` (the table only grows)
+        self._strings: dict[int, str] = {0: ""}
+        self._notes: list[dict[str, Any]] = []
+        self._str_pos, self._bad_json, self._str_damaged = 0, 0, False
+        # the ring, slot by slot: slot -> (idx, its Event); slots to look at again
+        self._slots: dict[int, tuple[int, Event]] = {}
+        self._torn: set[int] = set()  # slots holding a torn record (or a torn exit part)
+        self._open: set[int] = set()  # slots whose record awaits its exit, or a string
+        self._frontier = 1  # lowest record index not yet seen in its slot
+        self._started = -1
+        self._used = -1
+        self._fault: tuple[int, int] | None = None  # (size, mtime) of the fault file
+        self._fault_text: str | None = None
+        self._trace: RankTrace | None = None
+
+    def __enter__(self) -> CaptureFollower:
+        return self
+
+    def __exit__(self, *_exc: object) -> None:
+        self.close()
+
+    def close(self) -> None:
+        if self._fd >= 0:
+            os.close(self._fd)
+            self._fd = -1
+
+    # -- reading --------------------------------------------------------------------------
+    def scan(self) -> Scan:
+        """The whole capture now, read afresh, its records still columns (nothing kept)."""
+        started, used = self._counters()
+        self._read_strings(used)
+        self._read_fault()
+        slots = np.arange(ring_slots(self.capacity, started, self._available))
+        decoded = records.decode(self._rows(slots), slots, self.capacity)
+        count = int(decoded.rows["idx"][-1]) if len(decoded.rows) else 0
+        bad = self._bad_json + (1 if self._str_damaged else 0)
+        return Scan(self.path, self._meta, dict(self._strings), tuple(self._notes), decoded,
+                    Integrity(decoded.torn, self._truncated, max(0, count - self.capacity), bad),
+                    _exit_from(self._notes, self._fault_text))
+
+    def _counters(self) -> tuple[int, int]:
+        """(records started, string-table bytes used): the header's two live counters."""
+        head = self._pread(fmt.EVENTS_STARTED_OFFSET + 16, 0)
+        (started,) = fmt.COUNTER.unpack_from(head, fmt.EVENTS_STARTED_OFFSET)
+        (used,) = fmt.COUNTER.unpack_from(head, fmt.STRTAB_USED_OFFSET)
+        return started, used
+
+    def read(self) -> RankTrace:
+        """The capture as it is now (the previous object when nothing changed)."""
+        started, used = self._counters()
+        changed = self._read_strings(used)
+        changed |= self._read_ring(started)
+        changed |= self._read_fault()
+        if changed or self._trace is None:
+            self._trace = self._build()
+        return self._trace
+
+    def _pread(self, length: int, offset: int) -> bytes:
+        try:
+            return os.pread(self._fd, length, offset)
+        except OSError as err:
+            raise CorruptCapture(f"{self.path} cannot be read: {err.strerror}") from None
+
+    def _read_strings(self, used: int) -> bool:
+        if used == self._used and not self._str_damaged:
+            return False
+        self._used = used
+        end = min(used, self._str_size)
+        if end <= self._str_pos:
+            return False
+        data = self._pread(end - self._str_pos, self._str_off + self._str_pos)
+        known = len(self._strings)
+        before = (known, len(self._notes), self._str_damaged)
+        pos, bad_json, damaged = parse_strings(data, 0, self._strings, self._notes)
+        self._str_pos += pos
+        self._bad_json += bad_json
+        self._str_damaged = damaged
+        return (len(self._strings), len(self._notes), damaged) != before or bad_json > 0
+
+    def _read_ring(self, started: int) -> bool:
+        capacity = self.capacity
+        if self._started < 0 or started - self._frontier >= capacity:  # first read, or a lap
+            self._slots.clear()
+            self._torn.clear()
+            self._open.clear()
+            self._started = started
+            self._frontier = started - capacity + 1 if started >= capacity else 1
+            self._decode(np.arange(ring_slots(capacity, started, self._available)))
+            self._advance(started)
+            return True
+        self._started = started
+        # the records started since (and a few past the counter), and the unsettled slots
+        fresh = np.arange(self._frontier, min(started + LOOKAHEAD, self._frontier + capacity - 1)
+                          + 1, dtype=np.int64)
+        slots = np.union1d((fresh - 1) % capacity,
+                           np.fromiter(self._open | self._torn, dtype=np.int64))
+        changed = self._decode(slots[slots < self._available])
+        self._advance(started)
+        return changed
+
+    def _advance(self, started: int) -> None:
+        """Move the frontier past every record seen in its own slot. A slot that stays
+        unwritten far behind the counter was cut off (a thread killed in the middle of its
+        write): it is looked at again on each read until the ring laps it."""
+        while self._frontier <= started + LOOKAHEAD:
+            slot = (self._frontier - 1) % self.capacity
+            held = self._slots.get(slot)
+            if held is not None and held[0] == self._frontier:
+                self._frontier += 1
+            elif started - self._frontier >= _PATIENCE:
+                if slot < self._available:
+                    self._open.add(slot)
+                self._frontier += 1
+            else:
+                break
+
+    def _decode(self, slots: np.ndarray) -> bool:
+        """Decode ``slots`` afresh; whether what they hold changed."""
+        if not len(slots):
+            return False
+        decoded = records.decode(self._rows(slots), slots, self.capacity)
+        touched = slots.tolist()
+        before = {s: self._slots.pop(s, None) for s in touched}
+        torn_before = self._torn.intersection(touched)
+        self._open.difference_update(touched)
+        self._torn.difference_update(touched)
+        self._torn.update(decoded.torn_slots.tolist())
+        missing = records.unresolved(decoded.rows, self._strings).tolist()
+        row_slots = decoded.slots.tolist()
+        for slot, e, unnamed in zip(row_slots, records.events(decoded, self._strings), missing):
+            self._slots[slot] = (e.idx, e)
+            if not e.done or unnamed:
+                self._open.add(slot)  # its exit, or a name, is still to come
+        return (torn_before != self._torn.intersection(touched)
+                or any(before[s] != self._slots.get(s) for s in touched))
+
+    def _rows(self, slots: np.ndarray) -> np.ndarray:
+        """The RECORD rows of ``slots`` (sorted), read in runs of adjacent slots."""
+        if len(slots) and int(slots[-1]) - int(slots[0]) + 1 == len(slots):  # one run: no copy
+            raw = self._pread(len(slots) * fmt.RECORD_SIZE,
+                              self._ring_off + int(slots[0]) * fmt.RECORD_SIZE)
+            if len(raw) == len(slots) * fmt.RECORD_SIZE:
+                return records.as_records(raw)
+        out = np.zeros(len(slots), dtype=records.RECORD)
+        if not len(slots):
+            return out
+        breaks = np.flatnonzero(np.diff(slots) != 1) + 1
+        at = 0
+        for run in np.split(slots, breaks):
+            first, n = int(run[0]), len(run)
+            raw = self._pread(n * fmt.RECORD_SIZE, self._ring_off + first * fmt.RECORD_SIZE)
+            got = records.as_records(raw)
+            out[at:at + len(got)] = got
+            if len(got) < n:
+                out[at + len(got):at + n] = np.zeros(n - len(got), dtype=records.RECORD)
+            at += n
+        return out
+
+    def _read_fault(self) -> bool:
+        fault_path = self.path.with_suffix(fmt.FAULT_SUFFIX)
+        try:
+            st = fault_path.stat()
+            stamp = (st.st_size, st.st_mtime_ns)
+        except OSError:
+            stamp = None
+        if stamp == self._fault:
+            return False
+        self._fault = stamp
+        self._fault_text = read_fault(self.path) if stamp is not None else None
+        return True
+
+    def _build(self) -> RankTrace:
+        held = sorted(self._slots.values(), key=lambda t: t[0])
+        count = held[-1][0] if held else 0
+        bad = self._bad_json + (1 if self._str_damaged else 0)
+        return RankTrace(
+            meta=self._meta, events=tuple(e for _, e in held),
+            exit=_exit_from(self._notes, self._fault_text),
+            integrity=Integrity(len(self._torn), self._truncated, max(0, count - self.capacity),
+                                bad),
+            path=str(self.path), notes=tuple(self._notes),
+        )
+
+
+@dataclass(frozen=True)
+class Scan:
+    """A capture read in full with its records still columns: replay of a large job picks the
+    rows that become events (capture/window.py) before making any."""
+
+    path: Path
+    meta: RankMeta
+    strings: dict[int, str]
+    notes: tuple[dict[str, Any], ...]
+    decoded: records.Decoded
+    integrity: Integrity
+    exit: RankExit
+
+    def trace(self, keep: np.ndarray | None = None) -> RankTrace:
+        """The ``RankTrace``, with every record, or the rows ``keep`` (bool per row) only."""
+        d = self.decoded
+        if keep is not None:
+            d = records.Decoded(d.rows[keep], d.exited[keep], d.slots[keep], d.torn_slots)
+        return RankTrace(meta=self.meta, events=tuple(records.events(d, self.strings)),
+                         exit=self.exit, integrity=self.integrity, path=str(self.path),
+                         notes=self.notes)
+
+
+def scan_capture(path: Path) -> Scan:
+    """One capture file (and its faulthandler file beside it, if any), as columns."""
+    with CaptureFollower(path) as capture:
+        return capture.scan()
+
+
+def read_capture(path: Path) -> RankTrace:
+    """Load one capture file (and its faulthandler file beside it, if any)."""
+    return scan_capture(path).trace()
