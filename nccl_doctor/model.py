@@ -250,6 +250,14 @@ class RankTrace:
     integrity: Integrity
     path: str = ""
     notes: tuple[Mapping[str, Any], ...] = ()
+    # records in the capture when ``events`` holds only a window of them (a large replay:
+    # nccl_doctor/capture/window.py); None: ``events`` is every record
+    recorded: int | None = None
+
+    @property
+    def records(self) -> int:
+        """Records the capture holds (``events`` may be a window of them)."""
+        return len(self.events) if self.recorded is None else self.recorded
 
     @property
     def rank(self) -> int:

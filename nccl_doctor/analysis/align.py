@@ -70,7 +70,7 @@ def _timelines(traces: TraceSet) -> dict[str, GroupTimeline]:
         for e in leaf_collectives(trace):
             calls[e.group][e.align_seq].setdefault(rank, e)
     out = {}
-    for name, by_seq in calls.items():
+    for name, by_seq in sorted(calls.items()):  # (a window starts in any group)
         members = traces.group_members(name)
         last = {r: 0 for r in members if r in traces.ranks}
         for seq, by_rank in by_seq.items():

@@ -190,7 +190,7 @@ def _summary(trace: RankTrace) -> RankSummary:
         exit_code=ex.code, signal=ex.signal, exit_detail=ex.describe(short=True),
         last_collective=last_json, stack_summary=None,
         capture={
-            "file": Path(trace.path).name, "events": len(trace.events),
+            "file": Path(trace.path).name, "events": trace.records,
             "complete": trace.integrity.complete, "integrity": trace.integrity.describe(),
         },
     )

@@ -264,7 +264,8 @@ class Scan:
             d = records.Decoded(d.rows[keep], d.exited[keep], d.slots[keep], d.torn_slots)
         return RankTrace(meta=self.meta, events=tuple(records.events(d, self.strings)),
                          exit=self.exit, integrity=self.integrity, path=str(self.path),
-                         notes=self.notes)
+                         notes=self.notes,
+                         recorded=None if keep is None else len(self.decoded.rows))
 
 
 def scan_capture(path: Path) -> Scan:

@@ -35,10 +35,40 @@ def run_job(tmp_path: Path):
         result = Supervisor(torchrun(nproc, *target), out, environ=environ).run()
         assert result.analysis_error is None, result.analysis_error
         assert result.diagnosis is not None
+        assert_window_agrees(out)
         return JobRun(result.exit_status, result.diagnosis, out)
 
     return run
 
+
+
+def assert_window_agrees(out: Path) -> None:
+    """Replayed with a window forced (capture/window.py: a few records around each group's
+    first divergence and each rank's newest ones, as a large job is replayed), the job's report
+    says what it says on every record: the same findings and ranks (only the straggler pass,
+    which reads timing over the whole run, and the window's own note may differ)."""
+    from nccl_doctor.analysis import analyze
+    from nccl_doctor.capture import directory
+
+    def report(**window) -> dict:
+        d = analyze(directory.load_capture_dir(out, **window)).to_json()
+        stragglers = [f for f in d["findings"] if f["kind"] == "straggler"]
+        d["findings"] = [f for f in d["findings"] if f not in stragglers]
+        d["notes"] = [n for n in d["notes"] if "records compared across" not in n]
+        if stragglers:
+            d.pop("root_cause", None)
+            d.pop("verdict", None)
+        return d
+
+    full = report()
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setattr(directory, "WINDOW_TAILS", 0)
+        mp.setattr(directory, "TAIL", 8)
+        windowed = report(window_above=0)
+    if "verdict" not in full:  # (a straggler warning: the window may keep too little to see it)
+        windowed.pop("verdict", None)
+        windowed.pop("root_cause", None)
+    assert windowed == full
 
 
 @pytest.fixture
