@@ -214,3 +214,16 @@ def test_frames_in_the_top_level_plugins_are_ours_the_reproducers_are_user_code(
     assert paths.is_wrapper_file(hf_transformers.__file__)
     assert not paths.is_wrapper_file(cpo_logits_gather.__file__)
     assert not paths.is_wrapper_file(str(ROOT / "train.py"))
+
+
+def test_every_package_is_installed():
+    """A non-editable install ships only the packages pyproject.toml lists: one left out (as
+    nccl_doctor.supervisor.federation once was) breaks ``nccl-doctor run`` there."""
+    import tomllib
+
+    root = Path(__file__).resolve().parents[2]
+    listed = set(tomllib.loads((root / "pyproject.toml").read_text())["tool"]["setuptools"]
+                 ["packages"])
+    found = {".".join(p.parent.relative_to(root).parts)
+             for p in (root / "nccl_doctor").rglob("__init__.py")}
+    assert found - listed == set()
