@@ -150,10 +150,12 @@ class CaptureFollower:
             self._decode(np.arange(ring_slots(capacity, started, self._available)))
             self._advance(started)
             return True
-        self._started = started
-        # the records started since (and a few past the counter), and the unsettled slots
-        fresh = np.arange(self._frontier, min(started + LOOKAHEAD, self._frontier + capacity - 1)
-                          + 1, dtype=np.int64)
+        moved, self._started = started != self._started, started
+        # the records started since (and a few past the counter: a racing thread of the pure-
+        # Python ring may have written there; it publishes its own index once it has, so while
+        # the counter stands still nothing new was written), and the unsettled slots
+        upto = min(started + LOOKAHEAD, self._frontier + capacity - 1) if moved else 0
+        fresh = np.arange(self._frontier, upto + 1, dtype=np.int64)
         slots = np.union1d((fresh - 1) % capacity,
                            np.fromiter(self._open | self._torn, dtype=np.int64))
         changed = self._decode(slots[slots < self._available])
