@@ -5,6 +5,7 @@ Used by the recorder's hot path (through a per-code-object cache) and by the rea
 
 from __future__ import annotations
 
+import functools
 import os
 import re
 
@@ -64,7 +65,11 @@ def _is_user_copy(path: str) -> bool:
 
 def short_path(path: str, cwd: str | None = None) -> str:
     """A path relative to ``cwd`` when it lies below it, else as recorded."""
-    cwd = cwd or os.getcwd()
+    return _short_path(path, cwd or os.getcwd())
+
+
+@functools.lru_cache(maxsize=4096)
+def _short_path(path: str, cwd: str) -> str:  # (reports name the same few files thousands of times)
     try:
         rel = os.path.relpath(path, cwd)
     except ValueError:

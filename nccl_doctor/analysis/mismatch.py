@@ -87,6 +87,8 @@ def detect_collective_mismatch(traces: TraceSet) -> list[Finding]:
             if len(by_rank) < 2:
                 continue
             sigs = {rank: _signature_cached(e, cache) for rank, e in by_rank.items()}
+            if len({id(s) for s in sigs.values()}) == 1:
+                continue  # every rank made the very same call (the cache shares its signature)
             aspect = next(
                 (a for a in _ASPECTS if len({repr(s[a]) for s in sigs.values() if a in s}) > 1),
                 None,

@@ -196,6 +196,7 @@ class LiveCaptures:
         self._followers: dict[Path, CaptureFollower] = {}
         self._read: list[RankTrace | DoctorError] = []
         self._beside: tuple[tuple, tuple] = ((), ())  # (stamps, what) of gpu.jsonl & stragglers
+        self._cut: dict[int, tuple[RankTrace, RankTrace]] = {}  # id -> (trace, its newest part)
         self._last: TraceSet | None = None
 
     def load(self) -> TraceSet:
@@ -211,9 +212,26 @@ class LiveCaptures:
             return self._last
         self._read = read
         gpu, samples, problems = self._beside[1]
-        self._last = _assemble(self.directory, manifest, files, read, False, gpu, samples,
-                               problems)
+        self._last = _assemble(self.directory, manifest, files, self._tails(read), False, gpu,
+                               samples, problems)
         return self._last
+
+    def _tails(self, read: list[RankTrace | DoctorError]) -> list[RankTrace | DoctorError]:
+        """Past ``WINDOW_ABOVE`` records in all, each rank's newest ones only (``WINDOW_TAILS``
+        shared, at least ``TAIL`` each): a look at a running job is about how it stands now,
+        and full rings would make each look's analysis cost seconds. (A replay, and the
+        supervisor's own post mortem, read the whole window: ``load_capture_dir``.)"""
+        traces = [t for t in read if isinstance(t, RankTrace)]
+        if sum(len(t.events) for t in traces) <= WINDOW_ABOVE:
+            return read
+        tail = max(TAIL, WINDOW_TAILS // max(1, len(traces)))
+        cut = {}
+        for t in traces:
+            held = self._cut.get(id(t))
+            cut[id(t)] = held if held is not None and held[0] is t else (
+                t, replace(t, events=t.events[-tail:], recorded=t.records))
+        self._cut = cut
+        return [cut[id(t)][1] if isinstance(t, RankTrace) else t for t in read]
 
     def _follow(self, path: Path) -> RankTrace | DoctorError:
         follower = self._followers.get(path)

@@ -199,6 +199,8 @@ def merge(traces: TraceSet, dumps: Mapping[int, Mapping[str, Any]]) -> TraceSet:
                       if e.idx in in_flight else e for e in trace.events]
             events = sorted(events + extra, key=lambda e: e.t_enter_ns)
             ranks[rank] = replace(trace, events=tuple(events))
+    if all(ranks[r] is t for r, t in traces.ranks.items()):
+        return traces  # nothing to add: the same object (the watchdog's analysis is kept on it)
     return replace(traces, ranks=ranks)
 
 

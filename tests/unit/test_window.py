@@ -128,3 +128,17 @@ def test_small_replays_are_not_windowed(tmp_path):
     traces = load_capture_dir(out)
     assert not any("records compared" in p for p in traces.problems)
     assert sum(len(t.events) for t in traces.ranks.values()) == 30 * WORLD
+
+
+def test_a_running_job_past_the_window_is_looked_at_through_each_ranks_newest_records(
+        tmp_path, monkeypatch):
+    out = write_job(tmp_path, 300, stop_at={r: 299 for r in range(WORLD)})
+    monkeypatch.setattr(directory, "WINDOW_ABOVE", 1000)
+    monkeypatch.setattr(directory, "WINDOW_TAILS", 400)
+    live = directory.LiveCaptures(out)
+    traces = live.load()
+    assert live.load() is traces  # nothing new: the same object, analysed once
+    for rank, trace in traces.ranks.items():
+        assert len(trace.events) == 64 and trace.records == 300  # TAIL: 400 // 8 is less
+        assert trace.events[-1].state is EventState.ENTERED  # where it stands now
+    live.close()
