@@ -96,7 +96,7 @@ class Watchdog:
         self.message = ""  # the current one-line status ("" while nothing is wrong)
         # the last analysis and Flight Recorder merge, kept while their inputs are the same
         self._analyses: list[tuple[TraceSet, Diagnosis]] = []
-        self._merge: tuple[TraceSet, tuple, TraceSet] | None = None
+        self._merge: tuple[TraceSet, dict, TraceSet] | None = None
 
     # -- the loop ----------------------------------------------------------------------------
     def _to(self, new: WatchState) -> None:
@@ -196,10 +196,9 @@ class Watchdog:
 
     def _merged(self, traces: TraceSet, dumps: dict[int, dict[str, Any]]) -> TraceSet:
         """``traces`` with the Flight Recorder pulls merged in; the previous merge again while
-        neither the captures nor the pulls' progress changed."""
-        key = (traces, flight_recorder.progress_signature(dumps))
-        if self._merge is None or self._merge[0] is not traces or self._merge[1] != key[1]:
-            self._merge = (traces, key[1], flight_recorder.merge(traces, dumps))
+        neither the captures nor the pulls changed (a pull is kept between pulls)."""
+        if self._merge is None or self._merge[0] is not traces or self._merge[1] is not dumps:
+            self._merge = (traces, dumps, flight_recorder.merge(traces, dumps))
         return self._merge[2]
 
     @property
