@@ -1,18 +1,35 @@
 """Recorder overhead: microseconds per small all_reduce on a 1-rank gloo group.
 
 Prints, in one run, the time per call bare, with the nccl-doctor recorder, and with
-TORCH_DISTRIBUTED_DEBUG=DETAIL, and the ratios. Budget: the recorder adds at most 3 us per call.
+TORCH_DISTRIBUTED_DEBUG=DETAIL, and the ratios; then the recorder's own cost per call around a
+no-op function, in total and stage by stage. Goal (issue 16): the recorder adds at most 2 us per
+call and at most 10% (ratio <= 1.10).
 
 Bare and recorder run in one process, in alternating rounds (the recorder's wrapper swapped in and
 out of ``torch.distributed``), so that the machine's drift - gloo's thread hand-off time varies a
-lot on a small VM - cancels in the paired differences. DETAIL is read once, at
-init_process_group, so it runs in a process of its own, alternating with a bare process.
+lot on a small VM - cancels in the paired differences; the main thread's CPU time per call is
+also given, which leaves out gloo's worker thread and the waits for it, the noisiest part.
+Between two gloo calls the recorder runs with cold caches: it costs more there than in the
+stage breakdown's tight loops. DETAIL is read once, at
+init_process_group, so it runs in a process of its own, alternating with a bare process. The
+timed loops live in a script file, as a user's do (frames of ``python -c`` are never a callsite).
 
-The recorder writes its records through the C ring (nccl_doctor/capture/_ring.c) when it was
-built, else through the pure-Python ring; both are measured (the Python one with
-NCCL_DOCTOR_PURE_PYTHON=1) and the budget is judged on the one a default install uses.
+The recorder writes its records through the C fast path and C ring (nccl_doctor/capture/_ring.c)
+when they were built, else through its Python path and the pure-Python ring; both are measured
+(the Python one with NCCL_DOCTOR_PURE_PYTHON=1) and the goal is judged on the one a default
+install uses.
 
-    python benchmarks/recorder_overhead.py [--calls 2000] [--rounds 40]
+The stage breakdown times, alone and in loops, what the recorder's Python path does per call:
+the wrapper itself (forwarding ``*args, **kwargs``), the group and its sequence number, the
+description of the input tensor, the callsite, the thread's call stack, and the ring write (enter
+and exit). The C fast path does the same work in one C call; its total is measured around the same
+no-op function.
+
+``--baseline DIR`` measures another copy of the package as well (DIR holds its ``nccl_doctor``,
+with its C extension built, e.g. from ``git worktree add DIR <commit>`` and
+``python setup.py build_ext --inplace`` there) and ends with a before/after table.
+
+    python benchmarks/recorder_overhead.py [--calls 2000] [--rounds 40] [--baseline DIR]
 """
 
 from __future__ import annotations
@@ -25,8 +42,11 @@ import statistics
 import subprocess
 import sys
 import tempfile
+from pathlib import Path
 
 from nccl_doctor.capture.ring import PURE_PYTHON_ENV, accelerated
+
+GOAL_US, GOAL_RATIO = 2.0, 1.10
 
 CHILD = r"""
 import json, os, sys, time
@@ -42,19 +62,143 @@ t = torch.zeros(8)
 recorded = dist.all_reduce
 bare = getattr(recorded, "__wrapped__", recorded) if mode == "paired" else recorded
 
-def timed(fn):
-    t0 = time.perf_counter()
+cpu = {"bare": [], "recorder": []}  # this thread's CPU time: not gloo's worker, not waits
+
+def timed(fn, key=None):
+    t0, c0 = time.perf_counter(), time.thread_time()
     for _ in range(calls):
         fn(t)
+    if key is not None:
+        cpu[key].append((time.thread_time() - c0) / calls * 1e6)
     return (time.perf_counter() - t0) / calls * 1e6
 
 for _ in range(3):
     timed(recorded), timed(bare)
 out = {"bare": [], "recorder": []}
 for _ in range(rounds):
-    out["bare"].append(timed(bare))
+    out["bare"].append(timed(bare, "bare"))
     if mode == "paired":
-        out["recorder"].append(timed(recorded))
+        out["recorder"].append(timed(recorded, "recorder"))
+out["cpu"] = cpu
+dist.destroy_process_group()
+print(json.dumps(out))
+"""
+
+# The recorder's own work, around a no-op with all_reduce's signature. Uses only what every
+# version of the recorder has (so that --baseline can run it): Recorder.groups/stacks/describer/
+# writer, Describer.tensors/direct/callsites, BoundCall and wrap.
+STAGES = r"""
+import inspect, json, os, statistics, sys, threading, time
+calls, rounds = int(sys.argv[1]), int(sys.argv[2])
+import nccl_doctor
+nccl_doctor.install(os.environ["BENCH_DIR"])
+import torch, torch.distributed as dist
+from nccl_doctor.rank import bootstrap
+from nccl_doctor.rank.recorder.specs import SPECS
+from nccl_doctor.rank.recorder.wrappers import BoundCall, wrap
+dist.init_process_group("gloo", rank=0, world_size=1)
+rec = bootstrap._recorder
+t = torch.zeros(8)
+
+def noop(tensor, op=None, group=None, async_op=False):
+    return None
+noop.__signature__ = inspect.signature(dist.all_reduce.__wrapped__)
+
+def recorded(python_path):
+    call = BoundCall(next(s for s in SPECS if s.name == "all_reduce"), noop)
+    call.op_id = rec.writer.intern("all_reduce")
+    saved = getattr(rec, "_call_type", None)
+    if python_path:  # no C fast path for this wrapper
+        rec._call_type = None
+    try:
+        return wrap(rec, call, noop)
+    finally:
+        rec._call_type = saved
+
+def forward(*args, **kwargs):
+    return noop(*args, **kwargs)
+
+def around(fn):
+    t0 = time.perf_counter()
+    for _ in range(calls):
+        fn(t)
+    return (time.perf_counter() - t0) / calls * 1e6
+
+getframe, get_ident = sys._getframe, threading.get_ident
+pg = rec.default_pg
+groups, stacks, d, ring = rec.groups, rec.stacks, rec.describer, rec.writer.events
+seq = groups[pg].seq
+tid = get_ident()
+stacks.setdefault(tid, [])
+
+def empty():
+    for _ in range(calls):
+        pass
+
+def group_and_seq():
+    for _ in range(calls):
+        grec = groups.get(pg)
+        grec.seq() + 1
+
+def seq_alone():
+    for _ in range(calls):
+        seq()
+
+def describe():
+    for _ in range(calls):
+        shape = getattr(t, "shape", None)
+        d.tensors.get((t.dtype, shape)) or d.tensor(t)
+
+def shape_and_dtype_alone():
+    for _ in range(calls):
+        t.shape, t.dtype
+
+def callsite():  # the caller's frame, suspended at its call, as the wrapper sees it
+    callsite_of_caller()
+
+def callsite_of_caller():
+    for _ in range(calls):
+        f = getframe(1)
+        d.direct.get((id(f.f_code), f.f_lasti)) or d.callsites(f)
+
+def thread_stack():
+    for _ in range(calls):
+        stack = stacks.get(get_ident())
+        stack.append(1)
+        stack.pop()
+
+def ring_write():
+    for _ in range(calls):
+        ring.end(ring.begin(0, 0, 1, 32, tid, 1, 1, 1, 0, 1, 1, 1, 1, 1, 0, -1, 1, 0, 1, 0, 0),
+                 1, 1)
+
+def loop(stage):
+    t0 = time.perf_counter()
+    stage()
+    return (time.perf_counter() - t0) / calls * 1e6
+
+stages = {"group_seq": group_and_seq, "seq": seq_alone, "describe": describe,
+          "shape_dtype": shape_and_dtype_alone, "callsite": callsite,
+          "thread_stack": thread_stack, "ring": ring_write}
+default, python = recorded(False), recorded(True)
+pairs = {"noop": noop, "forward": forward, "default": default, "python": python}
+times = {k: [] for k in [*pairs, *stages, "empty"]}
+for _ in range(3):
+    for fn in pairs.values():
+        around(fn)
+for _ in range(rounds):  # alternating, so that drift cancels in the differences
+    for k, fn in pairs.items():
+        times[k].append(around(fn))
+    times["empty"].append(loop(empty))
+    for k, stage in stages.items():
+        times[k].append(loop(stage))
+def added(k, base):
+    return statistics.median(a - b for a, b in zip(times[k], times[base]))
+out = {"wrapper": added("forward", "noop"), "default": added("default", "noop"),
+       "python": added("python", "noop"),
+       "fast_path": getattr(rec, "recording", None) is not None and
+       getattr(rec.recording, "ring", None) is not None}
+out.update((k, added(k, "empty")) for k in stages)
 dist.destroy_process_group()
 print(json.dumps(out))
 """
@@ -66,8 +210,13 @@ def free_port() -> int:
         return s.getsockname()[1]
 
 
-def run_child(mode: str, calls: int, rounds: int, directory: str, detail: bool,
-              pure_python: bool = False, cpu: int | None = None) -> dict:
+def run_script(source: str, argv: list[str], directory: str, *, detail: bool = False,
+               pure_python: bool = False, cpu: int | None = None,
+               baseline: str | None = None) -> dict:
+    """Run ``source`` as a script file in a fresh process; its last JSON line."""
+    os.makedirs(directory, exist_ok=True)
+    script = Path(directory) / "bench_child.py"
+    script.write_text(source)
     env = dict(os.environ, MASTER_ADDR="127.0.0.1", MASTER_PORT=str(free_port()),
                BENCH_DIR=directory, NCCL_DOCTOR_RING_RECORDS=os.environ.get("BENCH_RING", "65536"))
     env[PURE_PYTHON_ENV] = "1" if pure_python else "0"
@@ -78,64 +227,181 @@ def run_child(mode: str, calls: int, rounds: int, directory: str, detail: bool,
     env.pop("TORCH_DISTRIBUTED_DEBUG", None)
     if detail:
         env["TORCH_DISTRIBUTED_DEBUG"] = "DETAIL"
-    proc = subprocess.run([sys.executable, "-c", CHILD, mode, str(calls), str(rounds)],
-                          env=env, capture_output=True, text=True)
+    if baseline:
+        env["PYTHONPATH"] = os.pathsep.join(filter(None, [baseline, env.get("PYTHONPATH")]))
+    proc = subprocess.run([sys.executable, str(script), *argv], env=env, capture_output=True,
+                          text=True)
     lines = [ln for ln in proc.stdout.splitlines() if ln.startswith("{")]
     if not lines:  # gloo sometimes aborts at interpreter exit after printing; the data are in
         raise SystemExit(f"benchmark child failed ({proc.returncode}):\n{proc.stderr[-2000:]}")
     return json.loads(lines[-1])
 
 
-def report(label: str, paired: dict) -> float:
-    """Print one recorder line; return the larger of its two estimates of the added time."""
+def run_child(mode: str, calls: int, rounds: int, directory: str, detail: bool,
+              pure_python: bool = False, cpu: int | None = None,
+              baseline: str | None = None) -> dict:
+    return run_script(CHILD, [mode, str(calls), str(rounds)], directory, detail=detail,
+                      pure_python=pure_python, cpu=cpu, baseline=baseline)
+
+
+def summary(paired: dict) -> dict[str, float]:
     bare, rec = statistics.median(paired["bare"]), statistics.median(paired["recorder"])
     added = statistics.median(r - b for r, b in zip(paired["recorder"], paired["bare"]))
-    print(f"  {label:<32} {rec:8.2f} us/call   ratio {rec / bare:.3f}   adds {rec - bare:.2f} "
-          f"us/call (difference of medians), {added:.2f} us/call (median of paired round "
-          f"differences; its own bare rounds: {bare:.2f} us/call)")
-    return max(added, rec - bare)
+    cpu = paired["cpu"]
+    cpu_added = statistics.median(r - b for r, b in zip(cpu["recorder"], cpu["bare"]))
+    return {"bare": bare, "recorder": rec, "ratio": rec / bare, "medians": rec - bare,
+            "paired": added, "cpu_bare": statistics.median(cpu["bare"]), "cpu": cpu_added}
+
+
+def report(label: str, paired: dict) -> dict[str, float]:
+    """Print one recorder line; return its figures."""
+    s = summary(paired)
+    print(f"  {label:<32} {s['recorder']:8.2f} us/call   ratio {s['ratio']:.3f}   adds "
+          f"{s['medians']:.2f} us/call (difference of medians), {s['paired']:.2f} us/call (median "
+          f"of paired round differences; its own bare rounds: {s['bare']:.2f} us/call); main "
+          f"thread's CPU time: adds {s['cpu']:.2f} us/call (of {s['cpu_bare']:.2f} bare)")
+    return s
+
+
+STAGE_ROWS = [
+    ("wrapper", "wrapper: a Python function forwarding *args, **kwargs"),
+    ("group_seq", "group look-up + sequence number"),
+    ("seq", "  of which torch's _get_sequence_number_for_group"),
+    ("describe", "describe the input tensor (cached)"),
+    ("shape_dtype", "  of which torch's tensor.shape, tensor.dtype"),
+    ("callsite", "callsite (frame + cache look-up)"),
+    ("thread_stack", "thread id + call stack push/pop"),
+    ("ring", "ring write, enter + exit"),
+]
+
+
+def print_stages(label: str, s: dict) -> None:
+    print(f"  {label}")
+    total = "C fast path" if s.get("fast_path") else "Python path"
+    print(f"    {'total, as installed (' + total + ')':<56} {s['default']:6.2f} us/call")
+    if s.get("fast_path"):
+        print(f"    {'total, Python path (as without the C fast path)':<56} {s['python']:6.2f}")
+    for key, text in STAGE_ROWS:
+        print(f"    {text:<56} {s[key]:6.2f}")
+
+
+def measure(args: argparse.Namespace, tmp: str, baseline: str | None) -> dict:
+    """Every configuration for one copy of the package (``baseline``: another copy's path)."""
+    tag = "before" if baseline else "after"
+    run = {}
+    cpu = max(os.sched_getaffinity(0))
+    run["default"] = run_child("paired", args.calls, args.rounds, os.path.join(tmp, tag, "c"),
+                               False, baseline=baseline)
+    run["python"] = run_child("paired", args.calls, max(args.rounds // 2, 4),
+                              os.path.join(tmp, tag, "py"), False, pure_python=True,
+                              baseline=baseline)
+    run["pinned"] = run_child("paired", args.calls, args.rounds, os.path.join(tmp, tag, "pin"),
+                              False, cpu=cpu, baseline=baseline)
+    run["pinned_py"] = run_child("paired", args.calls, args.rounds,
+                                 os.path.join(tmp, tag, "pinpy"), False, pure_python=True,
+                                 cpu=cpu, baseline=baseline)
+    stage_argv = [str(args.stage_calls), str(args.stage_rounds)]
+    run["stages"] = run_script(STAGES, stage_argv, os.path.join(tmp, tag, "stages"),
+                               baseline=baseline)
+    run["stages_py"] = run_script(STAGES, stage_argv, os.path.join(tmp, tag, "stages_py"),
+                                  pure_python=True, baseline=baseline)
+    run["cpu"] = cpu
+    return run
+
+
+def print_run(args: argparse.Namespace, run: dict, detail: tuple[float, float] | None,
+              title: str) -> dict[str, dict[str, float]]:
+    ring = "C ring" if accelerated() else "Python ring (the C ring is not built)"
+    print(f"{title}small all_reduce (8 floats), 1-rank gloo group: {args.rounds} rounds x "
+          f"{args.calls} calls, medians")
+    print(f"  bare                             {statistics.median(run['default']['bare']):8.2f} "
+          f"us/call")
+    figures = {"default": report(f"recorder, {ring}", run["default"])}
+    if accelerated():
+        figures["python"] = report("recorder, pure-Python ring", run["python"])
+    if detail is not None:
+        d_med, p_med = detail
+        print(f"  TORCH_DISTRIBUTED_DEBUG=DETAIL   {d_med:8.2f} us/call   "
+              f"ratio {d_med / p_med:.3f}   adds {d_med - p_med:.2f} us/call (vs bare processes "
+              f"alternated with it: {p_med:.2f} us/call)")
+    print(f"the same, the process pinned to CPU {run['cpu']} (gloo's worker thread then shares "
+          f"the caller's CPU: no cross-CPU wake-up, and far less noise)")
+    print(f"  bare                             {statistics.median(run['pinned']['bare']):8.2f} "
+          f"us/call")
+    figures["pinned"] = report(f"recorder, {ring}", run["pinned"])
+    if accelerated():
+        figures["pinned_py"] = report("recorder, pure-Python ring", run["pinned_py"])
+    print(f"the recorder's own cost around a no-op function ({args.stage_rounds} rounds x "
+          f"{args.stage_calls} calls, medians of paired differences; stages timed alone)")
+    print_stages(f"default install ({ring})", run["stages"])
+    print_stages("pure-Python ring (NCCL_DOCTOR_PURE_PYTHON=1)", run["stages_py"])
+    return figures
+
+
+def verdict(figures: dict[str, dict[str, float]]) -> None:
+    def met(s: dict[str, float]) -> str:
+        added = max(s["paired"], s["medians"])
+        ok = added <= GOAL_US and s["ratio"] <= GOAL_RATIO
+        return (f"{'met' if ok else 'NOT met'} (adds {added:.2f} us/call, larger estimate; "
+                f"ratio {s['ratio']:.3f})")
+    print(f"goal: <= {GOAL_US:.2f} us/call added and ratio <= {GOAL_RATIO:.2f}, default install")
+    print(f"  unpinned: {met(figures['default'])}")
+    print(f"  pinned:   {met(figures['pinned'])}")
+
+
+def before_after(before: dict, after: dict, b_fig: dict, a_fig: dict) -> None:
+    rows = []
+    for key, label in (("default", "unpinned"), ("pinned", "pinned")):
+        b, a = b_fig[key], a_fig[key]
+        rows += [(f"bare, {label} (us/call)", b["bare"], a["bare"]),
+                 (f"recorder, {label} (us/call)", b["recorder"], a["recorder"]),
+                 (f"ratio, {label}", b["ratio"], a["ratio"]),
+                 (f"added, {label}: paired (us/call)", b["paired"], a["paired"]),
+                 (f"added, {label}: medians (us/call)", b["medians"], a["medians"]),
+                 (f"added, {label}: main thread's CPU (us/call)", b["cpu"], a["cpu"])]
+    rows.append(("own cost around a no-op, as installed", before["stages"]["default"],
+                 after["stages"]["default"]))
+    rows.append(("own cost, Python path + C ring", before["stages"]["python"],
+                 after["stages"]["python"]))
+    rows.append(("own cost, pure-Python ring", before["stages_py"]["default"],
+                 after["stages_py"]["default"]))
+    rows += [(text.strip(), before["stages"][key], after["stages"][key])
+             for key, text in STAGE_ROWS]
+    print("before (--baseline) / after (this tree), default install")
+    print(f"  | {'':<54} | {'before':>8} | {'after':>8} |")
+    print(f"  |{'-' * 56}|{'-' * 10}|{'-' * 10}|")
+    for text, b, a in rows:
+        print(f"  | {text:<54} | {b:8.3f} | {a:8.3f} |")
 
 
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--calls", type=int, default=2000, help="calls per timed round")
     parser.add_argument("--rounds", type=int, default=40, help="rounds per configuration")
+    parser.add_argument("--stage-calls", type=int, default=20000,
+                        help="calls per timed round of the stage breakdown")
+    parser.add_argument("--stage-rounds", type=int, default=20,
+                        help="rounds of the stage breakdown")
+    parser.add_argument("--baseline", metavar="DIR",
+                        help="also measure the nccl_doctor package in DIR (before/after table)")
     args = parser.parse_args()
+    if args.baseline and not (Path(args.baseline) / "nccl_doctor").is_dir():
+        print(f"--baseline {args.baseline}: no nccl_doctor package there", file=sys.stderr)
+        return 2
     with tempfile.TemporaryDirectory() as tmp:
-        default = run_child("paired", args.calls, args.rounds, os.path.join(tmp, "c"), False)
-        python = run_child("paired", args.calls, max(args.rounds // 2, 4),
-                           os.path.join(tmp, "py"), False, pure_python=True)
-        cpu = max(os.sched_getaffinity(0))
-        pinned = run_child("paired", args.calls, args.rounds, os.path.join(tmp, "pin"), False,
-                           cpu=cpu)
-        pinned_py = run_child("paired", args.calls, args.rounds, os.path.join(tmp, "pinpy"),
-                              False, pure_python=True, cpu=cpu)
+        after = measure(args, tmp, None)
+        before = measure(args, tmp, args.baseline) if args.baseline else None
         detail, plain = [], []
         for _ in range(4):  # alternate DETAIL and plain processes against drift
             detail += run_child("single", args.calls, args.rounds // 4, tmp, True)["bare"]
             plain += run_child("single", args.calls, args.rounds // 4, tmp, False)["bare"]
-    ring = "C ring" if accelerated() else "Python ring (the C ring is not built)"
-    print(f"small all_reduce (8 floats), 1-rank gloo group: {args.rounds} rounds x {args.calls} "
-          f"calls, medians")
-    bare = statistics.median(default["bare"])
-    print(f"  bare                             {bare:8.2f} us/call")
-    added_default = report(f"recorder, {ring}", default)
-    if accelerated():
-        report("recorder, pure-Python ring", python)
-    d_med, p_med = statistics.median(detail), statistics.median(plain)
-    print(f"  TORCH_DISTRIBUTED_DEBUG=DETAIL   {d_med:8.2f} us/call   "
-          f"ratio {d_med / p_med:.3f}   adds {d_med - p_med:.2f} us/call (vs bare processes "
-          f"alternated with it: {p_med:.2f} us/call)")
-    print(f"the same, the process pinned to CPU {cpu} (gloo's worker thread then shares the "
-          f"caller's CPU: no cross-CPU wake-up, and far less noise)")
-    print(f"  bare                             {statistics.median(pinned['bare']):8.2f} us/call")
-    added_pinned = report(f"recorder, {ring}", pinned)
-    if accelerated():
-        report("recorder, pure-Python ring", pinned_py)
-    worst = max(added_default, added_pinned)
-    print(f"recorder budget 3.00 us/call, default install ({ring}): "
-          f"{'met' if worst <= 3.0 else 'EXCEEDED'} (largest estimate {worst:.2f} us/call; "
-          f"pinned {added_pinned:.2f}, unpinned {added_default:.2f})")
+    a_fig = print_run(args, after, (statistics.median(detail), statistics.median(plain)), "")
+    verdict(a_fig)
+    if before is not None:
+        b_fig = print_run(args, before, None, f"\nbefore: {args.baseline}\n")
+        verdict(b_fig)
+        print()
+        before_after(before, after, b_fig, a_fig)
     return 0
 
 

@@ -1,15 +1,22 @@
 /* The capture ring's hot path in C: the optional accelerator of nccl_doctor.capture.ring.
  *
- * Ring(buffer, offset, capacity[, counter_offset]) writes event records into a writable buffer (the capture's mmap)
- * exactly as ring.PyRing does in Python: same layout (capture/format.py), same Adler-32 check on
- * the enter part, same exit check word. Python keeps the fallback; the tests run both and compare
- * their bytes. Built when a C compiler is present (setup.py marks the extension optional).
+ * Ring(buffer, offset, capacity[, counter_offset]) writes event records into a writable buffer
+ * (the capture's mmap) exactly as ring.PyRing does in Python: same layout (capture/format.py),
+ * same Adler-32 check on the enter part, same exit check word. Python keeps the fallback; the
+ * tests run both and compare their bytes. Built when a C compiler is present (setup.py marks the
+ * extension optional).
+ *
+ * Recording and Call (the second half of this file) are the recorder's fast path over a Ring;
+ * their fallback is the recorder's Python path (nccl_doctor/rank/recorder/wrappers.py).
  *
  * Calls hold the GIL throughout, so the record counter needs no lock, as in Python.
  */
 #define PY_SSIZE_T_CLEAN
 #include <Python.h>
+#include <frameobject.h>
+#include <structmember.h>
 #include <stdint.h>
+#include <limits.h>
 #include <string.h>
 #include <time.h>
 
@@ -26,6 +33,7 @@ typedef struct {
     unsigned char *counter; /* where ``count`` is published (the header), or NULL */
     uint64_t capacity;
     uint64_t count; /* index of the latest record started; indices start at 1 */
+    uint64_t slot;  /* (count - 1) % capacity, kept without dividing */
 } Ring;
 
 static uint64_t now_ns(void) {
@@ -35,11 +43,23 @@ static uint64_t now_ns(void) {
 }
 
 static uint32_t adler32(const unsigned char *p, size_t n) { /* zlib.adler32(data), n <= 5552 */
-    uint32_t a = 1, b = 0; /* no overflow before the final modulo for n <= 5552 (zlib's NMAX) */
-    for (size_t i = 0; i < n; i++) {
-        a += p[i];
-        b += a;
+    /* a = 1 + sum p[i], b = n + sum (n - i) p[i]: the same sums as zlib's running ones, without
+     * its chain of dependent additions; no overflow before the modulo for n <= 5552 (NMAX) */
+    uint32_t s = 0, w = 0;
+    size_t i = 0;
+    for (; i + 8 <= n; i += 8) { /* eight bytes at a time: independent sums */
+        const unsigned char *q = p + i;
+        uint32_t sum = (uint32_t)q[0] + q[1] + q[2] + q[3] + q[4] + q[5] + q[6] + q[7];
+        uint32_t tilt = (uint32_t)q[1] + 2u * q[2] + 3u * q[3] + 4u * q[4] + 5u * q[5] +
+                        6u * q[6] + 7u * q[7];
+        s += sum;
+        w += (uint32_t)(n - i) * sum - tilt;
     }
+    for (; i < n; i++) {
+        s += p[i];
+        w += (uint32_t)(n - i) * p[i];
+    }
+    uint32_t a = 1 + s, b = (uint32_t)n + w;
     return ((b % 65521u) << 16) | (a % 65521u);
 }
 
@@ -56,36 +76,77 @@ static const unsigned char FIELD_SIZE[22] = {8, 8, 8, 8, 8, 8, 4, 4, 4, 4, 4,
 static const unsigned char FIELD_SIGNED[22] = {0, 0, 0, 1, 0, 0, 0, 0, 0, 0, 0,
                                                0, 0, 0, 0, 0, 1, 1, 0, 0, 0, 0};
 
-static int put_field(unsigned char *rec, int i, PyObject *obj) {
-    /* Range-checked like struct.pack: a value that does not fit its field raises OverflowError. */
+/* The bits of field ``i`` for the Python int ``obj``, range-checked like struct.pack: a value that
+ * does not fit its field raises OverflowError (a non-int raises TypeError). */
+static int field_bits(int i, PyObject *obj, uint64_t *bits) {
     int size = FIELD_SIZE[i];
-    uint64_t bits;
     if (FIELD_SIGNED[i]) {
         long long v = PyLong_AsLongLong(obj);
         if (v == -1 && PyErr_Occurred())
             return -1;
         if (size < 8 && (v < -(1LL << (8 * size - 1)) || v >= (1LL << (8 * size - 1))))
             goto overflow;
-        bits = (uint64_t)v;
+        *bits = (uint64_t)v;
     } else {
         unsigned long long v = PyLong_AsUnsignedLongLong(obj);
         if (v == (unsigned long long)-1 && PyErr_Occurred())
             return -1;
         if (size < 8 && v >= (1ULL << (8 * size)))
             goto overflow;
-        bits = v;
-    }
-    unsigned char *p = rec + FIELD_OFF[i];
-    switch (size) {
-    case 8: put_u64(p, bits); break;
-    case 4: put_u32(p, (uint32_t)bits); break;
-    case 2: put_u16(p, (uint16_t)bits); break;
-    default: *p = (unsigned char)bits;
+        *bits = v;
     }
     return 0;
 overflow:
     PyErr_Format(PyExc_OverflowError, "record field %d out of range", i);
     return -1;
+}
+
+static void store_field(unsigned char *rec, int i, uint64_t bits) {
+    unsigned char *p = rec + FIELD_OFF[i];
+    switch (FIELD_SIZE[i]) {
+    case 8: put_u64(p, bits); break;
+    case 4: put_u32(p, (uint32_t)bits); break;
+    case 2: put_u16(p, (uint16_t)bits); break;
+    default: *p = (unsigned char)bits;
+    }
+}
+
+/* Write the next record from the bits of ENTER's fields (bits[0], idx, is assigned here). */
+static uint64_t ring_commit(Ring *self, uint64_t *bits) {
+    unsigned char rec[RECORD_SIZE];
+    memset(rec + ENTER_SIZE, 0, RECORD_SIZE - ENTER_SIZE); /* the fields fill the rest */
+    uint64_t idx = self->count + 1;
+    uint64_t slot = self->count == 0 || self->slot + 1 == self->capacity ? 0 : self->slot + 1;
+    bits[0] = idx;
+    if (bits[2] == 0) /* t_enter 0: now */
+        bits[2] = now_ns();
+    for (int i = 0; i <= N_ENTER_ARGS; i++)
+        store_field(rec, i, bits[i]);
+    put_u32(rec + ENTER_SIZE, adler32(rec, ENTER_SIZE));
+    self->count = idx;
+    self->slot = slot;
+    memcpy(self->ring + slot * RECORD_SIZE, rec, RECORD_SIZE);
+    if (self->counter != NULL)
+        put_u64(self->counter, idx);
+    return idx;
+}
+
+/* Write record idx's exit part, unless the ring has lapped it (t_exit 0: now). */
+static void ring_finish(Ring *self, uint64_t idx, long state, long delta, uint64_t t_exit) {
+    if (idx < 1 || idx > self->count || self->count - idx >= self->capacity)
+        return;
+    uint64_t back = self->count - idx; /* records since idx's; its slot, without dividing */
+    uint64_t slot = self->slot >= back ? self->slot - back : self->slot + self->capacity - back;
+    if (t_exit == 0)
+        t_exit = now_ns();
+    uint32_t check = (uint32_t)(((uint64_t)idx * 0x9E3779B1ull) ^ t_exit ^
+                                ((uint64_t)state << 20) ^ (uint64_t)(delta & 0xFFFF));
+    unsigned char part[16];
+    put_u64(part, t_exit);
+    put_u16(part + 8, (uint16_t)(int16_t)delta);
+    put_u16(part + 10, (uint16_t)state);
+    put_u32(part + 12, check);
+    memcpy(self->ring + slot * RECORD_SIZE + EXIT_OFFSET, part, 16);
 }
 
 /* begin(parent, t_enter, seq, nbytes, thread, op, group, inp, out, ufile, uline, ufunc, afile,
@@ -97,24 +158,12 @@ static PyObject *Ring_begin(Ring *self, PyObject *const *args, Py_ssize_t nargs)
                      nargs);
         return NULL;
     }
-    unsigned char rec[RECORD_SIZE];
-    memset(rec, 0, sizeof rec);
-    uint64_t idx = self->count + 1;
-    put_u64(rec, idx);
+    uint64_t bits[N_ENTER_ARGS + 1];
     for (int i = 0; i < N_ENTER_ARGS; i++) {
-        if (put_field(rec, i + 1, args[i]) < 0)
+        if (field_bits(i + 1, args[i], &bits[i + 1]) < 0)
             return NULL;
     }
-    uint64_t t_enter;
-    memcpy(&t_enter, rec + 16, 8);
-    if (t_enter == 0)
-        put_u64(rec + 16, now_ns());
-    put_u32(rec + ENTER_SIZE, adler32(rec, ENTER_SIZE));
-    self->count = idx;
-    memcpy(self->ring + ((idx - 1) % self->capacity) * RECORD_SIZE, rec, RECORD_SIZE);
-    if (self->counter != NULL)
-        put_u64(self->counter, idx);
-    return PyLong_FromUnsignedLongLong(idx);
+    return PyLong_FromUnsignedLongLong(ring_commit(self, bits));
 }
 
 /* end(idx, state, seq_delta[, t_exit]) -> None; nothing once the ring has lapped the record */
@@ -129,18 +178,7 @@ static PyObject *Ring_end(Ring *self, PyObject *const *args, Py_ssize_t nargs) {
     uint64_t t_exit = nargs == 4 ? PyLong_AsUnsignedLongLong(args[3]) : 0;
     if (PyErr_Occurred())
         return NULL;
-    if (idx < 1 || self->count - idx >= self->capacity)
-        Py_RETURN_NONE;
-    if (t_exit == 0)
-        t_exit = now_ns();
-    uint32_t check = (uint32_t)(((uint64_t)idx * 0x9E3779B1ull) ^ t_exit ^
-                                ((uint64_t)state << 20) ^ (uint64_t)(delta & 0xFFFF));
-    unsigned char part[16];
-    put_u64(part, t_exit);
-    put_u16(part + 8, (uint16_t)(int16_t)delta);
-    put_u16(part + 10, (uint16_t)state);
-    put_u32(part + 12, check);
-    memcpy(self->ring + ((idx - 1) % self->capacity) * RECORD_SIZE + EXIT_OFFSET, part, 16);
+    ring_finish(self, idx, state, delta, t_exit);
     Py_RETURN_NONE;
 }
 
@@ -172,6 +210,7 @@ static int Ring_init(Ring *self, PyObject *args, PyObject *kwds) {
     self->ring = (unsigned char *)self->view.buf + offset;
     self->capacity = capacity;
     self->count = 0;
+    self->slot = 0;
     return 0;
 }
 
@@ -216,19 +255,781 @@ static PyTypeObject RingType = {
     .tp_getset = Ring_getset,
 };
 
+/* ---- the recorder's fast path -------------------------------------------------------------
+ *
+ * Recording: what the recorder writes to, shared by all its Calls (the recorder sets ``ring`` to
+ * None while it has no capture, is disabled or uses the Python ring). Call: one wrapped
+ * torch.distributed function; ``enter(args, kwargs)`` writes the ENTER record of a call exactly
+ * as the Python path of nccl_doctor/rank/recorder/wrappers.py does, reading the recorder's own
+ * caches, and ``leave(token, result)`` writes its exit in the common case.
+ *
+ * enter() handles only what is cached already: on a miss (a new group, shape or callsite) or on
+ * anything unusual it returns None and the Python path records the call (and fills the caches).
+ * It writes nothing before it knows it can finish, and an Exception in it is never raised (it
+ * returns None; the Python path then meets the same error and disables the recorder).
+ */
+
+typedef struct {
+    PyObject_HEAD
+    PyObject *ring;       /* a Ring, or None: the fast path is off */
+    PyObject *default_pg;
+    PyObject *groups;     /* pg -> GroupRecord */
+    PyObject *stacks;     /* thread id -> list of the indices of its calls in progress */
+    PyObject *tensors;    /* Describer.tensors: (dtype, shape), (n, dtype, shape) or a string
+                             -> (string id, bytes) */
+    PyObject *positions;  /* Describer.positions: (id(code), lasti) -> (wrapper, internal, file,
+                             line, function, code) */
+    uint64_t epoch;       /* bumped by every assignment above: the Calls' memos of what they
+                             read last hold only within one epoch (the recorder reassigns them
+                             whenever a capture, group or cache it may remember goes away) */
+} Recording;
+
+typedef struct {
+    PyObject_HEAD
+    Recording *rec;
+    PyObject *group_name, *inp_name, *out_name, *async_name; /* NULL: no such parameter */
+    Py_ssize_t group_pos, inp_pos, out_pos, async_pos;
+    PyObject *roots; /* tuple of (pos, name, relative) */
+    unsigned int op;
+    int kind, flags, measure, async_flag, returned;
+    /* What the last call read, valid while rec->epoch is memo_epoch (see Recording.epoch). */
+    uint64_t memo_epoch;
+    PyObject *memo_grec;       /* not a reference: it lives in rec->groups for the epoch */
+    PyObject *memo_seq;        /* the group's seq (borrowed from memo_grec) */
+    uint64_t memo_group[2];    /* name_id and size bits */
+    PyObject *memo_code;       /* the direct caller's code (a reference: its id stays its own) */
+    int memo_lasti;
+    uint64_t memo_site[5];
+    PyObject *memo_dtype, *memo_shape; /* references; the input's description */
+    uint64_t memo_desc[2];
+} Call;
+
+static PyObject *str_seq, *str_name_id, *str_size, *str_ranks, *str_p2p_bumps, *str_shape,
+    *str_dtype, *str_empty_list, *str_object;
+
+static PyObject *Recording_new(PyTypeObject *type, PyObject *args, PyObject *kwds) {
+    Recording *self = (Recording *)type->tp_alloc(type, 0);
+    if (self == NULL)
+        return NULL;
+    self->ring = Py_NewRef(Py_None);
+    self->default_pg = Py_NewRef(Py_None);
+    self->groups = Py_NewRef(Py_None);
+    self->stacks = Py_NewRef(Py_None);
+    self->tensors = Py_NewRef(Py_None);
+    self->positions = Py_NewRef(Py_None);
+    return (PyObject *)self;
+}
+
+static int Recording_traverse(Recording *self, visitproc visit, void *arg) {
+    Py_VISIT(self->ring);
+    Py_VISIT(self->default_pg);
+    Py_VISIT(self->groups);
+    Py_VISIT(self->stacks);
+    Py_VISIT(self->tensors);
+    Py_VISIT(self->positions);
+    return 0;
+}
+
+static int Recording_clear(Recording *self) {
+    Py_CLEAR(self->ring);
+    Py_CLEAR(self->default_pg);
+    Py_CLEAR(self->groups);
+    Py_CLEAR(self->stacks);
+    Py_CLEAR(self->tensors);
+    Py_CLEAR(self->positions);
+    return 0;
+}
+
+static void Recording_dealloc(Recording *self) {
+    PyObject_GC_UnTrack(self);
+    Recording_clear(self);
+    Py_TYPE(self)->tp_free((PyObject *)self);
+}
+
+static PyObject *Recording_get(Recording *self, void *offset) {
+    return Py_NewRef(*(PyObject **)((char *)self + (size_t)offset));
+}
+
+static int Recording_set(Recording *self, PyObject *value, void *offset) {
+    if (value == NULL) {
+        PyErr_SetString(PyExc_AttributeError, "cannot delete a Recording attribute");
+        return -1;
+    }
+    Py_SETREF(*(PyObject **)((char *)self + (size_t)offset), Py_NewRef(value));
+    self->epoch++;
+    return 0;
+}
+
+static PyObject *Recording_get_epoch(Recording *self, void *closure) {
+    return PyLong_FromUnsignedLongLong(self->epoch);
+}
+
+#define RECORDING_FIELD(name, doc) \
+    {#name, (getter)Recording_get, (setter)Recording_set, doc, \
+     (void *)offsetof(Recording, name)}
+
+static PyGetSetDef Recording_getset[] = {
+    RECORDING_FIELD(ring, "the Ring written to, or None"),
+    RECORDING_FIELD(default_pg, "the default process group"),
+    RECORDING_FIELD(groups, "pg -> GroupRecord"),
+    RECORDING_FIELD(stacks, "thread id -> calls in progress"),
+    RECORDING_FIELD(tensors, "Describer.tensors"),
+    RECORDING_FIELD(positions, "Describer.positions"),
+    {"epoch", (getter)Recording_get_epoch, NULL, "changes counted so far", NULL},
+    {NULL, NULL, NULL, NULL, NULL},
+};
+
+
+
+static PyTypeObject RecordingType = {
+    PyVarObject_HEAD_INIT(NULL, 0)
+    .tp_name = "nccl_doctor.capture._ring.Recording",
+    .tp_basicsize = sizeof(Recording),
+    .tp_flags = Py_TPFLAGS_DEFAULT | Py_TPFLAGS_HAVE_GC,
+    .tp_doc = "What a recorder's Calls write to and read from (see Call).",
+    .tp_new = Recording_new,
+    .tp_traverse = (traverseproc)Recording_traverse,
+    .tp_clear = (inquiry)Recording_clear,
+    .tp_dealloc = (destructor)Recording_dealloc,
+    .tp_getset = Recording_getset,
+};
+
+/* Python's ``args[pos] if pos < len(args) else kwargs.get(name)``: a borrowed reference, or NULL
+ * (with no error set) when the argument was not given. */
+static PyObject *arg_at(PyObject *args, PyObject *kwargs, Py_ssize_t pos, PyObject *name) {
+    if (pos < PyTuple_GET_SIZE(args))
+        return PyTuple_GET_ITEM(args, pos);
+    if (PyDict_GET_SIZE(kwargs) == 0)
+        return NULL;
+    return PyDict_GetItemWithError(kwargs, name);
+}
+
+/* An int of the recorder's caches as the bits of field i; -1 (maybe with an error) otherwise. */
+static int int_bits(int i, PyObject *obj, uint64_t *bits) {
+    if (!PyLong_CheckExact(obj) && !PyBool_Check(obj))
+        return -1;
+    return field_bits(i, obj, bits);
+}
+
+/* (string id, bytes) of a cached description ``key`` of Describer.tensors; -1 on a miss. */
+static int cached(Recording *rec, PyObject *key, uint64_t *id, uint64_t *nbytes) {
+    if (key == NULL)
+        return -1;
+    PyObject *found = PyDict_GetItemWithError(rec->tensors, key);
+    Py_DECREF(key);
+    if (found == NULL || !PyTuple_CheckExact(found) || PyTuple_GET_SIZE(found) != 2)
+        return -1;
+    if (int_bits(8, PyTuple_GET_ITEM(found, 0), id) < 0)
+        return -1;
+    return int_bits(4, PyTuple_GET_ITEM(found, 1), nbytes);
+}
+
+static PyObject *pair(PyObject *a, PyObject *b) { /* steals both; NULL-safe */
+    if (a == NULL || b == NULL) {
+        Py_XDECREF(a);
+        Py_XDECREF(b);
+        return NULL;
+    }
+    PyObject *t = PyTuple_New(2);
+    if (t == NULL) {
+        Py_DECREF(a);
+        Py_DECREF(b);
+        return NULL;
+    }
+    PyTuple_SET_ITEM(t, 0, a);
+    PyTuple_SET_ITEM(t, 1, b);
+    return t;
+}
+
+/* Python's ``getattr(x, "shape", None)``: a new reference (None when x has no shape), or NULL
+ * with an error set. */
+static PyObject *get_shape(PyObject *x) {
+    PyObject *shape = PyObject_GetAttr(x, str_shape);
+    if (shape == NULL && PyErr_ExceptionMatches(PyExc_AttributeError)) {
+        PyErr_Clear();
+        return Py_NewRef(Py_None);
+    }
+    return shape;
+}
+
+/* Describer.tensor(x) when its answer is cached: 0, or -1 (the Python path decides). */
+static int describe(Recording *rec, PyObject *x, uint64_t *id, uint64_t *nbytes) {
+    PyObject *shape = get_shape(x);
+    if (shape != NULL && shape != Py_None)
+        return cached(rec, pair(PyObject_GetAttr(x, str_dtype), shape), id, nbytes);
+    if (shape == NULL)
+        return -1;
+    Py_DECREF(shape);
+    if (!PyList_CheckExact(x) && !PyTuple_CheckExact(x)) {
+        if (PyList_Check(x) || PyTuple_Check(x))
+            return -1; /* a subclass may index differently: the Python path describes it */
+        Py_INCREF(str_object);
+        return cached(rec, str_object, id, nbytes);
+    }
+    PyObject *items = Py_NewRef(x);
+    Py_ssize_t n = PySequence_Fast_GET_SIZE(items);
+    int ok = -1;
+    PyObject *key = NULL, *first_shape = NULL, *dtype = NULL;
+    if (n == 0) {
+        Py_INCREF(str_empty_list);
+        ok = cached(rec, str_empty_list, id, nbytes);
+        goto done;
+    }
+    PyObject *first = PySequence_Fast_GET_ITEM(items, 0);
+    first_shape = get_shape(first);
+    if (first_shape == NULL)
+        goto done;
+    if (first_shape == Py_None) {
+        const char *what = PyList_Check(first) || PyTuple_Check(first) ? "list" : "object";
+        ok = cached(rec, PyUnicode_FromFormat("%zd*%s", n, what), id, nbytes);
+        goto done;
+    }
+    dtype = PyObject_GetAttr(first, str_dtype);
+    if (dtype == NULL)
+        goto done;
+    if (n <= 16) { /* _UNIFORM_CHECK_LIMIT: a list that is not uniform is described in Python */
+        for (Py_ssize_t i = 0; i < n; i++) {
+            PyObject *other = PySequence_Fast_GET_ITEM(items, i);
+            PyObject *s = PyObject_GetAttr(other, str_shape);
+            if (s == NULL)
+                goto done;
+            int same = PyObject_RichCompareBool(s, first_shape, Py_EQ);
+            Py_DECREF(s);
+            if (same != 1)
+                goto done;
+            PyObject *d = PyObject_GetAttr(other, str_dtype);
+            if (d == NULL)
+                goto done;
+            same = PyObject_RichCompareBool(d, dtype, Py_EQ);
+            Py_DECREF(d);
+            if (same != 1)
+                goto done;
+        }
+    }
+    key = PyTuple_New(3);
+    if (key == NULL)
+        goto done;
+    PyObject *count = PyLong_FromSsize_t(n);
+    if (count == NULL)
+        goto done;
+    PyTuple_SET_ITEM(key, 0, count);
+    PyTuple_SET_ITEM(key, 1, Py_NewRef(dtype));
+    PyTuple_SET_ITEM(key, 2, Py_NewRef(first_shape));
+    ok = cached(rec, key, id, nbytes);
+    key = NULL; /* cached() took it */
+done:
+    Py_XDECREF(key);
+    Py_XDECREF(first_shape);
+    Py_XDECREF(dtype);
+    Py_DECREF(items);
+    return ok;
+}
+
+/* describe() for the input of a Call, which remembers the dtype and shape it saw last. */
+static int describe_input(Call *call, PyObject *x, uint64_t *id, uint64_t *nbytes) {
+    PyObject *shape = get_shape(x);
+    if (shape == NULL)
+        return -1;
+    if (shape == Py_None) {
+        Py_DECREF(shape);
+        return describe(call->rec, x, id, nbytes);
+    }
+    PyObject *dtype = PyObject_GetAttr(x, str_dtype);
+    if (dtype == NULL) {
+        Py_DECREF(shape);
+        return -1;
+    }
+    int r = 0;
+    if (dtype == call->memo_dtype && call->memo_shape != NULL &&
+        PyObject_RichCompareBool(shape, call->memo_shape, Py_EQ) == 1) {
+        *id = call->memo_desc[0], *nbytes = call->memo_desc[1];
+    } else {
+        PyErr_Clear();
+        r = cached(call->rec, pair(Py_NewRef(dtype), Py_NewRef(shape)), id, nbytes);
+        if (r == 0) {
+            Py_XSETREF(call->memo_dtype, Py_NewRef(dtype));
+            Py_XSETREF(call->memo_shape, Py_NewRef(shape));
+            call->memo_desc[0] = *id, call->memo_desc[1] = *nbytes;
+        }
+    }
+    Py_DECREF(dtype);
+    Py_DECREF(shape);
+    return r;
+}
+
+static int frame_lasti(PyFrameObject *f) {
+#if PY_VERSION_HEX >= 0x030B0000
+    return PyFrame_GetLasti(f);
+#else
+    PyObject *v = PyObject_GetAttrString((PyObject *)f, "f_lasti");
+    if (v == NULL)
+        return -2;
+    long lasti = PyLong_AsLong(v);
+    Py_DECREF(v);
+    return lasti == -1 && PyErr_Occurred() ? -2 : (int)lasti;
+#endif
+}
+
+/* Describer.callsites(caller of the wrapper) from Describer.positions: the user file, line and
+ * function and the API file and line (fields 10..14), or -1 when a frame is not cached. */
+static int callsite(Call *call, uint64_t *site) {
+    Recording *rec = call->rec;
+    PyFrameObject *f = PyEval_GetFrame(); /* the wrapper's own frame (borrowed) */
+    if (f == NULL)
+        return -1;
+    f = PyFrame_GetBack(f);
+    PyFrameObject *first = f;
+    uint64_t api_file = 0, api_line = 0;
+    while (f != NULL) {
+        PyCodeObject *code = PyFrame_GetCode(f);
+        int lasti = frame_lasti(f);
+        if (f == first && (PyObject *)code == call->memo_code && lasti == call->memo_lasti) {
+            memcpy(site, call->memo_site, sizeof call->memo_site); /* the caller of last time */
+            Py_DECREF(code);
+            Py_DECREF(f);
+            return 0;
+        }
+        PyObject *key = lasti == -2 ? NULL
+                                    : pair(PyLong_FromVoidPtr(code), PyLong_FromLong(lasti));
+        Py_DECREF(code);
+        PyObject *info = key == NULL ? NULL : PyDict_GetItemWithError(rec->positions, key);
+        Py_XDECREF(key);
+        if (info == NULL || !PyTuple_CheckExact(info) || PyTuple_GET_SIZE(info) != 6) {
+            Py_DECREF(f);
+            return -1;
+        }
+        int wrapper = PyObject_IsTrue(PyTuple_GET_ITEM(info, 0));
+        int internal = PyObject_IsTrue(PyTuple_GET_ITEM(info, 1));
+        if (wrapper < 0 || internal < 0) {
+            Py_DECREF(f);
+            return -1;
+        }
+        if (!internal) {
+            uint64_t file, line;
+            if (int_bits(10, PyTuple_GET_ITEM(info, 2), &file) < 0 ||
+                int_bits(11, PyTuple_GET_ITEM(info, 3), &line) < 0) {
+                Py_DECREF(f);
+                return -1;
+            }
+            if (!api_file) {
+                api_file = file;
+                api_line = line;
+            }
+            if (!wrapper) {
+                int bad = int_bits(12, PyTuple_GET_ITEM(info, 4), &site[2]);
+                site[0] = file, site[1] = line, site[3] = api_file, site[4] = api_line;
+                if (bad == 0 && f == first) { /* depends on this frame alone: remember it */
+                    Py_XSETREF(call->memo_code, (PyObject *)PyFrame_GetCode(f));
+                    call->memo_lasti = frame_lasti(f);
+                    memcpy(call->memo_site, site, sizeof call->memo_site);
+                }
+                Py_DECREF(f);
+                return bad;
+            }
+        }
+        PyFrameObject *back = PyFrame_GetBack(f);
+        Py_DECREF(f);
+        f = back;
+    }
+    site[0] = site[1] = site[2] = 0;
+    site[3] = api_file, site[4] = api_line;
+    return 0;
+}
+
+static int group_field(int i, PyObject *grec, PyObject *name, uint64_t *bits) {
+    PyObject *v = PyObject_GetAttr(grec, name);
+    if (v == NULL)
+        return -1;
+    int r = int_bits(i, v, bits);
+    Py_DECREF(v);
+    return r;
+}
+
+/* The token of a recorded call (idx, grec, seq, stack, flags, ring), or NULL: not recorded. */
+static PyObject *enter_impl(Call *self, PyObject *args, PyObject *kwargs) {
+    Recording *rec = self->rec;
+    PyObject *ring = rec->ring, *pg = NULL, *grec = NULL, *token = NULL, *stack = NULL;
+    PyObject *v, *seq_obj = NULL, *tid_obj = NULL;
+    uint64_t bits[N_ENTER_ARGS + 1];
+    memset(bits, 0, sizeof bits);
+    if (!PyDict_CheckExact(rec->groups) || !PyDict_CheckExact(rec->stacks) ||
+        !PyDict_CheckExact(rec->tensors) || !PyDict_CheckExact(rec->positions))
+        return NULL;
+    if (self->group_name != NULL) {
+        pg = arg_at(args, kwargs, self->group_pos, self->group_name);
+        if (pg == NULL && PyErr_Occurred())
+            return NULL;
+    }
+    if (pg == NULL || pg == Py_None)
+        pg = rec->default_pg;
+    Py_INCREF(ring);
+    Py_INCREF(pg);
+    grec = PyDict_GetItemWithError(rec->groups, pg);
+    if (grec == NULL)
+        goto done;
+    Py_INCREF(grec);
+    if (self->memo_epoch != rec->epoch) { /* a new capture, group set or cache: forget it all */
+        self->memo_grec = self->memo_seq = NULL;
+        Py_CLEAR(self->memo_code);
+        Py_CLEAR(self->memo_dtype);
+        Py_CLEAR(self->memo_shape);
+        self->memo_epoch = rec->epoch;
+    }
+    if (grec != self->memo_grec) {
+        PyObject *seq_fn = PyObject_GetAttr(grec, str_seq);
+        if (seq_fn == NULL)
+            goto done;
+        Py_DECREF(seq_fn); /* grec holds it */
+        self->memo_grec = NULL;
+        if (group_field(7, grec, str_name_id, &self->memo_group[0]) < 0 ||
+            group_field(17, grec, str_size, &self->memo_group[1]) < 0)
+            goto done;
+        self->memo_grec = grec, self->memo_seq = seq_fn;
+    }
+    bits[7] = self->memo_group[0], bits[17] = self->memo_group[1];
+    /* seq: grec.seq() + 1, or -1 without one */
+    v = Py_NewRef(self->memo_seq);
+    if (v == Py_None) {
+        Py_DECREF(v);
+        bits[3] = (uint64_t)-1LL;
+    } else {
+        PyObject *now = PyObject_CallNoArgs(v); /* torch lets other threads run meanwhile */
+        Py_DECREF(v);
+        if (now == NULL || self->memo_epoch != rec->epoch || rec->ring != ring) {
+            Py_XDECREF(now); /* the recorder changed meanwhile: the Python path decides */
+            goto done;
+        }
+        long long seq = PyLong_CheckExact(now) ? PyLong_AsLongLong(now) : LLONG_MAX;
+        Py_DECREF(now);
+        if (seq == LLONG_MAX || (seq == -1 && PyErr_Occurred()))
+            goto done; /* the Python path adds the one */
+        bits[3] = (uint64_t)(seq + 1);
+        if ((seq_obj = PyLong_FromLongLong(seq + 1)) == NULL)
+            goto done;
+    }
+    if (self->inp_name != NULL) {
+        PyObject *x = arg_at(args, kwargs, self->inp_pos, self->inp_name);
+        if (x == NULL && PyErr_Occurred())
+            goto done;
+        if (x != NULL && x != Py_None && describe_input(self, x, &bits[8], &bits[4]) < 0)
+            goto done;
+    }
+    if (self->out_name != NULL) {
+        PyObject *x = arg_at(args, kwargs, self->out_pos, self->out_name);
+        uint64_t unused;
+        if (x == NULL && PyErr_Occurred())
+            goto done;
+        if (x != NULL && x != Py_None && describe(rec, x, &bits[9], &unused) < 0)
+            goto done;
+    }
+    /* peer: the first root given; group_src/group_dst are group ranks, turned global */
+    bits[16] = (uint64_t)-1LL;
+    for (Py_ssize_t i = 0; i < PyTuple_GET_SIZE(self->roots); i++) {
+        PyObject *root = PyTuple_GET_ITEM(self->roots, i);
+        Py_ssize_t pos = PyLong_AsSsize_t(PyTuple_GET_ITEM(root, 0));
+        PyObject *r;
+        if (pos < PyTuple_GET_SIZE(args))
+            r = PyTuple_GET_ITEM(args, pos);
+        else if ((r = PyDict_GetItemWithError(kwargs, PyTuple_GET_ITEM(root, 1))) == NULL &&
+                 PyErr_Occurred())
+            goto done;
+        if (r == NULL || r == Py_None)
+            continue;
+        if (!PyLong_CheckExact(r))
+            goto done;
+        PyObject *peer = r;
+        Py_INCREF(peer);
+        if (PyTuple_GET_ITEM(root, 2) == Py_True) {
+            Py_ssize_t at = PyLong_AsSsize_t(r);
+            PyObject *ranks = PyObject_GetAttr(grec, str_ranks);
+            if (ranks == NULL || (at == -1 && PyErr_Occurred())) {
+                Py_XDECREF(ranks);
+                Py_DECREF(peer);
+                goto done;
+            }
+            if (!PyTuple_CheckExact(ranks)) {
+                Py_DECREF(ranks);
+                Py_DECREF(peer);
+                goto done;
+            }
+            if (0 <= at && at < PyTuple_GET_SIZE(ranks))
+                Py_SETREF(peer, Py_NewRef(PyTuple_GET_ITEM(ranks, at)));
+            Py_DECREF(ranks);
+        }
+        int bad = int_bits(16, peer, &bits[16]);
+        Py_DECREF(peer);
+        if (bad < 0)
+            goto done;
+        break;
+    }
+    bits[20] = (uint64_t)self->flags;
+    if (self->async_name != NULL) {
+        PyObject *a = arg_at(args, kwargs, self->async_pos, self->async_name);
+        if (a == NULL && PyErr_Occurred())
+            goto done;
+        if (a != NULL) {
+            int yes = PyObject_IsTrue(a);
+            if (yes < 0)
+                goto done;
+            if (yes)
+                bits[20] |= (uint64_t)self->async_flag;
+        }
+    }
+    if (callsite(self, &bits[10]) < 0)
+        goto done;
+    if (group_field(18, grec, str_p2p_bumps, &bits[18]) < 0) /* it changes: read every time */
+        goto done;
+    unsigned long tid = PyThread_get_thread_ident();
+    bits[5] = (uint64_t)tid;
+    tid_obj = PyLong_FromUnsignedLong(tid);
+    if (tid_obj == NULL)
+        goto done;
+    stack = PyDict_GetItemWithError(rec->stacks, tid_obj);
+    if (stack == NULL) {
+        if (PyErr_Occurred())
+            goto done;
+        stack = PyList_New(0);
+        if (stack == NULL || PyDict_SetItem(rec->stacks, tid_obj, stack) < 0)
+            goto done;
+    } else {
+        if (!PyList_CheckExact(stack))
+            goto done;
+        Py_INCREF(stack);
+    }
+    Py_ssize_t depth = PyList_GET_SIZE(stack);
+    if (depth > 0 && int_bits(1, PyList_GET_ITEM(stack, depth - 1), &bits[1]) < 0)
+        goto done;
+    bits[6] = self->op;
+    bits[19] = (uint64_t)self->kind;
+    /* everything is known: from here on nothing can fall back */
+    token = PyTuple_New(6);
+    PyObject *idx_obj = PyLong_FromUnsignedLongLong(((Ring *)ring)->count + 1);
+    PyObject *flags_obj = PyLong_FromUnsignedLongLong(bits[20]);
+    if (seq_obj == NULL)
+        seq_obj = PyLong_FromLong(-1);
+    if (token == NULL || idx_obj == NULL || flags_obj == NULL || seq_obj == NULL) {
+        Py_XDECREF(idx_obj);
+        Py_XDECREF(flags_obj);
+        Py_CLEAR(token);
+        goto done;
+    }
+    ring_commit((Ring *)ring, bits);
+    if (PyList_Append(stack, idx_obj) < 0)
+        PyErr_Clear(); /* out of memory: the call goes on, its children lose their parent */
+    PyTuple_SET_ITEM(token, 0, idx_obj);
+    PyTuple_SET_ITEM(token, 1, Py_NewRef(grec));
+    PyTuple_SET_ITEM(token, 2, seq_obj);
+    PyTuple_SET_ITEM(token, 3, Py_NewRef(stack));
+    PyTuple_SET_ITEM(token, 4, flags_obj);
+    PyTuple_SET_ITEM(token, 5, Py_NewRef(ring));
+    seq_obj = NULL;
+done:
+    Py_XDECREF(seq_obj);
+    Py_XDECREF(tid_obj);
+    Py_XDECREF(stack);
+    Py_XDECREF(grec);
+    Py_DECREF(pg);
+    Py_DECREF(ring);
+    return token;
+}
+
+/* enter(args, kwargs) -> token or None */
+static PyObject *Call_enter(Call *self, PyObject *const *argv, Py_ssize_t nargs) {
+    if (nargs != 2 || !PyTuple_CheckExact(argv[0]) || !PyDict_CheckExact(argv[1]) ||
+        Py_TYPE(self->rec->ring) != &RingType)
+        Py_RETURN_NONE;
+    PyObject *token = enter_impl(self, argv[0], argv[1]);
+    if (token != NULL)
+        return token;
+    if (PyErr_Occurred()) {
+        if (!PyErr_ExceptionMatches(PyExc_Exception))
+            return NULL; /* KeyboardInterrupt and the like are the user's */
+        PyErr_Clear();
+    }
+    Py_RETURN_NONE;
+}
+
+/* leave(token, result) -> True when it wrote the exit (a plain call that returned), else False:
+ * the recorder's ``finish`` does the rest (measured calls, async works). */
+static PyObject *Call_leave(Call *self, PyObject *const *argv, Py_ssize_t nargs) {
+    if (nargs != 2 || self->measure || !PyTuple_CheckExact(argv[0]) ||
+        PyTuple_GET_SIZE(argv[0]) != 6)
+        Py_RETURN_FALSE;
+    PyObject *token = argv[0];
+    PyObject *idx_obj = PyTuple_GET_ITEM(token, 0), *stack = PyTuple_GET_ITEM(token, 3);
+    PyObject *ring = PyTuple_GET_ITEM(token, 5);
+    long flags = PyLong_AsLong(PyTuple_GET_ITEM(token, 4));
+    uint64_t idx = PyLong_AsUnsignedLongLong(idx_obj);
+    if (PyErr_Occurred()) {
+        PyErr_Clear();
+        Py_RETURN_FALSE;
+    }
+    if ((flags & self->async_flag && argv[1] != Py_None) || !PyList_CheckExact(stack) ||
+        Py_TYPE(ring) != &RingType)
+        Py_RETURN_FALSE;
+    Py_ssize_t n = PyList_GET_SIZE(stack);
+    if (n > 0) {
+        PyObject *top = PyList_GET_ITEM(stack, n - 1);
+        if (PyLong_CheckExact(top) && PyLong_AsUnsignedLongLong(top) == idx &&
+            !PyErr_Occurred()) {
+            if (PyList_SetSlice(stack, n - 1, n, NULL) < 0)
+                PyErr_Clear();
+        }
+        PyErr_Clear();
+    }
+    ring_finish((Ring *)ring, idx, self->returned, 1, 0);
+    Py_RETURN_TRUE;
+}
+
+/* where: None, or (pos, name) */
+static int parse_where(PyObject *where, Py_ssize_t *pos, PyObject **name) {
+    *pos = 0;
+    *name = NULL;
+    if (where == Py_None)
+        return 0;
+    if (!PyTuple_Check(where) || PyTuple_GET_SIZE(where) != 2 ||
+        !PyUnicode_Check(PyTuple_GET_ITEM(where, 1))) {
+        PyErr_SetString(PyExc_TypeError, "a parameter is None or (position, name)");
+        return -1;
+    }
+    *pos = PyLong_AsSsize_t(PyTuple_GET_ITEM(where, 0));
+    if (*pos == -1 && PyErr_Occurred())
+        return -1;
+    *name = Py_NewRef(PyTuple_GET_ITEM(where, 1));
+    return 0;
+}
+
+/* Call(recording, group, inp, out, async_, roots, kind, flags, measure, async_flag, returned):
+ * group/inp/out/async_ None or (position, name); roots a tuple of ((position, name), relative). */
+static int Call_init(Call *self, PyObject *args, PyObject *kwds) {
+    PyObject *rec, *group, *inp, *out, *async_, *roots;
+    int kind, flags, measure, async_flag, returned;
+    if (!PyArg_ParseTuple(args, "O!OOOOO!iipii", &RecordingType, &rec, &group, &inp, &out,
+                          &async_, &PyTuple_Type, &roots, &kind, &flags, &measure, &async_flag,
+                          &returned))
+        return -1;
+    if (self->rec != NULL) {
+        PyErr_SetString(PyExc_RuntimeError, "Call is already initialised");
+        return -1;
+    }
+    if (parse_where(group, &self->group_pos, &self->group_name) < 0 ||
+        parse_where(inp, &self->inp_pos, &self->inp_name) < 0 ||
+        parse_where(out, &self->out_pos, &self->out_name) < 0 ||
+        parse_where(async_, &self->async_pos, &self->async_name) < 0)
+        return -1;
+    PyObject *flat = PyTuple_New(PyTuple_GET_SIZE(roots));
+    if (flat == NULL)
+        return -1;
+    for (Py_ssize_t i = 0; i < PyTuple_GET_SIZE(roots); i++) {
+        PyObject *root = PyTuple_GET_ITEM(roots, i), *where, *relative;
+        Py_ssize_t pos;
+        PyObject *name;
+        if (!PyArg_ParseTuple(root, "OO", &where, &relative) ||
+            parse_where(where, &pos, &name) < 0 || name == NULL) {
+            if (!PyErr_Occurred())
+                PyErr_SetString(PyExc_TypeError, "a root is ((position, name), relative)");
+            Py_DECREF(flat);
+            return -1;
+        }
+        PyObject *item = Py_BuildValue("(nNO)", pos, name, PyObject_IsTrue(relative) ? Py_True
+                                                                                      : Py_False);
+        if (item == NULL) {
+            Py_DECREF(flat);
+            return -1;
+        }
+        PyTuple_SET_ITEM(flat, i, item);
+    }
+    self->roots = flat;
+    self->rec = (Recording *)Py_NewRef(rec);
+    self->kind = kind, self->flags = flags, self->measure = measure;
+    self->async_flag = async_flag, self->returned = returned;
+    return 0;
+}
+
+static int Call_traverse(Call *self, visitproc visit, void *arg) {
+    Py_VISIT(self->rec);
+    return 0;
+}
+
+static int Call_clear(Call *self) {
+    Py_CLEAR(self->rec);
+    return 0;
+}
+
+static void Call_dealloc(Call *self) {
+    PyObject_GC_UnTrack(self);
+    Call_clear(self);
+    Py_XDECREF(self->group_name);
+    Py_XDECREF(self->inp_name);
+    Py_XDECREF(self->out_name);
+    Py_XDECREF(self->async_name);
+    Py_XDECREF(self->roots);
+    Py_XDECREF(self->memo_code);
+    Py_XDECREF(self->memo_dtype);
+    Py_XDECREF(self->memo_shape);
+    Py_TYPE(self)->tp_free((PyObject *)self);
+}
+
+static PyMemberDef Call_members[] = {
+    {"op_id", T_UINT, offsetof(Call, op), 0, "string id of the function's name"},
+    {NULL, 0, 0, 0, NULL},
+};
+
+static PyMethodDef Call_methods[] = {
+    {"enter", (PyCFunction)(void (*)(void))Call_enter, METH_FASTCALL,
+     "enter(args, kwargs): write the call's ENTER record; its token, or None (not recorded)."},
+    {"leave", (PyCFunction)(void (*)(void))Call_leave, METH_FASTCALL,
+     "leave(token, result): write the exit of a plain call that returned; False otherwise."},
+    {NULL, NULL, 0, NULL},
+};
+
+static PyTypeObject CallType = {
+    PyVarObject_HEAD_INIT(NULL, 0)
+    .tp_name = "nccl_doctor.capture._ring.Call",
+    .tp_basicsize = sizeof(Call),
+    .tp_flags = Py_TPFLAGS_DEFAULT | Py_TPFLAGS_HAVE_GC,
+    .tp_doc = "One wrapped torch.distributed function's recording fast path.",
+    .tp_new = PyType_GenericNew,
+    .tp_init = (initproc)Call_init,
+    .tp_traverse = (traverseproc)Call_traverse,
+    .tp_clear = (inquiry)Call_clear,
+    .tp_dealloc = (destructor)Call_dealloc,
+    .tp_members = Call_members,
+    .tp_methods = Call_methods,
+};
+
 static struct PyModuleDef ringmodule = {
     PyModuleDef_HEAD_INIT, "_ring", "The capture ring's hot path in C.", -1, NULL,
 };
 
+static int add_type(PyObject *m, const char *name, PyTypeObject *type) {
+    Py_INCREF(type);
+    if (PyModule_AddObject(m, name, (PyObject *)type) < 0) {
+        Py_DECREF(type);
+        return -1;
+    }
+    return 0;
+}
+
 PyMODINIT_FUNC PyInit__ring(void) {
-    if (PyType_Ready(&RingType) < 0)
+    if (PyType_Ready(&RingType) < 0 || PyType_Ready(&RecordingType) < 0 ||
+        PyType_Ready(&CallType) < 0)
         return NULL;
+    struct { PyObject **slot; const char *text; } names[] = {
+        {&str_seq, "seq"}, {&str_name_id, "name_id"}, {&str_size, "size"},
+        {&str_ranks, "ranks"}, {&str_p2p_bumps, "p2p_bumps"}, {&str_shape, "shape"},
+        {&str_dtype, "dtype"}, {&str_empty_list, "[]"}, {&str_object, "object"},
+    };
+    for (size_t i = 0; i < sizeof names / sizeof names[0]; i++) {
+        if (*names[i].slot == NULL &&
+            (*names[i].slot = PyUnicode_InternFromString(names[i].text)) == NULL)
+            return NULL;
+    }
     PyObject *m = PyModule_Create(&ringmodule);
     if (m == NULL)
         return NULL;
-    Py_INCREF(&RingType);
-    if (PyModule_AddObject(m, "Ring", (PyObject *)&RingType) < 0) {
-        Py_DECREF(&RingType);
+    if (add_type(m, "Ring", &RingType) < 0 || add_type(m, "Recording", &RecordingType) < 0 ||
+        add_type(m, "Call", &CallType) < 0) {
         Py_DECREF(m);
         return NULL;
     }

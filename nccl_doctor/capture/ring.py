@@ -12,6 +12,9 @@ install time. The C one is used when it imported; ``NCCL_DOCTOR_PURE_PYTHON=1`` 
         writes record idx's exit part (t_exit 0 or absent: now), unless the ring lapped it.
     count, capacity
         ``count`` is also stored (u64) at ``counter_offset`` of the buffer when one is given.
+
+The C extension also holds the recorder's fast path (``fast_path``): it writes a call's records
+straight into a C ring from the recorder's caches; the recorder's Python path is its fallback.
 """
 
 from __future__ import annotations
@@ -26,9 +29,12 @@ from nccl_doctor.capture import format as fmt
 PURE_PYTHON_ENV = "NCCL_DOCTOR_PURE_PYTHON"
 
 try:
-    from nccl_doctor.capture._ring import Ring as _CRing
+    from nccl_doctor.capture import _ring as _c
 except ImportError:  # built without a C compiler: the Python ring does the same, slower
-    _CRing = None
+    _c = None
+_CRing = getattr(_c, "Ring", None)
+# The recorder's fast path (see Recording and Call in _ring.c); absent from an older build.
+_CRecording, _CCall = getattr(_c, "Recording", None), getattr(_c, "Call", None)
 
 
 class PyRing:
@@ -68,6 +74,23 @@ class PyRing:
 def accelerated() -> bool:
     """Whether new rings are the C implementation."""
     return _CRing is not None and os.environ.get(PURE_PYTHON_ENV, "") in ("", "0")
+
+
+def is_c_ring(ring: Any) -> bool:
+    """Whether ``ring`` is the C implementation (the recorder's C fast path writes only to it)."""
+    return _CRing is not None and type(ring) is _CRing
+
+
+def fast_path() -> tuple[type, type] | None:
+    """The C types of the recorder's fast path, ``(Recording, Call)``, when new rings are C ones.
+
+    ``Call.enter(args, kwargs)`` writes what the recorder's Python path
+    (nccl_doctor/rank/recorder/wrappers.py) would, from the recorder's caches, or returns None and
+    leaves the call to it; ``Call.leave(token, result)`` writes a plain call's exit.
+    """
+    if accelerated() and _CRecording is not None and _CCall is not None:
+        return _CRecording, _CCall
+    return None
 
 
 def make_ring(buffer: Any, offset: int, capacity: int, counter_offset: int = -1) -> Any:

@@ -7,24 +7,34 @@ from types import CodeType, FrameType
 from typing import Any, Callable
 
 from nccl_doctor import paths
+
 _UNIFORM_CHECK_LIMIT = 16  # lists longer than this are described by their first member
+CACHE_LIMIT = 4096  # entries per cache; a full cache is emptied and fills again from the calls
 
 
 class Describer:
-    """Interns tensor descriptions and callsites through ``intern`` (the capture's string table)."""
+    """Interns tensor descriptions and callsites through ``intern`` (the capture's string table).
+
+    Its caches are read on every call (by the Python path and by the C fast path of
+    capture/_ring.c, which sees the same dicts): they are only ever emptied in place, never
+    replaced, and each holds at most CACHE_LIMIT entries.
+    """
 
     def __init__(self, intern: Callable[[str], int]) -> None:
         self._intern = intern
         # (dtype, shape), (n, dtype, shape) or a constant -> (string id, bytes). The recorder's
         # hot path reads it directly before calling ``tensor``.
         self.tensors: dict[Any, tuple[int, int]] = {}
-        # (id(code), f_lasti) of a caller in the user's own code -> its ``callsites`` answer: the
-        # hot path's first look-up, which saves walking the stack when torch is called directly.
+        # Keyed by (id(code), f_lasti): hashing a code object hashes its whole body. Each value
+        # holds its code object, so that no other code object can take its id while it is there;
+        # ``positions``, ``direct`` and ``_code`` are emptied together for the same reason.
+        # Any frame a callsite walk met -> (wrapper, internal, file id, line, function id, code):
+        self.positions: dict[tuple[int, int], tuple[bool, bool, int, int, int, CodeType]] = {}
+        # A caller in the user's own code -> its ``callsites`` answer: the Python hot path's first
+        # look-up, which saves walking the stack when torch is called directly. Its keys are
+        # also in ``positions``.
         self.direct: dict[tuple[int, int], tuple[int, int, int, int, int]] = {}
-        # Keyed by id(code): hashing a code object hashes its whole body on every call. The value
-        # holds the code object, so it stays alive and its id cannot be reused.
         self._code: dict[int, tuple[bool, bool, int, int, CodeType]] = {}
-        self._lines: dict[tuple[int, int], int] = {}
 
     # -- tensors -----------------------------------------------------------------------------
     def tensor(self, t: Any) -> tuple[int, int]:
@@ -34,7 +44,7 @@ class Describer:
             key = (t.dtype, shape)
             found = self.tensors.get(key)
             if found is None:  # (id, bytes): bytes follow from dtype and shape
-                found = self.tensors[key] = (self._intern(_sig(t.dtype, shape)), t.nbytes)
+                found = self._remember(key, (self._intern(_sig(t.dtype, shape)), t.nbytes))
             return found
         if isinstance(t, (list, tuple)):
             return self._tensor_list(t)
@@ -59,48 +69,68 @@ class Describer:
         key = (n, first.dtype, shape)
         found = self.tensors.get(key)
         if found is None:
-            found = self.tensors[key] = (
-                self._intern(f"{n}*{_sig(first.dtype, shape)}"), first.nbytes * n
+            found = self._remember(
+                key, (self._intern(f"{n}*{_sig(first.dtype, shape)}"), first.nbytes * n)
             )
         return found
 
     def _intern_const(self, text: str) -> int:
         found = self.tensors.get(text)
         if found is None:
-            found = self.tensors[text] = (self._intern(text), 0)
+            found = self._remember(text, (self._intern(text), 0))
         return found[0]
+
+    def _remember(self, key: Any, found: tuple[int, int]) -> tuple[int, int]:
+        if len(self.tensors) >= CACHE_LIMIT:
+            self.tensors.clear()
+        self.tensors[key] = found
+        return found
 
     # -- callsites ---------------------------------------------------------------------------
     def callsites(self, frame: FrameType | None) -> tuple[int, int, int, int, int]:
         """(user file, line, function, api file, api line) string ids / numbers.
 
         The user callsite is the first frame outside torch and its wrapping libraries; the API
-        callsite is the first frame outside torch (it may be in accelerate or trl). Line numbers
-        are cached by (code, instruction offset): ``f_lineno`` decodes the line table each time.
+        callsite is the first frame outside torch (it may be in accelerate or trl). What a frame
+        contributes is cached by (code, instruction offset): ``f_lineno`` decodes the line table
+        each time, and the file tests are regular expressions.
         """
         api_file = api_line = 0
-        cache, lines = self._code, self._lines
+        positions = self.positions
         first = frame
         while frame is not None:
-            code = frame.f_code
-            cid = id(code)
-            info = cache.get(cid)
-            if info is None:
-                info = cache[cid] = self._code_info(code)
-            if not info[1]:
-                key = (cid, frame.f_lasti)
-                line = lines.get(key)
-                if line is None:
-                    line = lines[key] = frame.f_lineno or 0
+            key = (id(frame.f_code), frame.f_lasti)
+            wrapper, internal, file, line, function, _code = (
+                positions.get(key) or self._position(frame, key)
+            )
+            if not internal:
                 if not api_file:
-                    api_file, api_line = info[2], line
-                if not info[0]:
-                    site = info[2], line, info[3], api_file, api_line
+                    api_file, api_line = file, line
+                if not wrapper:
+                    site = file, line, function, api_file, api_line
                     if frame is first:  # depends on this frame alone: remember it
-                        self.direct[(cid, frame.f_lasti)] = site
+                        self.direct[key] = site
                     return site
             frame = frame.f_back
         return 0, 0, 0, api_file, api_line
+
+    def _position(self, frame: FrameType, key: tuple[int, int]) -> tuple:
+        if len(self.positions) >= CACHE_LIMIT:
+            self.forget_frames()
+        code = frame.f_code
+        info = self._code.get(key[0])
+        if info is None:
+            info = self._code[key[0]] = self._code_info(code)
+        found = self.positions[key] = (
+            info[0], info[1], info[2], frame.f_lineno or 0, info[3], code
+        )
+        return found
+
+    def forget_frames(self) -> None:
+        """Empty the caches keyed by code objects' ids (together: see ``__init__``)."""
+        self.direct.clear()
+        self.positions.clear()
+        self._code.clear()
 
     def _code_info(self, code: CodeType) -> tuple[bool, bool, int, int, CodeType]:
         path = code.co_filename

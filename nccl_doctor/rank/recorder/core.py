@@ -24,6 +24,7 @@ from nccl_doctor import env
 from nccl_doctor import paths
 from nccl_doctor._version import __version__
 from nccl_doctor.capture import format as fmt
+from nccl_doctor.capture import ring as ring_mod
 from nccl_doctor.model import EventFlag, EventKind, EventState
 from nccl_doctor.capture.writer import CaptureWriter
 from nccl_doctor.rank.recorder.arguments import Describer
@@ -65,6 +66,14 @@ class Recorder:
         self._pid = os.getpid()
         self._early: list[tuple[str, dict[str, Any]]] = []  # notes made before the capture exists
         self.dropped = 0  # silent-error notes refused: the table's share for them is full
+        # The C fast path (capture/_ring.c), when the C ring is in use: ``recording`` is what its
+        # Calls read and write, kept in step with this recorder by ``_publish``.
+        types = ring_mod.fast_path()
+        self.recording: Any = None
+        self._call_type: Any = None
+        if types is not None:
+            self.recording, self._call_type = types[0](), types[1]
+            self.recording.groups, self.recording.stacks = self.groups, self.stacks
 
     # -- failure: one line, then out of the way ----------------------------------------------
     def fail(self, err: BaseException) -> None:
@@ -72,12 +81,47 @@ class Recorder:
             return
         self.enabled = False
         try:
+            self._publish()
+        except Exception:
+            pass
+        try:
             sys.stderr.write(
                 f"nccl-doctor: recorder disabled after an internal error ({err!r}); "
                 "the job continues unrecorded\n"
             )
         except Exception:
             pass
+
+    # -- the C fast path ---------------------------------------------------------------------
+    def fast_call(self, call: BoundCall) -> Any:
+        """``call``'s C fast path (a capture/_ring.c Call), or None: the Python path only."""
+        if self._call_type is None:
+            return None
+        try:
+            fast = self._call_type(
+                self.recording, call.group, call.inp, call.out, call.async_, call.roots,
+                call.kind, call.flags, call.measure, int(EventFlag.ASYNC),
+                int(EventState.RETURNED),
+            )
+            fast.op_id = call.op_id
+        except Exception:  # a signature the fast path cannot take: the Python path records it
+            return None
+        call.fast = fast
+        return fast
+
+    def _publish(self) -> None:
+        """Tell the fast path what to write to: the C ring of an open capture while the recorder
+        is enabled, else nothing (every call then takes the Python path). Setting these bumps
+        ``recording.epoch``, which makes its Calls forget what they read last."""
+        r = self.recording
+        if r is None:
+            return
+        w, d = self.writer, self.describer
+        live = self.enabled and w is not None and d is not None and ring_mod.is_c_ring(w.events)
+        r.ring = w.events if live else None
+        r.default_pg = self.default_pg
+        r.tensors = d.tensors if live else None
+        r.positions = d.positions if live else None
 
     # -- the capture file --------------------------------------------------------------------
     def open(self) -> None:
@@ -87,6 +131,7 @@ class Recorder:
         if self.writer is not None:  # init_process_group again, after a destroy
             self.default_pg = self.c10d._get_default_group()
             self.group(self.default_pg)
+            self._publish()
             return
         c10d = self.c10d
         rank, world = c10d.get_rank(), c10d.get_world_size()
@@ -111,11 +156,14 @@ class Recorder:
         self.describer = Describer(writer.intern)
         for call in self._calls:
             call.op_id = writer.intern(call.spec.name)
+            if call.fast is not None:
+                call.fast.op_id = call.op_id
         self._wait_op = writer.intern("wait")
         self._init_op = writer.intern("init_process_group")
         self.writer = writer
         self.default_pg = c10d._get_default_group()
         self.group(self.default_pg)
+        self._publish()
         self._install_lifecycle_hooks(path)
         early, self._early = self._early, []
         for kind, fields in early:
@@ -274,6 +322,7 @@ class Recorder:
         else:
             self.groups.pop(pg, None)
         self.pending.clear()
+        self._publish()  # what the fast path remembers of the group is stale
 
     def _on_exit(self) -> None:
         if os.getpid() != self._pid:
@@ -310,6 +359,7 @@ class Recorder:
         self._hooks_installed = False
         self._early.clear()
         self._pid = os.getpid()
+        self._publish()
 
     # -- patching ----------------------------------------------------------------------------
     def patch(self, dist_module: Any) -> None:

@@ -1,9 +1,15 @@
 """The functions that replace torch.distributed's: the recorder's hot path.
 
-``wrap`` builds the replacement for one collective. Its body is written out long-hand (no helper
-calls, positions and constants bound as closure locals) because it runs on every collective of the
-job and its budget is 3 us; see benchmarks/recorder_overhead.py. Whatever goes wrong inside it
-disables the recorder and the user's call runs as if the recorder were not there.
+``wrap`` builds the replacement for one collective. With the C ring (a default install) a call is
+recorded by the C fast path of capture/_ring.c (``Call.enter`` / ``Call.leave``), which reads the
+recorder's caches; what it cannot do from them (a group, shape or callsite seen for the first time,
+a call with no capture open) it leaves to the Python path, ``_recorded``, which writes the same
+record and fills the caches. The Python path alone runs with the Python ring.
+
+The Python path is written out long-hand (no helper calls, positions and constants bound as
+closure locals) because it runs on every collective without the C ring. Both keep to the budget
+of benchmarks/recorder_overhead.py. Whatever goes wrong inside them disables the recorder and the
+user's call runs as if the recorder were not there.
 """
 
 from __future__ import annotations
@@ -27,7 +33,7 @@ class BoundCall:
     """A spec with its parameter positions resolved against the real function's signature."""
 
     __slots__ = ("spec", "kind", "flags", "op_id", "group", "inp", "out", "roots", "async_",
-                 "measure")
+                 "measure", "fast")
 
     def __init__(self, spec: Spec, fn: Callable) -> None:
         try:
@@ -53,6 +59,7 @@ class BoundCall:
             spec.kind != EventKind.COLLECTIVE or flags & ~EventFlag.ASYNC
             or spec.name == "monitored_barrier"
         )
+        self.fast: Any = None  # its C fast path (capture/_ring.c's Call), when there is one
 
 
 def _arg(args: tuple, kwargs: dict, where: tuple[int, str] | None, default: Any = None) -> Any:
@@ -66,6 +73,45 @@ def _arg(args: tuple, kwargs: dict, where: tuple[int, str] | None, default: Any 
 
 def wrap(rec: Recorder, call: BoundCall, fn: Callable) -> Callable:
     """``fn``, recorded: one ENTER record before it runs and its EXIT part after."""
+    fast = rec.fast_call(call)
+    if fast is None:
+        wrapper = _recorded(rec, call, fn, depth=1)
+    else:
+        wrapper = _fast(rec, call, fn, fast, _recorded(rec, call, fn, depth=2))
+    functools.update_wrapper(wrapper, fn)
+    wrapper.__nccl_doctor__ = True  # type: ignore[attr-defined]
+    return wrapper
+
+
+def _fast(rec: Recorder, call: BoundCall, fn: Callable, fast: Any, python: Callable) -> Callable:
+    """The C fast path first; ``python`` (called by this wrapper) when it returns no token."""
+    enter, leave, finish = fast.enter, fast.leave, rec.finish
+    returned, failed = int(EventState.RETURNED), int(EventState.FAILED)
+    measure, is_p2p = call.measure, call.kind == EventKind.P2P
+
+    def wrapper(*args: Any, **kwargs: Any) -> Any:
+        token = enter(args, kwargs)  # (idx, grec, seq, stack, flags, ring), or None
+        if token is None:
+            return python(*args, **kwargs)
+        try:
+            result = fn(*args, **kwargs)
+        except BaseException:
+            finish(token[0], token[1], token[2], token[3], token[4], measure, is_p2p, failed,
+                   None)
+            raise
+        try:
+            if not leave(token, result):  # a measured call, or an async one's Work
+                finish(token[0], token[1], token[2], token[3], token[4], measure, is_p2p,
+                       returned, result)
+        except Exception as err:
+            rec.fail(err)
+        return result
+
+    return wrapper
+
+
+def _recorded(rec: Recorder, call: BoundCall, fn: Callable, depth: int) -> Callable:
+    """The Python path; ``depth``: how many frames up the caller of the API is."""
     getframe, get_ident = sys._getframe, threading.get_ident
     async_flag = int(EventFlag.ASYNC)
     returned, failed = int(EventState.RETURNED), int(EventState.FAILED)
@@ -81,7 +127,6 @@ def wrap(rec: Recorder, call: BoundCall, fn: Callable) -> Callable:
     # makes itself (which calls do that changes between torch versions: send calls isend and
     # wait, all_gather_into_tensor calls all_gather_single, ...).
 
-    @functools.wraps(fn)
     def wrapper(*args: Any, **kwargs: Any) -> Any:
         w = rec.writer
         if w is None or not rec.enabled:
@@ -121,7 +166,7 @@ def wrap(rec: Recorder, call: BoundCall, fn: Callable) -> Callable:
             flags = base_flags
             if has_async and (args[a_pos] if a_pos < n else kwargs.get(a_name, False)):
                 flags |= async_flag
-            frame = getframe(1)
+            frame = getframe(depth)
             uf, ul, ufn, af, al = (
                 d.direct.get((id(frame.f_code), frame.f_lasti)) or d.callsites(frame)
             )
@@ -153,7 +198,6 @@ def wrap(rec: Recorder, call: BoundCall, fn: Callable) -> Callable:
             rec.fail(err)
         return result
 
-    wrapper.__nccl_doctor__ = True  # type: ignore[attr-defined]
     return wrapper
 
 
