@@ -65,6 +65,11 @@ class LiveJob:
         """rank -> its host, for every rank known."""
         return {r: p.host for r, p in self.registry.ranks.items()}
 
+    def unsure(self) -> str:
+        """Why what the watches see may be stale now ("": it is not). A multi-node leader
+        (FederatedJob) is unsure while a follower is silent but not yet lost."""
+        return ""
+
     def pids(self, ranks: Sequence[int] | None = None) -> dict[int, int]:
         """rank -> pid of ``ranks`` (default: every rank) the registry knows."""
         known = self.registry.ranks

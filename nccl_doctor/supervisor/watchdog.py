@@ -168,7 +168,10 @@ class Watchdog:
         self._first_seen = {a.key: first}
         if a.situation is Situation.DEADLOCK:
             self._status(f"deadlock suspected: {a.cause.title if a.cause else ''}; confirming")
-            if now - first >= self.policy.confirm:
+            unsure = self.job.unsure()  # ranks of a silent node: their last word may be stale
+            if unsure:
+                self._status(f"deadlock suspected; {unsure}")
+            elif now - first >= self.policy.confirm:
                 return self._declare(traces, live_analysis, a, waited, a.cause, "deadlock")
         elif a.situation is Situation.WAITING_ON_PEERS:
             return self._watch_peers(traces, live_analysis, a, procs, now, waited)

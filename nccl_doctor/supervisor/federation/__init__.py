@@ -232,6 +232,14 @@ class FederatedJob(LiveJob):
                                                      timeout).items() if isinstance(raw, dict))
         return out
 
+    def unsure(self) -> str:
+        link = self._link
+        fading = link.fading() if link is not None else []
+        if not fading:
+            return ""
+        return ("waiting to hear from " + ", ".join(f"host {r.host}" for r in fading)
+                + " (silent: beating again, or lost)")
+
     def hosts(self) -> dict[int, str]:
         out = super().hosts()
         link = self._link

@@ -434,6 +434,13 @@ class Link:
         lost: a request would only wait out its timeout)."""
         return not remote.lost and now - remote.seen_at < 4 * self.every
 
+    def fading(self) -> list[Remote]:
+        """Followers silent for a few beats, not yet lost: what their ranks last said may be
+        stale (a node being killed), so nothing is concluded from it until they beat again or
+        are called lost."""
+        now = self.clock()
+        return [r for r in self.remotes.values() if not r.lost and not self._answers(r, now)]
+
     def owners(self) -> dict[int, Remote]:
         """rank -> the follower that runs it."""
         return {r: remote for remote in self.remotes.values() for r in remote.ranks}
