@@ -256,7 +256,7 @@ def _stamp(path: Path) -> tuple[int, int] | None:
     return st.st_size, st.st_mtime_ns
 
 
-def _try(read: Callable[[Path], RankTrace], path: Path) -> RankTrace | DoctorError:
+def _try(read: Callable[[Path], Scan], path: Path) -> Scan | DoctorError:
     try:
         return read(path)
     except DoctorError as err:

@@ -142,14 +142,14 @@ def _event(values: dict) -> Event:
     return e
 
 
-def events(decoded: Decoded, strings: Mapping[int, str], start: int = 0) -> list[Event]:
-    """The typed events of ``decoded``'s rows from ``start`` on (strings: id -> text)."""
+def events(decoded: Decoded, strings: Mapping[int, str]) -> list[Event]:
+    """The typed events of ``decoded``'s rows (strings: id -> text)."""
     out: list[Event] = []
     get = strings.get
     places: dict[tuple[int, int, int], Location | None] = {(0, 0, 0): None}
     flag_of: dict[int, EventFlag] = {}
-    rows = decoded.rows[start:].tolist()
-    exited = decoded.exited[start:].tolist()
+    rows = decoded.rows.tolist()
+    exited = decoded.exited.tolist()
     for row, done in zip(rows, exited):
         (idx, parent, t_enter, seq, nbytes, thread, op, group, inp, outp, uf, ul, ufn, af, al,
          extra, peer, gsize, seq_off, kind, flags, _p, _c, _p2, t_exit, delta, state, _x) = row

@@ -14,7 +14,7 @@ from pathlib import Path
 from typing import Any, Callable, Mapping, Protocol, Sequence
 
 from nccl_doctor.analysis.annotate import Annotator
-from nccl_doctor.capture.directory import LiveCaptures
+from nccl_doctor.capture.directory import LiveCaptures, load_capture_dir
 from nccl_doctor.diagnosis import Diagnosis
 from nccl_doctor.errors import DoctorError
 from nccl_doctor.model import TraceSet
@@ -106,7 +106,7 @@ class Snapshot:
             self.read_counts = self.poll() if self.poll is not None else dict(self.counts)
             try:
                 self._traces = (self.load() if self.load is not None else
-                                LiveCaptures(self.out_dir).load())
+                                load_capture_dir(self.out_dir, job_ended=False, evidence=False))
             except DoctorError:
                 self._traces = None
         return self._traces
