@@ -25,20 +25,19 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
 import pickle
 import random
 import re
 import shutil
-import signal
 import statistics
-import subprocess
 import sys
 import tempfile
-import threading
 import time
 from dataclasses import dataclass
 from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from _child import Run, timed  # noqa: E402
 
 # ---------------------------------------------------------------------------------------------
 # Synthetic dumps
@@ -118,6 +117,37 @@ def make_job(ranks: int, entries: int) -> Job:
     return Job(ranks=ranks, entries=entries, culprit=ranks // 3, skip_seq=s + 1, program=program)
 
 
+def fr_entry(*, frames: list[dict], record_id: int, pg_id: int, group: tuple[str, str],
+             thread: tuple[str, str], seq: int, op_id: int, op: str, created: int,
+             sizes: tuple[list, list], dtype: str, completed: int | None) -> dict:
+    """One Flight Recorder entry of an NCCL collective (version 2.10 fields, timing off: no
+    start times); ``completed``: when it was found completed, or None: still "scheduled"."""
+    done = completed is not None
+    return {
+        "frames": list(frames),
+        "record_id": record_id,
+        "pg_id": pg_id,
+        "process_group": group,
+        "thread_name": thread[0],
+        "thread_id": thread[1],
+        "collective_seq_id": seq,
+        "p2p_seq_id": 0,
+        "op_id": op_id,
+        "profiling_name": "nccl:" + op,
+        "time_created_ns": created,
+        "input_sizes": sizes[0],
+        "input_dtypes": [dtype],
+        "output_sizes": sizes[1],
+        "output_dtypes": [dtype],
+        "state": "completed" if done else "scheduled",
+        "time_discovered_started_ns": None,
+        "time_discovered_completed_ns": completed,
+        "retired": done,
+        "timeout_ms": 600_000,
+        "is_p2p": False,
+    }
+
+
 def rank_dump(job: Job, rank: int, pg_config: dict) -> dict:
     """The dump of one rank: its last ``job.entries`` collectives, the tail from the skip on
     still scheduled (NCCL timing is off, as by default: no "started" state, no start times)."""
@@ -139,29 +169,11 @@ def rank_dump(job: Job, rank: int, pg_config: dict) -> dict:
             ins, outs = [[numel]], [[numel]]
         done = seq < s
         created = t0 + seq * 1_800_000 + rng.randrange(200_000)
-        entries.append({
-            "frames": list(STACKS[(kind, layer)]),
-            "record_id": seq - 1,
-            "pg_id": 0,
-            "process_group": ("0", "default_pg"),
-            "thread_name": "python3",
-            "thread_id": thread_id,
-            "collective_seq_id": seq,
-            "p2p_seq_id": 0,
-            "op_id": seq,
-            "profiling_name": "nccl:" + op,
-            "time_created_ns": created,
-            "input_sizes": ins,
-            "input_dtypes": [dtype],
-            "output_sizes": outs,
-            "output_dtypes": [dtype],
-            "state": "completed" if done else "scheduled",
-            "time_discovered_started_ns": None,
-            "time_discovered_completed_ns": created + 1_500_000 if done else None,
-            "retired": done,
-            "timeout_ms": 600_000,
-            "is_p2p": False,
-        })
+        entries.append(fr_entry(
+            frames=STACKS[(kind, layer)], record_id=seq - 1, pg_id=0, group=("0", "default_pg"),
+            thread=("python3", thread_id), seq=seq, op_id=seq, op=op, created=created,
+            sizes=(ins, outs), dtype=dtype,
+            completed=created + 1_500_000 if done else None))
     return {
         "version": "2.10",
         "pg_config": pg_config,
@@ -188,48 +200,6 @@ def write_dumps(directory: Path, job: Job) -> int:
 # ---------------------------------------------------------------------------------------------
 # Running the tools
 # ---------------------------------------------------------------------------------------------
-
-@dataclass
-class Run:
-    seconds: float
-    rc: int | None  # None: killed at the timeout
-    peak_mb: float
-    output: str  # stdout + stderr
-
-    @property
-    def ok(self) -> bool:
-        return self.rc == 0
-
-    def last_line(self) -> str:
-        lines = [ln for ln in self.output.splitlines() if ln.strip()]
-        return lines[-1] if lines else ""
-
-
-def timed(command: list[str], timeout: float | None, log: Path) -> Run:
-    """Wall time and peak RSS of one child (os.wait4 gives the child's own rusage)."""
-    with open(log, "wb") as out:
-        t0 = time.perf_counter()
-        proc = subprocess.Popen(command, stdout=out, stderr=subprocess.STDOUT,
-                                start_new_session=True)
-        result: dict = {}
-
-        def reap() -> None:
-            _, status, usage = os.wait4(proc.pid, 0)
-            result["seconds"] = time.perf_counter() - t0
-            result["status"], result["usage"] = status, usage
-
-        waiter = threading.Thread(target=reap, daemon=True)
-        waiter.start()
-        waiter.join(timeout)
-        killed = waiter.is_alive()
-        if killed:
-            os.killpg(proc.pid, signal.SIGKILL)
-            waiter.join()
-        proc.returncode = os.waitstatus_to_exitcode(result["status"])  # reaped: keep Popen quiet
-    return Run(seconds=result["seconds"], rc=None if killed else proc.returncode,
-               peak_mb=result["usage"].ru_maxrss / 1024,
-               output=log.read_text(errors="replace"))
-
 
 def _tool(name: str, module: str) -> list[str]:
     script = Path(sys.executable).parent / name
@@ -281,7 +251,8 @@ def repeated(command: list[str], repeat: int, timeout: float | None, log: Path) 
         runs.append(run)
     mid = sorted(runs, key=lambda r: r.seconds)[(len(runs) - 1) // 2]
     return Run(seconds=statistics.median(r.seconds for r in runs), rc=0,
-               peak_mb=max(r.peak_mb for r in runs), output=mid.output)
+               peak_mib=max(r.peak_mib for r in runs),
+               tree_mib=max(r.tree_mib for r in runs), output=mid.output)
 
 
 def _culprits(job: Job, ft: Run | None, dr: Run, report: Path) -> str:
@@ -342,13 +313,13 @@ def main() -> int:
                               args.torchfrtrace_timeout, base.with_suffix(".torchfrtrace.txt"))
                 state = ("timed out" if ft.rc is None else "ok" if ft.ok
                          else f"FAILED exit {ft.rc}: {ft.last_line()[:200]}")
-                print(f"  torchfrtrace  {ft.seconds:9.2f} s  peak {ft.peak_mb:7.0f} MB  {state}",
+                print(f"  torchfrtrace  {ft.seconds:9.2f} s  peak {ft.peak_mib:7.0f} MB  {state}",
                       flush=True)
             report = base.with_suffix(".doctor.json")
             dr = repeated(doctor + ["replay", str(dumps), "--format", "json", "-o", str(report),
                                     "--force"], args.repeat, None, base.with_suffix(".doctor.txt"))
             state = "ok" if dr.ok else f"FAILED exit {dr.rc}: {dr.last_line()[:200]}"
-            print(f"  nccl-doctor   {dr.seconds:9.2f} s  peak {dr.peak_mb:7.0f} MB  {state}",
+            print(f"  nccl-doctor   {dr.seconds:9.2f} s  peak {dr.peak_mib:7.0f} MB  {state}",
                   flush=True)
             rows.append((job, size, gen, ft, dr, _culprits(job, ft, dr, report)))
             if args.keep is None:
@@ -364,17 +335,17 @@ def main() -> int:
         if ft is None:
             ft_s, ft_mb = "skipped", ""
         elif ft.rc is None:
-            ft_s, ft_mb = f"> {ft.seconds:.1f}", f"{ft.peak_mb:.0f}"
+            ft_s, ft_mb = f"> {ft.seconds:.1f}", f"{ft.peak_mib:.0f}"
         else:
             ft_s = f"{ft.seconds:.2f}" if ft.ok else f"exit {ft.rc}"
-            ft_mb = f"{ft.peak_mb:.0f}"
+            ft_mb = f"{ft.peak_mib:.0f}"
         dr_s = f"{dr.seconds:.2f}" if dr.ok else f"exit {dr.rc}"
         if ft is None or ft.rc not in (0, None) or not dr.ok:
             ratio = "n/a"
         else:
             ratio = f"{'>' if ft.rc is None else ''}{ft.seconds / dr.seconds:.1f}x"
         print(f"{job.ranks:>6} {job.entries:>7} {size / 1e6:>8.1f} {gen:>6.1f} {ft_s:>14} "
-              f"{ft_mb:>6} {dr_s:>13} {dr.peak_mb:>6.0f} {ratio:>8}  {culprits}")
+              f"{ft_mb:>6} {dr_s:>13} {dr.peak_mib:>6.0f} {ratio:>8}  {culprits}")
     print("goal: nccl-doctor >= 20x faster than torchfrtrace at 1,024 ranks")
     if args.keep:
         print(f"dumps, reports and logs kept under {root}")

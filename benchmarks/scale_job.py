@@ -43,7 +43,7 @@ from nccl_doctor.capture.writer import CaptureWriter
 from nccl_doctor.model import EventKind, EventState
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from fr_replay import C10D, LOGGER, _frame  # noqa: E402  (the same torch frames)
+from fr_replay import C10D, LOGGER, _frame, fr_entry  # noqa: E402  (the same torch frames)
 
 T0 = 1_795_373_000_000_000_000  # ns: when the ranks start
 RANKS_PER_HOST = 8
@@ -346,29 +346,12 @@ def rank_dump(job: Job, rank: int) -> dict:
         done = i < len(program) - 1
         op_ids[call.group] += 1
         (ins, outs), dtype = sizes[k], _FR_DTYPES[call.dtype]
-        entries.append({
-            "frames": list(stacks[k]),
-            "record_id": i,
-            "pg_id": kinds.index(call.group),
-            "process_group": (job.group_name(call.group, rank), job.group_desc(call.group)),
-            "thread_name": "pt_main_thread",
-            "thread_id": thread_id,
-            "collective_seq_id": seq,
-            "p2p_seq_id": 0,
-            "op_id": op_ids[call.group],
-            "profiling_name": "nccl:" + call.op,
-            "time_created_ns": start,
-            "input_sizes": ins,
-            "input_dtypes": [dtype],
-            "output_sizes": outs,
-            "output_dtypes": [dtype],
-            "state": "completed" if done else "scheduled",
-            "time_discovered_started_ns": None,
-            "time_discovered_completed_ns": start + 262_144 + dur if done else None,
-            "retired": done,
-            "timeout_ms": 600_000,
-            "is_p2p": False,
-        })
+        entries.append(fr_entry(
+            frames=stacks[k], record_id=i, pg_id=kinds.index(call.group),
+            group=(job.group_name(call.group, rank), job.group_desc(call.group)),
+            thread=("pt_main_thread", thread_id), seq=seq, op_id=op_ids[call.group],
+            op=call.op, created=start, sizes=(ins, outs), dtype=dtype,
+            completed=start + 262_144 + dur if done else None))
     status = {}
     for kind in kinds:
         last = max((e["collective_seq_id"] for e in entries
