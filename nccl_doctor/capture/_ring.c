@@ -394,14 +394,32 @@ static PyTypeObject RecordingType = {
     .tp_getset = Recording_getset,
 };
 
+/* A call's arguments: the positional ones, then its keywords, as a dict (Call.enter) or as
+ * vectorcall's names, whose values follow the positional ones in ``items`` (Recorded). */
+typedef struct {
+    PyObject *const *items;
+    Py_ssize_t n;       /* positional */
+    PyObject *kwargs;   /* a dict, or NULL */
+    PyObject *kwnames;  /* a tuple of str, or NULL */
+} Args;
+
 /* Python's ``args[pos] if pos < len(args) else kwargs.get(name)``: a borrowed reference, or NULL
  * (with no error set) when the argument was not given. */
-static PyObject *arg_at(PyObject *args, PyObject *kwargs, Py_ssize_t pos, PyObject *name) {
-    if (pos < PyTuple_GET_SIZE(args))
-        return PyTuple_GET_ITEM(args, pos);
-    if (PyDict_GET_SIZE(kwargs) == 0)
+static PyObject *arg_at(const Args *a, Py_ssize_t pos, PyObject *name) {
+    if (pos < a->n)
+        return a->items[pos];
+    if (a->kwargs != NULL)
+        return PyDict_GET_SIZE(a->kwargs) == 0 ? NULL : PyDict_GetItemWithError(a->kwargs, name);
+    if (a->kwnames == NULL)
         return NULL;
-    return PyDict_GetItemWithError(kwargs, name);
+    Py_ssize_t k = PyTuple_GET_SIZE(a->kwnames);
+    for (Py_ssize_t i = 0; i < k; i++) /* names are interned: identity, nearly always */
+        if (PyTuple_GET_ITEM(a->kwnames, i) == name)
+            return a->items[a->n + i];
+    for (Py_ssize_t i = 0; i < k; i++)
+        if (PyUnicode_Compare(PyTuple_GET_ITEM(a->kwnames, i), name) == 0)
+            return a->items[a->n + i];
+    return NULL;
 }
 
 /* An int of the recorder's caches as the bits of field i; -1 (maybe with an error) otherwise. */
@@ -570,14 +588,15 @@ static int frame_lasti(PyFrameObject *f) {
 #endif
 }
 
-/* Describer.callsites(caller of the wrapper) from Describer.positions: the user file, line and
+/* Describer.callsites(caller of the API function) from Describer.positions: the user file, line and
  * function and the API file and line (fields 10..14), or -1 when a frame is not cached. */
-static int callsite(Call *call, uint64_t *site) {
+static int callsite(Call *call, uint64_t *site, int in_python) {
     Recording *rec = call->rec;
-    PyFrameObject *f = PyEval_GetFrame(); /* the wrapper's own frame (borrowed) */
+    /* the current frame: a Python wrapper's (in_python), else the caller's (a Recorded) */
+    PyFrameObject *f = PyEval_GetFrame();
     if (f == NULL)
         return -1;
-    f = PyFrame_GetBack(f);
+    f = in_python ? PyFrame_GetBack(f) : (PyFrameObject *)Py_NewRef(f);
     PyFrameObject *first = f;
     uint64_t api_file = 0, api_line = 0;
     while (f != NULL) {
@@ -645,20 +664,36 @@ static int group_field(int i, PyObject *grec, PyObject *name, uint64_t *bits) {
     return r;
 }
 
-/* The token of a recorded call (idx, grec, seq, stack, flags, ring), or NULL: not recorded. */
-static PyObject *enter_impl(Call *self, PyObject *args, PyObject *kwargs) {
+/* What enter() wrote for a call: references, which entered_clear() releases. */
+typedef struct {
+    PyObject *idx, *grec, *seq, *stack, *ring; /* seq: -1 without one */
+    uint64_t flags;
+} Entered;
+
+static void entered_clear(Entered *e) {
+    Py_CLEAR(e->idx);
+    Py_CLEAR(e->grec);
+    Py_CLEAR(e->seq);
+    Py_CLEAR(e->stack);
+    Py_CLEAR(e->ring);
+}
+
+/* Write the ENTER record of a call: 1 (``out`` filled), or 0: not recorded (maybe with an error
+ * set): the Python path decides. ``in_python``: called from a Python wrapper's frame. */
+static int enter_impl(Call *self, const Args *a, int in_python, Entered *out) {
     Recording *rec = self->rec;
-    PyObject *ring = rec->ring, *pg = NULL, *grec = NULL, *token = NULL, *stack = NULL;
+    PyObject *ring = rec->ring, *pg = NULL, *grec = NULL, *stack = NULL;
     PyObject *v, *seq_obj = NULL, *tid_obj = NULL;
+    int entered = 0;
     uint64_t bits[N_ENTER_ARGS + 1];
     memset(bits, 0, sizeof bits);
     if (!PyDict_CheckExact(rec->groups) || !PyDict_CheckExact(rec->stacks) ||
         !PyDict_CheckExact(rec->tensors) || !PyDict_CheckExact(rec->positions))
-        return NULL;
+        return 0;
     if (self->group_name != NULL) {
-        pg = arg_at(args, kwargs, self->group_pos, self->group_name);
+        pg = arg_at(a, self->group_pos, self->group_name);
         if (pg == NULL && PyErr_Occurred())
-            return NULL;
+            return 0;
     }
     if (pg == NULL || pg == Py_None)
         pg = rec->default_pg;
@@ -708,14 +743,14 @@ static PyObject *enter_impl(Call *self, PyObject *args, PyObject *kwargs) {
             goto done;
     }
     if (self->inp_name != NULL) {
-        PyObject *x = arg_at(args, kwargs, self->inp_pos, self->inp_name);
+        PyObject *x = arg_at(a, self->inp_pos, self->inp_name);
         if (x == NULL && PyErr_Occurred())
             goto done;
         if (x != NULL && x != Py_None && describe_input(self, x, &bits[8], &bits[4]) < 0)
             goto done;
     }
     if (self->out_name != NULL) {
-        PyObject *x = arg_at(args, kwargs, self->out_pos, self->out_name);
+        PyObject *x = arg_at(a, self->out_pos, self->out_name);
         uint64_t unused;
         if (x == NULL && PyErr_Occurred())
             goto done;
@@ -727,11 +762,8 @@ static PyObject *enter_impl(Call *self, PyObject *args, PyObject *kwargs) {
     for (Py_ssize_t i = 0; i < PyTuple_GET_SIZE(self->roots); i++) {
         PyObject *root = PyTuple_GET_ITEM(self->roots, i);
         Py_ssize_t pos = PyLong_AsSsize_t(PyTuple_GET_ITEM(root, 0));
-        PyObject *r;
-        if (pos < PyTuple_GET_SIZE(args))
-            r = PyTuple_GET_ITEM(args, pos);
-        else if ((r = PyDict_GetItemWithError(kwargs, PyTuple_GET_ITEM(root, 1))) == NULL &&
-                 PyErr_Occurred())
+        PyObject *r = arg_at(a, pos, PyTuple_GET_ITEM(root, 1));
+        if (r == NULL && PyErr_Occurred())
             goto done;
         if (r == NULL || r == Py_None)
             continue;
@@ -764,18 +796,18 @@ static PyObject *enter_impl(Call *self, PyObject *args, PyObject *kwargs) {
     }
     bits[20] = (uint64_t)self->flags;
     if (self->async_name != NULL) {
-        PyObject *a = arg_at(args, kwargs, self->async_pos, self->async_name);
-        if (a == NULL && PyErr_Occurred())
+        PyObject *x = arg_at(a, self->async_pos, self->async_name);
+        if (x == NULL && PyErr_Occurred())
             goto done;
-        if (a != NULL) {
-            int yes = PyObject_IsTrue(a);
+        if (x != NULL) {
+            int yes = PyObject_IsTrue(x);
             if (yes < 0)
                 goto done;
             if (yes)
                 bits[20] |= (uint64_t)self->async_flag;
         }
     }
-    if (callsite(self, &bits[10]) < 0)
+    if (callsite(self, &bits[10], in_python) < 0)
         goto done;
     if (group_field(18, grec, str_p2p_bumps, &bits[18]) < 0) /* it changes: read every time */
         goto done;
@@ -802,27 +834,24 @@ static PyObject *enter_impl(Call *self, PyObject *args, PyObject *kwargs) {
     bits[6] = self->op;
     bits[19] = (uint64_t)self->kind;
     /* everything is known: from here on nothing can fall back */
-    token = PyTuple_New(6);
     PyObject *idx_obj = PyLong_FromUnsignedLongLong(((Ring *)ring)->count + 1);
-    PyObject *flags_obj = PyLong_FromUnsignedLongLong(bits[20]);
     if (seq_obj == NULL)
         seq_obj = PyLong_FromLong(-1);
-    if (token == NULL || idx_obj == NULL || flags_obj == NULL || seq_obj == NULL) {
+    if (idx_obj == NULL || seq_obj == NULL) {
         Py_XDECREF(idx_obj);
-        Py_XDECREF(flags_obj);
-        Py_CLEAR(token);
         goto done;
     }
     ring_commit((Ring *)ring, bits);
     if (PyList_Append(stack, idx_obj) < 0)
         PyErr_Clear(); /* out of memory: the call goes on, its children lose their parent */
-    PyTuple_SET_ITEM(token, 0, idx_obj);
-    PyTuple_SET_ITEM(token, 1, Py_NewRef(grec));
-    PyTuple_SET_ITEM(token, 2, seq_obj);
-    PyTuple_SET_ITEM(token, 3, Py_NewRef(stack));
-    PyTuple_SET_ITEM(token, 4, flags_obj);
-    PyTuple_SET_ITEM(token, 5, Py_NewRef(ring));
+    out->idx = idx_obj;
+    out->grec = Py_NewRef(grec);
+    out->seq = seq_obj;
+    out->stack = Py_NewRef(stack);
+    out->ring = Py_NewRef(ring);
+    out->flags = bits[20];
     seq_obj = NULL;
+    entered = 1;
 done:
     Py_XDECREF(seq_obj);
     Py_XDECREF(tid_obj);
@@ -830,43 +859,60 @@ done:
     Py_XDECREF(grec);
     Py_DECREF(pg);
     Py_DECREF(ring);
+    return entered;
+}
+
+/* enter_impl() with its errors sorted: 1 recorded, 0 not (no error set), -1: an error to raise
+ * (KeyboardInterrupt and the like are the user's; an Exception is the recorder's, dropped). */
+static int enter_call(Call *self, const Args *a, int in_python, Entered *out) {
+    memset(out, 0, sizeof *out);
+    if (Py_TYPE(self->rec->ring) != &RingType)
+        return 0;
+    if (enter_impl(self, a, in_python, out))
+        return 1;
+    if (PyErr_Occurred()) {
+        if (!PyErr_ExceptionMatches(PyExc_Exception))
+            return -1;
+        PyErr_Clear();
+    }
+    return 0;
+}
+
+/* enter(args, kwargs) -> token (idx, grec, seq, stack, flags, ring), or None: not recorded */
+static PyObject *Call_enter(Call *self, PyObject *const *argv, Py_ssize_t nargs) {
+    if (nargs != 2 || !PyTuple_CheckExact(argv[0]) || !PyDict_CheckExact(argv[1]))
+        Py_RETURN_NONE;
+    Args a = {&PyTuple_GET_ITEM(argv[0], 0), PyTuple_GET_SIZE(argv[0]), argv[1], NULL};
+    Entered e;
+    int r = enter_call(self, &a, 1, &e);
+    if (r < 0)
+        return NULL;
+    if (r == 0)
+        Py_RETURN_NONE;
+    PyObject *token = Py_BuildValue("(OOOOKO)", e.idx, e.grec, e.seq, e.stack,
+                                    (unsigned long long)e.flags, e.ring);
+    entered_clear(&e);
+    if (token == NULL) { /* written, but out of memory: its exit is never written */
+        PyErr_Clear();
+        Py_RETURN_NONE;
+    }
     return token;
 }
 
-/* enter(args, kwargs) -> token or None */
-static PyObject *Call_enter(Call *self, PyObject *const *argv, Py_ssize_t nargs) {
-    if (nargs != 2 || !PyTuple_CheckExact(argv[0]) || !PyDict_CheckExact(argv[1]) ||
-        Py_TYPE(self->rec->ring) != &RingType)
-        Py_RETURN_NONE;
-    PyObject *token = enter_impl(self, argv[0], argv[1]);
-    if (token != NULL)
-        return token;
-    if (PyErr_Occurred()) {
-        if (!PyErr_ExceptionMatches(PyExc_Exception))
-            return NULL; /* KeyboardInterrupt and the like are the user's */
-        PyErr_Clear();
-    }
-    Py_RETURN_NONE;
-}
-
-/* leave(token, result) -> True when it wrote the exit (a plain call that returned), else False:
- * the recorder's ``finish`` does the rest (measured calls, async works). */
-static PyObject *Call_leave(Call *self, PyObject *const *argv, Py_ssize_t nargs) {
-    if (nargs != 2 || self->measure || !PyTuple_CheckExact(argv[0]) ||
-        PyTuple_GET_SIZE(argv[0]) != 6)
-        Py_RETURN_FALSE;
-    PyObject *token = argv[0];
-    PyObject *idx_obj = PyTuple_GET_ITEM(token, 0), *stack = PyTuple_GET_ITEM(token, 3);
-    PyObject *ring = PyTuple_GET_ITEM(token, 5);
-    long flags = PyLong_AsLong(PyTuple_GET_ITEM(token, 4));
+/* Write the exit of a plain call that returned ``result``: 1, or 0 when the recorder's
+ * ``finish`` has to (measured calls, async works). Never leaves an error set. */
+static int leave_impl(Call *self, PyObject *idx_obj, PyObject *stack, uint64_t flags,
+                      PyObject *ring, PyObject *result) {
+    if (self->measure)
+        return 0;
     uint64_t idx = PyLong_AsUnsignedLongLong(idx_obj);
     if (PyErr_Occurred()) {
         PyErr_Clear();
-        Py_RETURN_FALSE;
+        return 0;
     }
-    if ((flags & self->async_flag && argv[1] != Py_None) || !PyList_CheckExact(stack) ||
+    if ((flags & (uint64_t)self->async_flag && result != Py_None) || !PyList_CheckExact(stack) ||
         Py_TYPE(ring) != &RingType)
-        Py_RETURN_FALSE;
+        return 0;
     Py_ssize_t n = PyList_GET_SIZE(stack);
     if (n > 0) {
         PyObject *top = PyList_GET_ITEM(stack, n - 1);
@@ -878,7 +924,23 @@ static PyObject *Call_leave(Call *self, PyObject *const *argv, Py_ssize_t nargs)
         PyErr_Clear();
     }
     ring_finish((Ring *)ring, idx, self->returned, 1, 0);
-    Py_RETURN_TRUE;
+    return 1;
+}
+
+/* leave(token, result) -> True when it wrote the exit (a plain call that returned), else False:
+ * the recorder's ``finish`` does the rest (measured calls, async works). */
+static PyObject *Call_leave(Call *self, PyObject *const *argv, Py_ssize_t nargs) {
+    if (nargs != 2 || !PyTuple_CheckExact(argv[0]) || PyTuple_GET_SIZE(argv[0]) != 6)
+        Py_RETURN_FALSE;
+    PyObject *token = argv[0];
+    uint64_t flags = PyLong_AsUnsignedLongLong(PyTuple_GET_ITEM(token, 4));
+    if (PyErr_Occurred()) {
+        PyErr_Clear();
+        Py_RETURN_FALSE;
+    }
+    return PyBool_FromLong(leave_impl(self, PyTuple_GET_ITEM(token, 0),
+                                      PyTuple_GET_ITEM(token, 3), flags,
+                                      PyTuple_GET_ITEM(token, 5), argv[1]));
 }
 
 /* where: None, or (pos, name) */
@@ -998,6 +1060,195 @@ static PyTypeObject CallType = {
     .tp_methods = Call_methods,
 };
 
+/* ---- Recorded: the function that replaces a torch.distributed one --------------------------
+ *
+ * Recorded(call, fn, python, finish, fail, is_p2p, failed, returned) is what the Python wrapper
+ * of the fast path would be - ``enter``, ``fn``, ``leave``, with the recorder's ``finish`` for
+ * what leave() does not do and ``python`` (the Python path) when enter() declines - without a
+ * Python frame, an argument tuple or a token: the arguments go on to ``fn`` as they came
+ * (vectorcall). It has a __dict__ (functools.update_wrapper fills it: __wrapped__, __name__,
+ * ...) and binds like a function. An exception of ``fn`` reaches the caller unchanged.
+ */
+
+typedef struct {
+    PyObject_HEAD
+    Call *call;
+    PyObject *fn, *python, *finish, *fail, *dict;
+    PyObject *is_p2p, *failed, *returned; /* finish()'s constant arguments */
+    vectorcallfunc vectorcall;
+} Recorded;
+
+/* finish(idx, grec, seq, stack, flags, measure, is_p2p, state, result) */
+static PyObject *call_finish(Recorded *self, Entered *e, PyObject *state, PyObject *result) {
+    PyObject *flags = PyLong_FromUnsignedLongLong(e->flags);
+    if (flags == NULL)
+        return NULL;
+    PyObject *argv[9] = {e->idx, e->grec, e->seq, e->stack, flags,
+                         self->call->measure ? Py_True : Py_False, self->is_p2p, state, result};
+    PyObject *out = PyObject_Vectorcall(self->finish, argv, 9, NULL);
+    Py_DECREF(flags);
+    return out;
+}
+
+static PyObject *Recorded_vectorcall(Recorded *self, PyObject *const *argv, size_t nargsf,
+                                     PyObject *kwnames) {
+    Args a = {argv, PyVectorcall_NARGS(nargsf), NULL,
+              kwnames != NULL && PyTuple_GET_SIZE(kwnames) > 0 ? kwnames : NULL};
+    Entered e;
+    int r = enter_call(self->call, &a, 0, &e);
+    if (r < 0)
+        return NULL;
+    if (r == 0)
+        return PyObject_Vectorcall(self->python, argv, nargsf, kwnames);
+    PyObject *result = PyObject_Vectorcall(self->fn, argv, nargsf, kwnames);
+    if (result == NULL) { /* the call's exception: recorded, then the caller's, unchanged */
+        PyObject *type, *value, *tb;
+        PyErr_Fetch(&type, &value, &tb);
+        PyObject *out = call_finish(self, &e, self->failed, Py_None);
+        Py_XDECREF(out);
+        PyErr_Clear(); /* finish() keeps its own errors; this could only be out of memory */
+        PyErr_Restore(type, value, tb);
+        entered_clear(&e);
+        return NULL;
+    }
+    if (!leave_impl(self->call, e.idx, e.stack, e.flags, e.ring, result)) {
+        PyObject *out = call_finish(self, &e, self->returned, result);
+        if (out != NULL) {
+            Py_DECREF(out);
+        } else if (PyErr_ExceptionMatches(PyExc_Exception)) { /* the recorder's: disable it */
+            PyObject *type, *value, *tb;
+            PyErr_Fetch(&type, &value, &tb);
+            PyErr_NormalizeException(&type, &value, &tb);
+            PyObject *ok = value == NULL ? NULL : PyObject_CallOneArg(self->fail, value);
+            Py_XDECREF(ok);
+            Py_XDECREF(type);
+            Py_XDECREF(value);
+            Py_XDECREF(tb);
+            PyErr_Clear();
+        } else { /* KeyboardInterrupt and the like, as from a Python wrapper */
+            Py_DECREF(result);
+            result = NULL;
+        }
+    }
+    entered_clear(&e);
+    return result;
+}
+
+static int Recorded_init(Recorded *self, PyObject *args, PyObject *kwds) {
+    PyObject *call, *fn, *python, *finish, *fail, *failed, *returned;
+    int is_p2p;
+    if (!PyArg_ParseTuple(args, "O!OOOOpOO", &CallType, &call, &fn, &python, &finish, &fail,
+                          &is_p2p, &failed, &returned))
+        return -1;
+    if (self->call != NULL) {
+        PyErr_SetString(PyExc_RuntimeError, "Recorded is already initialised");
+        return -1;
+    }
+    if (!PyCallable_Check(fn) || !PyCallable_Check(python) || !PyCallable_Check(finish) ||
+        !PyCallable_Check(fail)) {
+        PyErr_SetString(PyExc_TypeError, "fn, python, finish and fail must be callable");
+        return -1;
+    }
+    self->call = (Call *)Py_NewRef(call);
+    self->fn = Py_NewRef(fn);
+    self->python = Py_NewRef(python);
+    self->finish = Py_NewRef(finish);
+    self->fail = Py_NewRef(fail);
+    self->is_p2p = Py_NewRef(is_p2p ? Py_True : Py_False);
+    self->failed = Py_NewRef(failed);
+    self->returned = Py_NewRef(returned);
+    self->vectorcall = (vectorcallfunc)Recorded_vectorcall;
+    return 0;
+}
+
+static PyObject *Recorded_call(Recorded *self, PyObject *args, PyObject *kwargs) {
+    if (self->call == NULL) {
+        PyErr_SetString(PyExc_RuntimeError, "Recorded is not initialised");
+        return NULL;
+    }
+    return PyVectorcall_Call((PyObject *)self, args, kwargs);
+}
+
+static int Recorded_traverse(Recorded *self, visitproc visit, void *arg) {
+    Py_VISIT(self->call);
+    Py_VISIT(self->fn);
+    Py_VISIT(self->python);
+    Py_VISIT(self->finish);
+    Py_VISIT(self->fail);
+    Py_VISIT(self->dict);
+    Py_VISIT(self->failed);
+    Py_VISIT(self->returned);
+    return 0;
+}
+
+static int Recorded_clear(Recorded *self) {
+    Py_CLEAR(self->call);
+    Py_CLEAR(self->fn);
+    Py_CLEAR(self->python);
+    Py_CLEAR(self->finish);
+    Py_CLEAR(self->fail);
+    Py_CLEAR(self->dict);
+    Py_CLEAR(self->is_p2p);
+    Py_CLEAR(self->failed);
+    Py_CLEAR(self->returned);
+    return 0;
+}
+
+static void Recorded_dealloc(Recorded *self) {
+    PyObject_GC_UnTrack(self);
+    Recorded_clear(self);
+    Py_TYPE(self)->tp_free((PyObject *)self);
+}
+
+/* like a function: bound when looked up on an instance */
+static PyObject *Recorded_get(PyObject *self, PyObject *obj, PyObject *type) {
+    if (obj == NULL || obj == Py_None)
+        return Py_NewRef(self);
+    return PyMethod_New(self, obj);
+}
+
+static PyObject *Recorded_repr(Recorded *self) {
+    return self->fn == NULL ? PyUnicode_FromString("<Recorded (not initialised)>")
+                            : PyUnicode_FromFormat("<%R, recorded by nccl-doctor>", self->fn);
+}
+
+/* pickled by reference, like the function it replaces: its __qualname__ in its __module__ */
+static PyObject *Recorded_reduce(Recorded *self, PyObject *unused) {
+    return PyObject_GetAttrString((PyObject *)self, "__qualname__");
+}
+
+static PyMethodDef Recorded_methods[] = {
+    {"__reduce__", (PyCFunction)Recorded_reduce, METH_NOARGS, NULL},
+    {NULL, NULL, 0, NULL},
+};
+
+static PyGetSetDef Recorded_getset[] = {
+    {"__dict__", PyObject_GenericGetDict, PyObject_GenericSetDict, NULL, NULL},
+    {NULL, NULL, NULL, NULL, NULL},
+};
+
+static PyTypeObject RecordedType = {
+    PyVarObject_HEAD_INIT(NULL, 0)
+    .tp_name = "nccl_doctor.capture._ring.Recorded",
+    .tp_basicsize = sizeof(Recorded),
+    .tp_flags = Py_TPFLAGS_DEFAULT | Py_TPFLAGS_HAVE_GC | Py_TPFLAGS_HAVE_VECTORCALL,
+    .tp_doc = "A torch.distributed function, recorded by the C fast path (see Call).",
+    .tp_new = PyType_GenericNew,
+    .tp_init = (initproc)Recorded_init,
+    .tp_traverse = (traverseproc)Recorded_traverse,
+    .tp_clear = (inquiry)Recorded_clear,
+    .tp_dealloc = (destructor)Recorded_dealloc,
+    .tp_call = (ternaryfunc)Recorded_call,
+    .tp_vectorcall_offset = offsetof(Recorded, vectorcall),
+    .tp_descr_get = Recorded_get,
+    .tp_repr = (reprfunc)Recorded_repr,
+    .tp_dictoffset = offsetof(Recorded, dict),
+    .tp_getattro = PyObject_GenericGetAttr,
+    .tp_setattro = PyObject_GenericSetAttr,
+    .tp_methods = Recorded_methods,
+    .tp_getset = Recorded_getset,
+};
+
 static struct PyModuleDef ringmodule = {
     PyModuleDef_HEAD_INIT, "_ring", "The capture ring's hot path in C.", -1, NULL,
 };
@@ -1013,7 +1264,7 @@ static int add_type(PyObject *m, const char *name, PyTypeObject *type) {
 
 PyMODINIT_FUNC PyInit__ring(void) {
     if (PyType_Ready(&RingType) < 0 || PyType_Ready(&RecordingType) < 0 ||
-        PyType_Ready(&CallType) < 0)
+        PyType_Ready(&CallType) < 0 || PyType_Ready(&RecordedType) < 0)
         return NULL;
     struct { PyObject **slot; const char *text; } names[] = {
         {&str_seq, "seq"}, {&str_name_id, "name_id"}, {&str_size, "size"},
@@ -1029,7 +1280,7 @@ PyMODINIT_FUNC PyInit__ring(void) {
     if (m == NULL)
         return NULL;
     if (add_type(m, "Ring", &RingType) < 0 || add_type(m, "Recording", &RecordingType) < 0 ||
-        add_type(m, "Call", &CallType) < 0) {
+        add_type(m, "Call", &CallType) < 0 || add_type(m, "Recorded", &RecordedType) < 0) {
         Py_DECREF(m);
         return NULL;
     }

@@ -33,8 +33,9 @@ try:
 except ImportError:  # built without a C compiler: the Python ring does the same, slower
     _c = None
 _CRing = getattr(_c, "Ring", None)
-# The recorder's fast path (see Recording and Call in _ring.c); absent from an older build.
-_CRecording, _CCall = getattr(_c, "Recording", None), getattr(_c, "Call", None)
+# The recorder's fast path (see Recording, Call and Recorded in _ring.c); absent from an older
+# build, which then records through the Python path.
+_CFast = tuple(getattr(_c, name, None) for name in ("Recording", "Call", "Recorded"))
 
 
 class PyRing:
@@ -81,15 +82,17 @@ def is_c_ring(ring: Any) -> bool:
     return _CRing is not None and type(ring) is _CRing
 
 
-def fast_path() -> tuple[type, type] | None:
-    """The C types of the recorder's fast path, ``(Recording, Call)``, when new rings are C ones.
+def fast_path() -> tuple[type, type, type] | None:
+    """The C types of the recorder's fast path, ``(Recording, Call, Recorded)``, when new rings
+    are C ones.
 
     ``Call.enter(args, kwargs)`` writes what the recorder's Python path
     (nccl_doctor/rank/recorder/wrappers.py) would, from the recorder's caches, or returns None and
-    leaves the call to it; ``Call.leave(token, result)`` writes a plain call's exit.
+    leaves the call to it; ``Call.leave(token, result)`` writes a plain call's exit. ``Recorded``
+    is the replacement function that does both around the real one, in C.
     """
-    if accelerated() and _CRecording is not None and _CCall is not None:
-        return _CRecording, _CCall
+    if accelerated() and all(t is not None for t in _CFast):
+        return _CFast  # type: ignore[return-value]
     return None
 
 

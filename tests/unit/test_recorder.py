@@ -71,8 +71,8 @@ class FakeDist:
 
     def _bump(self, group: Any) -> None:
         (group if isinstance(group, FakeGroup) else self.world).seq += 1
-        caller = sys._getframe(2).f_code  # the recorder's wrapper that called the function
-        self.taken.append("fast" if caller is FAST_WRAPPER else "python")
+        caller = sys._getframe(2).f_code  # the Python path's wrapper, or the test's frame
+        self.taken.append("python" if caller is PYTHON_WRAPPER else "fast")
 
     def _functions(self) -> dict[str, Callable]:
         bump = self._bump
@@ -114,9 +114,10 @@ class FakeDist:
         return out
 
 
-# the code of the wrapper that takes the C fast path (the Python path's wrapper is another)
-FAST_WRAPPER = next(c for c in wrappers._fast.__code__.co_consts
-                    if isinstance(c, CodeType) and c.co_name == "wrapper")
+# the code of the Python path's wrapper: a call the C fast path records (a Recorded) has no
+# Python frame between its caller and the function
+PYTHON_WRAPPER = next(c for c in wrappers._recorded.__code__.co_consts
+                      if isinstance(c, CodeType) and c.co_name == "wrapper")
 
 
 @pytest.fixture(params=PATHS)
@@ -315,3 +316,59 @@ def test_a_failing_call_is_recorded_as_failed(dist) -> None:
             recorded(t)
     assert [r["state"] for r in dist.records()] == [EventState.FAILED] * 2
     assert dist.rec.stacks and all(not s for s in dist.rec.stacks.values())
+
+
+def test_a_failing_call_raises_its_own_exception(dist) -> None:
+    """The caller gets the very exception the function raised (a BaseException too), with the
+    function's frame in its traceback, and the call is recorded as failed."""
+    raised = [ValueError("bad shape"), KeyboardInterrupt()]
+
+    def fail(tensor, op=None, group=None, async_op=False):
+        raise raised[0]
+
+    spec = next(s for s in SPECS if s.name == "all_reduce")
+    call = BoundCall(spec, fail)
+    call.op_id = dist.rec.writer.intern("all_reduce")
+    recorded = wrap(dist.rec, call, fail)
+    for _ in range(2):
+        for err in list(raised):
+            raised[0] = err
+            with pytest.raises(type(err)) as info:
+                recorded(torch.ones(2), group=None)
+            assert info.value is err
+            assert info.traceback[-1].name == "fail"
+        raised.reverse()
+    assert [r["state"] for r in dist.records()] == [EventState.FAILED] * 4
+    assert dist.rec.enabled
+
+
+def test_the_replacement_passes_for_the_function(dist, monkeypatch) -> None:
+    """What code that inspects torch.distributed's functions sees: name, docs, signature,
+    ``__wrapped__``, pickling by reference, binding as a method."""
+    import inspect
+    import pickle
+    import types
+
+    def all_reduce(tensor, op=None, group=None, async_op=False):
+        """Reduces the tensor."""
+        return "reduced"
+
+    module = types.ModuleType("fake_c10d")
+    all_reduce.__module__, all_reduce.__qualname__ = module.__name__, "all_reduce"
+    spec = next(s for s in SPECS if s.name == "all_reduce")
+    recorded = wrap(dist.rec, BoundCall(spec, all_reduce), all_reduce)
+    module.all_reduce = recorded
+    monkeypatch.setitem(sys.modules, module.__name__, module)
+    assert recorded.__wrapped__ is all_reduce and recorded.__nccl_doctor__
+    assert (recorded.__name__, recorded.__doc__) == ("all_reduce", "Reduces the tensor.")
+    assert inspect.signature(recorded) == inspect.signature(all_reduce)
+    assert pickle.loads(pickle.dumps(recorded)) is recorded
+    assert "all_reduce" in repr(recorded)
+
+    class Holder:
+        method = recorded
+
+    assert Holder.method is recorded
+    bound = Holder().method
+    assert bound.__func__ is recorded and bound(torch.ones(2)) == "reduced"
+    assert recorded(torch.ones(2), async_op=False, group=None) == "reduced"

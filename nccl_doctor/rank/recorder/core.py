@@ -71,8 +71,9 @@ class Recorder:
         types = ring_mod.fast_path()
         self.recording: Any = None
         self._call_type: Any = None
+        self._recorded_type: Any = None
         if types is not None:
-            self.recording, self._call_type = types[0](), types[1]
+            self.recording, self._call_type, self._recorded_type = types[0](), types[1], types[2]
             self.recording.groups, self.recording.stacks = self.groups, self.stacks
 
     # -- failure: one line, then out of the way ----------------------------------------------

@@ -1,10 +1,10 @@
 """The functions that replace torch.distributed's: the recorder's hot path.
 
-``wrap`` builds the replacement for one collective. With the C ring (a default install) a call is
-recorded by the C fast path of capture/_ring.c (``Call.enter`` / ``Call.leave``), which reads the
-recorder's caches; what it cannot do from them (a group, shape or callsite seen for the first time,
-a call with no capture open) it leaves to the Python path, ``_recorded``, which writes the same
-record and fills the caches. The Python path alone runs with the Python ring.
+``wrap`` builds the replacement for one collective. With the C ring (a default install) it is a
+``Recorded`` of capture/_ring.c, which records the call in C (``Call``'s enter and leave) from the
+recorder's caches; what it cannot do from them (a group, shape or callsite seen for the first
+time, a call with no capture open) it leaves to the Python path, ``_recorded``, which writes the
+same record and fills the caches. The Python path alone runs with the Python ring.
 
 The Python path is written out long-hand (no helper calls, positions and constants bound as
 closure locals) because it runs on every collective without the C ring. Both keep to the budget
@@ -72,46 +72,26 @@ def _arg(args: tuple, kwargs: dict, where: tuple[int, str] | None, default: Any 
 
 
 def wrap(rec: Recorder, call: BoundCall, fn: Callable) -> Callable:
-    """``fn``, recorded: one ENTER record before it runs and its EXIT part after."""
+    """``fn``, recorded: one ENTER record before it runs and its EXIT part after.
+
+    With the C fast path, the replacement is a capture/_ring.c ``Recorded``: enter, ``fn``, leave
+    in C, no Python frame of its own; the Python path (called by it, so one frame less above the
+    caller) records what the C path declines."""
     fast = rec.fast_call(call)
     if fast is None:
-        wrapper = _recorded(rec, call, fn, depth=1)
+        wrapper: Any = _recorded(rec, call, fn)
     else:
-        wrapper = _fast(rec, call, fn, fast, _recorded(rec, call, fn, depth=2))
+        wrapper = rec._recorded_type(
+            fast, fn, _recorded(rec, call, fn), rec.finish, rec.fail,
+            call.kind == EventKind.P2P, int(EventState.FAILED), int(EventState.RETURNED))
     functools.update_wrapper(wrapper, fn)
-    wrapper.__nccl_doctor__ = True  # type: ignore[attr-defined]
+    wrapper.__nccl_doctor__ = True
     return wrapper
 
 
-def _fast(rec: Recorder, call: BoundCall, fn: Callable, fast: Any, python: Callable) -> Callable:
-    """The C fast path first; ``python`` (called by this wrapper) when it returns no token."""
-    enter, leave, finish = fast.enter, fast.leave, rec.finish
-    returned, failed = int(EventState.RETURNED), int(EventState.FAILED)
-    measure, is_p2p = call.measure, call.kind == EventKind.P2P
-
-    def wrapper(*args: Any, **kwargs: Any) -> Any:
-        token = enter(args, kwargs)  # (idx, grec, seq, stack, flags, ring), or None
-        if token is None:
-            return python(*args, **kwargs)
-        try:
-            result = fn(*args, **kwargs)
-        except BaseException:
-            finish(token[0], token[1], token[2], token[3], token[4], measure, is_p2p, failed,
-                   None)
-            raise
-        try:
-            if not leave(token, result):  # a measured call, or an async one's Work
-                finish(token[0], token[1], token[2], token[3], token[4], measure, is_p2p,
-                       returned, result)
-        except Exception as err:
-            rec.fail(err)
-        return result
-
-    return wrapper
-
-
-def _recorded(rec: Recorder, call: BoundCall, fn: Callable, depth: int) -> Callable:
-    """The Python path; ``depth``: how many frames up the caller of the API is."""
+def _recorded(rec: Recorder, call: BoundCall, fn: Callable) -> Callable:
+    """The Python path (called directly, or by a ``Recorded``: either way its caller is the
+    caller of the API)."""
     getframe, get_ident = sys._getframe, threading.get_ident
     async_flag = int(EventFlag.ASYNC)
     returned, failed = int(EventState.RETURNED), int(EventState.FAILED)
@@ -166,7 +146,7 @@ def _recorded(rec: Recorder, call: BoundCall, fn: Callable, depth: int) -> Calla
             flags = base_flags
             if has_async and (args[a_pos] if a_pos < n else kwargs.get(a_name, False)):
                 flags |= async_flag
-            frame = getframe(depth)
+            frame = getframe(1)
             uf, ul, ufn, af, al = (
                 d.direct.get((id(frame.f_code), frame.f_lasti)) or d.callsites(frame)
             )
