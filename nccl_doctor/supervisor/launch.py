@@ -7,7 +7,9 @@ import signal
 import subprocess
 import time
 from pathlib import Path
-from typing import Mapping, Sequence
+from typing import Iterable, Mapping, Sequence
+
+import psutil
 
 from nccl_doctor import env
 from nccl_doctor.errors import LaunchFailed
@@ -48,6 +50,10 @@ class Job:
             raise LaunchFailed(f"cannot run {command[0]!r}: {err.strerror}") from None
         self.pgid = self.proc.pid
         self.started = time.time()
+        # The ranks, by pid -> start time: torchrun starts each worker in a session of its own,
+        # which a signal to the job's process group never reaches (a SIGKILL of the launcher then
+        # orphans them), so they are signalled one by one as well.
+        self._ranks: dict[int, float] = {}
 
     @property
     def pid(self) -> int:
@@ -56,18 +62,49 @@ class Job:
     def poll(self) -> int | None:
         return self.proc.poll()
 
+    def adopt(self, pids: Iterable[int]) -> None:
+        """Count these processes (the ranks this host's registry found) as the job's."""
+        for pid in pids:
+            if pid > 0 and pid not in self._ranks:
+                try:
+                    self._ranks[pid] = psutil.Process(pid).create_time()
+                except psutil.Error:
+                    pass
+
+    def _outside(self) -> list[int]:
+        """Adopted ranks still running outside the job's process group (a pid now reused by
+        another process does not count: its start time differs)."""
+        out = []
+        for pid, created in list(self._ranks.items()):
+            try:
+                p = psutil.Process(pid)
+                if p.create_time() != created or p.status() == psutil.STATUS_ZOMBIE:
+                    raise psutil.NoSuchProcess(pid)
+                if os.getpgid(pid) != self.pgid:
+                    out.append(pid)
+            except (psutil.Error, OSError):
+                del self._ranks[pid]
+        return out
+
     def signal(self, sig: int) -> None:
-        """Send ``sig`` to every process of the job."""
+        """Send ``sig`` to every process of the job: its process group and the adopted ranks
+        outside it."""
         try:
             os.killpg(self.pgid, sig)
         except ProcessLookupError:
             pass
+        for pid in self._outside():
+            try:
+                os.kill(pid, sig)
+            except OSError:
+                pass
 
     def group_alive(self) -> bool:
+        """Whether any process of the job is left (its group, or an adopted rank)."""
         try:
             os.killpg(self.pgid, 0)
         except ProcessLookupError:
-            return False
+            return bool(self._outside())
         except PermissionError:
             return True
         return True

@@ -194,6 +194,8 @@ class Supervisor:
             self._kill_at = None
             self._keep(watch_record.event("stop", signals=["SIGKILL"]))
         snap = self.live.snapshot()
+        if self.job is not None:  # new ranks joined the registry: signalled with the job
+            self.job.adopt(p.pid for p in self.live.local().values())
         fed = self.federation
         if fed is not None and fed.following:  # the leader diagnoses: its decisions apply here
             for raw in fed.link.follow(fed.local(snap.counts, ended=False)):

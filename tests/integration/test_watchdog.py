@@ -54,8 +54,24 @@ def report(sup: Supervisor) -> dict:
 
 
 def assert_job_gone(sup: Supervisor) -> None:
+    """No process of the job is left: neither its process group nor a rank (torchrun starts
+    each rank in a session of its own, outside the group)."""
     assert sup.job is not None
     assert not sup.job.group_alive(), "processes of the job outlived it"
+    ranks = sup.live.registry.ranks
+    assert ranks, "the registry found no rank"
+    deadline = time.monotonic() + 5  # a SIGKILLed rank is gone at once; its reaping may lag
+    while time.monotonic() < deadline and any(_running(r.pid) for r in ranks.values()):
+        time.sleep(0.1)
+    left = {r: p.pid for r, p in ranks.items() if _running(p.pid)}
+    assert not left, f"ranks outlived the job: {left}"
+
+
+def _running(pid: int) -> bool:
+    try:
+        return psutil.Process(pid).status() != psutil.STATUS_ZOMBIE
+    except psutil.Error:
+        return False
     left = []
     for p in psutil.process_iter(["pid", "status"]):
         try:
