@@ -65,6 +65,14 @@ def assert_job_gone(sup: Supervisor) -> None:
         time.sleep(0.1)
     left = {r: p.pid for r, p in ranks.items() if _running(p.pid)}
     assert not left, f"ranks outlived the job: {left}"
+    members = []
+    for p in psutil.process_iter(["pid", "status"]):
+        try:
+            if os.getpgid(p.pid) == sup.job.pgid and p.info["status"] != psutil.STATUS_ZOMBIE:
+                members.append(p.pid)
+        except (ProcessLookupError, psutil.Error):
+            continue
+    assert not members, f"processes of the job still alive: {members}"
 
 
 def _running(pid: int) -> bool:
@@ -72,14 +80,6 @@ def _running(pid: int) -> bool:
         return psutil.Process(pid).status() != psutil.STATUS_ZOMBIE
     except psutil.Error:
         return False
-    left = []
-    for p in psutil.process_iter(["pid", "status"]):
-        try:
-            if os.getpgid(p.pid) == sup.job.pgid and p.info["status"] != psutil.STATUS_ZOMBIE:
-                left.append(p.pid)
-        except (ProcessLookupError, psutil.Error):
-            continue
-    assert not left, f"processes of the job still alive: {left}"
 
 
 def test_skipped_broadcast_is_a_deadlock_blaming_the_skipper(supervise):
