@@ -1,5 +1,10 @@
-"""``gpu_busy_hang``: ranks inside a collective that never returns while their GPUs read ~100%
-busy at low power with no interconnect traffic - NCCL kernels polling for a peer. Pure.
+"""``gpu_busy_hang``: ranks inside a collective that never completes while their GPUs read ~100%
+busy at low power with device memory idle - NCCL kernels polling for a peer. Pure.
+
+"Inside" is where the GPU is, not the CPU: on NCCL a call returns once it is enqueued, so a rank
+that enqueued the collective where its group diverged waits in it on the GPU (the stream runs in
+order and that collective never completes) whatever its Python thread does next - as well as a
+rank whose thread is still inside a collective call.
 
 This is bug A's symptom (docs/bugs.md): the dashboards show every GPU at 100% and the job looks alive
 until the NCCL timeout. The finding names the GPUs, their readings, and whom they wait for (the
@@ -15,7 +20,7 @@ from nccl_doctor.analysis.desync import desyncs
 from nccl_doctor.diagnosis import Finding, FindingKind, Severity
 from nccl_doctor.gpu.readings import GpuTrace, RankGpu
 from nccl_doctor.gpu.signature import Activity, Window, window
-from nccl_doctor.model import Event, EventKind, TraceSet
+from nccl_doctor.model import Event, EventKind, RankTrace, TraceSet
 
 SETTLE_S = 0.5  # samples this soon after entering the call are not the wait's
 
@@ -26,7 +31,7 @@ HINT_WAITING = (
     "finding says what). Alert on collective progress or GPU power, not utilisation."
 )
 HINT_TRANSPORT = (
-    "Every rank of the collective is inside it and the kernels spin with no data moving: the "
+    "Every rank of the collective is inside it and the kernels spin without completing it: the "
     "transport is stuck, not the program. Check the network/NCCL (NCCL_DEBUG=INFO, "
     "NCCL_P2P_DISABLE=1 or NCCL_IB_DISABLE=1 to isolate a transport; PCIe ACS on bare metal), a "
     "dead peer host, or a GPU that stopped responding."
@@ -37,9 +42,14 @@ def detect_gpu_busy_hang(traces: TraceSet) -> list[Finding]:
     gpu = traces.gpu
     if gpu is None or not gpu.available or not gpu.samples:
         return []
+    found = desyncs(traces)
+    stuck: dict[str, int] = {}  # group -> the seq where it diverged
+    for f in found:
+        if f.group is not None and f.seq is not None:
+            stuck[f.group] = min(f.seq, stuck.get(f.group, f.seq))
     spinning: dict[int, tuple[Event, RankGpu, Window]] = {}
     for rank, trace in sorted(traces.ranks.items()):
-        e = blocked_event(trace)
+        e = _waiting_in(traces, trace, stuck)
         placed = gpu.ranks.get(rank)
         if (e is None or placed is None or e.kind not in (EventKind.COLLECTIVE, EventKind.P2P)
                 or not _maybe_nccl(traces, e.group)):
@@ -53,12 +63,13 @@ def detect_gpu_busy_hang(traces: TraceSet) -> list[Finding]:
         return []
     first = min((e for e, _, _ in spinning.values()), key=lambda e: e.t_enter_ns)
     groups = {e.group for e, _, _ in spinning.values()}
-    culprits = sorted({r for f in desyncs(traces) if f.group in groups for r in f.ranks})
-    gpus = ", ".join(str(placed.index) for _, placed, _ in spinning.values())
+    culprits = sorted({r for f in found if f.group in groups for r in f.ranks})
+    indices = sorted({placed.index for _, placed, _ in spinning.values()})
+    gpus = ", ".join(map(str, indices))
     who = ranks_text(culprits) if culprits else ""
-    title = (f"NCCL kernels spinning on GPU{'s' if len(spinning) > 1 else ''} {gpus} "
+    title = (f"NCCL kernels spinning on GPU{'s' if len(indices) > 1 else ''} {gpus} "
              f"({ranks_text(sorted(spinning))}) in {call_name(first)}: ~100% busy, low power, "
-             + (f"waiting for {who}" if culprits else "no data moving"))
+             + (f"waiting for {who}" if culprits else "no progress"))
     lines = [_line(r, e, placed, w, gpu) for r, (e, placed, w) in spinning.items()]
     lines.append("NVML's utilisation is the share of time a kernel runs, and a kernel polling "
                  "for a peer runs all the time: 100% here is waiting, not work.")
@@ -71,6 +82,20 @@ def detect_gpu_busy_hang(traces: TraceSet) -> list[Finding]:
             str(r): _evidence(placed, w) for r, (_, placed, w) in spinning.items()}},
         time_ns=first.t_enter_ns,
     )]
+
+
+def _waiting_in(traces: TraceSet, trace: RankTrace, stuck: dict[str, int]) -> Event | None:
+    """The collective the rank's GPU waits in since the earliest: the first it enqueued at or
+    past the seq where an NCCL group diverged, or the call its thread is still inside."""
+    inside = blocked_event(trace)
+    for e in trace.events:
+        if inside is not None and e.t_enter_ns >= inside.t_enter_ns:
+            break
+        if (e.group in stuck and e.align_seq is not None and e.align_seq >= stuck[e.group]
+                and e.kind in (EventKind.COLLECTIVE, EventKind.P2P)
+                and _maybe_nccl(traces, e.group)):
+            return e
+    return inside
 
 
 def _maybe_nccl(traces: TraceSet, group: str) -> bool:

@@ -257,7 +257,7 @@ def test_every_rank_spinning_with_no_peer_missing_blames_the_transport(tb):
     traces = replace(traces, ranks={**traces.ranks, 2: replace(traces.ranks[2], events=waiting)})
     (f,) = [f for f in analyze(traces).findings if f.kind is FindingKind.GPU_BUSY_HANG]
     assert f.ranks == (0, 1, 2) and f.evidence["waiting_for"] == []
-    assert "no data moving" in f.title and "transport" in f.hint
+    assert "no progress" in f.title and "transport" in f.hint
 
 
 class StandInNvml:
