@@ -115,6 +115,10 @@ class Event:
     # returned on the CPU (an NCCL call, unwaited async work) but Flight Recorder shows its work
     # not completed: the rank still waits in it (its state then reads ENTERED)
     in_flight: bool = False
+    # when the collective's kernel started on the GPU (Flight Recorder's
+    # time_discovered_started_ns, NCCL with TORCH_NCCL_ENABLE_TIMING=1), if known: an NCCL call
+    # returns once enqueued, so this, not t_enter_ns, is when the rank arrived
+    t_gpu_start_ns: int | None = None
 
     @property
     def align_seq(self) -> int:

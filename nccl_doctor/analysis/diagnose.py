@@ -6,7 +6,7 @@ from dataclasses import replace
 from pathlib import Path
 from typing import Callable, Sequence
 
-from nccl_doctor.analysis import annotate, replayed
+from nccl_doctor.analysis import annotate, replayed, straggler
 from nccl_doctor.analysis.align import blocked_event, last_leaf
 from nccl_doctor.analysis.wording import call_name, call_site, ranks_text
 from nccl_doctor.analysis.desync import DESYNC, first_divergence_per_group
@@ -65,6 +65,13 @@ def analyze(traces: TraceSet, passes: tuple[Pass, ...] = PASSES,
                      "unseen; nothing is said about them")
     if not traces.ranks:
         notes.append("no rank joined a process group: there are no collectives to analyse")
+    if detect_straggler in passes:
+        try:
+            unmeasured = straggler.unmeasured_note(traces)
+        except Exception:  # as for a pass: the report goes on without it
+            unmeasured = None
+        if unmeasured:
+            notes.append(unmeasured)
     if traces.gpu is not None and not traces.gpu.available:
         notes.append(f"GPUs not sampled: {traces.gpu.reason}")
     elif traces.gpu is not None and traces.gpu.stopped:

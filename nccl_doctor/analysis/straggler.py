@@ -8,6 +8,12 @@ time minus the earliest, and the last to arrive is noted. Only collectives whose
 ``MIN_SKEW_NS`` count (below it, arrival order is noise). A rank last in at least ``SHARE`` of at
 least ``MIN_CALLS`` such collectives is a straggler: a warning on a healthy run, never a hang.
 Hosts' clocks are compared only within a host (the enter times come from each rank's clock).
+
+On an NCCL group a call returns once it is enqueued: its enter time says when the CPU queued it,
+not when the rank arrived (a rank ahead by a start-up offset stays ahead forever; a rank that
+enqueues five calls at once "arrives" at all five). There a rank arrives when its kernel starts
+on the GPU (``Event.t_gpu_start_ns``, from Flight Recorder with NCCL timing on); collectives of
+NCCL groups without it are not compared at all, and ``unmeasured_note`` says so.
 """
 
 from __future__ import annotations
@@ -37,29 +43,64 @@ def _p95(values: list[float]) -> float:
     return ordered[min(len(ordered) - 1, int(round(0.95 * (len(ordered) - 1))))]
 
 
+def _is_nccl(traces: TraceSet, group: str) -> bool:
+    info = traces.groups.get(group)
+    return info is not None and "nccl" in info.backend
+
+
+def _arrivals(traces: TraceSet) -> tuple[list[dict[int, tuple[int, Event]]], Counter]:
+    """Per collective that every member of its group (on one host) entered, rank -> (arrival
+    time, event); and per NCCL group, how many such collectives had no GPU start times."""
+    out: list[dict[int, tuple[int, Event]]] = []
+    unmeasured: Counter = Counter()
+    hosts = {r: t.meta.host for r, t in traces.ranks.items()}
+    for group, timeline in timelines(traces).items():
+        members = [r for r in timeline.members if r in traces.ranks]
+        if len(members) < 2 or len({hosts[r] for r in members}) > 1:
+            continue
+        nccl = _is_nccl(traces, group)
+        for seq in timeline.seqs():
+            calls: dict[int, Event] = timeline.calls[seq]
+            if set(calls) != set(members):
+                continue
+            if not nccl:
+                out.append({r: (e.t_enter_ns, e) for r, e in calls.items()})
+            elif all(e.t_gpu_start_ns for e in calls.values()):
+                out.append({r: (e.t_gpu_start_ns or 0, e) for r, e in calls.items()})
+            else:
+                unmeasured[group] += 1
+    return out, unmeasured
+
+
+def unmeasured_note(traces: TraceSet) -> str | None:
+    """Why collectives of NCCL groups were left out of the straggler pass, if any were."""
+    _, unmeasured = _arrivals(traces)
+    n = sum(unmeasured.values())
+    if n < MIN_CALLS:
+        return None
+    groups = ", ".join(sorted(unmeasured))
+    return (f"stragglers: {n} collectives of NCCL group{'s' if len(unmeasured) > 1 else ''} "
+            f"{groups} not compared: no GPU start times (an NCCL call returns once enqueued, so "
+            "enqueue times do not say when a rank arrived; run with TORCH_NCCL_ENABLE_TIMING=1 "
+            "for Flight Recorder to record kernel starts)")
+
+
 def detect_straggler(traces: TraceSet) -> list[Finding]:
     last_counts: Counter = Counter()
     skews: dict[int, list[float]] = defaultdict(list)  # rank -> skews (ms) when it was last
     before: dict[int, Counter] = defaultdict(Counter)  # rank -> callsites it arrived late at
     considered = 0
-    hosts = {r: t.meta.host for r, t in traces.ranks.items()}
-    for timeline in timelines(traces).values():
-        members = [r for r in timeline.members if r in traces.ranks]
-        if len(members) < 2 or len({hosts[r] for r in members}) > 1:
+    collectives, _ = _arrivals(traces)
+    for arrived in collectives:
+        enters = {r: t for r, (t, _) in arrived.items()}
+        skew = max(enters.values()) - min(enters.values())
+        if skew < MIN_SKEW_NS:
             continue
-        for seq in timeline.seqs():
-            calls: dict[int, Event] = timeline.calls[seq]
-            if set(calls) != set(members):
-                continue
-            enters = {r: e.t_enter_ns for r, e in calls.items()}
-            skew = max(enters.values()) - min(enters.values())
-            if skew < MIN_SKEW_NS:
-                continue
-            considered += 1
-            late = max(enters, key=enters.__getitem__)
-            last_counts[late] += 1
-            skews[late].append(skew / 1e6)
-            before[late][call_site(calls[late])] += 1
+        considered += 1
+        late = max(enters, key=enters.__getitem__)
+        last_counts[late] += 1
+        skews[late].append(skew / 1e6)
+        before[late][call_site(arrived[late][1])] += 1
     if considered < MIN_CALLS:
         return []
     culprits = sorted(r for r, n in last_counts.items() if n / considered >= SHARE)

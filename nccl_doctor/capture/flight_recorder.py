@@ -102,11 +102,17 @@ def events_from_dump(trace: Mapping[str, Any], *, with_callsites: bool = False) 
                 output=_tensors_cached(entry.get("output_sizes"), entry.get("output_dtypes"),
                                        tensors),
                 nbytes=0, peer=-1, group_size=0, callsite=callsite, api_callsite=api,
-                source=EventSource.FLIGHT_RECORDER,
+                source=EventSource.FLIGHT_RECORDER, t_gpu_start_ns=_gpu_start(entry),
             ))
         except (KeyError, TypeError, ValueError, IndexError, AttributeError):
             continue
     return out
+
+
+def _gpu_start(entry: Mapping[str, Any]) -> int | None:
+    """When the entry's kernel started on the GPU: NCCL with timing on; 0/None elsewhere."""
+    value = entry.get("time_discovered_started_ns")
+    return value if isinstance(value, int) and value > 0 else None
 
 
 def position(entry: Any) -> tuple[str, int] | None:
@@ -192,16 +198,28 @@ def merge(traces: TraceSet, dumps: Mapping[int, Mapping[str, Any]]) -> TraceSet:
             continue
         fr = events_from_dump(dump)
         in_flight = _in_flight(trace.events, fr)
+        started = {(e.group, e.seq): e.t_gpu_start_ns for e in fr if e.t_gpu_start_ns}
         seen = {(e.group, e.seq) for e in trace.events if e.seq >= 0}
         extra = [e for e in fr if (e.group, e.seq) not in seen]
-        if extra or in_flight:
-            events = [replace(e, state=EventState.ENTERED, in_flight=True)
-                      if e.idx in in_flight else e for e in trace.events]
+        timed = [e for e in trace.events
+                 if e.t_gpu_start_ns is None and (e.group, e.seq) in started]
+        if extra or in_flight or timed:
+            events = [_merged(e, e.idx in in_flight, started) for e in trace.events]
             events = sorted(events + extra, key=lambda e: e.t_enter_ns)
             ranks[rank] = replace(trace, events=tuple(events))
     if all(ranks[r] is t for r, t in traces.ranks.items()):
         return traces  # nothing to add: the same object (the watchdog's analysis is kept on it)
     return replace(traces, ranks=ranks)
+
+
+def _merged(e: Event, in_flight: bool, started: Mapping[tuple[str, int], int]) -> Event:
+    """A recorded event with what Flight Recorder adds: still in flight, its GPU start."""
+    gpu = e.t_gpu_start_ns or started.get((e.group, e.seq))
+    if not in_flight and gpu == e.t_gpu_start_ns:
+        return e
+    if in_flight:
+        return replace(e, state=EventState.ENTERED, in_flight=True, t_gpu_start_ns=gpu)
+    return replace(e, t_gpu_start_ns=gpu)
 
 
 def _in_flight(recorded: tuple[Event, ...], fr: list[Event]) -> set[int]:

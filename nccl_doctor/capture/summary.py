@@ -59,7 +59,7 @@ def _event(e: Event, site: _Sites) -> list:
     return [e.idx, e.parent, int(e.kind), e.op, e.group, e.seq, e.seq_offset, e.seq_delta,
             int(e.state), int(e.flags), e.t_enter_ns, e.t_exit_ns, e.thread, e.input, e.output,
             e.nbytes, e.peer, e.group_size, site(e.callsite), site(e.api_callsite), e.extra,
-            e.source.value, e.in_flight]
+            e.source.value, e.in_flight, e.t_gpu_start_ns]
 
 
 _KINDS = {int(k): k for k in EventKind}
@@ -82,6 +82,8 @@ def _unevent(raw: Sequence[Any], sites: list[Location | None]) -> Event:
     values[18] = sites[raw[18]] if raw[18] >= 0 else None
     values[19] = sites[raw[19]] if raw[19] >= 0 else None
     values[22] = bool(raw[22])
+    if raw[23] is not None and type(raw[23]) is not int:
+        raise ValueError("not a packed event")
     event = object.__new__(Event)
     event.__dict__.update(zip(_FIELDS, values))
     return event
