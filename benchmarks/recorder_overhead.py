@@ -48,6 +48,31 @@ from nccl_doctor.capture.ring import PURE_PYTHON_ENV, accelerated
 
 GOAL_US, GOAL_RATIO = 2.0, 1.10
 
+# A no-op with all_reduce's signature, recorded by ``record_noop(python_path)``, for the scripts
+# below once the process group exists. Uses only what every version of the recorder has (so that
+# --baseline can run it): Recorder.writer, BoundCall and wrap.
+RECORDED_NOOP = r"""
+from nccl_doctor.rank import bootstrap
+from nccl_doctor.rank.recorder.specs import SPECS
+from nccl_doctor.rank.recorder.wrappers import BoundCall, wrap
+rec = bootstrap._recorder
+
+def noop(tensor, op=None, group=None, async_op=False):
+    return None
+noop.__signature__ = inspect.signature(dist.all_reduce.__wrapped__)
+
+def record_noop(python_path):
+    call = BoundCall(next(s for s in SPECS if s.name == "all_reduce"), noop)
+    call.op_id = rec.writer.intern("all_reduce")
+    saved = getattr(rec, "_call_type", None)
+    if python_path:  # no C fast path for this wrapper
+        rec._call_type = None
+    try:
+        return wrap(rec, call, noop)
+    finally:
+        rec._call_type = saved
+"""
+
 CHILD = r"""
 import inspect, json, os, sys, time
 mode, calls, rounds = sys.argv[1], int(sys.argv[2]), int(sys.argv[3])
@@ -74,16 +99,8 @@ calibration = {}
 if mode == "paired":
     # The control: unrelated Python work (dict look-ups) as long, timed alone, as the recorder's
     # own work around a no-op, run before each bare call, against a function that only calls it.
-    from nccl_doctor.rank import bootstrap
-    from nccl_doctor.rank.recorder.specs import SPECS
-    from nccl_doctor.rank.recorder.wrappers import BoundCall, wrap
-    rec = bootstrap._recorder
-    def noop(tensor, op=None, group=None, async_op=False):
-        return None
-    noop.__signature__ = inspect.signature(bare)
-    call = BoundCall(next(s for s in SPECS if s.name == "all_reduce"), noop)
-    call.op_id = rec.writer.intern("all_reduce")
-    recorded_noop = wrap(rec, call, noop)
+    exec(RECORDED_NOOP)
+    recorded_noop = record_noop(False)
     table = {i: i for i in range(64)}
     def work(n):
         s = 0
@@ -125,7 +142,7 @@ dist.destroy_process_group()
 print(json.dumps(out))
 """
 
-# The recorder's own work, around a no-op with all_reduce's signature. Uses only what every
+# The recorder's own work, around the recorded no-op, and stage by stage. Uses only what every
 # version of the recorder has (so that --baseline can run it): Recorder.groups/stacks/describer/
 # writer, Describer.tensors/direct/callsites, BoundCall and wrap.
 STAGES = r"""
@@ -134,27 +151,9 @@ calls, rounds = int(sys.argv[1]), int(sys.argv[2])
 import nccl_doctor
 nccl_doctor.install(os.environ["BENCH_DIR"])
 import torch, torch.distributed as dist
-from nccl_doctor.rank import bootstrap
-from nccl_doctor.rank.recorder.specs import SPECS
-from nccl_doctor.rank.recorder.wrappers import BoundCall, wrap
 dist.init_process_group("gloo", rank=0, world_size=1)
-rec = bootstrap._recorder
 t = torch.zeros(8)
-
-def noop(tensor, op=None, group=None, async_op=False):
-    return None
-noop.__signature__ = inspect.signature(dist.all_reduce.__wrapped__)
-
-def recorded(python_path):
-    call = BoundCall(next(s for s in SPECS if s.name == "all_reduce"), noop)
-    call.op_id = rec.writer.intern("all_reduce")
-    saved = getattr(rec, "_call_type", None)
-    if python_path:  # no C fast path for this wrapper
-        rec._call_type = None
-    try:
-        return wrap(rec, call, noop)
-    finally:
-        rec._call_type = saved
+exec(RECORDED_NOOP)
 
 def forward(*args, **kwargs):
     return noop(*args, **kwargs)
@@ -221,7 +220,7 @@ def loop(stage):
 stages = {"group_seq": group_and_seq, "seq": seq_alone, "describe": describe,
           "shape_dtype": shape_and_dtype_alone, "callsite": callsite,
           "thread_stack": thread_stack, "ring": ring_write}
-default, python = recorded(False), recorded(True)
+default, python = record_noop(False), record_noop(True)
 pairs = {"noop": noop, "forward": forward, "default": default, "python": python}
 times = {k: [] for k in [*pairs, *stages, "empty"]}
 for _ in range(3):
@@ -257,7 +256,7 @@ def run_script(source: str, argv: list[str], directory: str, *, detail: bool = F
     """Run ``source`` as a script file in a fresh process; its last JSON line."""
     os.makedirs(directory, exist_ok=True)
     script = Path(directory) / "bench_child.py"
-    script.write_text(source)
+    script.write_text(f"RECORDED_NOOP = {RECORDED_NOOP!r}\n" + source)
     env = dict(os.environ, MASTER_ADDR="127.0.0.1", MASTER_PORT=str(free_port()),
                BENCH_DIR=directory, NCCL_DOCTOR_RING_RECORDS=os.environ.get("BENCH_RING", "65536"))
     env[PURE_PYTHON_ENV] = "1" if pure_python else "0"

@@ -2,8 +2,10 @@
 
 from __future__ import annotations
 
+import functools
 from collections import defaultdict
 from dataclasses import dataclass
+from typing import Callable, TypeVar
 
 from nccl_doctor.model import Event, EventKind, EventState, RankTrace, TraceSet
 
@@ -51,20 +53,28 @@ class GroupTimeline:
         return sorted(self.calls)
 
 
+_T = TypeVar("_T")
+
+
+def keep_last(fn: Callable[[TraceSet], _T]) -> Callable[[TraceSet], _T]:
+    """``fn`` that keeps its most recent answer: the passes ask for the same traces in turn,
+    and a TraceSet is never changed (a new look is a new object)."""
+    last: list = []  # [traces, fn(traces)]
+
+    @functools.wraps(fn)
+    def kept(traces: TraceSet) -> _T:
+        if last and last[0] is traces:
+            return last[1]
+        out = fn(traces)
+        last[:] = [traces, out]
+        return out
+
+    return kept
+
+
+@keep_last
 def timelines(traces: TraceSet) -> dict[str, GroupTimeline]:
-    """Per process group, every rank's collectives lined up (the passes share the last
-    result: they all ask for the same traces in turn)."""
-    if _last and _last[0] is traces:
-        return _last[1]
-    out = _timelines(traces)
-    _last[:] = [traces, out]
-    return out
-
-
-_last: list = []  # [traces, their timelines]: the most recent call's
-
-
-def _timelines(traces: TraceSet) -> dict[str, GroupTimeline]:
+    """Per process group, every rank's collectives lined up."""
     calls: dict[str, dict[int, dict[int, Event]]] = defaultdict(lambda: defaultdict(dict))
     for rank, trace in traces.ranks.items():
         for e in leaf_collectives(trace):

@@ -43,13 +43,13 @@ def detect_gpu_busy_hang(traces: TraceSet) -> list[Finding]:
     if gpu is None or not gpu.available or not gpu.samples:
         return []
     found = desyncs(traces)
-    stuck: dict[str, int] = {}  # group -> the seq where it diverged
+    stuck: dict[str, int] = {}  # NCCL group -> the seq where it diverged
     for f in found:
-        if f.group is not None and f.seq is not None:
+        if f.group is not None and f.seq is not None and _maybe_nccl(traces, f.group):
             stuck[f.group] = min(f.seq, stuck.get(f.group, f.seq))
     spinning: dict[int, tuple[Event, RankGpu, Window]] = {}
     for rank, trace in sorted(traces.ranks.items()):
-        e = _waiting_in(traces, trace, stuck)
+        e = _waiting_in(trace, stuck)
         placed = gpu.ranks.get(rank)
         if (e is None or placed is None or e.kind not in (EventKind.COLLECTIVE, EventKind.P2P)
                 or not _maybe_nccl(traces, e.group)):
@@ -84,16 +84,16 @@ def detect_gpu_busy_hang(traces: TraceSet) -> list[Finding]:
     )]
 
 
-def _waiting_in(traces: TraceSet, trace: RankTrace, stuck: dict[str, int]) -> Event | None:
+def _waiting_in(trace: RankTrace, stuck: dict[str, int]) -> Event | None:
     """The collective the rank's GPU waits in since the earliest: the first it enqueued at or
-    past the seq where an NCCL group diverged, or the call its thread is still inside."""
+    past the seq where its NCCL group diverged (``stuck``), or the call its thread is still
+    inside."""
     inside = blocked_event(trace)
     for e in trace.events:
         if inside is not None and e.t_enter_ns >= inside.t_enter_ns:
             break
-        if (e.group in stuck and e.align_seq is not None and e.align_seq >= stuck[e.group]
-                and e.kind in (EventKind.COLLECTIVE, EventKind.P2P)
-                and _maybe_nccl(traces, e.group)):
+        if (e.group in stuck and e.align_seq >= stuck[e.group]
+                and e.kind in (EventKind.COLLECTIVE, EventKind.P2P)):
             return e
     return inside
 

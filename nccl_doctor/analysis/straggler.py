@@ -21,7 +21,7 @@ from __future__ import annotations
 import statistics
 from collections import Counter, defaultdict
 
-from nccl_doctor.analysis.align import timelines
+from nccl_doctor.analysis.align import keep_last, timelines
 from nccl_doctor.analysis.wording import call_site, ranks_text
 from nccl_doctor.diagnosis import Finding, FindingKind, Severity
 from nccl_doctor.model import Event, TraceSet
@@ -48,6 +48,7 @@ def _is_nccl(traces: TraceSet, group: str) -> bool:
     return info is not None and "nccl" in info.backend
 
 
+@keep_last  # the pass and ``unmeasured_note`` ask in turn for the same traces
 def _arrivals(traces: TraceSet) -> tuple[list[dict[int, tuple[int, Event]]], Counter]:
     """Per collective that every member of its group (on one host) entered, rank -> (arrival
     time, event); and per NCCL group, how many such collectives had no GPU start times."""

@@ -258,15 +258,16 @@ static PyTypeObject RingType = {
 /* ---- the recorder's fast path -------------------------------------------------------------
  *
  * Recording: what the recorder writes to, shared by all its Calls (the recorder sets ``ring`` to
- * None while it has no capture, is disabled or uses the Python ring). Call: one wrapped
- * torch.distributed function; ``enter(args, kwargs)`` writes the ENTER record of a call exactly
- * as the Python path of nccl_doctor/rank/recorder/wrappers.py does, reading the recorder's own
- * caches, and ``leave(token, result)`` writes its exit in the common case.
+ * None while it has no capture, is disabled or uses the Python ring). Call: what one wrapped
+ * torch.distributed function needs to record a call; its enter (enter_call) writes the ENTER
+ * record exactly as the Python path of nccl_doctor/rank/recorder/wrappers.py does, reading the
+ * recorder's own caches, and its leave (leave_impl) writes the exit in the common case. A
+ * Recorded (below) calls both around the real function.
  *
- * enter() handles only what is cached already: on a miss (a new group, shape or callsite) or on
- * anything unusual it returns None and the Python path records the call (and fills the caches).
+ * enter handles only what is cached already: on a miss (a new group, shape or callsite) or on
+ * anything unusual it declines and the Python path records the call (and fills the caches).
  * It writes nothing before it knows it can finish, and an Exception in it is never raised (it
- * returns None; the Python path then meets the same error and disables the recorder).
+ * declines; the Python path then meets the same error and disables the recorder).
  */
 
 typedef struct {
@@ -394,12 +395,11 @@ static PyTypeObject RecordingType = {
     .tp_getset = Recording_getset,
 };
 
-/* A call's arguments: the positional ones, then its keywords, as a dict (Call.enter) or as
- * vectorcall's names, whose values follow the positional ones in ``items`` (Recorded). */
+/* A call's arguments as vectorcall passes them: the positional ones, then the values of the
+ * keywords named in ``kwnames``. */
 typedef struct {
     PyObject *const *items;
     Py_ssize_t n;       /* positional */
-    PyObject *kwargs;   /* a dict, or NULL */
     PyObject *kwnames;  /* a tuple of str, or NULL */
 } Args;
 
@@ -408,8 +408,6 @@ typedef struct {
 static PyObject *arg_at(const Args *a, Py_ssize_t pos, PyObject *name) {
     if (pos < a->n)
         return a->items[pos];
-    if (a->kwargs != NULL)
-        return PyDict_GET_SIZE(a->kwargs) == 0 ? NULL : PyDict_GetItemWithError(a->kwargs, name);
     if (a->kwnames == NULL)
         return NULL;
     Py_ssize_t k = PyTuple_GET_SIZE(a->kwnames);
@@ -590,13 +588,13 @@ static int frame_lasti(PyFrameObject *f) {
 
 /* Describer.callsites(caller of the API function) from Describer.positions: the user file, line and
  * function and the API file and line (fields 10..14), or -1 when a frame is not cached. */
-static int callsite(Call *call, uint64_t *site, int in_python) {
+static int callsite(Call *call, uint64_t *site) {
     Recording *rec = call->rec;
-    /* the current frame: a Python wrapper's (in_python), else the caller's (a Recorded) */
+    /* the current frame: the caller's (a Recorded, in C, has none of its own) */
     PyFrameObject *f = PyEval_GetFrame();
     if (f == NULL)
         return -1;
-    f = in_python ? PyFrame_GetBack(f) : (PyFrameObject *)Py_NewRef(f);
+    f = (PyFrameObject *)Py_NewRef(f);
     PyFrameObject *first = f;
     uint64_t api_file = 0, api_line = 0;
     while (f != NULL) {
@@ -679,8 +677,8 @@ static void entered_clear(Entered *e) {
 }
 
 /* Write the ENTER record of a call: 1 (``out`` filled), or 0: not recorded (maybe with an error
- * set): the Python path decides. ``in_python``: called from a Python wrapper's frame. */
-static int enter_impl(Call *self, const Args *a, int in_python, Entered *out) {
+ * set): the Python path decides. */
+static int enter_impl(Call *self, const Args *a, Entered *out) {
     Recording *rec = self->rec;
     PyObject *ring = rec->ring, *pg = NULL, *grec = NULL, *stack = NULL;
     PyObject *v, *seq_obj = NULL, *tid_obj = NULL;
@@ -807,7 +805,7 @@ static int enter_impl(Call *self, const Args *a, int in_python, Entered *out) {
                 bits[20] |= (uint64_t)self->async_flag;
         }
     }
-    if (callsite(self, &bits[10], in_python) < 0)
+    if (callsite(self, &bits[10]) < 0)
         goto done;
     if (group_field(18, grec, str_p2p_bumps, &bits[18]) < 0) /* it changes: read every time */
         goto done;
@@ -864,11 +862,11 @@ done:
 
 /* enter_impl() with its errors sorted: 1 recorded, 0 not (no error set), -1: an error to raise
  * (KeyboardInterrupt and the like are the user's; an Exception is the recorder's, dropped). */
-static int enter_call(Call *self, const Args *a, int in_python, Entered *out) {
+static int enter_call(Call *self, const Args *a, Entered *out) {
     memset(out, 0, sizeof *out);
     if (Py_TYPE(self->rec->ring) != &RingType)
         return 0;
-    if (enter_impl(self, a, in_python, out))
+    if (enter_impl(self, a, out))
         return 1;
     if (PyErr_Occurred()) {
         if (!PyErr_ExceptionMatches(PyExc_Exception))
@@ -876,27 +874,6 @@ static int enter_call(Call *self, const Args *a, int in_python, Entered *out) {
         PyErr_Clear();
     }
     return 0;
-}
-
-/* enter(args, kwargs) -> token (idx, grec, seq, stack, flags, ring), or None: not recorded */
-static PyObject *Call_enter(Call *self, PyObject *const *argv, Py_ssize_t nargs) {
-    if (nargs != 2 || !PyTuple_CheckExact(argv[0]) || !PyDict_CheckExact(argv[1]))
-        Py_RETURN_NONE;
-    Args a = {&PyTuple_GET_ITEM(argv[0], 0), PyTuple_GET_SIZE(argv[0]), argv[1], NULL};
-    Entered e;
-    int r = enter_call(self, &a, 1, &e);
-    if (r < 0)
-        return NULL;
-    if (r == 0)
-        Py_RETURN_NONE;
-    PyObject *token = Py_BuildValue("(OOOOKO)", e.idx, e.grec, e.seq, e.stack,
-                                    (unsigned long long)e.flags, e.ring);
-    entered_clear(&e);
-    if (token == NULL) { /* written, but out of memory: its exit is never written */
-        PyErr_Clear();
-        Py_RETURN_NONE;
-    }
-    return token;
 }
 
 /* Write the exit of a plain call that returned ``result``: 1, or 0 when the recorder's
@@ -925,22 +902,6 @@ static int leave_impl(Call *self, PyObject *idx_obj, PyObject *stack, uint64_t f
     }
     ring_finish((Ring *)ring, idx, self->returned, 1, 0);
     return 1;
-}
-
-/* leave(token, result) -> True when it wrote the exit (a plain call that returned), else False:
- * the recorder's ``finish`` does the rest (measured calls, async works). */
-static PyObject *Call_leave(Call *self, PyObject *const *argv, Py_ssize_t nargs) {
-    if (nargs != 2 || !PyTuple_CheckExact(argv[0]) || PyTuple_GET_SIZE(argv[0]) != 6)
-        Py_RETURN_FALSE;
-    PyObject *token = argv[0];
-    uint64_t flags = PyLong_AsUnsignedLongLong(PyTuple_GET_ITEM(token, 4));
-    if (PyErr_Occurred()) {
-        PyErr_Clear();
-        Py_RETURN_FALSE;
-    }
-    return PyBool_FromLong(leave_impl(self, PyTuple_GET_ITEM(token, 0),
-                                      PyTuple_GET_ITEM(token, 3), flags,
-                                      PyTuple_GET_ITEM(token, 5), argv[1]));
 }
 
 /* where: None, or (pos, name) */
@@ -1037,14 +998,6 @@ static PyMemberDef Call_members[] = {
     {NULL, 0, 0, 0, NULL},
 };
 
-static PyMethodDef Call_methods[] = {
-    {"enter", (PyCFunction)(void (*)(void))Call_enter, METH_FASTCALL,
-     "enter(args, kwargs): write the call's ENTER record; its token, or None (not recorded)."},
-    {"leave", (PyCFunction)(void (*)(void))Call_leave, METH_FASTCALL,
-     "leave(token, result): write the exit of a plain call that returned; False otherwise."},
-    {NULL, NULL, 0, NULL},
-};
-
 static PyTypeObject CallType = {
     PyVarObject_HEAD_INIT(NULL, 0)
     .tp_name = "nccl_doctor.capture._ring.Call",
@@ -1057,17 +1010,16 @@ static PyTypeObject CallType = {
     .tp_clear = (inquiry)Call_clear,
     .tp_dealloc = (destructor)Call_dealloc,
     .tp_members = Call_members,
-    .tp_methods = Call_methods,
 };
 
 /* ---- Recorded: the function that replaces a torch.distributed one --------------------------
  *
- * Recorded(call, fn, python, finish, fail, is_p2p, failed, returned) is what the Python wrapper
- * of the fast path would be - ``enter``, ``fn``, ``leave``, with the recorder's ``finish`` for
- * what leave() does not do and ``python`` (the Python path) when enter() declines - without a
- * Python frame, an argument tuple or a token: the arguments go on to ``fn`` as they came
- * (vectorcall). It has a __dict__ (functools.update_wrapper fills it: __wrapped__, __name__,
- * ...) and binds like a function. An exception of ``fn`` reaches the caller unchanged.
+ * Recorded(call, fn, python, finish, fail, is_p2p, failed, returned): the call's enter, ``fn``,
+ * its leave, with the recorder's ``finish`` for what leave does not do and ``python`` (the
+ * Python path) when enter declines - without a Python frame, an argument tuple or a token: the
+ * arguments go on to ``fn`` as they came (vectorcall). It has a __dict__ (functools
+ * .update_wrapper fills it: __wrapped__, __name__, ...) and binds like a function. An exception
+ * of ``fn`` reaches the caller unchanged.
  */
 
 typedef struct {
@@ -1092,10 +1044,10 @@ static PyObject *call_finish(Recorded *self, Entered *e, PyObject *state, PyObje
 
 static PyObject *Recorded_vectorcall(Recorded *self, PyObject *const *argv, size_t nargsf,
                                      PyObject *kwnames) {
-    Args a = {argv, PyVectorcall_NARGS(nargsf), NULL,
+    Args a = {argv, PyVectorcall_NARGS(nargsf),
               kwnames != NULL && PyTuple_GET_SIZE(kwnames) > 0 ? kwnames : NULL};
     Entered e;
-    int r = enter_call(self->call, &a, 0, &e);
+    int r = enter_call(self->call, &a, &e);
     if (r < 0)
         return NULL;
     if (r == 0)

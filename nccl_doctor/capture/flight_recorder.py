@@ -201,8 +201,8 @@ def merge(traces: TraceSet, dumps: Mapping[int, Mapping[str, Any]]) -> TraceSet:
         started = {(e.group, e.seq): e.t_gpu_start_ns for e in fr if e.t_gpu_start_ns}
         seen = {(e.group, e.seq) for e in trace.events if e.seq >= 0}
         extra = [e for e in fr if (e.group, e.seq) not in seen]
-        timed = [e for e in trace.events
-                 if e.t_gpu_start_ns is None and (e.group, e.seq) in started]
+        timed = started and any(e.t_gpu_start_ns is None and (e.group, e.seq) in started
+                                for e in trace.events)
         if extra or in_flight or timed:
             events = [_merged(e, e.idx in in_flight, started) for e in trace.events]
             events = sorted(events + extra, key=lambda e: e.t_enter_ns)

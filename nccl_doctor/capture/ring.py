@@ -84,12 +84,9 @@ def is_c_ring(ring: Any) -> bool:
 
 def fast_path() -> tuple[type, type, type] | None:
     """The C types of the recorder's fast path, ``(Recording, Call, Recorded)``, when new rings
-    are C ones.
-
-    ``Call.enter(args, kwargs)`` writes what the recorder's Python path
-    (nccl_doctor/rank/recorder/wrappers.py) would, from the recorder's caches, or returns None and
-    leaves the call to it; ``Call.leave(token, result)`` writes a plain call's exit. ``Recorded``
-    is the replacement function that does both around the real one, in C.
+    are C ones. A ``Recorded`` replaces a torch.distributed function: it writes, from the
+    recorder's caches, the records the recorder's Python path (nccl_doctor/rank/recorder/
+    wrappers.py) would, around the real call, and leaves to that path what they do not cover.
     """
     if accelerated() and all(t is not None for t in _CFast):
         return _CFast  # type: ignore[return-value]

@@ -78,12 +78,14 @@ class Job:
         for pid, created in list(self._ranks.items()):
             try:
                 p = psutil.Process(pid)
-                if p.create_time() != created or p.status() == psutil.STATUS_ZOMBIE:
-                    raise psutil.NoSuchProcess(pid)
-                if os.getpgid(pid) != self.pgid:
-                    out.append(pid)
+                alive = p.create_time() == created and p.status() != psutil.STATUS_ZOMBIE
+                outside = alive and os.getpgid(pid) != self.pgid
             except (psutil.Error, OSError):
+                alive = outside = False
+            if not alive:
                 del self._ranks[pid]
+            elif outside:
+                out.append(pid)
         return out
 
     def signal(self, sig: int) -> None:

@@ -94,8 +94,9 @@ class Recorder:
             pass
 
     # -- the C fast path ---------------------------------------------------------------------
-    def fast_call(self, call: BoundCall) -> Any:
-        """``call``'s C fast path (a capture/_ring.c Call), or None: the Python path only."""
+    def fast_wrapper(self, call: BoundCall, fn: Callable, python: Callable) -> Any:
+        """``fn`` recorded by the C fast path (a capture/_ring.c Recorded, which leaves to
+        ``python``, the Python path, what it cannot record), or None: the Python path only."""
         if self._call_type is None:
             return None
         try:
@@ -108,7 +109,9 @@ class Recorder:
         except Exception:  # a signature the fast path cannot take: the Python path records it
             return None
         call.fast = fast
-        return fast
+        return self._recorded_type(
+            fast, fn, python, self.finish, self.fail, call.kind == EventKind.P2P,
+            int(EventState.FAILED), int(EventState.RETURNED))
 
     def _publish(self) -> None:
         """Tell the fast path what to write to: the C ring of an open capture while the recorder

@@ -77,13 +77,8 @@ def wrap(rec: Recorder, call: BoundCall, fn: Callable) -> Callable:
     With the C fast path, the replacement is a capture/_ring.c ``Recorded``: enter, ``fn``, leave
     in C, no Python frame of its own; the Python path (called by it, so one frame less above the
     caller) records what the C path declines."""
-    fast = rec.fast_call(call)
-    if fast is None:
-        wrapper: Any = _recorded(rec, call, fn)
-    else:
-        wrapper = rec._recorded_type(
-            fast, fn, _recorded(rec, call, fn), rec.finish, rec.fail,
-            call.kind == EventKind.P2P, int(EventState.FAILED), int(EventState.RETURNED))
+    python = _recorded(rec, call, fn)
+    wrapper: Any = rec.fast_wrapper(call, fn, python) or python
     functools.update_wrapper(wrapper, fn)
     wrapper.__nccl_doctor__ = True
     return wrapper
