@@ -6,7 +6,13 @@ Where the supervisor sampled the late rank's stack while its peers waited for it
 For every collective that all members of its group entered, the arrival skew is the latest enter
 time minus the earliest, and the last to arrive is noted. Only collectives whose skew is above
 ``MIN_SKEW_NS`` count (below it, arrival order is noise). A rank last in at least ``SHARE`` of at
-least ``MIN_CALLS`` such collectives is a straggler: a warning on a healthy run, never a hang.
+least ``MIN_CALLS`` such collectives is a straggler - a warning on a healthy run, never a hang -
+if that is not what noise does anyway: on a loaded host (4 ranks on 2 cores) arrival order past
+20 ms is often random, and some rank of 4 is last in 3 of 5 skewed collectives 4 times in 10. So
+the chance that a rank is last that often when each member is equally likely to be last must be
+at most ``CHANCE`` (binomial tail), or its lateness must dwarf the noise: a median skew at least
+``NOISE_FACTOR`` times the job's noise floor (the p95 skew of the collectives it was not last at,
+at least ``MIN_SKEW_NS``) - five 3 s waits on 2 ranks are not noise though 5 coin flips can be.
 Hosts' clocks are compared only within a host (the enter times come from each rank's clock).
 
 On an NCCL group a call returns once it is enqueued: its enter time says when the CPU queued it,
@@ -18,6 +24,7 @@ NCCL groups without it are not compared at all, and ``unmeasured_note`` says so.
 
 from __future__ import annotations
 
+import math
 import statistics
 from collections import Counter, defaultdict
 
@@ -29,6 +36,8 @@ from nccl_doctor.model import Event, TraceSet
 MIN_SKEW_NS = 20_000_000  # 20 ms
 MIN_CALLS = 5
 SHARE = 0.6
+CHANCE = 1e-3  # at most 1 in 1,000 that noise puts the rank last this often
+NOISE_FACTOR = 5
 
 HINT_STRAGGLER = (
     "Every collective waits for the slowest rank, so the whole job runs at its pace. Look at "
@@ -41,6 +50,19 @@ HINT_STRAGGLER = (
 def _p95(values: list[float]) -> float:
     ordered = sorted(values)
     return ordered[min(len(ordered) - 1, int(round(0.95 * (len(ordered) - 1))))]
+
+
+def chance_of(k: int, n: int, p: float) -> float:
+    """P(X >= k) for X ~ Binomial(n, p): how likely a rank that is last with probability p at
+    each of n collectives is last at k or more of them."""
+    if k <= 0:
+        return 1.0
+    if p >= 1.0:
+        return 1.0
+    log_p, log_q = math.log(p), math.log1p(-p)
+    lg_n = math.lgamma(n + 1)
+    return min(1.0, sum(math.exp(lg_n - math.lgamma(j + 1) - math.lgamma(n - j + 1)
+                                 + j * log_p + (n - j) * log_q) for j in range(k, n + 1)))
 
 
 def _is_nccl(traces: TraceSet, group: str) -> bool:
@@ -90,21 +112,28 @@ def detect_straggler(traces: TraceSet) -> list[Finding]:
     last_counts: Counter = Counter()
     skews: dict[int, list[float]] = defaultdict(list)  # rank -> skews (ms) when it was last
     before: dict[int, Counter] = defaultdict(Counter)  # rank -> callsites it arrived late at
-    considered = 0
+    lasts: list[tuple[int, float]] = []  # (the last rank, skew in ms) of every compared collective
+    odds: list[float] = []  # per skewed collective, the chance of any one member being last
     collectives, _ = _arrivals(traces)
     for arrived in collectives:
         enters = {r: t for r, (t, _) in arrived.items()}
+        late = max(enters, key=enters.__getitem__)
         skew = max(enters.values()) - min(enters.values())
+        lasts.append((late, skew / 1e6))
         if skew < MIN_SKEW_NS:
             continue
-        considered += 1
-        late = max(enters, key=enters.__getitem__)
+        odds.append(1 / len(enters))
         last_counts[late] += 1
         skews[late].append(skew / 1e6)
         before[late][call_site(arrived[late][1])] += 1
+    considered = len(odds)
     if considered < MIN_CALLS:
         return []
-    culprits = sorted(r for r, n in last_counts.items() if n / considered >= SHARE)
+    p = sum(odds) / considered
+    chance = {r: chance_of(n, considered, p) for r, n in last_counts.items()}
+    culprits = sorted(r for r, n in last_counts.items() if n / considered >= SHARE
+                      and (chance[r] <= CHANCE or statistics.median(skews[r])
+                           >= NOISE_FACTOR * _noise_ms(lasts, r)))
     if not culprits:
         return []
     all_skews = [s for r in culprits for s in skews[r]]
@@ -112,6 +141,7 @@ def detect_straggler(traces: TraceSet) -> list[Finding]:
     where = "; ".join(f"rank {r} arrives last at {site} ({n}x)" for r in culprits
                       for site, n in before[r].most_common(2))
     shares = ", ".join(f"rank {r} last in {last_counts[r]} of {considered}" for r in culprits)
+    odds_text = ", ".join(f"{_one_in(chance[r])}" for r in culprits)
     doing = _doing(traces, culprits)
     if doing:
         where += "." + "".join(
@@ -124,12 +154,26 @@ def detect_straggler(traces: TraceSet) -> list[Finding]:
         title=f"{ranks_text(culprits)} consistently last to arrive at collectives "
               f"(skew median {median:.0f} ms, p95 {p95:.0f} ms)",
         detail=f"{shares} collectives whose arrival skew exceeded "
-               f"{MIN_SKEW_NS / 1e6:.0f} ms.\n{where}" + ("" if doing else "."),
+               f"{MIN_SKEW_NS / 1e6:.0f} ms (by chance: {odds_text}).\n{where}"
+               + ("" if doing else "."),
         ranks=tuple(culprits), hint=HINT_STRAGGLER,
         evidence={"median_ms": round(median, 1), "p95_ms": round(p95, 1),
                   "last": {str(r): last_counts[r] for r in culprits}, "considered": considered,
+                  "chance": {str(r): float(f"{chance[r]:.3g}") for r in culprits},
+                  "noise_ms": {str(r): round(_noise_ms(lasts, r), 1) for r in culprits},
                   "doing": doing},
     )]
+
+
+def _noise_ms(lasts: list[tuple[int, float]], rank: int) -> float:
+    """The job's arrival noise as seen without ``rank``: the p95 skew of the collectives at which
+    another rank was last (at least ``MIN_SKEW_NS``, below which order is not counted)."""
+    others = [skew for late, skew in lasts if late != rank]
+    return max(MIN_SKEW_NS / 1e6, _p95(others) if others else 0.0)
+
+
+def _one_in(chance: float) -> str:
+    return "under 1 in a million" if chance < 1e-6 else f"about 1 in {round(1 / chance):,}"
 
 
 def _doing(traces: TraceSet, culprits: list[int]) -> dict[str, list[dict]]:

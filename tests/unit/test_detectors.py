@@ -551,6 +551,32 @@ def test_straggler_is_the_rank_consistently_last(tb):
     assert _late(tb, 2, skew_ms=5) == []  # 5 ms: noise
     assert _late(tb, 2, skew_ms=150, n=4) == []  # too few collectives to say
     assert f.evidence["doing"] == {}
+    # 6 of 6 on 3 ranks happens by chance 1 time in 729; what carries it is the size: 150 ms
+    # when nobody else is ever late by 20 ms (the noise floor)
+    assert f.evidence["noise_ms"] == {"2": 20.0} and "about 1 in 729" in f.detail
+    assert _late(tb, 2, skew_ms=60) == []  # 60 ms, 6 times: 3x the floor, and chance allows it
+    (f,) = _late(tb, 2, skew_ms=60, n=8)  # 8 of 8: 1 in 6,561
+    assert f.evidence["chance"]["2"] < 1e-3
+
+
+def test_a_loaded_host_shuffling_arrival_order_is_not_a_straggler(tb):
+    """What CI's 2 cores did to 4 healthy ranks: skews of 20-190 ms in 5 of 22 collectives, rank 2
+    last in 3 of them. Some rank of 4 is last in 3 of 5 four times in ten by chance alone."""
+    from nccl_doctor.analysis.straggler import chance_of, detect_straggler
+
+    late_ms = {3: (2, 35), 7: (0, 60), 11: (2, 185), 15: (1, 30), 19: (2, 25)}  # seq: rank, ms
+    traces = []
+    for r in range(4):
+        events = []
+        for i in range(1, 23):
+            who, ms = late_ms.get(i, (i % 4, 3))
+            offset = int(ms * 1e6) if r == who else 0
+            events.append(tb.event(i, t_enter_ns=tb.T0 + i * 10**9 + offset, group_size=4))
+        traces.append(tb.trace(r, events, tb.clean(), world_size=4))
+    assert detect_straggler(tb.traceset(traces)) == []
+    assert chance_of(3, 5, 0.25) == pytest.approx(0.1035, abs=1e-4)
+    assert chance_of(5, 5, 0.5) == pytest.approx(1 / 32)
+    assert chance_of(0, 5, 0.5) == 1.0
 
 
 def test_straggler_says_where_its_stack_samples_found_it(tb):

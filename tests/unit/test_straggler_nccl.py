@@ -8,6 +8,8 @@ from __future__ import annotations
 
 from dataclasses import replace
 
+import pytest
+
 from nccl_doctor.analysis import analyze
 from nccl_doctor.analysis.straggler import detect_straggler
 from nccl_doctor.capture.flight_recorder import merge
@@ -31,10 +33,10 @@ def job(tb, enters: dict[int, list[int]], starts: dict[int, list[int]] | None,
     return replace(ts, groups={"0": GroupInfo("0", (0, 1), backend)})
 
 
-def offset_only(tb) -> dict[int, list[int]]:
+def offset_only(tb, n: int = N) -> dict[int, list[int]]:
     """Rank 1 started 23 ms late and stays 23 ms behind on the CPU; the GPUs meet each time."""
-    return {0: [tb.T0 + i * 100 * MS for i in range(N)],
-            1: [tb.T0 + i * 100 * MS + 23 * MS for i in range(N)]}
+    return {0: [tb.T0 + i * 100 * MS for i in range(n)],
+            1: [tb.T0 + i * 100 * MS + 23 * MS for i in range(n)]}
 
 
 def sleeper(tb) -> tuple[dict[int, list[int]], dict[int, list[int]]]:
@@ -50,9 +52,11 @@ def test_a_start_up_offset_is_not_a_straggler_with_gpu_times(tb):
     enters = offset_only(tb)
     gpu = {r: [tb.T0 + i * 100 * MS + 50 * MS + r * MS // 10 for i in range(N)] for r in enters}
     assert detect_straggler(job(tb, enters, gpu)) == []
-    # the same CPU times on gloo, where a call returns when the collective did: a straggler
-    (f,) = detect_straggler(job(tb, enters, None, backend="gloo"))
-    assert f.ranks == (1,)
+    # the same CPU times on gloo, where a call returns when the collective did: 6 of 6 by 23 ms
+    # on 2 ranks is what 6 coin flips do 1 time in 64 - not yet a straggler; 12 of 12 is
+    assert detect_straggler(job(tb, enters, None, backend="gloo")) == []
+    (f,) = detect_straggler(job(tb, offset_only(tb, 12), None, backend="gloo"))
+    assert f.ranks == (1,) and f.evidence["chance"]["1"] == pytest.approx(2**-12, rel=1e-2)
 
 
 def test_a_rank_sleeping_3s_is_a_3s_straggler_on_gpu_times(tb):
