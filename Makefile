@@ -27,7 +27,7 @@ demo: $(STAMP)
 	@echo "The other reproducers: $(BIN)/nccl-doctor demo --list"
 
 test: $(STAMP)
-	$(BIN)/python -m pytest -q --durations=15
+	$(BIN)/python -m pytest -q -rs --durations=15
 
 bench: $(STAMP)
 	$(BIN)/python benchmarks/recorder_overhead.py

@@ -8,7 +8,7 @@ Nothing hangs. ``--fixed`` seeds by global rank.
 Four ranks on two simulated nodes (two torchrun agents on localhost, ``--nnodes 2``):
 
     python -m nccl_doctor.reproducers.nodes --nnodes 2 --nproc-per-node 2 \\
-        -m nccl_doctor.reproducers.grpo_node_seed [--fixed]
+        -m nccl_doctor.reproducers.grpo_node_seed [--fixed] [--device cuda]
 """
 
 from __future__ import annotations
@@ -18,7 +18,7 @@ import os
 
 import torch.distributed as dist
 
-from nccl_doctor.trainers import grpo
+from nccl_doctor.trainers import grpo, placement
 from nccl_doctor.trainers.common import print_metrics
 
 
@@ -26,12 +26,13 @@ def main(argv: list[str] | None = None) -> None:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--fixed", action="store_true", help="seed sampling by global rank")
     p.add_argument("--steps", type=int, default=4)
+    placement.add_options(p)
     args = p.parse_args(argv)
-    dist.init_process_group("gloo")
+    device = placement.init(p, args)
     group = int(os.environ.get("LOCAL_WORLD_SIZE", dist.get_world_size()))
 
     grpo.train(steps=args.steps, group=group, seed_mode="rank" if args.fixed else "node",
-               on_step=print_metrics)
+               on_step=print_metrics, device=device)
     dist.barrier()  # accelerator.wait_for_everyone()
     dist.destroy_process_group()
 

@@ -12,6 +12,7 @@ call would abort instead). ``--packing`` is the control; ``--fixed`` computes co
 token counts locally and all-reduces the two numbers, as TRL's fix does.
 
     torchrun --nproc-per-node 2 -m nccl_doctor.reproducers.sft_packing_false [--packing|--fixed]
+        [--device cuda]
 """
 
 from __future__ import annotations
@@ -22,8 +23,8 @@ import torch
 import torch.distributed as dist
 import torch.nn.functional as F
 
-from nccl_doctor.trainers import tiny
-from nccl_doctor.trainers.common import release
+from nccl_doctor.trainers import placement, tiny
+from nccl_doctor.trainers.common import ddp, release
 
 PACKED_LENGTH = 16
 
@@ -77,14 +78,15 @@ def main(argv: list[str] | None = None) -> None:
     p.add_argument("--fixed", action="store_true", help="reduce correct/total counts (#2890)")
     p.add_argument("--steps", type=int, default=2)
     p.add_argument("--batch", type=int, default=2)
+    placement.add_options(p)
     args = p.parse_args(argv)
-    dist.init_process_group("gloo")
+    device = placement.init(p, args)
     rank = dist.get_rank()
     tok = tiny.tokenizer()
-    model = torch.nn.parallel.DistributedDataParallel(tiny.model(0))
+    model = ddp(tiny.model(0), device)
     optimizer = torch.optim.AdamW(model.parameters(), lr=1e-3)
     for step in range(args.steps):
-        ids = batch_for(rank, step, args.batch, args.packing, tok)
+        ids = batch_for(rank, step, args.batch, args.packing, tok).to(device)
         logits = model(input_ids=ids, attention_mask=(ids != tiny.PAD).long()).logits
         shift_logits, shift_labels = logits[:, :-1], ids[:, 1:]
         loss = F.cross_entropy(shift_logits.reshape(-1, shift_logits.shape[-1]),

@@ -9,9 +9,12 @@ silently, until the 30-minute timeout.
 
 Here one "engine worker" is a child process of rank 0 that never joins. ``--fixed`` makes it join
 (the reported workaround: VLLM_ENABLE_V1_MULTIPROCESSING=0 keeps the engine core in the worker);
-rank 0 then broadcasts the weights over the new group and joins the barrier.
+rank 0 then broadcasts the weights over the new group and joins the barrier. With ``--device
+cuda`` the actors' training group is NCCL's; the weight-sync group stays a CPU (gloo) group, since
+the engine worker needs no GPU to show the stall.
 
-    torchrun --nproc-per-node 3 -m nccl_doctor.reproducers.weight_sync_join [--fixed]
+    torchrun --nproc-per-node 3 -m nccl_doctor.reproducers.weight_sync_join [--fixed] \\
+        [--device cuda]
 """
 
 from __future__ import annotations
@@ -26,6 +29,7 @@ import torch
 import torch.distributed as dist
 
 from nccl_doctor.reproducers.nodes import free_port
+from nccl_doctor.trainers import placement
 
 #: the engine worker: joins the weight-sync group (``--fixed``) or, as in the report, leaves the
 #: join to an engine-core child that never runs it
@@ -56,10 +60,11 @@ def create_weight_sync_group(port: int, engines: int) -> dist.ProcessGroup:
 def main(argv: list[str] | None = None) -> None:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--fixed", action="store_true", help="the engine worker joins the group")
+    placement.add_options(p)
     args = p.parse_args(argv)
-    dist.init_process_group("gloo")
+    device = placement.init(p, args)
     rank = dist.get_rank()
-    dist.all_reduce(torch.ones(1))  # the actors' training group is up
+    dist.all_reduce(torch.ones(1, device=device))  # the actors' training group is up
     worker = None
     if rank == 0:
         port = free_port()
@@ -72,7 +77,7 @@ def main(argv: list[str] | None = None) -> None:
     dist.barrier()  # the other actors went straight here
     if worker is not None:
         worker.wait(timeout=60)
-    dist.all_reduce(torch.ones(1))
+    dist.all_reduce(torch.ones(1, device=device))
     time.sleep(0.1)
     dist.barrier()
     dist.destroy_process_group()

@@ -7,7 +7,7 @@ first goes on (here: to reduce the loss) while its peer waits in the all-gather 
 step. ``--fixed`` is ``generate(synced_gpus=True)``: finished ranks keep doing dummy forwards until
 an all-reduce of "still decoding" says every rank is done.
 
-    torchrun --nproc-per-node 2 -m nccl_doctor.reproducers.zero3_generate [--fixed]
+    torchrun --nproc-per-node 2 -m nccl_doctor.reproducers.zero3_generate [--fixed] [--device cuda]
 """
 
 from __future__ import annotations
@@ -16,6 +16,8 @@ import argparse
 
 import torch
 import torch.distributed as dist
+
+from nccl_doctor.trainers import placement
 
 VOCAB = 11
 
@@ -32,7 +34,7 @@ def generate(shard: torch.Tensor, prompt: int, length: int, synced: bool) -> lis
     while True:
         done = step >= length
         if synced:  # synced_gpus: all ranks step together until none is still decoding
-            unfinished = torch.tensor([0.0 if done else 1.0])
+            unfinished = torch.tensor([0.0 if done else 1.0], device=shard.device)
             dist.all_reduce(unfinished)
             if unfinished.item() == 0:
                 return tokens
@@ -48,15 +50,16 @@ def main(argv: list[str] | None = None) -> None:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--fixed", action="store_true", help="synced_gpus: step together")
     p.add_argument("--steps", type=int, default=2)
+    placement.add_options(p)
     args = p.parse_args(argv)
-    dist.init_process_group("gloo")
+    device = placement.init(p, args)
     rank = dist.get_rank()
-    shard = torch.arange(8, dtype=torch.float32) + 8 * rank
+    shard = torch.arange(8, dtype=torch.float32, device=device) + 8 * rank
     for step in range(args.steps):
         # each rank decodes until its own EOS: lengths differ once prompts do
         length = 3 + (rank if step > 0 else 0)
         tokens = generate(shard, prompt=step, length=length, synced=args.fixed)
-        loss = torch.tensor([float(len(tokens))])
+        loss = torch.tensor([float(len(tokens))], device=device)
         dist.all_reduce(loss)
         if rank == 0:
             print(f"step {step + 1}: decoded {len(tokens)} tokens", flush=True)

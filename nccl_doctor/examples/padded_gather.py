@@ -4,7 +4,8 @@ Each rank pads its batch to its *own* longest sequence, so the logits tensor ``[
 different ``T`` on each rank, and the all_gather of it cannot match. On NCCL that hangs with the GPUs
 at 100%; on gloo the rank receiving the larger message aborts. Run it under the doctor:
 
-    nccl-doctor run -- torchrun --nproc-per-node 2 -m nccl_doctor.examples.padded_gather
+    nccl-doctor run -- torchrun --nproc-per-node 2 -m nccl_doctor.examples.padded_gather \\
+        [--device cuda]
 """
 
 from __future__ import annotations
@@ -13,6 +14,8 @@ import argparse
 
 import torch
 import torch.distributed as dist
+
+from nccl_doctor.trainers import placement
 
 VOCAB = 32
 BATCH = 2
@@ -34,16 +37,17 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--fixed", action="store_true", help="gather logits.mean() instead")
     parser.add_argument("--steps", type=int, default=3)
+    placement.add_options(parser)
     args = parser.parse_args()
-    dist.init_process_group("gloo")
+    device = placement.init(parser, args)
     rank = dist.get_rank()
     torch.manual_seed(rank)
     for step in range(args.steps):
         # six small per-example metrics first, as the trainer logged them
         for _ in range(6):
-            dist.all_reduce(torch.rand(BATCH))
+            dist.all_reduce(torch.rand(BATCH, device=device))
         seq_len = 7 + 2 * rank + step  # each rank pads to its own longest sequence
-        logits = torch.randn(BATCH, seq_len, VOCAB)
+        logits = torch.randn(BATCH, seq_len, VOCAB, device=device)
         gather_metrics(logits, args.fixed)
         if rank == 0:
             print(f"step {step}: gathered logits", flush=True)

@@ -8,6 +8,14 @@ import torch
 import torch.distributed as dist
 
 
+def ddp(model: torch.nn.Module, device: torch.device) -> torch.nn.Module:
+    """``model`` on ``device``, wrapped in DDP (on a GPU, DDP's buckets live on that GPU)."""
+    model = model.to(device)
+    if device.type == "cuda":
+        return torch.nn.parallel.DistributedDataParallel(model, device_ids=[device.index])
+    return torch.nn.parallel.DistributedDataParallel(model)
+
+
 def release(model: torch.nn.Module) -> None:
     """Free a DDP model now. Its reducer holds the process group: left for the interpreter's
     teardown (DDP sits in reference cycles), it outlives destroy_process_group and gloo's threads

@@ -1,4 +1,4 @@
-"""GRPO on the tiny model, with DDP on gloo: the G samples of each prompt spread across ranks.
+"""GRPO on the tiny model with DDP (gloo; NCCL with ``--device cuda``): G samples per prompt.
 
 Ranks ``g*G .. g*G+G-1`` sample the same prompt (as GRPO trainers place a prompt's samples on
 consecutive ranks); each samples one completion, the rewards are all-gathered, each group's
@@ -9,7 +9,7 @@ gathered, printed like Trainer's dict lines and recorded (``nccl_doctor.observe_
 ``--seed-mode`` picks how sampling is seeded: ``rank`` (right: seed + global rank), ``node``
 (seed + node rank, as in docs/bugs.md C: identical samples inside a node), ``same`` (one seed).
 
-    torchrun --nproc-per-node 2 -m nccl_doctor.trainers.grpo --steps 3
+    torchrun --nproc-per-node 2 -m nccl_doctor.trainers.grpo --steps 3 [--device cuda]
 """
 
 from __future__ import annotations
@@ -22,8 +22,8 @@ import torch
 import torch.distributed as dist
 
 import nccl_doctor
-from nccl_doctor.trainers import losses, tiny
-from nccl_doctor.trainers.common import print_metrics, release
+from nccl_doctor.trainers import losses, placement, tiny
+from nccl_doctor.trainers.common import ddp, print_metrics, release
 
 SEED_MODES = ("rank", "node", "same")
 
@@ -54,27 +54,32 @@ def completion_logps(model, ids: torch.Tensor, prompt_len: int) -> torch.Tensor:
 
 def train(*, steps: int = 3, group: int | None = None, seed_mode: str = "rank",
           seed: int = 1234, max_new_tokens: int = 8, lr: float = 1e-3,
-          on_step: Callable[[int, dict[str, float]], None] | None = None) -> list[dict]:
+          on_step: Callable[[int, dict[str, float]], None] | None = None,
+          device: torch.device | None = None) -> list[dict]:
+    """Train for ``steps`` steps on ``device`` (the CPU by default); returns the gathered metrics
+    of each step. The process group must exist (torchrun)."""
+    device = device or torch.device("cpu")
     rank, world = dist.get_rank(), dist.get_world_size()
     g = group or world
     if world % g:
         raise ValueError(f"world size {world} is not a multiple of the group size {g}")
     tok = tiny.tokenizer()
-    model = torch.nn.parallel.DistributedDataParallel(tiny.model(0))
+    model = ddp(tiny.model(0), device)
     optimizer = torch.optim.AdamW(model.parameters(), lr=lr)
     prompts = tiny.prompts(steps * (world // g), seed=seed)
     torch.manual_seed(sampling_seed(seed_mode, seed, rank))
     history = []
     for step in range(steps):
         prompt = prompts[step * (world // g) + rank // g]
-        ids = torch.tensor([[tiny.BOS] + tok(prompt, add_special_tokens=False)["input_ids"]])
+        ids = torch.tensor([[tiny.BOS] + tok(prompt, add_special_tokens=False)["input_ids"]],
+                           device=device)
         with torch.no_grad():
             out = model.module.generate(ids, attention_mask=torch.ones_like(ids), do_sample=True,
                                         top_k=0, max_new_tokens=max_new_tokens,
                                         pad_token_id=tiny.PAD, eos_token_id=None)
         sample = out[0, ids.shape[1]:].tolist()
-        rewards = [torch.zeros(1) for _ in range(world)]
-        dist.all_gather(rewards, torch.tensor([reward(sample)]))
+        rewards = [torch.zeros(1, device=device) for _ in range(world)]
+        dist.all_gather(rewards, torch.tensor([reward(sample)], device=device))
         advantages, stds = losses.grpo_advantages(torch.cat(rewards), g)
         logp = completion_logps(model, out, ids.shape[1])
         loss = losses.grpo(logp, logp.detach(), advantages[rank:rank + 1],
@@ -82,7 +87,7 @@ def train(*, steps: int = 3, group: int | None = None, seed_mode: str = "rank",
         optimizer.zero_grad()
         loss.backward()  # DDP's gradient all_reduce
         optimizer.step()
-        gathered = [torch.zeros(1) for _ in range(world)]
+        gathered = [torch.zeros(1, device=device) for _ in range(world)]
         dist.all_gather(gathered, loss.detach().reshape(1))
         metrics = {"loss": round(torch.cat(gathered).mean().item(), 4),
                    "reward": torch.cat(rewards).mean().item(),
@@ -96,15 +101,17 @@ def train(*, steps: int = 3, group: int | None = None, seed_mode: str = "rank",
 
 
 def main(argv: list[str] | None = None) -> None:
-    p = argparse.ArgumentParser(description="a reference GRPO trainer (tiny model, gloo)")
+    p = argparse.ArgumentParser(description="a reference GRPO trainer (tiny model)")
     p.add_argument("--steps", type=int, default=3)
     p.add_argument("--group", type=int, default=None,
                    help="samples per prompt, on consecutive ranks (default: the world size)")
     p.add_argument("--seed-mode", choices=SEED_MODES, default="rank")
+    placement.add_options(p)
     args = p.parse_args(argv)
-    dist.init_process_group("gloo")
+    device = placement.init(p, args)
 
-    train(steps=args.steps, group=args.group, seed_mode=args.seed_mode, on_step=print_metrics)
+    train(steps=args.steps, group=args.group, seed_mode=args.seed_mode, on_step=print_metrics,
+          device=device)
     dist.barrier()  # accelerator.wait_for_everyone(): no rank tears down while a peer still talks
     dist.destroy_process_group()
 

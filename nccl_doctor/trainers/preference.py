@@ -1,4 +1,5 @@
-"""DPO, CPO, SimPO and ORPO on the tiny model, with DDP on gloo, as the TRL trainers do them.
+"""DPO, CPO, SimPO and ORPO on the tiny model, with DDP, as the TRL trainers do them (gloo on CPU;
+NCCL with ``--device cuda``).
 
 Each rank takes its own slice of the data and pads it to *its own* longest sequence (so ``T``
 differs between ranks, as in every real trainer); the loss is the paper's (nccl_doctor.trainers.
@@ -6,12 +7,12 @@ losses); DDP all-reduces the gradients from C++; then the metrics are gathered t
 ``get_batch_loss_metrics`` does: six per-example ``[B]`` gathers, the logits summary, the loss.
 
 ``gather_logits="whole"`` gathers the full ``[B, T, V]`` logits instead of their mean (TRL v0.14
-to v0.16, docs/bugs.md A): the shapes differ across ranks, and gloo aborts. ``"chunked"`` gathers them
-one ``[B, 1, V]`` time step at a time, which gives gloo NCCL's semantics for that bug: the rank
-with the shorter ``T`` finishes first and goes on to reduce the loss while its peer waits for
-the next chunk - a hang, not an abort. Run it with torchrun:
+to v0.16, docs/bugs.md A): the shapes differ across ranks, and gloo aborts (NCCL hangs).
+``"chunked"`` gathers them one ``[B, 1, V]`` time step at a time, which gives gloo NCCL's
+semantics for that bug: the rank with the shorter ``T`` finishes first and goes on to reduce the
+loss while its peer waits for the next chunk - a hang, not an abort. Run it with torchrun:
 
-    torchrun --nproc-per-node 2 -m nccl_doctor.trainers.preference --method cpo
+    torchrun --nproc-per-node 2 -m nccl_doctor.trainers.preference --method cpo [--device cuda]
 """
 
 from __future__ import annotations
@@ -23,8 +24,8 @@ from typing import Callable
 import torch
 import torch.distributed as dist
 
-from nccl_doctor.trainers import losses, tiny
-from nccl_doctor.trainers.common import print_metrics, release
+from nccl_doctor.trainers import losses, placement, tiny
+from nccl_doctor.trainers.common import ddp, print_metrics, release
 
 METHODS = ("dpo", "cpo", "simpo", "orpo")
 METRICS = ("rewards/chosen", "rewards/rejected", "rewards/accuracies", "rewards/margins",
@@ -41,6 +42,10 @@ class Batch:
     @property
     def size(self) -> int:
         return self.input_ids.shape[0] // 2
+
+    def to(self, device: torch.device) -> "Batch":
+        return Batch(*(t.to(device) for t in (self.input_ids, self.attention_mask,
+                                               self.response_mask, self.lengths)))
 
 
 def collate(examples: list[tiny.Preference], tok) -> Batch:
@@ -99,23 +104,25 @@ GATHERS = ("scalar", "whole", "chunked")
 
 def train(method: str, *, steps: int = 3, batch: int = 2, lr: float = 1e-3, seed: int = 0,
           gather_logits: str = "scalar",
-          on_step: Callable[[int, dict[str, float]], None] | None = None) -> list[dict]:
-    """Train for ``steps`` steps; returns the gathered metrics of each step. The process group
-    must exist (torchrun)."""
+          on_step: Callable[[int, dict[str, float]], None] | None = None,
+          device: torch.device | None = None) -> list[dict]:
+    """Train for ``steps`` steps on ``device`` (the CPU by default); returns the gathered metrics
+    of each step. The process group must exist (torchrun)."""
+    device = device or torch.device("cpu")
     if method not in METHODS:
         raise ValueError(f"unknown method {method!r}: one of {', '.join(METHODS)}")
     if gather_logits not in GATHERS:
         raise ValueError(f"unknown gather {gather_logits!r}: one of {', '.join(GATHERS)}")
     rank, world = dist.get_rank(), dist.get_world_size()
     tok = tiny.tokenizer()
-    model = torch.nn.parallel.DistributedDataParallel(tiny.model(seed))
-    ref = tiny.model(seed).eval() if method == "dpo" else None
+    model = ddp(tiny.model(seed), device)
+    ref = tiny.model(seed).to(device).eval() if method == "dpo" else None
     optimizer = torch.optim.AdamW(model.parameters(), lr=lr)
     data = tiny.preference_data(steps * batch * world, seed=seed + 1)
     history = []
     for step in range(steps):
         start = (step * world + rank) * batch
-        b = collate(data[start:start + batch], tok)
+        b = collate(data[start:start + batch], tok).to(device)
         logits = model(input_ids=b.input_ids, attention_mask=b.attention_mask).logits
         logp = sequence_logps(logits, b)
         ref_logp = None
@@ -154,7 +161,7 @@ def train(method: str, *, steps: int = 3, batch: int = 2, lr: float = 1e-3, seed
 
 
 def main(argv: list[str] | None = None) -> None:
-    p = argparse.ArgumentParser(description="a reference preference trainer (tiny model, gloo)")
+    p = argparse.ArgumentParser(description="a reference preference trainer (tiny model)")
     p.add_argument("--method", choices=METHODS, default="dpo")
     p.add_argument("--steps", type=int, default=3)
     p.add_argument("--batch", type=int, default=2)
@@ -162,10 +169,11 @@ def main(argv: list[str] | None = None) -> None:
                    help="how the logits are gathered for the metrics: their mean (scalar, "
                         "right), the full per-rank-padded tensor (whole: docs/bugs.md A, gloo "
                         "aborts), or per time step (chunked: docs/bugs.md A as NCCL hangs)")
+    placement.add_options(p)
     args = p.parse_args(argv)
-    dist.init_process_group("gloo")
+    device = placement.init(p, args)
     train(args.method, steps=args.steps, batch=args.batch, gather_logits=args.gather_logits,
-          on_step=print_metrics)
+          on_step=print_metrics, device=device)
     dist.barrier()  # accelerator.wait_for_everyone(): no rank tears down while a peer still talks
     dist.destroy_process_group()
 

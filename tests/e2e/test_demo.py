@@ -1,4 +1,5 @@
-"""`nccl-doctor demo`: each reproducer of docs/bugs.md under the doctor, and its --fixed variant."""
+"""`nccl-doctor demo`: each reproducer of docs/bugs.md under the doctor, and its --fixed variant:
+on the CPU with gloo, and in the gpu tier on CUDA with NCCL, where the diagnosis must be the same."""
 
 from __future__ import annotations
 
@@ -16,9 +17,16 @@ from .conftest import doctor
 pytestmark = pytest.mark.integration
 
 
-def demo(tmp_path, *args: str):
+@pytest.fixture(params=["cpu", pytest.param("cuda", marks=pytest.mark.gpu)])
+def device(request) -> str:
+    return request.param
+
+
+def demo(tmp_path, device: str, *args: str):
     out = tmp_path / "o"
-    proc = doctor("demo", *args, "--out", str(out), timeout=300)
+    proc = doctor("demo", *args, "--device", device, "--out", str(out), timeout=300)
+    said = proc.stderr.splitlines()[0] if proc.stderr else ""
+    assert ("with NCCL" in said if device == "cuda" else "on the CPU with gloo" in said), said
     report = json.loads((out / "report.json").read_text())
     return proc, report, out
 
@@ -53,8 +61,8 @@ def test_list_and_unknown_names():
     assert "no variant 'packing'" in one_error_line(variant)
 
 
-def test_cpo_logits_gather_hangs_where_the_padded_logits_are_gathered(tmp_path):
-    proc, report, out = demo(tmp_path)  # the default reproducer
+def test_cpo_logits_gather_hangs_where_the_padded_logits_are_gathered(tmp_path, device):
+    proc, report, out = demo(tmp_path, device)  # the default reproducer
     assert proc.returncode == ExitStatus.HANG_STOPPED, proc.stderr[-3000:]
     f = root(report)
     assert report["verdict"] == "hang" and f["kind"] == "collective_mismatch"
@@ -77,13 +85,13 @@ def test_cpo_logits_gather_hangs_where_the_padded_logits_are_gathered(tmp_path):
     assert "known issue" in proc.stderr and "gather a reduced value" in f["hint"]
 
 
-def test_cpo_logits_gather_fixed_is_ok(tmp_path):
-    proc, report, _ = demo(tmp_path, "cpo_logits_gather", "--fixed")
+def test_cpo_logits_gather_fixed_is_ok(tmp_path, device):
+    proc, report, _ = demo(tmp_path, device, "cpo_logits_gather", "--fixed")
     assert proc.returncode == 0 and report["verdict"] == "ok", proc.stderr[-3000:]
 
 
-def test_zero3_generate_hangs_in_the_weight_gather(tmp_path):
-    proc, report, _ = demo(tmp_path, "zero3_generate")
+def test_zero3_generate_hangs_in_the_weight_gather(tmp_path, device):
+    proc, report, _ = demo(tmp_path, device, "zero3_generate")
     assert proc.returncode == ExitStatus.HANG_STOPPED, proc.stderr[-3000:]
     f = root(report)
     assert f["kind"] == "collective_mismatch" and f["evidence"]["aspect"] == "op"
@@ -97,13 +105,13 @@ def test_zero3_generate_hangs_in_the_weight_gather(tmp_path):
     assert f["evidence"]["known_issue"]["rule"] == "E" and "synced_gpus" in f["hint"]
 
 
-def test_zero3_generate_fixed_is_ok(tmp_path):
-    proc, report, _ = demo(tmp_path, "zero3_generate", "--fixed")
+def test_zero3_generate_fixed_is_ok(tmp_path, device):
+    proc, report, _ = demo(tmp_path, device, "zero3_generate", "--fixed")
     assert proc.returncode == 0 and report["verdict"] == "ok", proc.stderr[-3000:]
 
 
-def test_grpo_node_seed_is_said_per_node(tmp_path):
-    proc, report, _ = demo(tmp_path, "grpo_node_seed", "--fail-on", "suspect")
+def test_grpo_node_seed_is_said_per_node(tmp_path, device):
+    proc, report, _ = demo(tmp_path, device, "grpo_node_seed", "--fail-on", "suspect")
     assert proc.returncode == ExitStatus.VERDICT_FAILED, proc.stderr[-3000:]
     found = {f["kind"]: f for f in report["findings"]}
     assert report["verdict"] == "suspect"
@@ -115,13 +123,13 @@ def test_grpo_node_seed_is_said_per_node(tmp_path):
     assert same["evidence"]["known_issue"]["rule"] == "C"
 
 
-def test_grpo_node_seed_fixed_is_ok(tmp_path):
-    proc, report, _ = demo(tmp_path, "grpo_node_seed", "--fixed", "--fail-on", "suspect")
+def test_grpo_node_seed_fixed_is_ok(tmp_path, device):
+    proc, report, _ = demo(tmp_path, device, "grpo_node_seed", "--fixed", "--fail-on", "suspect")
     assert proc.returncode == 0 and report["verdict"] == "ok", proc.stderr[-3000:]
 
 
-def test_sft_packing_false_hangs_against_ddps_allreduce(tmp_path):
-    proc, report, _ = demo(tmp_path, "sft_packing_false")
+def test_sft_packing_false_hangs_against_ddps_allreduce(tmp_path, device):
+    proc, report, _ = demo(tmp_path, device, "sft_packing_false")
     assert proc.returncode == ExitStatus.HANG_STOPPED, proc.stderr[-3000:]
     f = root(report)
     assert f["kind"] == "collective_mismatch" and f["evidence"]["aspect"] == "op"
@@ -138,13 +146,13 @@ def test_sft_packing_false_hangs_against_ddps_allreduce(tmp_path):
 
 @pytest.mark.parametrize("args", [["--variant", "packing"], ["--fixed"]],
                          ids=["packing", "fixed"])
-def test_sft_packing_false_controls_are_ok(tmp_path, args):
-    proc, report, _ = demo(tmp_path, "sft_packing_false", *args)
+def test_sft_packing_false_controls_are_ok(tmp_path, device, args):
+    proc, report, _ = demo(tmp_path, device, "sft_packing_false", *args)
     assert proc.returncode == 0 and report["verdict"] == "ok", proc.stderr[-3000:]
 
 
-def test_weight_sync_join_blames_rank_0_in_the_rendezvous(tmp_path):
-    proc, report, out = demo(tmp_path, "weight_sync_join")
+def test_weight_sync_join_blames_rank_0_in_the_rendezvous(tmp_path, device):
+    proc, report, out = demo(tmp_path, device, "weight_sync_join")
     assert proc.returncode == ExitStatus.HANG_STOPPED, proc.stderr[-3000:]
     f = root(report)
     assert f["kind"] == "missing_collective" and f["ranks"] == [0] and f["op"] == "barrier"
@@ -158,7 +166,7 @@ def test_weight_sync_join_blames_rank_0_in_the_rendezvous(tmp_path):
     assert f["evidence"]["known_issue"]["rule"] == "D"
 
 
-def test_weight_sync_join_fixed_is_ok(tmp_path):
-    proc, report, _ = demo(tmp_path, "weight_sync_join", "--fixed")
+def test_weight_sync_join_fixed_is_ok(tmp_path, device):
+    proc, report, _ = demo(tmp_path, device, "weight_sync_join", "--fixed")
     assert proc.returncode == 0 and report["verdict"] == "ok", proc.stderr[-3000:]
     assert "engine worker: received weights" in proc.stdout
