@@ -20,6 +20,9 @@ class Verdict(str, enum.Enum):
     SUSPECT = "suspect"
     HANG = "hang"
     CRASH = "crash"
+    # replay of a run whose end is not recorded (still running, or its supervisor was lost):
+    # what is certain is reported, a hang is not called
+    UNFINISHED = "unfinished"
 
 
 class Severity(str, enum.Enum):

@@ -47,3 +47,8 @@ def host_name() -> str:
 
 #: ``--coordinator``'s twin: HOST:PORT where the supervisors of a multi-node job meet.
 COORDINATOR = "NCCL_DOCTOR_COORDINATOR"
+
+#: Set to "1" by ``nccl-doctor run --no-redact``: the job's command line is stored verbatim, in
+#: the manifest and in each rank's capture (by default its secrets are ``***``:
+#: nccl_doctor/redact.py).
+NO_REDACT = "NCCL_DOCTOR_NO_REDACT"

@@ -18,6 +18,7 @@ class ExitStatus:
     OUTPUT_EXISTS = 7  # would overwrite an output without --force
     LAUNCH_FAILED = 8  # the job's command could not be started
     REFUSED = 9  # an input asks for something unsafe (a pickle naming code to run): not read
+    UNWRITABLE = 10  # an output path cannot be created or written (--out, -o)
     INTERNAL = 70  # a bug in nccl-doctor (EX_SOFTWARE)
     # `run` otherwise exits with the job's own status; this one says nccl-doctor diagnosed a hang
     # and stopped the job (--on-hang kill). Like timeout(1)'s 124: "stopped, it would not finish".
@@ -63,3 +64,15 @@ class OutputExists(DoctorError):
 
 class LaunchFailed(DoctorError):
     exit_status = ExitStatus.LAUNCH_FAILED
+
+
+class Unwritable(DoctorError):
+    exit_status = ExitStatus.UNWRITABLE
+
+
+def unwritable(flag: str, path: object, err: OSError) -> Unwritable:
+    """The one line for an output path the OS refused: the path, why, and the flag to change."""
+    why = err.strerror or type(err).__name__
+    if isinstance(err, NotADirectoryError):
+        why = "a part of the path is a file, not a directory"
+    return Unwritable(f"{flag} {path}: cannot write there ({why}); choose a writable {flag}")

@@ -191,6 +191,8 @@ class RankExit:
         if self.kind is ExitKind.LOST:
             return f"was lost with its host {self.exception}" if self.exception else \
                 "was lost with its host"
+        if self.kind is ExitKind.STOPPED and self.signal and self.signal.endswith(" by the user"):
+            return f"was interrupted ({self.signal})"
         if self.kind is ExitKind.STOPPED:
             sent = f" ({self.signal})" if self.signal else ""
             return f"was stopped by nccl-doctor{sent} after the hang was diagnosed"
@@ -294,6 +296,9 @@ class TraceSet:
     # why these captures cover only some hosts of a multi-node job ("" : the whole job); the
     # ranks without a capture then ran elsewhere, unseen - never "missing"
     partial: str = ""
+    # why the job's end is unknown ("" : it ended, or nothing says otherwise): still running,
+    # or its supervisor was lost; then ranks behind their peers are not missing, only behind
+    unfinished: str = ""
 
     def group_members(self, name: str) -> tuple[int, ...]:
         info = self.groups.get(name)

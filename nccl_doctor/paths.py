@@ -41,6 +41,16 @@ def is_internal_file(path: str) -> bool:
     return (bool(_INTERNAL_RE.search(path)) and not _is_user_copy(path)) or _is_own(path)
 
 
+_DOCTOR_RE = re.compile(rf"{_SEP}nccl_doctor{_SEP}")
+
+
+def is_doctor_file(path: str) -> bool:
+    """True for nccl-doctor's own code (its recorder's wrappers, the in-rank agent, the capture
+    writer they call), not for the example, reproducer and trainer programs it ships: in a rank's
+    stack its frames are never where the user's program is, only where the doctor sits around it."""
+    return (bool(_DOCTOR_RE.search(path)) and not _is_user_copy(path)) or _is_own(path)
+
+
 def _is_own(path: str) -> bool:
     return bool(_OWN_DIRS) and path.startswith(_OWN_DIRS)
 

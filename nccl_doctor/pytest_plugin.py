@@ -8,6 +8,11 @@ fails the test with the diagnosis.
 
 Tests failed by a diagnosis are shown with the letter ``D`` and the word ``DIAGNOSED``.
 
+The capture of a failed test is kept where pytest's temporary directories (which rotate away
+after three runs) do not reach: ``--nccl-doctor-keep DIR`` (ini: ``nccl_doctor_keep``), by default
+``.pytest_cache/d/nccl-doctor`` under the rootdir, one directory per test (the last failure of
+each test; without the cache plugin the temporary directory is named instead).
+
 ``@pytest.mark.distributed(world_size=2, timeout=120, backend="gloo")`` runs the test function
 in ``world_size`` processes with torch.distributed initialised (torchrun, a free port), under the
 recorder and the watchdog. A deadlock, a mismatch, a crash of any rank or the timeout fails the
@@ -36,8 +41,13 @@ def pytest_addoption(parser: pytest.Parser) -> None:
     group.addoption("--nccl-doctor-hang-after", type=float, default=None, metavar="SECONDS",
                     help=f"for those jobs: any wait past this is a hang (default "
                          f"{DEFAULT_HANG_AFTER:.0f}); certain deadlocks are called in seconds")
+    group.addoption("--nccl-doctor-keep", default=None, metavar="DIR",
+                    help="where the captures of failed tests are kept, one directory per test "
+                         "(default: .pytest_cache/d/nccl-doctor)")
     parser.addini("nccl_doctor", type="bool", default=False,
                   help="the same as --nccl-doctor")
+    parser.addini("nccl_doctor_keep", default="",
+                  help="the same as --nccl-doctor-keep")
 
 
 def _launches_enabled(config: pytest.Config) -> bool:
@@ -73,10 +83,12 @@ def pytest_runtest_makereport(item: pytest.Item, call: pytest.CallInfo):
     if hangs:
         from nccl_doctor.testing.launches import describe
 
-        text = "\n\n".join(describe(h) for h in hangs)
+        for h in hangs:
+            h["_capture"] = str(keep(item, Path(h["_capture"])))
         report.outcome = "failed"
-        report.longrepr = text
-        report.sections.append(("Captured nccl-doctor call", text))
+        report.longrepr = "\n\n".join(describe(h) for h in hangs)  # printed once, in full
+        report.sections.append(("Captured nccl-doctor call", "\n".join(
+            f"hang: {h.get('_capture')} (nccl-doctor replay it)" for h in hangs)))
     if report.failed and item.stash.get(_DIAGNOSED, False) or hangs:
         report.user_properties.append((PROPERTY, "diagnosed"))
 
@@ -108,6 +120,32 @@ def pytest_terminal_summary(terminalreporter, exitstatus: int, config: pytest.Co
             if "nccl-doctor" in title:
                 terminalreporter.write_sep("-", title)
                 terminalreporter.write_line(content)
+
+
+def keep(item: pytest.Item, capture: Path) -> Path:
+    """Copy a failed test's capture where it outlives pytest's temporary directories; the
+    path the report names (the temporary one if the copy cannot be made)."""
+    import re
+    import shutil
+
+    config = item.config
+    chosen = config.getoption("--nccl-doctor-keep") or config.getini("nccl_doctor_keep")
+    if chosen:
+        base = Path(chosen)
+        if not base.is_absolute():
+            base = Path(config.rootpath) / base
+    elif getattr(config, "cache", None) is not None:
+        base = Path(config.cache.mkdir("nccl-doctor"))
+    else:
+        return capture
+    dest = base / re.sub(r"[^A-Za-z0-9_.-]+", "_", item.nodeid).strip("_")[:150]
+    try:
+        if dest.exists():
+            shutil.rmtree(dest)  # the last failure of this test
+        shutil.copytree(capture, dest)
+    except OSError:
+        return capture
+    return dest
 
 
 def pytest_configure(config: pytest.Config) -> None:
@@ -164,6 +202,8 @@ def pytest_pyfunc_call(pyfuncitem: pytest.Function) -> bool | None:
     if not outcome.passed:
         if outcome.diagnosis is not None and outcome.diagnosis.findings or outcome.timed_out:
             pyfuncitem.stash[_DIAGNOSED] = True
+        if outcome.capture is not None:
+            outcome.capture = keep(pyfuncitem, outcome.capture)
         pyfuncitem.add_report_section("call", "nccl-doctor", outcome.summary())
         pytest.fail(outcome.failure_text(), pytrace=False)
     return True

@@ -9,6 +9,9 @@ from typing import Any, Mapping
 from nccl_doctor.diagnosis import Finding
 
 
+BY_USER = " by the user"  # a signal the user sent, which ``run`` forwarded to the job
+
+
 @dataclass(frozen=True)
 class WatchLog:
     """The watchdog's decisions and actions, oldest first (each a JSON object with ``event``:
@@ -36,14 +39,39 @@ class WatchLog:
 
     @property
     def stopped_at(self) -> float | None:
-        """When nccl-doctor began stopping the job for the standing hang (None: it did not)."""
-        stops = self.after_hang("stop")
+        """When the job began to be stopped - by nccl-doctor for the standing hang, else by the
+        user's interrupt (None: neither)."""
+        stops = self._stops()
         at = stops[0].get("at") if stops else None
         return float(at) if isinstance(at, (int, float)) else None
 
     @property
+    def interrupted(self) -> Mapping[str, Any] | None:
+        """The user's first interrupt (Ctrl-C, a scheduler's SIGTERM), forwarded to the job."""
+        for e in self.events:
+            if e.get("event") == "interrupted":
+                return e
+        return None
+
+    def _stops(self) -> list[Mapping[str, Any]]:
+        """What began stopping the job: nccl-doctor, for the standing hang; else the user."""
+        if self.hang is not None:
+            return self.after_hang("stop")
+        return [self.interrupted] if self.interrupted is not None else []
+
+    @property
+    def lost(self) -> Mapping[str, Any] | None:
+        """The reaper's record that the supervisor was lost and the job stopped (the last)."""
+        for e in reversed(self.events):
+            if e.get("event") == "supervisor_lost":
+                return e
+        return None
+
+    @property
     def signals(self) -> tuple[str, ...]:
-        return tuple(str(s) for e in self.after_hang("stop") for s in e.get("signals", ()))
+        by = {"user": BY_USER}
+        return tuple(f"{s}{by.get(str(e.get('by')), '')}" for e in self._stops()
+                     for s in e.get("signals", ()))
 
     @property
     def root(self) -> Finding | None:

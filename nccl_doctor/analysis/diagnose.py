@@ -18,6 +18,7 @@ from nccl_doctor.analysis.missing import detect_missing_collective
 from nccl_doctor.analysis.sampling import detect_identical_completions, detect_shared_rng_state
 from nccl_doctor.analysis.degenerate import detect_degenerate_signal
 from nccl_doctor.analysis.straggler import detect_straggler
+from nccl_doctor.capture.format import CAPTURE_SUFFIX
 from nccl_doctor.diagnosis import Diagnosis, Finding, FindingKind, RankSummary, Severity, Verdict
 from nccl_doctor.model import ExitKind, RankTrace, TraceSet
 
@@ -58,11 +59,13 @@ def analyze(traces: TraceSet, passes: tuple[Pass, ...] = PASSES,
             notes.append(f"analysis pass {p.__name__} failed on this capture ({err!r}); its "
                          "findings are missing")
     findings = first_divergence_per_group(found)
+    if traces.unfinished:
+        findings, notes = _while_running(findings, traces, notes)
     findings = _rank_findings(findings, traces)
     findings = _on_hosts(findings, traces)
     if traces.partial:
-        notes.append(f"{traces.partial}: the ranks with no capture here ran on other hosts, "
-                     "unseen; nothing is said about them")
+        notes.append(f"{traces.partial}: the ranks with no capture here are not seen (other "
+                     "hosts, or files not given); nothing is said about them")
     if not traces.ranks:
         notes.append("no rank joined a process group: there are no collectives to analyse")
     if detect_straggler in passes:
@@ -85,6 +88,21 @@ def analyze(traces: TraceSet, passes: tuple[Pass, ...] = PASSES,
     ), annotators, annotate.versions_of(traces))
     # a hang the live watchdog called stands (its kept record: replay reaches the live verdict)
     return replayed.with_watch(diagnosis, traces, annotators)
+
+
+#: what only the job's end can tell: a rank behind its peers while the job still runs (or was
+#: cut off) is behind, not missing, and a GPU polling for it is waiting, not hung
+_NEEDS_THE_END = (FindingKind.MISSING_COLLECTIVE, FindingKind.GPU_BUSY_HANG)
+
+
+def _while_running(findings: list[Finding], traces: TraceSet,
+                   notes: list[str]) -> tuple[list[Finding], list[str]]:
+    """A run whose end is unknown: what is certain stays a finding (two ranks in different
+    collectives at one sequence number, identical completions); the rest becomes notes."""
+    kept = [f for f in findings if f.kind not in _NEEDS_THE_END]
+    said = [f"not a hang until the job is seen to stop: {f.title}" for f in findings
+            if f.kind in _NEEDS_THE_END]
+    return kept, [traces.unfinished] + said + notes
 
 
 def _rank_findings(findings: list[Finding], traces: TraceSet) -> list[Finding]:
@@ -157,6 +175,8 @@ def _consequences(root: Finding, traces: TraceSet) -> dict:
 
 
 def _verdict(findings: list[Finding], traces: TraceSet) -> Verdict:
+    if traces.unfinished:
+        return Verdict.UNFINISHED
     running = any(t.exit.was_running for t in traces.ranks.values())
     if running and any(f.kind in DESYNC or f.kind is FindingKind.GPU_BUSY_HANG for f in findings):
         return Verdict.HANG
@@ -171,7 +191,10 @@ def _verdict(findings: list[Finding], traces: TraceSet) -> Verdict:
 
 def _summaries(traces: TraceSet) -> list[RankSummary]:
     out = [_summary(t) for _, t in sorted(traces.ranks.items())]
-    unseen = "on another host, not seen here" if traces.partial else "left no capture"
+    unseen = "left no capture"
+    if traces.partial:  # a node's directory of a multi-node job, or one rank's file
+        unseen = ("not in this replay" if traces.source.endswith(CAPTURE_SUFFIX)
+                  else "on another host, not seen here")
     for rank in range(traces.world_size):
         if rank not in traces.ranks:
             out.append(RankSummary(

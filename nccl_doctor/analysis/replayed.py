@@ -6,16 +6,22 @@ recorded (the evidence of a peer seen stuck over several samples, or of a stall 
 analysis of the captures and the kept Flight Recorder pulls names the same divergence by itself
 (it does for a desync). What the backend did afterwards (an NCCL abort, a gloo timeout) is added
 as such.
+
+A job the user interrupted (Ctrl-C, or a scheduler's SIGTERM forwarded by ``run``) is diagnosed
+as it was when the interrupt came: the ranks' ends after it were marked stopped by the loader,
+so a stall that made the user press Ctrl-C is the root cause, not the KeyboardInterrupt it
+raised; a job that was fine until then is not a crash.
 """
 
 from __future__ import annotations
 
+import time
 from dataclasses import replace
 from typing import Sequence
 
 from nccl_doctor.analysis import annotate
 from nccl_doctor.analysis.hang import hang_diagnosis
-from nccl_doctor.diagnosis import Diagnosis, Finding
+from nccl_doctor.diagnosis import Diagnosis, Finding, Severity, Verdict
 from nccl_doctor.model import TraceSet
 
 
@@ -29,6 +35,8 @@ def with_watch(diagnosis: Diagnosis, traces: TraceSet,
     """``diagnosis`` as the watchdog left it: unchanged unless a hang it called stands."""
     watch = traces.watch
     hang = watch.hang if watch is not None else None
+    if watch is not None and hang is None and watch.interrupted is not None:
+        return interrupted(diagnosis, watch.interrupted)
     if watch is None or hang is None:
         return diagnosis
     recorded, own = watch.root, diagnosis.root_cause
@@ -49,3 +57,19 @@ def with_watch(diagnosis: Diagnosis, traces: TraceSet,
     d = hang_diagnosis(diagnosis, root, dict(traces.stacks), account,
                        annotate.versions_of(traces), annotators)
     return replace(d, notes=d.notes + tuple(n for n in notes if n not in d.notes))
+
+
+def interrupted(diagnosis: Diagnosis, event) -> Diagnosis:
+    """``diagnosis`` of a job the user interrupted: said so, and not a crash for that alone."""
+    sent = ", ".join(str(s) for s in event.get("signals", ())) or "a signal"
+    at = event.get("at")
+    when = (f" at {time.strftime('%H:%M:%S', time.localtime(at))}"
+            if isinstance(at, (int, float)) else "")
+    note = (f"interrupted by the user ({sent}{when}): the ranks' ends that followed are the "
+            "interrupt's doing, not failures; this is the job as it was when it came")
+    verdict = diagnosis.verdict
+    if verdict is Verdict.CRASH and not any(f.severity is Severity.ERROR
+                                            for f in diagnosis.findings):
+        warned = any(f.severity is Severity.WARNING for f in diagnosis.findings)
+        verdict = Verdict.SUSPECT if warned else Verdict.OK
+    return replace(diagnosis, verdict=verdict, notes=(note,) + diagnosis.notes)

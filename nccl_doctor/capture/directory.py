@@ -13,6 +13,7 @@ from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
 from typing import Any, Callable
 
+from nccl_doctor import redact
 from nccl_doctor._version import __version__
 from nccl_doctor.capture import flight_recorder, fr_dump, watch_record
 from nccl_doctor.capture import format as fmt
@@ -61,7 +62,7 @@ def write_report(directory: Path, diagnosis: Diagnosis) -> Path:
 
 @dataclass(frozen=True)
 class Manifest:
-    command: tuple[str, ...]
+    command: tuple[str, ...]  # as launched; written with its secrets masked unless not redacted
     started_at: float
     run_id: str
     format: str = MANIFEST_FORMAT
@@ -73,12 +74,15 @@ class Manifest:
     hosts: tuple[str, ...] = ()
     captures: tuple[str, ...] = ()
     extra: dict[str, Any] = field(default_factory=dict)
+    # False: `nccl-doctor run --no-redact` stored the command verbatim (nccl_doctor/redact.py).
+    # The supervisor that builds this says so through NO_REDACT, like the ranks it launches.
+    redacted: bool = True  # False: `run --no-redact` (redact.wanted of the job's environment)
 
     def to_json(self) -> dict[str, Any]:
         d = asdict(self)
-        d["command"], d["hosts"], d["captures"] = list(self.command), list(self.hosts), list(
-            self.captures
-        )
+        # every writer (the supervisor, a replay finishing a lost run's manifest) masks it here
+        d["command"] = redact.argv(self.command) if self.redacted else list(self.command)
+        d["hosts"], d["captures"] = list(self.hosts), list(self.captures)
         return d
 
     def write(self, directory: Path) -> Path:
@@ -87,14 +91,27 @@ class Manifest:
         return path
 
 
+class DamagedManifest(CorruptCapture):
+    """``manifest.json`` is ours but cannot be read (not JSON, fields of the wrong type). The
+    loaders go on without it from the captures that read fine."""
+
+    def __init__(self, path: Path, why: str) -> None:
+        super().__init__(f"{path} is damaged ({why})")
+        self.why = why
+
+
 def read_manifest(directory: Path) -> Manifest | None:
+    """The manifest of ``directory`` (None: it has none). Raises ``NotACapture`` for another
+    tool's JSON, ``UnsupportedVersion``, and ``DamagedManifest``."""
     path = directory / MANIFEST
     if not path.is_file():
         return None
     try:
         raw = json.loads(path.read_text("utf-8"))
-    except (OSError, ValueError):
-        raise CorruptCapture(f"{path} is not valid JSON: the capture directory is damaged") from None
+    except OSError as err:
+        raise DamagedManifest(path, f"unreadable: {err.strerror}") from None
+    except ValueError as err:  # (a UnicodeDecodeError too)
+        raise DamagedManifest(path, f"not valid JSON: {err}") from None
     if not isinstance(raw, dict) or raw.get("format") != MANIFEST_FORMAT:
         raise NotACapture(f"{path} is not an nccl-doctor manifest (no \"format\": \"{MANIFEST_FORMAT}\")")
     version = raw.get("format_version")
@@ -104,16 +121,43 @@ def read_manifest(directory: Path) -> Manifest | None:
             f"{fmt.FORMAT_VERSION}: replay it with the nccl-doctor release that recorded it"
         )
     try:
+        redacted = _typed(raw, "redacted", bool, True)
+        command = _strings(raw, "command")
         return Manifest(
-            command=tuple(str(c) for c in raw.get("command", [])),
-            started_at=float(raw.get("started_at", 0.0)), run_id=str(raw.get("run_id", "")),
-            tool_version=str(raw.get("tool_version", "")), ended_at=raw.get("ended_at"),
-            exit_status=raw.get("exit_status"), world_size=raw.get("world_size"),
-            hosts=tuple(raw.get("hosts", [])), captures=tuple(raw.get("captures", [])),
-            extra=dict(raw.get("extra", {})),
+            # (older manifests stored it verbatim: masked on reading, for the report)
+            command=tuple(redact.argv(command) if redacted else command),
+            started_at=float(_typed(raw, "started_at", _NUMBER, 0.0)),
+            run_id=_typed(raw, "run_id", str, ""),
+            tool_version=_typed(raw, "tool_version", str, ""),
+            ended_at=_typed(raw, "ended_at", _NUMBER, None),
+            exit_status=_typed(raw, "exit_status", int, None),
+            world_size=_typed(raw, "world_size", int, None),
+            hosts=tuple(_strings(raw, "hosts")), captures=tuple(_strings(raw, "captures")),
+            extra=dict(_typed(raw, "extra", dict, {})), redacted=redacted,
         )
-    except (TypeError, ValueError):
-        raise CorruptCapture(f"{path} has fields of the wrong type: the capture is damaged") from None
+    except (TypeError, ValueError) as err:
+        raise DamagedManifest(path, str(err)) from None
+
+
+_NUMBER = (int, float)
+
+
+def _typed(raw: dict[str, Any], name: str, kind: Any, default: Any) -> Any:
+    """``raw[name]`` if it is a ``kind`` (or None where ``default`` is: optional), ``default``
+    when absent; a wrong type raises TypeError. (bool is an int to Python, never to us.)"""
+    if name not in raw or (raw[name] is None and default is None):
+        return default
+    value = raw[name]
+    if not isinstance(value, kind) or (isinstance(value, bool) and kind is not bool):
+        raise TypeError(f"its {name!r} is {type(value).__name__} {json.dumps(value)[:40]}")
+    return value
+
+
+def _strings(raw: dict[str, Any], name: str) -> list[str]:
+    value = _typed(raw, name, list, [])
+    if not all(isinstance(v, str) for v in value):
+        raise TypeError(f"its {name!r} holds non-strings")
+    return value
 
 
 def capture_files(directory: Path) -> list[Path]:
@@ -130,13 +174,14 @@ def load_capture_dir(path: Path, *, job_ended: bool | None = None,
     decisions and stacks attached, and the ranks it stopped marked so. ``window_above``: how many
     records in all make the passes see a window of them (default ``WINDOW_ABOVE``).
     """
-    manifest, files = _contents(path)
+    manifest, files, damage = _contents(path)
     if job_ended is None:
         job_ended = manifest is not None and manifest.ended_at is not None
     scans = [_try(scan_capture, f) for f in files]
     read, note = _events(scans, manifest, window_above)
     gpu, samples, problems = _beside(path)
-    loaded = _assemble(path, manifest, files, read, job_ended, gpu, samples, problems + note)
+    loaded = _assemble(path, manifest, files, read, job_ended, gpu, samples,
+                       damage + problems + note)
     return _with_evidence(loaded, path) if evidence and path.is_dir() else loaded
 
 
@@ -201,7 +246,7 @@ class LiveCaptures:
 
     def load(self) -> TraceSet:
         """The job as its captures show it now (ranks still running: no exit yet)."""
-        manifest, files = _contents(self.directory)
+        manifest, files, damage = _contents(self.directory)
         read = [self._follow(f) for f in files]
         stamps = tuple(_stamp(self.directory / name) for name in (GPU_JSONL, STRAGGLERS_JSONL))
         moved = stamps != self._beside[0]
@@ -213,7 +258,7 @@ class LiveCaptures:
         self._read = read
         gpu, samples, problems = self._beside[1]
         self._last = _assemble(self.directory, manifest, files, self._tails(read), False, gpu,
-                               samples, problems)
+                               samples, damage + problems)
         return self._last
 
     def _tails(self, read: list[RankTrace | DoctorError]) -> list[RankTrace | DoctorError]:
@@ -263,8 +308,9 @@ def _try(read: Callable[[Path], Scan], path: Path) -> Scan | DoctorError:
         return err
 
 
-def _contents(path: Path) -> tuple[Manifest | None, list[Path]]:
-    """(the manifest, the capture files) of a capture directory or file."""
+def _contents(path: Path) -> tuple[Manifest | None, list[Path], list[str]]:
+    """(the manifest, the capture files, notes) of a capture directory or file. A damaged
+    manifest beside captures is a note: the captures that read fine are replayed."""
     if not path.exists():
         raise CaptureNotFound(
             f"{path} does not exist: pass the --out directory of an `nccl-doctor run`"
@@ -274,18 +320,25 @@ def _contents(path: Path) -> tuple[Manifest | None, list[Path]]:
             raise NotACapture(
                 f"{path} is not a capture: pass a capture directory or a {fmt.CAPTURE_SUFFIX} file"
             )
-        return None, [path]
+        return None, [path], []
     if not any(path.iterdir()):
         raise CaptureNotFound(f"{path} is empty: it holds no capture (was the job ever run?)")
-    manifest = read_manifest(path)
     files = capture_files(path)
+    try:
+        manifest = read_manifest(path)
+    except DamagedManifest as err:
+        if not files:
+            raise
+        # as if there were none (a job that may still run): the captures say the rest
+        return None, files, [f"{MANIFEST} is damaged ({err.why}): reconstructed from the "
+                             "captures; the command, exit status and end time are unknown"]
     if manifest is None and not files:
         raise NotACapture(
             f"{path} is not an nccl-doctor capture directory "
             f"(no {MANIFEST}, no *{fmt.CAPTURE_SUFFIX} files) nor a directory of PyTorch "
             "Flight Recorder dumps"
         )
-    return manifest, files
+    return manifest, files, []
 
 
 def _beside(path: Path) -> tuple[GpuTrace | None, tuple[StackSample, ...], list[str]]:

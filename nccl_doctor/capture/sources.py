@@ -7,7 +7,7 @@ from __future__ import annotations
 from dataclasses import replace
 from pathlib import Path
 
-from nccl_doctor.capture import flight_recorder, fr_dump, fr_parallel
+from nccl_doctor.capture import flight_recorder, fr_dump, fr_parallel, lifecycle
 from nccl_doctor.capture import format as fmt
 from nccl_doctor.capture.directory import MANIFEST, load_capture_dir, read_manifest
 from nccl_doctor.capture.union import union
@@ -27,8 +27,26 @@ def load(path: Path, fr: Path | None = None) -> TraceSet:
     if path.exists() and not is_capture(path) and fr_dump.is_dump_dir(path):
         traces = fr_dump.traces_from_dumps(fr_parallel.load_window(path), str(path))
     else:
-        traces = load_capture_dir(path)  # says what is wrong with anything else
+        traces = _capture(path)
     return traces if fr is None else _with_fr(traces, fr, str(path))
+
+
+def _capture(path: Path) -> TraceSet:
+    """A capture directory or one capture file; a run whose end is unknown says why."""
+    if path.is_file():  # one rank's file: its peers are not here, never "missing"
+        traces = load_capture_dir(path)
+        return replace(traces, partial=f"{path.name} holds one rank's capture; replay its "
+                                       "directory for the whole job")
+    try:
+        manifest = read_manifest(path) if path.is_dir() else None
+    except DoctorError:
+        manifest = None  # load_capture_dir says what is wrong with it
+    lost = lifecycle.lost_at(path, manifest)
+    # a job its reaper stopped: ranks without an exit record were stopped, not vanished
+    traces = load_capture_dir(path, job_ended=False if lost is not None else None)
+    why = lifecycle.unfinished(path, manifest)
+    lifecycle.finish(path, manifest)
+    return replace(traces, unfinished=why) if why else traces
 
 
 def _with_fr(traces: TraceSet, fr: Path, where: str) -> TraceSet:

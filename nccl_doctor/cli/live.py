@@ -14,6 +14,7 @@ import time
 from typing import Callable, Protocol, TextIO
 
 from nccl_doctor.reporters import live
+from nccl_doctor.reporters.escape import visible
 from nccl_doctor.live_view import LiveView
 
 SAVE, RESTORE, CLEAR_ROW = "\0337", "\0338", "\033[2K"
@@ -51,6 +52,12 @@ def _write(stream: TextIO, text: str) -> None:
         pass
 
 
+def _one_line(message: str) -> str:
+    # an announcement quotes the job (a finding's title: callsites, exception text): its control
+    # characters are shown, never sent to the terminal
+    return visible(message.replace("\n", " "))
+
+
 class PlainStatus:
     """One line per change of the job's phase or the watchdog's message."""
 
@@ -75,7 +82,7 @@ class PlainStatus:
         self.announce(live.line(v))
 
     def announce(self, message: str) -> None:
-        _write(self.stream, "nccl-doctor: " + message.replace("\n", " ") + "\n")
+        _write(self.stream, "nccl-doctor: " + _one_line(message) + "\n")
 
     def close(self) -> None:
         pass
@@ -142,7 +149,7 @@ class StatusBar:
 
     def announce(self, message: str) -> None:
         """An event (a hang, the job stopped): a whole line in the job's scrolling output."""
-        _write(self.stream, "\033[1;36mnccl-doctor:\033[0m " + message.replace("\n", " ") + "\n")
+        _write(self.stream, "\033[1;36mnccl-doctor:\033[0m " + _one_line(message) + "\n")
         if self.size is not None:
             self._draw(force=True)
 

@@ -11,6 +11,7 @@ from typing import Sequence
 from nccl_doctor._version import __version__
 from nccl_doctor.cli import demo, replay, run
 from nccl_doctor.errors import DoctorError, ExitStatus
+from nccl_doctor.reporters.escape import visible
 
 COMMANDS = (run, replay, demo)
 
@@ -42,7 +43,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     try:
         return int(args.func(args))
     except DoctorError as err:
-        sys.stderr.write(f"nccl-doctor: error: {err}\n")
+        # (an error quotes its input: a path, a capture's content; control characters shown)
+        sys.stderr.write(f"nccl-doctor: error: {visible(str(err))}\n")
         return err.exit_status
     except KeyboardInterrupt:
         return 130
@@ -50,7 +52,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         if os.environ.get("NCCL_DOCTOR_DEBUG"):
             traceback.print_exc()
         sys.stderr.write(
-            f"nccl-doctor: internal error: {type(err).__name__}: {err} "
+            f"nccl-doctor: internal error: {type(err).__name__}: {visible(str(err))} "
             "(set NCCL_DOCTOR_DEBUG=1 for the traceback, and please report it)\n"
         )
         return ExitStatus.INTERNAL

@@ -6,7 +6,7 @@ import sys
 from pathlib import Path
 
 from nccl_doctor.diagnosis import Diagnosis, Verdict
-from nccl_doctor.errors import ExitStatus, OutputExists
+from nccl_doctor.errors import ExitStatus, OutputExists, unwritable
 from nccl_doctor.reporters import format_for, get_reporter
 
 
@@ -18,7 +18,11 @@ def emit(diagnosis: Diagnosis, output: Path | None, fmt: str | None, force: bool
         return
     if output.exists() and not force:
         raise OutputExists(f"{output} already exists: pass --force to overwrite it")
-    with output.open("w") as fh:
+    try:
+        fh = output.open("w")
+    except OSError as err:
+        raise unwritable("-o", output, err) from None
+    with fh:
         reporter.render(diagnosis, fh)
     sys.stderr.write(f"Wrote {output}\n")
 

@@ -10,8 +10,9 @@ from pathlib import Path
 
 from nccl_doctor.cli.live import make_display
 from nccl_doctor.cli.output import verdict_status
+from nccl_doctor.reporters.escape import visible
 from nccl_doctor.capture.directory import remove_own_files
-from nccl_doctor.env import COORDINATOR
+from nccl_doctor.env import COORDINATOR, NO_REDACT
 from nccl_doctor.errors import ExitStatus, OutputExists, UsageError
 from nccl_doctor.supervisor.federation import rendezvous
 from nccl_doctor.supervisor.gpu.nvml import Nvml
@@ -30,7 +31,7 @@ def register(sub: argparse._SubParsersAction) -> None:
         "passes through unchanged; nccl-doctor exits with the command's own exit status.",
         usage="nccl-doctor run [--out DIR] [--force] [--quiet] [--on-hang report|kill] "
               "[--hang-after SECONDS] [--stuck-after SECONDS] [--fail-on suspect] [--no-watch] "
-              "[--no-gpu] [--coordinator HOST:PORT] [--node-rank N] [--nnodes N] "
+              "[--no-gpu] [--no-redact] [--coordinator HOST:PORT] [--node-rank N] [--nnodes N] "
               "-- COMMAND [ARGS...]",
     )
     add_options(p)
@@ -63,6 +64,13 @@ def add_options(p: argparse.ArgumentParser) -> None:
                         "is not ok (e.g. identical completions across ranks): for CI")
     p.add_argument("--no-watch", action="store_true",
                    help="no live watchdog: diagnose only after the job ends")
+    p.add_argument("--no-redact", action="store_true",
+                   help="store the job's command line verbatim (manifest.json, report.json, each "
+                        "rank's capture). By default the values of flags and NAME=VALUE "
+                        "arguments named like a secret (token, secret, password, auth, "
+                        "credential, api/access/private key: --hf-token X, --api-key=X, "
+                        "HF_TOKEN=X) and URL passwords (https://user:***@host) are stored as "
+                        f"***. Env twin: {NO_REDACT}=1")
     p.add_argument("--no-gpu", action="store_true",
                    help="do not sample the GPUs through NVML (by default every GPU of this host "
                         "is sampled: every 10 s, every 0.5 s once no call was recorded for 1 s)")
@@ -138,6 +146,8 @@ def supervise(args: argparse.Namespace, command: list[str]) -> int:
                                                    stuck_after=args.stuck_after)
     meeting = _meeting(args, command, err)
     environ = dict(os.environ)  # the job's: what follows is for this process only
+    if args.no_redact:  # the ranks (their argv) and the supervisor (the manifest) read it
+        environ[NO_REDACT] = "1"
     if meeting is not None:
         # torch's C++ log would print every retry of a store connection on the user's terminal
         os.environ.setdefault("TORCH_CPP_LOG_LEVEL", "FATAL")
@@ -155,7 +165,8 @@ def supervise(args: argparse.Namespace, command: list[str]) -> int:
     if result.stopped_orphans:
         err.write("nccl-doctor: processes of the job outlived its launcher; they were stopped\n")
     if result.analysis_error is not None:
-        err.write(f"nccl-doctor: could not analyse the capture: {result.analysis_error}\n")
+        err.write(f"nccl-doctor: could not analyse the capture: "
+                  f"{visible(result.analysis_error)}\n")
     elif result.diagnosis is not None and not args.quiet:
         err.write("\n")
         ConsoleReporter().render(result.diagnosis, err, color=err.isatty())
@@ -173,8 +184,8 @@ def _meeting(args: argparse.Namespace, command: list[str], err) -> rendezvous.Re
     except rendezvous.RendezvousError as e:
         if explicit:
             raise UsageError(f"--coordinator: {e}") from None
-        err.write(f"nccl-doctor: cannot tell where the nodes meet ({e}); diagnosing this node "
-                  "alone: pass --coordinator HOST:PORT\n")
+        err.write(f"nccl-doctor: cannot tell where the nodes meet ({visible(str(e))}); "
+                  "diagnosing this node alone: pass --coordinator HOST:PORT\n")
         return None
     if found is None and rendezvous.several_nodes(command, os.environ, args.nnodes):
         err.write("nccl-doctor: a multi-node job, but the command names no rendezvous address; "

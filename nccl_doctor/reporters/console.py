@@ -9,16 +9,18 @@ from rich.table import Table
 
 from nccl_doctor import paths
 from nccl_doctor.diagnosis import Diagnosis, Finding, Severity, Verdict
+from nccl_doctor.reporters.escape import visible
 
 _VERDICT_STYLE = {
     Verdict.OK: "bold green", Verdict.SUSPECT: "bold yellow", Verdict.HANG: "bold red",
-    Verdict.CRASH: "bold red",
+    Verdict.CRASH: "bold red", Verdict.UNFINISHED: "bold yellow",
 }
 _VERDICT_WORDS = {
     Verdict.OK: "no problem found",
     Verdict.SUSPECT: "the job ran, but something is wrong",
     Verdict.HANG: "the job is hung",
     Verdict.CRASH: "the job failed",
+    Verdict.UNFINISHED: "the job's end is not recorded (see the first note): its state so far",
 }
 
 
@@ -30,10 +32,10 @@ class ConsoleReporter:
                           highlight=False, soft_wrap=False)
         d = diagnosis
         style = _VERDICT_STYLE[d.verdict]
-        status = "" if d.exit_status is None else f", exit status {d.exit_status}"
+        status = "" if d.exit_status is None else f", exit status {_text(d.exit_status)}"
         console.print(
             f"[{style}]nccl-doctor: {d.verdict.value.upper()}[/] - {_VERDICT_WORDS[d.verdict]} "
-            f"({d.world_size} rank{'s' if d.world_size != 1 else ''}{status})"
+            f"({_text(d.world_size)} rank{'s' if d.world_size != 1 else ''}{status})"
         )
         for f in d.findings:
             self._finding(console, f)
@@ -45,30 +47,33 @@ class ConsoleReporter:
                 odd = "  [yellow]<- odd one out[/]" if c.get("odd") else ""
                 ranks = ", ".join(str(r) for r in c.get("ranks", []))
                 tail = class_tail(c.get("frames", [])) or "no stack"
-                sources = ", ".join(c.get("sources", []))
-                console.print(f"    ranks {ranks}: {escape(tail)} [dim]({sources})[/]{odd}")
+                sources = ", ".join(str(s) for s in c.get("sources", []))
+                console.print(f"    ranks {_text(ranks)}: {_text(tail)} [dim]({_text(sources)})[/]"
+                              f"{odd}")
         if d.watchdog:
             w = d.watchdog
-            console.print(f"[dim]watchdog: {w.get('situation')} diagnosed {w.get('waited_s')} s "
-                          f"after the last progress; {w.get('action')}[/]")
+            console.print(f"[dim]watchdog: {_text(w.get('situation'))} diagnosed "
+                          f"{_text(w.get('waited_s'))} s after the last progress; "
+                          f"{_text(w.get('action'))}[/]")
         for note in d.notes:
-            console.print(f"[yellow]note:[/] {escape(note)}")
+            console.print(f"[yellow]note:[/] {_text(note)}")
 
     def _finding(self, console: Console, f: Finding) -> None:
         label = "ROOT CAUSE" if f.root_cause else f.severity.value
         style = "bold red" if f.root_cause else "yellow"
-        console.print(f"\n[{style}]{label}[/] [bold]{f.kind.value}[/]: {escape(f.title)}")
-        for line in f.detail.splitlines():
+        console.print(f"\n[{style}]{label}[/] [bold]{f.kind.value}[/]: {_text(f.title)}")
+        # escaped before the split: splitlines() would also cut at \r, \x0b, \x1c... and hide them
+        for line in visible(f.detail, newlines=True).split("\n"):
             console.print(f"    {escape(line)}")
         if f.callsite:
-            console.print(f"    [dim]callsite:[/] {escape(f.callsite)}")
+            console.print(f"    [dim]callsite:[/] {_text(f.callsite)}")
         known = f.evidence.get("known_issue")
         if isinstance(known, dict):
             where = known.get("upstream") or "no upstream library matched: the general fix"
-            console.print(f"    [magenta]known issue[/] (docs/bugs.md {escape(str(known.get('rule')))}"
-                          f", {escape(str(known.get('mechanism')))}): {escape(str(where))}")
+            console.print(f"    [magenta]known issue[/] (docs/bugs.md {_text(known.get('rule'))}"
+                          f", {_text(known.get('mechanism'))}): {_text(where)}")
         if f.hint and (f.root_cause or f.severity is Severity.WARNING):
-            console.print(f"    [green]fix:[/] {escape(f.hint)}")
+            console.print(f"    [green]fix:[/] {_text(f.hint)}")
 
     def _ranks_table(self, d: Diagnosis) -> Table:
         table = Table(title=None, show_edge=False, pad_edge=False, box=None, header_style="bold")
@@ -82,13 +87,19 @@ class ConsoleReporter:
             last = r.last_collective or {}
             op = f"{last.get('op')} #{last.get('seq')} g{last.get('group')} ({last.get('state')})" \
                 if last else "-"
-            row = [str(r.rank), r.host or "-", str(r.pid or "-"),
-                   escape(r.exit_detail if r.state != "running" else r.state),
-                   escape(op), escape(str(last.get("callsite", "-")))]
+            row = [_text(r.rank), _text(r.host or "-"), _text(r.pid or "-"),
+                   _text(r.exit_detail if r.state != "running" else r.state),
+                   _text(op), _text(last.get("callsite", "-"))]
             if stacks:
-                row.append(escape(r.stack_summary or "-"))
+                row.append(_text(r.stack_summary or "-"))
             table.add_row(*row)
         return table
+
+
+def _text(value: object) -> str:
+    """Job-provided text as plain words: no control character reaches the terminal and no rich
+    markup in it (``[bold]``) is interpreted."""
+    return escape(visible(str(value)))
 
 
 def class_tail(frames_: list[str]) -> str:

@@ -8,6 +8,7 @@ from rich.console import Console
 from rich.text import Text
 
 from nccl_doctor.live_view import LiveView, RankState
+from nccl_doctor.reporters.escape import visible
 
 #: each rank state's colour in the bar
 STYLES = {
@@ -47,8 +48,8 @@ def bar(view: LiveView) -> Text:
     t.append(view.phase.replace("_", " "), style="bold red" if view.phase == "hang" else "bold")
     if view.quiet_s >= 1:
         t.append(f" (no new call for {view.quiet_s:.0f} s)", style="dim")
-    if view.message:
-        t.append("  " + view.message)
+    if view.message:  # (it may quote the job: a callsite, an exception)
+        t.append("  " + visible(view.message))
     return t
 
 
@@ -73,5 +74,5 @@ def line(view: LiveView) -> str:
     if ranks:
         text += f"; calls {ranks}"
     if view.message:
-        text += f"; {view.message}"
+        text += f"; {visible(view.message)}"
     return text

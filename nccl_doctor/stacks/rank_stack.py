@@ -3,14 +3,18 @@
 Both producers speak the same JSON: ``py-spy dump --json`` (from outside the rank) and the in-rank
 agent (a thread reading ``sys._current_frames``) print a list of thread objects whose ``frames`` are
 innermost first. ``parse_stack_json`` reads either; nothing here runs a process or touches a file.
+
+Frames of nccl-doctor's own code are dropped as a stack is read: a rank waiting in ``work.wait()``
+sits in the recorder's wrapper, and its stack must end at the user's line, not at ours.
 """
 
 from __future__ import annotations
 
 import json
 from dataclasses import dataclass, replace
-from typing import Any
+from typing import Any, Iterable
 
+from nccl_doctor import paths
 from nccl_doctor.location import Location
 
 __all__ = ["SOURCES", "ThreadStack", "RankStack", "parse_stack_json"]
@@ -95,7 +99,8 @@ def stack_from_json(raw: Any, rank: int) -> RankStack:
             frames.append(Location(str(f.get("path", "?")), line if _is_int(line) else 0,
                                    str(f.get("function", ""))))
         tid = t.get("thread_id")
-        threads.append(ThreadStack(tid if _is_int(tid) else 0, t.get("name"), tuple(frames),
+        # (stacks kept by an older nccl-doctor still hold its own frames)
+        threads.append(ThreadStack(tid if _is_int(tid) else 0, t.get("name"), _users(frames),
                                    t.get("active"), t.get("owns_gil"), bool(t.get("is_main"))))
     pid, taken = raw.get("pid"), raw.get("taken_at")
     return RankStack(rank, pid if _is_int(pid) else 0, str(raw.get("source", "?")),
@@ -147,7 +152,7 @@ def _thread(obj: Any, index: int, rank: int) -> ThreadStack:
     frames = obj.get("frames")
     if not isinstance(frames, list):
         raise ValueError(f"{where} has no frames list")
-    parsed = tuple(_frame(f, f"{where} frame #{j}") for j, f in enumerate(frames))
+    parsed = _users(_frame(f, f"{where} frame #{j}") for j, f in enumerate(frames))
     active = _optional(obj, "active", bool, where)
     gil = _optional(obj, "owns_gil", bool, where)
     return ThreadStack(tid, name, parsed, active, gil, is_main=False)
@@ -164,6 +169,11 @@ def _frame(obj: Any, where: str) -> Location:
     if not _is_int(line):
         raise ValueError(f"{where} has a non-integer line {line!r}")
     return Location(path, line, name)
+
+
+def _users(frames: Iterable[Location]) -> tuple[Location, ...]:
+    """``frames`` without nccl-doctor's own (paths.is_doctor_file)."""
+    return tuple(f for f in frames if not paths.is_doctor_file(f.path))
 
 
 def _main_index(data: list[dict[str, Any]], pid: int) -> int | None:

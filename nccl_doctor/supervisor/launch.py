@@ -1,4 +1,5 @@
-"""Start the job in its own process group with the recorder injected; forward signals; reap."""
+"""Start the job in its own process group with the recorder injected; forward signals; reap.
+A reaper process (nccl_doctor/supervisor/reaper.py) stops the job if the supervisor is killed."""
 
 from __future__ import annotations
 
@@ -13,6 +14,7 @@ import psutil
 
 from nccl_doctor import env
 from nccl_doctor.errors import LaunchFailed
+from nccl_doctor.supervisor.reaper import Reaper
 
 _PACKAGE = Path(__file__).resolve().parent.parent  # nccl_doctor/
 # the sitecustomize every Python process of the job loads (a file of the rank side, not imported)
@@ -35,7 +37,10 @@ def job_environment(base: Mapping[str, str], capture_dir: Path, run_id: str) -> 
 class Job:
     """The launched command: a process-group leader whose group is the whole job."""
 
-    def __init__(self, command: Sequence[str], environment: Mapping[str, str]) -> None:
+    def __init__(self, command: Sequence[str], environment: Mapping[str, str],
+                 out_dir: Path | None = None) -> None:
+        """``out_dir``: the capture directory, where a reaper that had to stop the job (the
+        supervisor was killed) says so; None starts no reaper."""
         try:
             # Its own session and process group: the supervisor can stop the job as a whole, and
             # the terminal's Ctrl-C reaches the supervisor, which forwards it.
@@ -54,6 +59,7 @@ class Job:
         # which a signal to the job's process group never reaches (a SIGKILL of the launcher then
         # orphans them), so they are signalled one by one as well.
         self._ranks: dict[int, float] = {}
+        self.reaper = Reaper(out_dir, self.pgid) if out_dir is not None else None
 
     @property
     def pid(self) -> int:
@@ -69,7 +75,9 @@ class Job:
                 try:
                     self._ranks[pid] = psutil.Process(pid).create_time()
                 except psutil.Error:
-                    pass
+                    continue
+                if self.reaper is not None:
+                    self.reaper.adopt(pid, self._ranks[pid])
 
     def _outside(self) -> list[int]:
         """Adopted ranks still running outside the job's process group (a pid now reused by
@@ -128,6 +136,12 @@ class Job:
         if self.group_alive():
             self.signal(signal.SIGKILL)
         return True
+
+    def release(self) -> None:
+        """The job is reaped: its reaper may go (without touching anything)."""
+        if self.reaper is not None:
+            self.reaper.release()
+            self.reaper = None
 
 
 def exit_status(returncode: int) -> int:

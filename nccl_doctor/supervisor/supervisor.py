@@ -18,15 +18,19 @@ from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Callable, Sequence
 
+import psutil
+
+from nccl_doctor import redact
 from nccl_doctor.analysis import analyze
 from nccl_doctor.analysis.annotate import Annotator
 from nccl_doctor.capture import watch_record
+from nccl_doctor.capture.fault_files import drop_empty_fault_files
 from nccl_doctor.capture.directory import (
-    Manifest, capture_files, load_capture_dir, report_path, write_report,
+    MANIFEST, Manifest, capture_files, load_capture_dir, report_path, write_report,
 )
 from nccl_doctor.diagnosis import Diagnosis, Verdict
 from nccl_doctor.env import host_name
-from nccl_doctor.errors import DoctorError, ExitStatus
+from nccl_doctor.errors import DoctorError, ExitStatus, LaunchFailed, unwritable
 from nccl_doctor.live_view import LiveView
 from nccl_doctor.supervisor.federation import Federation, FederatedJob, Rendezvous
 from nccl_doctor.supervisor.federation.link import Role
@@ -98,6 +102,7 @@ class Supervisor:
             live.federation = self.federation
         self.job: Job | None = None
         self._signals = 0
+        self._interrupt: dict | None = None  # the user's first signal, until it is kept
         self._kill_at: float | None = None  # when the job stopped for a hang gets SIGKILL
         self._hang_reported = False  # a hang report stands: a suspicion does not replace it
         self.stopped_for_hang = False
@@ -151,19 +156,31 @@ class Supervisor:
         self.state = new
 
     def run(self) -> RunResult:
-        self.out_dir.mkdir(parents=True, exist_ok=True)
-        manifest = Manifest(command=self.command, started_at=time.time(), run_id=self.run_id)
-        manifest.write(self.out_dir)
+        manifest = Manifest(command=self.command, started_at=time.time(), run_id=self.run_id,
+                            extra=self._node_extra(), redacted=redact.wanted(self.environ))
+        try:
+            created = _make_dir(self.out_dir)
+            manifest.write(self.out_dir)
+        except OSError as err:  # before anything started: the user picks another --out
+            raise unwritable("--out", self.out_dir, err) from None
         environment = job_environment(self.environ, self.out_dir, self.run_id)
         previous = self._install_signal_forwarding()
         if self.federation is not None:
             self.federation.start()  # the leader listens before any rank starts
         try:
-            self.job = Job(self.command, environment)
+            try:
+                self.job = Job(self.command, environment, self.out_dir)
+            except LaunchFailed:  # nothing ran: nothing is left behind to block --out
+                (self.out_dir / MANIFEST).unlink(missing_ok=True)
+                for folder in reversed(created):
+                    _remove_if_empty(folder)
+                raise
             self._to(State.RUNNING)
             while (code := self.job.poll()) is None:
+                self._keep_interrupt()
                 self.tick()
                 time.sleep(self.poll_interval)
+            self._keep_interrupt()
             self._wait_for_nodes()
         except DoctorError:
             self.state = State.DONE
@@ -175,6 +192,8 @@ class Supervisor:
                 self.gpu.close()  # its last sample lands before the analysis reads it
         self._to(State.ENDED)
         stopped = self.job.reap_stragglers()
+        self.job.release()
+        drop_empty_fault_files(self.out_dir)  # every rank is gone: none can fault any more
         status = exit_status(code)
         manifest = replace(manifest, ended_at=time.time(), exit_status=status)
         self._to(State.ANALYSING)
@@ -215,6 +234,13 @@ class Supervisor:
                 listener(self)
             except Exception:  # a display or sampler must never stop the job's supervision
                 self.listeners.remove(listener)
+
+    def _keep_interrupt(self) -> None:
+        """The user's interrupt, kept beside the captures: the ranks' ends that follow are its
+        doing, and the analysis diagnoses the job as it was when it came."""
+        interrupt, self._interrupt = self._interrupt, None
+        if interrupt is not None:
+            self._keep(interrupt)
 
     def _keep(self, record: dict | None = None, decision: Decision | None = None) -> None:
         """Keep what a decision used, and what was done, beside the captures (for replay). A
@@ -350,14 +376,16 @@ class Supervisor:
         return diagnosis, write_report(self.out_dir, diagnosis), None
 
     def _node_extra(self) -> dict:
-        """The manifest's word on this node's part in a multi-node job (replay orders the
-        nodes' directories by it: the leader's first)."""
+        """The manifest's word on this supervisor (replay of an unfinished run asks whether it
+        still runs) and on this node's part in a multi-node job (replay orders the nodes'
+        directories by it: the leader's first)."""
+        me = {"supervisor": {"pid": os.getpid(), "host": host_name(), "started": _started()}}
         fed = self.federation
         if fed is None:
-            return {}
-        return {"node": {"role": fed.link.role.value, "state": fed.link.state.value,
-                         "node_rank": fed.rdzv.node_rank, "host": fed.host,
-                         "coordinator": fed.rdzv.address}}
+            return me
+        return {**me, "node": {"role": fed.link.role.value, "state": fed.link.state.value,
+                               "node_rank": fed.rdzv.node_rank, "host": fed.host,
+                               "coordinator": fed.rdzv.address}}
 
     # -- signals: the job is in its own process group, so forward what the terminal sends -----
     def _install_signal_forwarding(self) -> dict[int, object]:
@@ -376,6 +404,36 @@ class Supervisor:
     def _forward(self, sig: int, _frame: object) -> None:
         if self.job is None:
             return
+        if self._signals == 0 and not self.stopped_for_hang:  # kept by the loop, not here:
+            # a handler that wrote watchdog.json could interleave with the loop's own write
+            self._interrupt = watch_record.event("interrupted", signals=[signal.Signals(sig).name],
+                                                 by="user")
         self._signals += 1
         # A third interrupt means "stop now": the job ignored two polite ones.
         self.job.signal(signal.SIGKILL if self._signals >= 3 else sig)
+
+
+def _started() -> float | None:
+    """This process's start time as psutil gives it (a pid alone may be reused)."""
+    try:
+        return psutil.Process().create_time()
+    except psutil.Error:
+        return None
+
+
+def _make_dir(path: Path) -> list[Path]:
+    """``mkdir -p path``; the directories it created, outermost first."""
+    missing = []
+    for p in [path, *path.parents]:
+        if p.exists():
+            break
+        missing.append(p)
+    path.mkdir(parents=True, exist_ok=True)
+    return list(reversed(missing))
+
+
+def _remove_if_empty(path: Path) -> None:
+    try:
+        path.rmdir()
+    except OSError:  # not empty (the user's files, or files of another run), or gone
+        pass

@@ -17,6 +17,7 @@ from typing import Any
 from nccl_doctor.analysis.wording import ranks_text
 from nccl_doctor.diagnosis import Diagnosis, Verdict
 from nccl_doctor.reporters.console import ConsoleReporter
+from nccl_doctor.reporters.escape import visible
 from nccl_doctor.supervisor.supervisor import Supervisor
 from nccl_doctor.supervisor.policy import HangPolicy
 
@@ -36,7 +37,7 @@ class Outcome:
         lines = [f"verdict: {d.verdict.value if d else 'none'}"
                  + (" (stopped at the timeout)" if self.timed_out else "")]
         if d is not None and d.root_cause is not None:
-            lines.append(f"root cause: {d.root_cause.kind.value}: {d.root_cause.title}")
+            lines.append(f"root cause: {d.root_cause.kind.value}: {visible(d.root_cause.title)}")
         failed = [r for r, x in sorted(self.ranks.items()) if not x.get("passed")]
         if failed:
             lines.append(f"failed on {ranks_text(failed)}")

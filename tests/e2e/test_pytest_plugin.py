@@ -128,6 +128,8 @@ def test_nccl_doctor_option_catches_a_hanging_torchrun(pytester: pytest.Pytester
     hang = out[out.index("_ test_launches_a_hanging_job _"):]
     assert "a job this test launched hung" in hang and "ROOT CAUSE" in hang
     assert "skip_broadcast.py" in hang and "rank 1" in hang
+    assert hang.count("ROOT CAUSE") == 1  # the diagnosis once; the section only names the capture
+    assert "hang: " in hang and "(nccl-doctor replay it)" in hang
     # without the option the plugin leaves subprocesses alone (the hang would block): the ini
     # switch is read too
     pytester.makeini("[pytest]\nnccl_doctor = true\n")

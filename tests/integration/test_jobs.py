@@ -32,7 +32,7 @@ def test_padded_all_gather_is_a_shape_mismatch(run_job):
     values = {s["value"] for s in root.evidence["sides"]}
     assert values == {"float32[2,7,32]", "float32[2,9,32]"}
     sites = {s["callsite"] for s in root.evidence["sides"]}
-    assert len(sites) == 1 and sites.pop().endswith("nccl_doctor/examples/padded_gather.py:29")
+    assert len(sites) == 1 and sites.pop().endswith("nccl_doctor/examples/padded_gather.py:32")
     # two ranks, no majority: rank 1 is named against rank 0 (torchfrtrace's convention)
     assert root.ranks == (1,) and "No majority" in root.detail
     # the peers' connection errors are consequences, not findings of their own

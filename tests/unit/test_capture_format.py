@@ -499,10 +499,15 @@ def test_manifest_with_future_version(tmp_path: Path) -> None:
 
 
 def test_manifest_invalid_json(tmp_path: Path) -> None:
-    new_writer(tmp_path)
     (tmp_path / MANIFEST).write_text('{"format": "nccl-doctor-capture", ')
-    with pytest.raises(CorruptCapture):
+    with pytest.raises(CorruptCapture, match="damaged"):  # and nothing else to read
         load_capture_dir(tmp_path)
+    w = new_writer(tmp_path)
+    write_calls(w, 2, finish_last=False)
+    ts = load_capture_dir(tmp_path)  # the capture beside it is read: as if it had no manifest
+    assert list(ts.ranks) == [0] and ts.command == () and ts.exit_status is None
+    assert ts.ranks[0].exit.kind is ExitKind.RUNNING  # no end time: the job may still run
+    assert any(p.startswith(f"{MANIFEST} is damaged (not valid JSON") for p in ts.problems)
 
 
 def test_manifest_round_trip_and_fields_used(tmp_path: Path) -> None:

@@ -21,7 +21,7 @@ from typing import Any, Callable
 
 from nccl_doctor import env
 
-from nccl_doctor import paths
+from nccl_doctor import paths, redact
 from nccl_doctor._version import __version__
 from nccl_doctor.capture import format as fmt
 from nccl_doctor.capture import ring as ring_mod
@@ -147,7 +147,7 @@ class Recorder:
             "rank": rank, "world_size": world, "host": host, "pid": os.getpid(),
             "local_rank": _env_int(env.LAUNCHER_LOCAL_RANK), "node_rank": _env_int(env.NODE_RANK),
             "started_ns": time.time_ns(), "run_id": os.environ.get(env.RUN_ID, ""),
-            "argv": [a[:200] for a in sys.argv[:32]],
+            "argv": [a[:200] for a in _argv()[:32]],
             "versions": _versions(),
             "env": {k: os.environ[k][:200] for k in env.RECORDED_ENV if k in os.environ},
         }
@@ -396,6 +396,12 @@ class Recorder:
         patch_wait(self, c10d.Work)
         if c10d.is_initialized():
             self.open()
+
+
+def _argv() -> list[str]:
+    """This process's command line as the capture keeps it: its secrets masked (the whole line
+    first: a flag and its value may straddle any cut), unless `run --no-redact` said not to."""
+    return redact.argv(sys.argv) if redact.wanted_here() else list(sys.argv)
 
 
 def _env_int(names: tuple[str, ...]) -> int | None:

@@ -1,0 +1,165 @@
+"""The job dies with its supervisor: a tiny process that stops the job if ``nccl-doctor run``
+is killed without a chance to do it itself (SIGKILL, the OOM killer, a scheduler's kill).
+
+The supervisor starts it beside the job, in a session of its own (a signal to the supervisor's
+process group does not take it down first), and holds the write end of a pipe to its stdin.
+Over it the supervisor tells the reaper each rank it adopts (torchrun starts every worker in a
+session of its own, so stopping the launcher's process group does not reach them) and, when it
+has reaped the job itself, ``done``. End of file without ``done`` means the supervisor is gone:
+the reaper sends SIGTERM to the job's process group and to every adopted rank still alive (the
+same pid *and* start time: a reused pid is never signalled), SIGKILL to what is left after
+``GRACE`` seconds, and keeps a ``supervisor_lost`` event in the capture directory's
+``watchdog.json``, which ``replay`` reads ("supervisor lost at ~t").
+
+Run as ``python -m nccl_doctor.supervisor.reaper OUT_DIR PGID``; it imports nothing heavy.
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+from typing import IO
+
+GRACE = 10.0  # seconds between SIGTERM and SIGKILL: torchrun stops its workers in that time
+DONE = "done"
+
+
+class Reaper:
+    """The supervisor's end: start the reaper, tell it the ranks, release it at the end."""
+
+    def __init__(self, out_dir: Path, pgid: int) -> None:
+        self.proc: subprocess.Popen | None = None
+        self._pipe: IO[str] | None = None
+        try:
+            self.proc = subprocess.Popen(
+                [sys.executable, "-m", "nccl_doctor.supervisor.reaper", str(out_dir), str(pgid)],
+                stdin=subprocess.PIPE, stdout=subprocess.DEVNULL, text=True,
+                start_new_session=True, close_fds=True,
+                env={**os.environ, "PYTHONPATH": _own_path()})
+            self._pipe = self.proc.stdin
+        except OSError:  # no reaper: the job is still supervised, only not past a SIGKILL
+            self.proc = None
+
+    def adopt(self, pid: int, created: float) -> None:
+        self._say(f"adopt {pid} {created!r}")
+
+    def release(self) -> None:
+        """The supervisor reaped the job itself: the reaper exits without touching it."""
+        self._say(DONE)
+        if self._pipe is not None:
+            try:
+                self._pipe.close()
+            except OSError:
+                pass
+            self._pipe = None
+        if self.proc is not None:
+            try:
+                self.proc.wait(timeout=5)
+            except subprocess.TimeoutExpired:
+                self.proc.kill()
+                self.proc.wait()
+
+    def _say(self, line: str) -> None:
+        if self._pipe is None:
+            return
+        try:
+            self._pipe.write(line + "\n")
+            self._pipe.flush()
+        except (OSError, ValueError):  # the reaper died: the job goes on, unguarded
+            self._pipe = None
+
+
+def _own_path() -> str:
+    """PYTHONPATH that finds this nccl_doctor first (an editable or unusual install)."""
+    here = str(Path(__file__).resolve().parent.parent.parent)
+    rest = os.environ.get("PYTHONPATH", "")
+    return os.pathsep.join([here] + ([rest] if rest else []))
+
+
+# -- the reaper process ---------------------------------------------------------------------
+
+
+def _started(pid: int) -> float | None:
+    """The process's start time as psutil gives it (None: gone)."""
+    try:
+        import psutil
+
+        p = psutil.Process(pid)
+        if p.status() == psutil.STATUS_ZOMBIE:
+            return None
+        return p.create_time()
+    except Exception:
+        return None
+
+
+def _alive(pgid: int, ranks: dict[int, float]) -> list[int]:
+    """Adopted ranks still alive (same start time), plus 0 for a live process group."""
+    out = [pid for pid, created in ranks.items() if _started(pid) == created]
+    try:
+        os.killpg(pgid, 0)
+        out.append(0)
+    except OSError:
+        pass
+    return out
+
+
+def _signal(pgid: int, ranks: dict[int, float], sig: int) -> None:
+    try:
+        os.killpg(pgid, sig)
+    except OSError:
+        pass
+    for pid in _alive(pgid, ranks):
+        if pid:
+            try:
+                os.kill(pid, sig)
+            except OSError:
+                pass
+
+
+def stop_job(pgid: int, ranks: dict[int, float], grace: float = GRACE) -> list[str]:
+    """SIGTERM, then SIGKILL after ``grace`` seconds for what is left; the signals sent."""
+    if not _alive(pgid, ranks):
+        return []
+    _signal(pgid, ranks, signal.SIGTERM)
+    sent = ["SIGTERM"]
+    deadline = time.monotonic() + grace
+    while _alive(pgid, ranks) and time.monotonic() < deadline:
+        time.sleep(0.1)
+    if _alive(pgid, ranks):
+        _signal(pgid, ranks, signal.SIGKILL)
+        sent.append("SIGKILL")
+    return sent
+
+
+def main(argv: list[str]) -> int:
+    out_dir, pgid = Path(argv[0]), int(argv[1])
+    for sig in (signal.SIGINT, signal.SIGHUP, signal.SIGPIPE):
+        signal.signal(sig, signal.SIG_IGN)  # only the pipe says when to act
+    ranks: dict[int, float] = {}
+    for line in sys.stdin:
+        words = line.split()
+        if words == [DONE]:
+            return 0
+        if len(words) == 3 and words[0] == "adopt":
+            try:
+                ranks[int(words[1])] = float(words[2])
+            except ValueError:
+                pass
+    lost_at = time.time()  # end of file without "done": the supervisor is gone
+    sent = stop_job(pgid, ranks)
+    try:
+        from nccl_doctor.capture import watch_record
+
+        watch_record.append_event(out_dir, {**watch_record.event(
+            "supervisor_lost", signals=sent), "at": round(lost_at, 3)})
+    except Exception:  # the directory is gone or unwritable: the job was stopped all the same
+        pass
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main(sys.argv[1:]))

@@ -1,0 +1,48 @@
+"""Ctrl-C during a stall: the report names the interrupt as the user's and diagnoses the job as
+it was when it came - not the KeyboardInterrupt each rank then raised."""
+
+from __future__ import annotations
+
+import json
+import signal
+import subprocess
+import time
+
+import pytest
+
+from .conftest import CLI, JOBS, os, rank_pids, torchrun, wait_for
+
+pytestmark = pytest.mark.integration
+
+
+def test_an_interrupt_during_a_stall_names_the_stall_not_the_keyboardinterrupt(tmp_path):
+    out = tmp_path / "cap"
+    # rank 1 loads a batch for ten minutes while rank 0 waits in all_reduce #2; no watchdog, so
+    # the user is the one who gives up first
+    env = {**os.environ, "STEPS": "3", "SLOW_RANK": "1", "SLOW_SECONDS": "600", "PAUSE": "0.1"}
+    proc = subprocess.Popen([*CLI, "run", "--no-watch", "--out", str(out), "--",
+                             *torchrun(2, JOBS / "train_loop.py")], env=env, text=True,
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+    try:
+        assert wait_for(lambda: len(rank_pids(out)) == 2, 60)
+        time.sleep(4.0)  # rank 0 is in the all_reduce, rank 1 asleep
+        proc.send_signal(signal.SIGINT)  # one Ctrl-C
+        _, err = proc.communicate(timeout=120)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.communicate()
+    report = json.loads((out / "report.json").read_text())
+    root = next(f for f in report["findings"] if f["root_cause"])
+    assert root["kind"] == "missing_collective" and root["ranks"] == [1], root["title"]
+    assert "KeyboardInterrupt" not in root["title"]
+    assert not [f for f in report["findings"] if f["kind"] == "rank_exited"], report["findings"]
+    assert report["verdict"] == "hang"
+    assert report["notes"][0].startswith("interrupted by the user (SIGINT at "), report["notes"]
+    states = {r["rank"]: r["exit_detail"] for r in report["ranks"]}
+    assert states == {0: "was interrupted (SIGINT by the user)",
+                      1: "was interrupted (SIGINT by the user)"}, states
+    assert "interrupted by the user" in err and "ROOT CAUSE missing_collective" in err
+    replay = subprocess.run([*CLI, "replay", str(out), "--format", "json"], text=True,
+                            capture_output=True, timeout=120)
+    assert json.loads(replay.stdout)["findings"] == report["findings"]  # the same story offline
