@@ -16,7 +16,7 @@ from nccl_doctor.gpu.readings import GpuTrace
 from nccl_doctor.location import Location
 from nccl_doctor.stacks.rank_stack import RankStack
 from nccl_doctor.stacks.samples import StackSample
-from nccl_doctor.watch_log import WatchLog
+from nccl_doctor.watch_log import BY_USER, WatchLog
 
 __all__ = [
     "EventSource", "Location", "Event", "EventFlag", "EventKind", "EventState", "ExitKind",
@@ -191,7 +191,7 @@ class RankExit:
         if self.kind is ExitKind.LOST:
             return f"was lost with its host {self.exception}" if self.exception else \
                 "was lost with its host"
-        if self.kind is ExitKind.STOPPED and self.signal and self.signal.endswith(" by the user"):
+        if self.kind is ExitKind.STOPPED and self.signal and self.signal.endswith(BY_USER):
             return f"was interrupted ({self.signal})"
         if self.kind is ExitKind.STOPPED:
             sent = f" ({self.signal})" if self.signal else ""

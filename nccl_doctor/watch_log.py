@@ -8,8 +8,8 @@ from typing import Any, Mapping
 
 from nccl_doctor.diagnosis import Finding
 
-
-BY_USER = " by the user"  # a signal the user sent, which ``run`` forwarded to the job
+#: how a stopped rank's signal reads when the user sent it (``run`` forwarded it to the job)
+BY_USER = " by the user"
 
 
 @dataclass(frozen=True)
@@ -48,10 +48,7 @@ class WatchLog:
     @property
     def interrupted(self) -> Mapping[str, Any] | None:
         """The user's first interrupt (Ctrl-C, a scheduler's SIGTERM), forwarded to the job."""
-        for e in self.events:
-            if e.get("event") == "interrupted":
-                return e
-        return None
+        return next((e for e in self.events if e.get("event") == "interrupted"), None)
 
     def _stops(self) -> list[Mapping[str, Any]]:
         """What began stopping the job: nccl-doctor, for the standing hang; else the user."""
@@ -62,15 +59,12 @@ class WatchLog:
     @property
     def lost(self) -> Mapping[str, Any] | None:
         """The reaper's record that the supervisor was lost and the job stopped (the last)."""
-        for e in reversed(self.events):
-            if e.get("event") == "supervisor_lost":
-                return e
-        return None
+        return next((e for e in reversed(self.events) if e.get("event") == "supervisor_lost"),
+                    None)
 
     @property
     def signals(self) -> tuple[str, ...]:
-        by = {"user": BY_USER}
-        return tuple(f"{s}{by.get(str(e.get('by')), '')}" for e in self._stops()
+        return tuple(f"{s}{BY_USER if e.get('by') == 'user' else ''}" for e in self._stops()
                      for s in e.get("signals", ()))
 
     @property

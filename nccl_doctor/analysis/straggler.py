@@ -131,9 +131,10 @@ def detect_straggler(traces: TraceSet) -> list[Finding]:
         return []
     p = sum(odds) / considered
     chance = {r: chance_of(n, considered, p) for r, n in last_counts.items()}
+    noise = {r: _noise_ms(lasts, r) for r in last_counts}
     culprits = sorted(r for r, n in last_counts.items() if n / considered >= SHARE
                       and (chance[r] <= CHANCE or statistics.median(skews[r])
-                           >= NOISE_FACTOR * _noise_ms(lasts, r)))
+                           >= NOISE_FACTOR * noise[r]))
     if not culprits:
         return []
     all_skews = [s for r in culprits for s in skews[r]]
@@ -160,7 +161,7 @@ def detect_straggler(traces: TraceSet) -> list[Finding]:
         evidence={"median_ms": round(median, 1), "p95_ms": round(p95, 1),
                   "last": {str(r): last_counts[r] for r in culprits}, "considered": considered,
                   "chance": {str(r): float(f"{chance[r]:.3g}") for r in culprits},
-                  "noise_ms": {str(r): round(_noise_ms(lasts, r), 1) for r in culprits},
+                  "noise_ms": {str(r): round(noise[r], 1) for r in culprits},
                   "doing": doing},
     )]
 

@@ -18,12 +18,13 @@ watchdog had called a hang before (that stands).
 from __future__ import annotations
 
 import time
-from dataclasses import replace
+from dataclasses import dataclass, replace
 from pathlib import Path
 
 from nccl_doctor.capture import watch_record
 from nccl_doctor.capture.directory import Manifest
 from nccl_doctor.env import host_name
+from nccl_doctor.processes import started
 
 LOST = "supervisor_lost_at"
 
@@ -32,22 +33,31 @@ def _when(t: float) -> str:
     return time.strftime("%Y-%m-%d %H:%M:%S", time.localtime(t))
 
 
-def lost_at(directory: Path, manifest: Manifest | None) -> float | None:
-    """When the run's supervisor was lost, if it was (the manifest, else the reaper's event)."""
+@dataclass(frozen=True)
+class Lost:
+    """The run's supervisor was lost at ``at``; its reaper sent ``signals`` to the job."""
+
+    at: float
+    signals: tuple[str, ...] = ()
+
+
+def lost(directory: Path, manifest: Manifest | None) -> Lost | None:
+    """Whether the run's supervisor was lost (the manifest a replay finished, else the reaper's
+    event in ``watchdog.json``, which also says what the reaper sent)."""
     if manifest is None:
-        return None
-    at = manifest.extra.get(LOST)
-    if isinstance(at, (int, float)):
-        return float(at)
-    if manifest.ended_at is not None:
         return None
     try:
         log = watch_record.read_watch_log(directory)
     except ValueError:
-        return None
+        log = None
     event = log.lost if log is not None else None
-    at = event.get("at") if event is not None else None
-    return float(at) if isinstance(at, (int, float)) else None
+    signals = tuple(str(s) for s in (event or {}).get("signals", ()))
+    at = manifest.extra.get(LOST)
+    if not isinstance(at, (int, float)):
+        if manifest.ended_at is not None or event is None:
+            return None
+        at = event.get("at")
+    return Lost(float(at), signals) if isinstance(at, (int, float)) else None
 
 
 def supervisor_running(manifest: Manifest) -> int | None:
@@ -55,36 +65,28 @@ def supervisor_running(manifest: Manifest) -> int | None:
     me = manifest.extra.get("supervisor")
     if not isinstance(me, dict) or me.get("host") != host_name():
         return None
-    pid, started = me.get("pid"), me.get("started")
+    pid, then = me.get("pid"), me.get("started")
     if not isinstance(pid, int) or pid <= 0:
         return None
-    try:
-        import psutil
-
-        p = psutil.Process(pid)
-        alive = p.status() != psutil.STATUS_ZOMBIE
-        same = started is None or abs(p.create_time() - float(started)) < 0.01
-    except Exception:
+    now = started(pid)
+    if now is None:
         return None
-    return pid if alive and same else None
+    try:
+        same = then is None or abs(now - float(then)) < 0.01
+    except (TypeError, ValueError):
+        return None
+    return pid if same else None
 
 
-def unfinished(directory: Path, manifest: Manifest | None) -> str:
+def unfinished(manifest: Manifest | None, lost: Lost | None) -> str:
     """Why the run's end is unknown ("" : it ended, or there is no manifest to say)."""
     if manifest is None:
         return ""
-    at = lost_at(directory, manifest)
-    if at is not None:
-        event = None
-        try:
-            log = watch_record.read_watch_log(directory)
-            event = log.lost if log is not None else None
-        except ValueError:
-            pass
-        sent = ", then ".join(str(s) for s in (event or {}).get("signals", ()))
+    if lost is not None:
+        sent = ", then ".join(lost.signals)
         stopped = f"; its reaper stopped the job ({sent})" if sent else ""
-        return (f"the supervisor (nccl-doctor run) was lost at ~{_when(at)}, killed before the "
-                f"job ended{stopped}: this is the job's state at that moment")
+        return (f"the supervisor (nccl-doctor run) was lost at ~{_when(lost.at)}, killed before "
+                f"the job ended{stopped}: this is the job's state at that moment")
     if manifest.ended_at is not None:
         return ""
     pid = supervisor_running(manifest)
@@ -98,15 +100,13 @@ def unfinished(directory: Path, manifest: Manifest | None) -> str:
             "its captures were last written")
 
 
-def finish(directory: Path, manifest: Manifest | None) -> None:
+def finish(directory: Path, manifest: Manifest | None, lost: Lost | None) -> None:
     """Write the end of a run whose supervisor was lost into its manifest (best effort: a
     read-only directory is replayed all the same)."""
-    if manifest is None or manifest.ended_at is not None:
-        return
-    at = lost_at(directory, manifest)
-    if at is None:
+    if manifest is None or manifest.ended_at is not None or lost is None:
         return
     try:
-        replace(manifest, ended_at=at, extra={**manifest.extra, LOST: at}).write(directory)
+        replace(manifest, ended_at=lost.at, extra={**manifest.extra, LOST: lost.at}).write(
+            directory)
     except OSError:
         pass

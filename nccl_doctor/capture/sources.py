@@ -41,11 +41,11 @@ def _capture(path: Path) -> TraceSet:
         manifest = read_manifest(path) if path.is_dir() else None
     except DoctorError:
         manifest = None  # load_capture_dir says what is wrong with it
-    lost = lifecycle.lost_at(path, manifest)
+    lost = lifecycle.lost(path, manifest)
     # a job its reaper stopped: ranks without an exit record were stopped, not vanished
     traces = load_capture_dir(path, job_ended=False if lost is not None else None)
-    why = lifecycle.unfinished(path, manifest)
-    lifecycle.finish(path, manifest)
+    why = lifecycle.unfinished(manifest, lost)
+    lifecycle.finish(path, manifest, lost)
     return replace(traces, unfinished=why) if why else traces
 
 

@@ -55,8 +55,8 @@ def where(r: Reproducer, device: str) -> tuple[str, str]:
         raise UsageError(f"--device cuda: {why}; run the demo with --device cpu")
     if not gpus:
         return "cpu", "on the CPU with gloo" + (f" ({why})" if why else "")
-    ranks = r.nproc * r.nnodes
-    if ranks <= gpus:
+    ranks = r.nproc * r.nnodes  # all on this machine: each rank places itself the same way
+    if not placement.place("cuda", None, {"WORLD_SIZE": str(ranks)}, gpus).shared:
         return "cuda", f"on {ranks} GPUs with NCCL, one per rank"
     return "cuda", (f"on {gpus} GPU{'s' if gpus > 1 else ''} with NCCL: its {ranks} ranks share "
                     f"{'them' if gpus > 1 else 'it'}, each with its own NCCL_HOSTID, so NCCL "

@@ -10,10 +10,9 @@ import time
 from pathlib import Path
 from typing import Iterable, Mapping, Sequence
 
-import psutil
-
 from nccl_doctor import env
 from nccl_doctor.errors import LaunchFailed
+from nccl_doctor.processes import started
 from nccl_doctor.supervisor.reaper import Reaper
 
 _PACKAGE = Path(__file__).resolve().parent.parent  # nccl_doctor/
@@ -72,23 +71,22 @@ class Job:
         """Count these processes (the ranks this host's registry found) as the job's."""
         for pid in pids:
             if pid > 0 and pid not in self._ranks:
-                try:
-                    self._ranks[pid] = psutil.Process(pid).create_time()
-                except psutil.Error:
+                created = started(pid)
+                if created is None:
                     continue
+                self._ranks[pid] = created
                 if self.reaper is not None:
-                    self.reaper.adopt(pid, self._ranks[pid])
+                    self.reaper.adopt(pid, created)
 
     def _outside(self) -> list[int]:
         """Adopted ranks still running outside the job's process group (a pid now reused by
         another process does not count: its start time differs)."""
         out = []
         for pid, created in list(self._ranks.items()):
+            alive = started(pid) == created
             try:
-                p = psutil.Process(pid)
-                alive = p.create_time() == created and p.status() != psutil.STATUS_ZOMBIE
                 outside = alive and os.getpgid(pid) != self.pgid
-            except (psutil.Error, OSError):
+            except OSError:
                 alive = outside = False
             if not alive:
                 del self._ranks[pid]

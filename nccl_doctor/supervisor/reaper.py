@@ -24,6 +24,8 @@ import time
 from pathlib import Path
 from typing import IO
 
+from nccl_doctor.processes import started
+
 GRACE = 10.0  # seconds between SIGTERM and SIGKILL: torchrun stops its workers in that time
 DONE = "done"
 
@@ -83,22 +85,9 @@ def _own_path() -> str:
 # -- the reaper process ---------------------------------------------------------------------
 
 
-def _started(pid: int) -> float | None:
-    """The process's start time as psutil gives it (None: gone)."""
-    try:
-        import psutil
-
-        p = psutil.Process(pid)
-        if p.status() == psutil.STATUS_ZOMBIE:
-            return None
-        return p.create_time()
-    except Exception:
-        return None
-
-
 def _alive(pgid: int, ranks: dict[int, float]) -> list[int]:
     """Adopted ranks still alive (same start time), plus 0 for a live process group."""
-    out = [pid for pid, created in ranks.items() if _started(pid) == created]
+    out = [pid for pid, created in ranks.items() if started(pid) == created]
     try:
         os.killpg(pgid, 0)
         out.append(0)

@@ -18,8 +18,6 @@ from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Callable, Sequence
 
-import psutil
-
 from nccl_doctor import redact
 from nccl_doctor.analysis import analyze
 from nccl_doctor.analysis.annotate import Annotator
@@ -32,6 +30,7 @@ from nccl_doctor.diagnosis import Diagnosis, Verdict
 from nccl_doctor.env import host_name
 from nccl_doctor.errors import DoctorError, ExitStatus, LaunchFailed, unwritable
 from nccl_doctor.live_view import LiveView
+from nccl_doctor.processes import started
 from nccl_doctor.supervisor.federation import Federation, FederatedJob, Rendezvous
 from nccl_doctor.supervisor.federation.link import Role
 from nccl_doctor.supervisor.gpu.nvml import GpuSource, Nvml
@@ -379,7 +378,8 @@ class Supervisor:
         """The manifest's word on this supervisor (replay of an unfinished run asks whether it
         still runs) and on this node's part in a multi-node job (replay orders the nodes'
         directories by it: the leader's first)."""
-        me = {"supervisor": {"pid": os.getpid(), "host": host_name(), "started": _started()}}
+        me = {"supervisor": {"pid": os.getpid(), "host": host_name(),
+                             "started": started(os.getpid())}}
         fed = self.federation
         if fed is None:
             return me
@@ -411,14 +411,6 @@ class Supervisor:
         self._signals += 1
         # A third interrupt means "stop now": the job ignored two polite ones.
         self.job.signal(signal.SIGKILL if self._signals >= 3 else sig)
-
-
-def _started() -> float | None:
-    """This process's start time as psutil gives it (a pid alone may be reused)."""
-    try:
-        return psutil.Process().create_time()
-    except psutil.Error:
-        return None
 
 
 def _make_dir(path: Path) -> list[Path]:
