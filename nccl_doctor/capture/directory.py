@@ -437,7 +437,11 @@ def _with_evidence(traces: TraceSet, path: Path) -> TraceSet:
         for rank, trace in ranks.items():
             ex = trace.exit
             ended_before = ex.time_ns is not None and ex.time_ns < stopped_at * 1e9
-            if (ex.abnormal or ex.kind is ExitKind.RUNNING) and not ended_before:
+            # a clean exit after the stop is its doing too (a script that catches
+            # KeyboardInterrupt or SIGTERM, saves, and returns)
+            ended_after = ex.time_ns is not None and not ended_before
+            if ((ex.abnormal or ex.kind is ExitKind.RUNNING) and not ended_before) or \
+                    (ex.kind is ExitKind.CLEAN and ended_after):
                 ranks[rank] = replace(trace, exit=RankExit(ExitKind.STOPPED, signal=sent or None,
                                                            time_ns=ex.time_ns))
     return replace(traces, ranks=ranks, problems=tuple(problems), watch=watch, stacks=stacks)

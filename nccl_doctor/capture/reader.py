@@ -155,18 +155,21 @@ def parse_fault(text: str) -> tuple[str, Location | None] | None:
 
 def _exit_from(notes: list[dict[str, Any]], fault_text: str | None) -> RankExit:
     fault = parse_fault(fault_text) if fault_text else None
-    if fault is not None:
-        return RankExit(ExitKind.SIGNAL, signal=fault[0], callsite=fault[1])
     by_kind = {n.get("note"): n for n in notes}
     exc = by_kind.get("exception")
     if exc is not None:
+        # sys.excepthook runs as the main thread ends, and a fatal signal leaves no time for
+        # one: an exception recorded beside a fault came first, and the fault (a gloo/NCCL
+        # destructor's SIGABRT in interpreter teardown) is its aftermath, kept as ``signal``
         site = None
         if isinstance(exc.get("path"), str) and isinstance(exc.get("line"), int):
             site = Location(exc["path"], exc["line"], str(exc.get("function", "")))
         return RankExit(
             ExitKind.EXCEPTION, code=1, exception=f"{exc.get('type')}: {exc.get('message')}",
-            callsite=site, time_ns=exc.get("time_ns"),
+            signal=fault[0] if fault else None, callsite=site, time_ns=exc.get("time_ns"),
         )
+    if fault is not None:
+        return RankExit(ExitKind.SIGNAL, signal=fault[0], callsite=fault[1])
     code = by_kind.get("sys_exit", {}).get("code")
     ext = by_kind.get("exit")
     if ext is not None:

@@ -46,3 +46,18 @@ def test_an_interrupt_during_a_stall_names_the_stall_not_the_keyboardinterrupt(t
     replay = subprocess.run([*CLI, "replay", str(out), "--format", "json"], text=True,
                             capture_output=True, timeout=120)
     assert json.loads(replay.stdout)["findings"] == report["findings"]  # the same story offline
+
+
+def test_a_signal_landing_while_the_failure_is_noted_does_not_erase_it(tmp_path):
+    """A second signal raised inside the excepthook used to cost the rank its exception note, and
+    the rank then read as having exited cleanly (CI saw it with torchrun's forwarded Ctrl-C)."""
+    out = tmp_path / "cap"
+    job = JOBS.parent.parent / "reliability" / "jobs" / "second_interrupt.py"
+    line = 1 + job.read_text().splitlines().index("        raise BatchError()")
+    proc = subprocess.run([*CLI, "run", "--out", str(out), "--", *torchrun(2, job)],
+                          text=True, capture_output=True, timeout=240)
+    report = json.loads((out / "report.json").read_text())
+    root = next(f for f in report["findings"] if f["root_cause"])
+    assert root["kind"] == "rank_exited" and root["ranks"] == [1], root["title"]
+    assert f"raised BatchError: bad batch 7 at tests/reliability/jobs/second_interrupt.py:{line}" in root["title"], root["title"]
+    assert "exited cleanly" not in proc.stderr, proc.stderr[-3000:]

@@ -589,6 +589,27 @@ def test_job_ended_turns_running_ranks_into_vanished(tmp_path: Path) -> None:
     assert load_capture_dir(tmp_path, job_ended=False).ranks[0].exit.kind is ExitKind.RUNNING
 
 
+@pytest.mark.parametrize("interrupt_after_exit", [False, True])
+def test_a_clean_exit_after_the_users_interrupt_is_the_interrupts_doing(
+        tmp_path: Path, interrupt_after_exit: bool) -> None:
+    """A script that catches KeyboardInterrupt and returns exits cleanly - because of the
+    interrupt; one that had finished before it came is simply done."""
+    import time
+
+    from nccl_doctor.capture import watch_record
+    w = new_writer(tmp_path)
+    write_calls(w, 2)
+    w.note("exit")
+    at = time.time() + (5.0 if interrupt_after_exit else -5.0)
+    watch_record.append_event(tmp_path, {**watch_record.event("interrupted", signals=["SIGINT"],
+                                                               by="user"), "at": at})
+    ex = load_capture_dir(tmp_path, job_ended=True).ranks[0].exit
+    if interrupt_after_exit:
+        assert ex.kind is ExitKind.CLEAN
+    else:
+        assert ex.kind is ExitKind.STOPPED and ex.describe() == "was interrupted (SIGINT by the user)"
+
+
 def test_doctor_errors_are_one_family() -> None:
     for cls in (CaptureNotFound, NotACapture, UnsupportedVersion, CorruptCapture):
         assert issubclass(cls, DoctorError)
@@ -630,6 +651,19 @@ def test_fault_file_makes_the_exit_a_signal(tmp_path: Path) -> None:
     assert trace.exit.callsite == Location("/x/train.py", 12, "main")
     ts = load_capture_dir(tmp_path, job_ended=True)
     assert ts.ranks[0].exit.kind is ExitKind.SIGNAL  # not turned into VANISHED
+
+
+def test_an_exception_then_an_abort_in_teardown_is_the_exception(tmp_path: Path) -> None:
+    """The main thread's uncaught exception is recorded before the interpreter tears down, where
+    a gloo/NCCL destructor may abort: the exception is how the rank ended, the abort its echo."""
+    w = new_writer(tmp_path)
+    write_calls(w, 2)
+    w.note("exception", type="AssertionError", message="rank 1 disagrees", path="/x/test_a.py",
+           line=11, function="test_a")
+    w.path.with_suffix(".fault").write_text(FAULT_TEXT)
+    ex = read_capture(w.path).exit
+    assert ex.kind is ExitKind.EXCEPTION and ex.exception == "AssertionError: rank 1 disagrees"
+    assert ex.callsite == Location("/x/test_a.py", 11, "test_a") and ex.signal == "SIGABRT"
 
 
 def test_empty_fault_file_changes_nothing(tmp_path: Path) -> None:

@@ -12,12 +12,14 @@ import faulthandler
 import functools
 import os
 import re
+import signal
 import sys
 import threading
 import time
 import weakref
+from contextlib import contextmanager
 from pathlib import Path
-from typing import Any, Callable
+from typing import Any, Callable, Iterator
 
 from nccl_doctor import env
 
@@ -284,7 +286,8 @@ class Recorder:
 
         def excepthook(tp: type, value: BaseException, tb: Any) -> None:
             try:
-                self._on_exception(tp, value, tb)
+                with signals_deferred():
+                    self._on_exception(tp, value, tb)
             finally:
                 previous_hook(tp, value, tb)
 
@@ -334,7 +337,8 @@ class Recorder:
         self.forget()
         if self.writer is not None:
             try:
-                self.writer.note("exit")
+                with signals_deferred():
+                    self.writer.note("exit")
             except Exception:
                 pass
 
@@ -424,3 +428,34 @@ def _versions() -> dict[str, str]:
         if version is not None:
             out[name] = str(version)
     return out
+
+
+#: Signals whose Python handler raises into the main thread (KeyboardInterrupt, torchrun's
+#: SignalException): a second one often lands while the first one's exception is being noted.
+_DEFERRED = (signal.SIGINT, signal.SIGTERM, signal.SIGHUP)
+
+
+@contextmanager
+def signals_deferred() -> Iterator[None]:
+    """Hold the Python-level handlers of SIGINT/SIGTERM/SIGHUP while a note is written, then
+    deliver what arrived meanwhile. torchrun forwards the Ctrl-C its workers already got, and
+    that second KeyboardInterrupt, raised inside the excepthook, used to cost the rank its
+    exception note: it read as a clean exit. Signals left at their default (or ignored) are
+    not touched; off the main thread nothing is."""
+    held: dict[int, Any] = {}
+    arrived: list[int] = []
+    try:
+        for sig in _DEFERRED:
+            handler = signal.getsignal(sig)
+            if callable(handler):
+                held[sig] = handler
+                signal.signal(sig, lambda signum, _frame: arrived.append(signum))
+    except ValueError:  # not the main thread: Python runs no handler here anyway
+        pass
+    try:
+        yield
+    finally:
+        for sig, handler in held.items():
+            signal.signal(sig, handler)
+        for sig in dict.fromkeys(arrived):
+            signal.raise_signal(sig)  # the user's handler runs now, after the note
