@@ -25,6 +25,7 @@ demo: $(STAMP)
 	-$(BIN)/nccl-doctor demo --force --out $(DEMO_OUT)
 	@echo "Replay it any time with: $(BIN)/nccl-doctor replay $(DEMO_OUT)"
 	@echo "The other reproducers: $(BIN)/nccl-doctor demo --list"
+	@echo "The report as a page (open it in a browser): $(DEMO_OUT)/report.html"
 
 test: $(STAMP)
 	$(BIN)/python -m pytest -q -rs --durations=15

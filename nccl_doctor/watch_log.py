@@ -10,6 +10,8 @@ from nccl_doctor.diagnosis import Finding
 
 #: how a stopped rank's signal reads when the user sent it (``run`` forwarded it to the job)
 BY_USER = " by the user"
+#: What a "stop" event names when the supervisor asked the ranks' agents to exit (no signal).
+EXIT_REQUEST = "exit request"
 
 
 @dataclass(frozen=True)

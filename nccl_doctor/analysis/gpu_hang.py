@@ -79,7 +79,8 @@ def detect_gpu_busy_hang(traces: TraceSet) -> list[Finding]:
         hint=HINT_WAITING.format(who=who) if culprits else HINT_TRANSPORT,
         group=first.group, seq=first.align_seq, op=first.op, callsite=call_site(first),
         evidence={"waiting_for": culprits, "spinning": {
-            str(r): _evidence(placed, w) for r, (_, placed, w) in spinning.items()}},
+            str(r): _evidence(placed, w, e.t_enter_ns / 1e9 + SETTLE_S)
+            for r, (e, placed, w) in spinning.items()}},
         time_ns=first.t_enter_ns,
     )]
 
@@ -117,9 +118,9 @@ def _line(rank: int, e: Event, placed: RankGpu, w: Window, gpu: GpuTrace) -> str
             f"at {call_site(e)}.")
 
 
-def _evidence(placed: RankGpu, w: Window) -> dict:
+def _evidence(placed: RankGpu, w: Window, since: float) -> dict:
     return {
-        "gpu": placed.index, "placed_by": placed.how, "util": w.util, "power_w": w.power_w,
+        "gpu": placed.index, "since": round(since, 3), "placed_by": placed.how, "util": w.util, "power_w": w.power_w,
         "power_limit_w": w.power_limit_w,
         "power_share": round(w.power_share, 3) if w.power_share is not None else None,
         "link_kbs": w.link_kbs, "samples": w.samples, "span_s": round(w.span_s, 1),

@@ -32,8 +32,10 @@ from nccl_doctor.model import ExitKind, GroupInfo, RankExit, RankTrace, TraceSet
 MANIFEST = "manifest.json"
 MANIFEST_FORMAT = "nccl-doctor-capture"
 REPORT_JSON = "report.json"
+REPORT_HTML = "report.html"  # the same diagnosis as a page (nccl_doctor/reporters/html.py)
 #: Every name nccl-doctor writes into a capture directory (an --out holding only these is ours).
-OWN_FILES = (f"*{fmt.CAPTURE_SUFFIX}", f"*{fmt.FAULT_SUFFIX}", MANIFEST, REPORT_JSON, GPU_JSONL,
+OWN_FILES = (f"*{fmt.CAPTURE_SUFFIX}", f"*{fmt.FAULT_SUFFIX}", MANIFEST, REPORT_JSON, REPORT_HTML,
+             GPU_JSONL,
              STRAGGLERS_JSONL, watch_record.WATCH_JSON, watch_record.STACKS_JSON,
              f"{watch_record.FR_DIR}/rank_*.json")
 

@@ -7,12 +7,17 @@ from pathlib import Path
 
 from nccl_doctor.diagnosis import Diagnosis, Verdict
 from nccl_doctor.errors import ExitStatus, OutputExists, unwritable
+from nccl_doctor.model import TraceSet
 from nccl_doctor.reporters import format_for, get_reporter
+from nccl_doctor.reporters.html import extras_for
 
 
-def emit(diagnosis: Diagnosis, output: Path | None, fmt: str | None, force: bool) -> None:
-    """Render to ``output`` (refusing to overwrite without --force) or to stdout."""
-    reporter = get_reporter(format_for(output, fmt))
+def emit(diagnosis: Diagnosis, output: Path | None, fmt: str | None, force: bool,
+         traces: TraceSet | None = None) -> None:
+    """Render to ``output`` (refusing to overwrite without --force) or to stdout; ``traces``
+    feed the HTML page's drawings."""
+    name = format_for(output, fmt)
+    reporter = get_reporter(name, extras_for(traces, diagnosis) if name == "html" else None)
     if output is None:
         reporter.render(diagnosis, sys.stdout, color=sys.stdout.isatty())
         return

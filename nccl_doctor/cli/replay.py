@@ -29,7 +29,8 @@ def register(sub: argparse._SubParsersAction) -> None:
                    help="the job's own Flight Recorder dumps, merged with the capture "
                         "(TORCH_FR_DUMP_TEMP_FILE's directory)")
     p.add_argument("--format", choices=sorted(REPORTERS), default=None,
-                   help="report format (default: console, or json for an -o FILE ending in .json)")
+                   help="report format (default: console; for an -o FILE ending in .json, json; "
+                        "in .html, html: one self-contained page)")
     p.add_argument("-o", "--output", type=Path, default=None, metavar="FILE",
                    help="write the report to FILE instead of stdout")
     p.add_argument("--force", action="store_true", help="overwrite FILE if it exists")
@@ -48,5 +49,5 @@ def run(args: argparse.Namespace) -> int:
             raise CaptureNotFound(f"--log {args.log} does not exist or is not a file")
         traces = replace(traces, metrics_log=tuple(metrics_log.parse_file(args.log)))
     diagnosis = analyze(traces)
-    emit(diagnosis, args.output, args.format, args.force)
+    emit(diagnosis, args.output, args.format, args.force, traces)
     return verdict_status(diagnosis, 0, args.fail_on)

@@ -11,7 +11,7 @@ from pathlib import Path
 from nccl_doctor.cli.live import make_display
 from nccl_doctor.cli.output import verdict_status
 from nccl_doctor.reporters.escape import visible
-from nccl_doctor.capture.directory import remove_own_files
+from nccl_doctor.capture.directory import REPORT_HTML, remove_own_files
 from nccl_doctor.env import COORDINATOR, NO_REDACT
 from nccl_doctor.errors import ExitStatus, OutputExists, UsageError
 from nccl_doctor.supervisor.federation import rendezvous
@@ -171,7 +171,9 @@ def supervise(args: argparse.Namespace, command: list[str]) -> int:
         err.write("\n")
         ConsoleReporter().render(result.diagnosis, err, color=err.isatty())
     if result.report_path is not None and not args.quiet:
-        err.write(f"Wrote {result.report_path}\n")
+        page = result.report_path.with_name(REPORT_HTML)
+        err.write(f"Wrote {result.report_path}" + (f" and {page}" if page.is_file() else "")
+                  + "\n")
     return verdict_status(result.diagnosis, result.exit_status, args.fail_on)
 
 

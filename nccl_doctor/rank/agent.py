@@ -4,7 +4,9 @@ It must never hurt the job it lives in: it issues no collective, lets no excepti
 handler becomes ``{"ok": false, "error": ...}``), runs on a daemon thread, leaves no file behind (an
 abstract socket), writes nothing on stdout/stderr except one line when it cannot start, and imports
 no torch of its own (the Flight Recorder command uses torch only if the rank already imported it).
-The thread sleeps in ``poll`` between requests: no polling, no CPU while idle.
+The thread sleeps in ``poll`` between requests: no polling, no CPU while idle. Only a client of
+the rank's own user (or root) is answered: an abstract socket has no file permissions, so the
+peer's credentials (``SO_PEERCRED``) are checked on every connection.
 
 Commands (see ``protocol`` for the framing):
 
@@ -17,6 +19,15 @@ Commands (see ``protocol`` for the framing):
     not know), ``os_thread_id`` (the kernel tid), ``is_main`` and ``frames``, innermost first, each
     ``{"name", "filename", "line"}`` (``line`` may be null for a frame caught between lines).
     The agent's own thread is left out.
+``exit`` (field ``code=0``)
+    The supervisor's quiet stop of a job it diagnosed as hung (``--on-hang kill``): the reply
+    ``{"ok": true}`` is sent, then the rank flushes its stdout/stderr and leaves with
+    ``os._exit(code)``. A launcher whose workers all leave this way ends by itself, without
+    the ``SignalException`` traceback torchrun prints when it is signalled, and without
+    restarting them (``--max-restarts``), which a failing exit status would. A rank whose SIGTERM
+    has a handler of the job's own (a checkpoint on preemption, say) answers
+    ``{"ok": false, "error": ...}``: that handler is the job's way to stop, and the supervisor
+    sends SIGTERM instead.
 ``flight_recorder`` (fields ``include_collectives=true``, ``only_active=false``)
     ``{"ok": true, "trace": {...}}``: the parsed JSON of
     ``torch._C._distributed_c10d._dump_fr_trace_json(includeCollectives, onlyActive) -> bytes``
@@ -76,7 +87,9 @@ from __future__ import annotations
 import json
 import os
 import select
+import signal
 import socket
+import struct
 import sys
 import threading
 import time
@@ -103,6 +116,7 @@ class Agent:
         self._wake_r, self._wake_w = os.pipe()  # close-on-exec by default (PEP 446)
         self._stopping = False
         self._conn: socket.socket | None = None  # the connection being answered, if any
+        self._leave_with: int | None = None  # set by ``exit``: leave once the reply is sent
         self._fd_lock = threading.Lock()  # stop() writes the wake pipe, the thread closes it
         self._thread = threading.Thread(target=self._serve, name=THREAD_NAME, daemon=True)
 
@@ -165,6 +179,8 @@ class Agent:
                     self._answer(conn)
                 finally:
                     self._conn = None
+                if self._leave_with is not None:
+                    leave(self._leave_with)
         except BaseException:  # noqa: BLE001, S110 - a daemon thread dies quietly
             pass
         finally:
@@ -176,6 +192,8 @@ class Agent:
             deadline = time.monotonic() + CONNECTION_DEADLINE_S
             unread = False
             try:
+                if not _same_user(conn):
+                    return  # closed unanswered: another user has no business with this rank
                 line = protocol.recv_line(conn, protocol.MAX_REQUEST, deadline)
                 reply = self.handle(protocol.decode_request(line))
             except protocol.ProtocolError as err:
@@ -222,6 +240,35 @@ class Agent:
                     pass
         # a second os.close of the same number could hit a reused descriptor: forget them
         self._wake_r = self._wake_w = -1
+
+
+_PEERCRED = struct.Struct("3i")  # struct ucred: pid, uid, gid
+
+
+def _same_user(conn: socket.socket) -> bool:
+    """Whether the peer runs as this process's user, or as root."""
+    try:
+        _pid, uid, _gid = _PEERCRED.unpack(
+            conn.getsockopt(socket.SOL_SOCKET, socket.SO_PEERCRED, _PEERCRED.size))
+    except (OSError, AttributeError, struct.error):
+        return False
+    return uid in (os.getuid(), 0)
+
+
+def leave(code: int) -> None:
+    """Flush this process's stdout and stderr and end it at once with ``code`` (the ``exit``
+    command, after its reply went out). A flush that blocks (a reader that stopped reading)
+    gets two seconds."""
+    timer = threading.Timer(2.0, os._exit, (code,))
+    timer.daemon = True
+    timer.start()
+    for stream in (sys.stdout, sys.stderr):
+        try:
+            if stream is not None:
+                stream.flush()
+        except Exception:  # noqa: BLE001, S110 - a closed stream has nothing to keep
+            pass
+    os._exit(code)
 
 
 def _drain(conn: socket.socket, deadline: float, limit: int = 4 << 20) -> None:
@@ -274,6 +321,18 @@ def _ping(agent: Agent, request: dict[str, Any]) -> dict[str, Any]:
         pass
     return {"ok": True, "pid": os.getpid(), "rank": rank, "world_size": world_size,
             "run_id": agent.run_id}
+
+
+def _exit(agent: Agent, request: dict[str, Any]) -> dict[str, Any]:
+    code = request.get("code", 0)
+    if isinstance(code, bool) or not isinstance(code, int) or not 0 <= code <= 255:
+        return {"ok": False, "error": f"exit: code must be an integer 0-255, got {code!r}"}
+    handler = signal.getsignal(signal.SIGTERM)
+    if handler not in (signal.SIG_DFL, signal.SIG_IGN):
+        # a Python handler of the job's own, or one set outside Python (None): its way to stop
+        return {"ok": False, "error": "exit: the job handles SIGTERM itself"}
+    agent._leave_with = code
+    return {"ok": True}
 
 
 def thread_stacks(skip: set[int] | None = None) -> list[dict[str, Any]]:
@@ -377,6 +436,7 @@ HANDLERS: dict[str, Handler] = {
     "ping": _ping,
     "stacks": _stacks,
     "flight_recorder": _flight_recorder,
+    "exit": _exit,
 }
 
 

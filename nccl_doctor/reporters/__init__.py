@@ -7,12 +7,18 @@ from pathlib import Path
 from nccl_doctor.errors import UsageError
 from nccl_doctor.reporters.base import Reporter
 from nccl_doctor.reporters.console import ConsoleReporter
+from nccl_doctor.reporters.html import Extras, HtmlReporter
 from nccl_doctor.reporters.json import JsonReporter
 
-REPORTERS: dict[str, type[Reporter]] = {"console": ConsoleReporter, "json": JsonReporter}
+REPORTERS: dict[str, type[Reporter]] = {"console": ConsoleReporter, "json": JsonReporter,
+                                        "html": HtmlReporter}
 
 
-def get_reporter(name: str) -> Reporter:
+def get_reporter(name: str, extras: Extras | None = None) -> Reporter:
+    """The reporter for format ``name``; ``extras`` (the timeline, GPU samples) for the HTML
+    page, which draws more than the diagnosis."""
+    if name == "html":
+        return HtmlReporter(extras)
     try:
         return REPORTERS[name]()
     except KeyError:
@@ -21,12 +27,16 @@ def get_reporter(name: str) -> Reporter:
 
 
 def format_for(path: Path | None, requested: str | None) -> str:
-    """--format wins; otherwise the output file's extension decides (.json -> json)."""
+    """--format wins; otherwise the output file's extension decides (.json -> json, .html and
+    .htm -> html)."""
     if requested:
         return requested
-    if path is not None and path.suffix.lower() == ".json":
+    suffix = path.suffix.lower() if path is not None else ""
+    if suffix == ".json":
         return "json"
+    if suffix in (".html", ".htm"):
+        return "html"
     return "console"
 
 
-__all__ = ["REPORTERS", "Reporter", "format_for", "get_reporter"]
+__all__ = ["REPORTERS", "Extras", "Reporter", "format_for", "get_reporter"]

@@ -132,6 +132,7 @@ class Decision:
     record: Mapping[str, Any] | None = None
     stacks: Mapping[int, RankStack] | None = None
     fr_dumps: Mapping[int, Mapping[str, Any]] | None = None
+    traces: TraceSet | None = None  # the captures the report was drawn from (report.html's)
 
 
 class Watch(Protocol):

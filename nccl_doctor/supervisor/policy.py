@@ -40,6 +40,10 @@ class HangPolicy:
     sample_every: float = 2.0  # seconds between stack/CPU samples of awaited ranks
     idle_cpu: float = 0.05  # CPU share under which a process counts as idle
     stack_timeout: float = 5.0  # per stack dump
+    # The stop: every rank is asked to exit (its agent flushes its output and leaves with status
+    # 0, so torchrun ends quietly, with no traceback and no restart); the launcher gets
+    # leave_grace seconds to end by itself, then SIGTERM, then SIGKILL kill_grace later
+    leave_grace: float = 3.0
     kill_grace: float = 5.0  # SIGTERM, then SIGKILL after this many seconds
 
     def __post_init__(self) -> None:

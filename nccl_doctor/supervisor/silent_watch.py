@@ -43,7 +43,7 @@ class SilentWatch:
         if not new:
             return None
         self.findings.extend(new)
-        return Decision(report=diagnosis, kind=Report.SUSPECT,
+        return Decision(report=diagnosis, kind=Report.SUSPECT, traces=traces,
                         announce=tuple(f"SUSPECT: {f.kind.value}: {f.title}" for f in new))
 
 

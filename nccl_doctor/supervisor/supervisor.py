@@ -24,23 +24,27 @@ from nccl_doctor.analysis.annotate import Annotator
 from nccl_doctor.capture import watch_record
 from nccl_doctor.capture.fault_files import drop_empty_fault_files
 from nccl_doctor.capture.directory import (
-    MANIFEST, Manifest, capture_files, load_capture_dir, report_path, write_report,
+    MANIFEST, REPORT_HTML, Manifest, capture_files, load_capture_dir, report_path, write_report,
 )
 from nccl_doctor.diagnosis import Diagnosis, Verdict
 from nccl_doctor.env import host_name
 from nccl_doctor.errors import DoctorError, ExitStatus, LaunchFailed, unwritable
 from nccl_doctor.live_view import LiveView
+from nccl_doctor.model import TraceSet
 from nccl_doctor.processes import started
+from nccl_doctor.reporters.html import write_page
 from nccl_doctor.supervisor.federation import Federation, FederatedJob, Rendezvous
 from nccl_doctor.supervisor.federation.link import Role
 from nccl_doctor.supervisor.gpu.nvml import GpuSource, Nvml
 from nccl_doctor.supervisor.gpu.sampler import GpuSampler
+from nccl_doctor.supervisor.agent_client import request_many
 from nccl_doctor.supervisor.launch import Job, exit_status, job_environment
 from nccl_doctor.supervisor.live import Decision, LiveJob, Report, Watch
 from nccl_doctor.supervisor.policy import HangPolicy
 from nccl_doctor.supervisor.silent_watch import SilentWatch
 from nccl_doctor.supervisor.straggler_watch import StragglerWatch
 from nccl_doctor.supervisor.watchdog import Watchdog
+from nccl_doctor.watch_log import EXIT_REQUEST
 
 
 class State(enum.Enum):
@@ -102,7 +106,9 @@ class Supervisor:
         self.job: Job | None = None
         self._signals = 0
         self._interrupt: dict | None = None  # the user's first signal, until it is kept
+        self._term_at: float | None = None  # when a job whose ranks were asked to exit gets SIGTERM
         self._kill_at: float | None = None  # when the job stopped for a hang gets SIGKILL
+        self._page_traces: TraceSet | None = None  # what report.html was last drawn from
         self._hang_reported = False  # a hang report stands: a suspicion does not replace it
         self.stopped_for_hang = False
         self.watches: list[Watch] = []  # handed the snapshot every tick
@@ -207,6 +213,9 @@ class Supervisor:
     def tick(self) -> None:
         """One look at the job: the snapshot to every watch, their decisions applied, then the
         listeners. A watch or listener that fails is dropped; the job's supervision goes on."""
+        if self._term_at is not None and self.live.clock() >= self._term_at:
+            self._term_at = None  # the ranks were asked to exit; the launcher is still there
+            self._terminate()
         if self._kill_at is not None and self.live.clock() >= self._kill_at:
             self._stop_job(signal.SIGKILL)  # the grace after SIGTERM is over
             self._kill_at = None
@@ -293,23 +302,61 @@ class Supervisor:
         if share:
             self._share(decision)
         self._keep(dict(decision.record) if decision.record is not None else None, decision)
+        written = None
         if decision.report is not None:
             if decision.kind is Report.HANG:
                 self._hang_reported = decision.report.verdict is Verdict.HANG
-                write_report(self.out_dir, decision.report)
+                written = decision.report
             elif not self._hang_reported:
-                write_report(self.out_dir, decision.report)
+                written = decision.report
+            if written is not None:
+                write_report(self.out_dir, written)
         for message in decision.announce:
             self.live.announce(message)
         if decision.stop_job and not self.stopped_for_hang:
             self.stopped_for_hang = True
-            self._stop_job(signal.SIGTERM)
-            stop = watch_record.event("stop", signals=["SIGTERM"])
+            stop = watch_record.event("stop", signals=[])
             if isinstance(stop_at, (int, float)):
                 stop["at"] = min(float(stop_at), stop["at"])
-            self._keep(stop)
             policy = self.live.policy
-            self._kill_at = self.live.clock() + (policy.kill_grace if policy else 0.0)
+            if self._ask_ranks_to_exit():
+                stop["signals"] = [EXIT_REQUEST]
+                self._keep(stop)
+                self._term_at = self.live.clock() + (policy.leave_grace if policy else 0.0)
+            else:
+                self._terminate(stop)
+        if written is not None:  # the page after the stop: the job is not kept waiting for it
+            self._write_page(written, decision.traces)
+
+    def _write_page(self, diagnosis: Diagnosis, traces: TraceSet | None) -> None:
+        """report.html beside report.json; drawn from the newest captures seen. A page that
+        cannot be written costs the page, never the supervision."""
+        if traces is not None:
+            self._page_traces = traces
+        try:
+            write_page(self.out_dir / REPORT_HTML, diagnosis, self._page_traces)
+        except Exception as err:  # noqa: BLE001 - a template or disk failure
+            self.live.announce(f"report.html not written ({err})")
+
+    def _ask_ranks_to_exit(self) -> bool:
+        """Ask every rank of this host to exit (``exit``, status 0): whether all that still run
+        agreed. A launcher whose workers all exit 0 ends quietly - torchrun prints no
+        ``SignalException`` traceback and restarts nothing - where SIGTERM makes it do both."""
+        ranks = {r: p.pid for r, p in self.live.local().items() if started(p.pid) is not None}
+        if not ranks or self.job is None:
+            return False
+        replies = request_many(self.run_id, ranks, "exit", timeout=2.0, code=0)
+        return all(isinstance(reply, dict) and reply.get("ok") is True
+                   or started(ranks[rank]) is None for rank, reply in replies.items())
+
+    def _terminate(self, stop: dict | None = None) -> None:
+        """SIGTERM to the whole job, SIGKILL after the policy's grace."""
+        self._stop_job(signal.SIGTERM)
+        stop = stop if stop is not None else watch_record.event("stop", signals=[])
+        stop["signals"] = ["SIGTERM"]
+        self._keep(stop)
+        policy = self.live.policy
+        self._kill_at = self.live.clock() + (policy.kill_grace if policy else 0.0)
 
     def _wait_for_nodes(self) -> None:
         """This node's job ended. The leader goes on watching the job until every other node's
@@ -352,6 +399,7 @@ class Supervisor:
             manifest = replace(manifest, world_size=traces.world_size, hosts=hosts, captures=tuple(
                 f.name for f in capture_files(self.out_dir)), extra=self._node_extra())
             manifest.write(self.out_dir)
+            self._write_page(leader, traces)
             return leader, write_report(self.out_dir, leader), None
         manifest = replace(manifest, world_size=traces.world_size, hosts=hosts,
                            captures=tuple(f.name for f in capture_files(self.out_dir)),
@@ -372,7 +420,9 @@ class Supervisor:
                     f"this report covers this node's ranks only: {fed.link.problem}",))
             fed.link.publish_final(diagnosis.to_json(), wait=10.0)
             fed.close()
-        return diagnosis, write_report(self.out_dir, diagnosis), None
+        path = write_report(self.out_dir, diagnosis)
+        self._write_page(diagnosis, traces)
+        return diagnosis, path, None
 
     def _node_extra(self) -> dict:
         """The manifest's word on this supervisor (replay of an unfinished run asks whether it

@@ -359,7 +359,7 @@ class Watchdog:
             said = (f"HANG: {title}",
                     f"report: {report}; the job is left running (--on-hang report)")
         return Decision(report=diagnosis, announce=said, stop_job=kill, record=record,
-                        stacks=stacks, fr_dumps=self._fr_dumps)
+                        stacks=stacks, fr_dumps=self._fr_dumps, traces=traces)
 
     def _retract(self, now: float) -> Decision:
         """Progress resumed after a reported hang: the report says so."""

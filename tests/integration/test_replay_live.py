@@ -68,7 +68,7 @@ def test_replay_of_a_stopped_hang_equals_the_live_diagnosis(tmp_path, launch, np
     # what the watchdog did is in the record, and in the replayed report
     assert replay["watchdog"]["situation"] == live["watchdog"]["situation"]
     assert replay["watchdog"]["root_from_captures"] is True  # a desync: the captures say it too
-    assert any("SIGTERM" in n for n in replay["notes"]), replay["notes"]
+    assert any("(exit request)" in n for n in replay["notes"]), replay["notes"]
     assert replay["stack_classes"], "the stacks taken at the hang were not kept"
 
 

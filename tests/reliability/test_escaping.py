@@ -9,6 +9,7 @@ import json
 import re
 from pathlib import Path
 
+import html5lib
 import pytest
 
 from nccl_doctor import env
@@ -72,6 +73,34 @@ def test_json_keeps_the_text_as_the_job_wrote_it(injected):
     assert rank1["host"] == HOST
     saved = json.loads((out / "report.json").read_text())
     assert saved["ranks"] == report["ranks"]
+
+
+def test_the_page_run_wrote_shows_the_job_text_as_text(injected):
+    out, _output = injected
+    page = (out / "report.html").read_text()
+    tree = html5lib.parse(page, namespaceHTMLElements=False)
+    shown = " ".join(" ".join(el.itertext()) for el in tree.iter("body"))
+    assert SHOWN in shown and "[bold]not markup[/bold]" in shown
+    assert "\x1b" not in page and "\x07" not in page
+    assert r"node\x1b[5m7" in shown
+
+
+def test_a_callsite_named_like_a_script_tag_is_text_on_the_page(tmp_path):
+    """A real job run from ``<script>alert(1)</script>.py`` (a directory ``<script>alert(1)<``
+    holding ``script>.py``): its callsite is shown as written, never run."""
+    folder = tmp_path / "<script>alert(1)<"
+    folder.mkdir()
+    job = folder / "script>.py"
+    job.write_text(JOB.read_text())
+    out = tmp_path / "out"
+    proc = doctor("run", "--out", str(out), "--", *torchrun(2, job))
+    assert proc.returncode == 1, proc.stderr[-3000:]
+    page = (out / "report.html").read_text()
+    tree = html5lib.parse(page, namespaceHTMLElements=False)
+    assert not list(tree.iter("script")), "a script element came from the job's path"
+    assert "<script>alert(1)</script>" not in page
+    shown = " ".join(" ".join(el.itertext()) for el in tree.iter("body"))
+    assert "<script>alert(1)</script>.py:" in shown  # the callsite, as text
 
 
 def test_an_error_line_shows_the_control_characters_of_the_path_it_quotes(tmp_path):

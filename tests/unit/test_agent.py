@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 import os
 import socket
+import subprocess
 import sys
 import threading
 import time
@@ -351,3 +352,72 @@ def test_flight_recorder_reads_both_recorders_once(agent, run_id, monkeypatch):
     reply = request(run_id, os.getpid(), "flight_recorder")
     assert reply["ok"], reply
     assert reply["trace"]["entries"] == [shared, mine] and reply["trace"]["version"] == "2.10"
+
+
+# -- exit: the supervisor's quiet stop ------------------------------------------------------------
+
+_RANK = r'''
+import signal, sys, time
+from nccl_doctor.rank import agent
+if sys.argv[2] == "handler":
+    signal.signal(signal.SIGTERM, lambda *a: sys.exit(3))
+agent.start(sys.argv[1])
+print("kept in the buffer")  # no flush: the exit must not lose it
+print("ready", file=sys.stderr, flush=True)
+time.sleep(60)
+'''
+
+
+def _rank(run_id: str, sigterm: str = "default") -> subprocess.Popen:
+    proc = subprocess.Popen([sys.executable, "-c", _RANK, run_id, sigterm], text=True,
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+    assert proc.stderr.readline() == "ready\n"
+    return proc
+
+
+def test_exit_replies_then_leaves_with_the_code_and_its_output_flushed(run_id):
+    proc = _rank(run_id)
+    try:
+        assert request(run_id, proc.pid, "exit", code=0) == {"ok": True}
+        out, _ = proc.communicate(timeout=10)
+    finally:
+        proc.kill()
+    assert proc.returncode == 0 and out == "kept in the buffer\n"
+
+
+def test_exit_leaves_a_job_that_handles_sigterm_to_its_handler(run_id):
+    proc = _rank(run_id, "handler")
+    try:
+        reply = request(run_id, proc.pid, "exit", code=0)
+        assert reply == {"ok": False, "error": "exit: the job handles SIGTERM itself"}
+        assert proc.poll() is None
+        assert request(run_id, proc.pid, "exit", code=300)["ok"] is False  # not a code
+        proc.terminate()
+        proc.communicate(timeout=10)
+        assert proc.returncode == 3  # the job's own handler ran
+    finally:
+        proc.kill()
+
+
+@pytest.mark.skipif(os.getuid() != 0, reason="needs root to become another user")
+def test_another_user_is_not_answered(agent, run_id):
+    """An abstract socket has no file permissions: the agent checks who connects."""
+    read, write = os.pipe()
+    child = os.fork()
+    if child == 0:  # another user knocks
+        try:
+            os.setuid(65534)
+            try:
+                said = str(request(run_id, os.getppid(), "ping"))
+            except AgentUnavailable as err:
+                said = str(err)
+            os.write(write, said.encode()[:4000])
+        finally:
+            os._exit(0)
+    os.close(write)
+    os.waitpid(child, 0)
+    with os.fdopen(read) as f:
+        said = f.read()
+    # refused unanswered: the client sees its connection closed (or its request cut off)
+    assert said.startswith(f"agent of pid {os.getpid()}: ") and "'ok'" not in said, said
+    assert request(run_id, os.getpid(), "ping")["ok"] is True  # its own user still is

@@ -6,6 +6,7 @@ import io
 import json
 from pathlib import Path
 
+import html5lib
 import pytest
 
 from nccl_doctor.analysis import analyze
@@ -15,6 +16,7 @@ from nccl_doctor.capture.writer import CaptureWriter
 from nccl_doctor.diagnosis import SCHEMA_VERSION, Verdict
 from nccl_doctor.errors import UsageError
 from nccl_doctor.reporters import REPORTERS, format_for, get_reporter
+from nccl_doctor.reporters.html import extras_for
 
 RANK_KEYS = {"rank", "host", "pid", "state", "exit_code", "signal", "last_collective",
              "stack_summary"}
@@ -33,8 +35,8 @@ def squash(text: str) -> str:
     return " ".join(text.split())
 
 
-def test_the_two_reporters_are_registered() -> None:
-    assert sorted(REPORTERS) == ["console", "json"]
+def test_the_three_reporters_are_registered() -> None:
+    assert sorted(REPORTERS) == ["console", "html", "json"]
 
 
 @pytest.mark.parametrize("name", sorted(REPORTERS))
@@ -45,6 +47,15 @@ def test_every_reporter_renders_every_scenario(scenario, name, color) -> None:
     text = render(name, d, color=color)
     if name == "json":
         assert json.loads(text)["verdict"] == d.verdict.value
+    elif name == "html":
+        out = io.StringIO()
+        get_reporter(name, extras_for(ts, d)).render(d, out)  # with the timeline drawn
+        for page in (text, out.getvalue()):
+            body = " ".join(" ".join(e.itertext()) for e in html5lib.parse(
+                page, namespaceHTMLElements=False).iter("body"))
+            assert f"nccl-doctor report {d.verdict.value}" in " ".join(body.split())
+            for f in d.findings:
+                assert f.kind.value in body
     else:
         assert f"nccl-doctor: {d.verdict.value.upper()}" in text
         for f in d.findings:
@@ -172,8 +183,8 @@ def test_format_for_and_get_reporter(tmp_path: Path) -> None:
     assert format_for(tmp_path / "REPORT.JSON", None) == "json"
     assert format_for(tmp_path / "report.txt", None) == "console"
     assert format_for(tmp_path / "report.json", "console") == "console"
-    with pytest.raises(UsageError, match="console, json"):
-        get_reporter("html")
+    with pytest.raises(UsageError, match="console, html, json"):
+        get_reporter("pdf")
 
 
 def test_live_hang_report_shows_stack_classes_and_the_watchdog() -> None:

@@ -1,0 +1,170 @@
+"""``report.html``: one self-contained page - no script, font or image fetched from anywhere, so it
+opens from a file:// URL, attached to a ticket or a CI artifact. Rendered with Jinja2 (autoescape
+on: every string from the job - callsites, exception text, the command - is text, never markup)
+from the diagnosis and what the analysis passes drew from the captures (the timeline, the GPU
+samples). The drawings are inline SVG laid out here; the page has no JavaScript."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, TextIO
+
+import jinja2
+
+from nccl_doctor._version import __version__
+from nccl_doctor.analysis.timeline import Timeline, rank_ranges, timeline
+from nccl_doctor.diagnosis import Diagnosis, FindingKind
+from nccl_doctor.files import write_atomic
+from nccl_doctor.gpu.readings import GpuTrace
+from nccl_doctor.model import TraceSet
+from nccl_doctor.reporters.escape import visible
+from nccl_doctor.stacks.tree import prefix_tree
+
+_TEMPLATES = Path(__file__).parent / "templates"
+#: Points per GPU series drawn (a days-long run is sampled down to this).
+MAX_POINTS = 400
+
+
+@dataclass(frozen=True)
+class Extras:
+    """What the page draws beyond the diagnosis (each optional)."""
+
+    timeline: Timeline | None = None
+    gpu: GpuTrace | None = None
+
+
+def extras_for(traces: TraceSet | None, diagnosis: Diagnosis) -> Extras:
+    """What the page draws from ``traces`` (the analysis passes run here, at the edge that has
+    the captures; the reporter only lays them out)."""
+    if traces is None:
+        return Extras()
+    return Extras(timeline=timeline(traces, diagnosis), gpu=traces.gpu)
+
+
+def write_page(path: Path, diagnosis: Diagnosis, traces: TraceSet | None) -> Path:
+    """``report.html`` at ``path``, written atomically (a browser never reads half a page)."""
+    write_atomic(path, render(diagnosis, extras_for(traces, diagnosis)))
+    return path
+
+
+class HtmlReporter:
+    """``report.html`` (``--format html``, or ``-o`` a file ending in .html)."""
+
+    def __init__(self, extras: Extras | None = None) -> None:
+        self.extras = extras or Extras()
+
+    def render(self, diagnosis: Diagnosis, stream: TextIO, *, color: bool = False) -> None:
+        stream.write(render(diagnosis, self.extras))
+
+
+def render(diagnosis: Diagnosis, extras: Extras) -> str:
+    env = jinja2.Environment(loader=jinja2.FileSystemLoader(_TEMPLATES), autoescape=True,
+                             undefined=jinja2.StrictUndefined, trim_blocks=True,
+                             lstrip_blocks=True)
+    env.filters["visible"] = visible
+    env.filters["ranges"] = rank_ranges
+    template = env.get_template("report.html.j2")
+    return template.render(
+        d=diagnosis, root=diagnosis.root_cause, lanes=_lanes(extras.timeline),
+        tree=prefix_tree(diagnosis.stack_classes), gpus=_gpu_charts(extras.gpu, diagnosis),
+        gpu_reason=extras.gpu.reason if extras.gpu is not None and not extras.gpu.available
+        else "",
+        evidence=[_evidence_rows(f.evidence) for f in diagnosis.findings],
+        css=(_TEMPLATES / "report.css").read_text(), version=__version__,
+    )
+
+
+# -- layout of the drawings (geometry only; what to draw came from the analysis) ------------------
+
+CELL_W, CELL_H, LABEL_W, HEAD_H = 16, 16, 96, 22
+
+
+def _lanes(timeline: Timeline | None) -> list[dict[str, Any]]:
+    if timeline is None:
+        return []
+    lanes = []
+    for lane in timeline.lanes:
+        width = LABEL_W + CELL_W * len(lane.seqs) + 8
+        height = HEAD_H + CELL_H * len(lane.rows) + 4
+        cols = [{"x": LABEL_W + i * CELL_W, "seq": s, "focus": s == lane.divergence,
+                 "label": (i % 4 == 0) or s == lane.divergence} for i, s in enumerate(lane.seqs)]
+        rows = []
+        for j, row in enumerate(lane.rows):
+            y = HEAD_H + j * CELL_H
+            label = (f"rank {row.ranks[0]}" if len(row.ranks) == 1 else
+                     f"{len(row.ranks)} ranks")
+            cells = [{"x": cols[i]["x"], "y": y, "cell": c} for i, c in enumerate(row.cells)]
+            rows.append({"y": y, "label": label, "ranks": rank_ranges(row.ranks), "row": row,
+                         "cells": cells})
+        lanes.append({"lane": lane, "width": width, "height": height, "cols": cols,
+                      "rows": rows})
+    return lanes
+
+
+CHART_W, CHART_H = 560, 90
+
+
+def _gpu_charts(gpu: GpuTrace | None, diagnosis: Diagnosis) -> list[dict[str, Any]]:
+    if gpu is None or not gpu.available or not gpu.samples:
+        return []
+    t0 = min(s.t for s in gpu.samples)
+    t1 = max(s.t for s in gpu.samples)
+    span = max(t1 - t0, 1e-6)
+    spins = _spin_windows(diagnosis)
+    charts = []
+    for index in sorted({s.index for s in gpu.samples}):
+        series = gpu.series(index)
+        step = max(1, len(series) // MAX_POINTS)
+        series = series[::step]
+        device = gpu.devices.get(index)
+        limit = device.power_limit_w if device is not None and device.power_limit_w else None
+        top = limit or max((s.power_w or 0.0 for s in series), default=0.0) or 1.0
+
+        def x(t: float) -> float:
+            return round((t - t0) / span * CHART_W, 1)
+
+        def points(values: list[tuple[float, float | None]], full: float) -> str:
+            return " ".join(f"{x(t)},{round(CHART_H - min(v, full) / full * CHART_H, 1)}"
+                            for t, v in values if v is not None)
+
+        shade = [{"x": x(max(t0, since)), "w": round(max(2.0, x(min(t1, since + secs)) - x(max(t0, since))), 1)}
+                 for since, secs in spins.get(index, ())]
+        ranks = sorted(r for r, placed in gpu.ranks.items() if placed.index == index)
+        charts.append({
+            "index": index, "name": device.name if device is not None else "",
+            "ranks": rank_ranges(tuple(ranks)) if ranks else "",
+            "util": points([(s.t, s.util) for s in series], 100.0),
+            "power": points([(s.t, s.power_w) for s in series], top),
+            "power_top": round(top), "span_s": round(span, 1), "shade": shade,
+            "w": CHART_W, "h": CHART_H,
+        })
+    return charts
+
+
+def _spin_windows(diagnosis: Diagnosis) -> dict[int, list[tuple[float, float]]]:
+    """GPU index -> (since, seconds) of each spin the gpu_busy_hang finding names."""
+    out: dict[int, list[tuple[float, float]]] = {}
+    for f in diagnosis.findings:
+        if f.kind is not FindingKind.GPU_BUSY_HANG:
+            continue
+        for raw in (f.evidence.get("spinning") or {}).values():
+            if not isinstance(raw, dict) or not isinstance(raw.get("gpu"), int):
+                continue
+            since, span = raw.get("since"), raw.get("span_s")
+            if isinstance(since, (int, float)) and isinstance(span, (int, float)):
+                out.setdefault(raw["gpu"], []).append((float(since), float(span)))
+    return out
+
+
+def _evidence_rows(evidence: Any) -> list[tuple[str, str]]:
+    """A finding's evidence as (key, value) lines: scalars as they are, the rest as compact
+    JSON (bounded: evidence of a 1,024-rank job must not make the page huge)."""
+    import json
+
+    rows = []
+    for key, value in (evidence or {}).items():
+        text = value if isinstance(value, str) else json.dumps(value, default=str,
+                                                              separators=(", ", ": "))
+        rows.append((str(key), text if len(text) <= 2000 else text[:1997] + "..."))
+    return rows
