@@ -4,8 +4,14 @@ prints skip reasons, and the session's header and last lines say whether the tie
 
 from __future__ import annotations
 
+from pathlib import Path
+
 import pytest
 
+from nccl_doctor.capture import format as fmt
+from nccl_doctor.capture.directory import Manifest
+from nccl_doctor.capture.writer import CaptureWriter
+from nccl_doctor.model import EventKind, EventState
 from nccl_doctor.trainers.placement import visible_gpus
 
 _GPUS = visible_gpus()
@@ -33,3 +39,38 @@ def pytest_collection_modifyitems(config, items) -> None:
     for item in items:
         if "gpu" in item.keywords:
             item.add_marker(skip)
+
+
+T0 = 1_700_000_000_000_000_000
+
+
+@pytest.fixture
+def write_desync():
+    """``write_desync(root, world, culprit=, calls=, site=)``: a synthetic capture directory
+    (the recorder's own writer) of a job that hung in a desync."""
+    return _write_desync
+
+
+def _write_desync(root: Path, world: int, *, culprit: int, calls: int = 12,
+                 site: str = "/job/train.py") -> Path:
+    """``world`` ranks all_reduce ``calls`` times on the world group; ``culprit`` calls
+    all_gather instead at the last one, and every rank is left inside that last call."""
+    out = root / f"desync{world}"
+    out.mkdir()
+    for rank in range(world):
+        w = CaptureWriter(out / f"rank{rank:05d}.node{rank // 8}.{100 + rank}{fmt.CAPTURE_SUFFIX}",
+                          {"rank": rank, "world_size": world, "host": f"node{rank // 8}",
+                           "pid": 100 + rank, "started_ns": T0}, capacity=64,
+                          strtab_bytes=4096)
+        w.note("group", name="0", ranks=list(range(world)), backend="gloo")
+        s = w.intern(site)
+        for i in range(1, calls + 1):
+            op = "all_gather" if (rank == culprit and i == calls) else "all_reduce"
+            idx = w.begin((0, T0 + i * 1_000_000 + rank, i, 256, 1, w.intern(op), w.intern("0"),
+                           w.intern("float32[64]"), 0, s, 40 + i % 3, w.intern("step"), s,
+                           40 + i % 3, 0, -1, world, 0, int(EventKind.COLLECTIVE), 0, 0))
+            if i < calls:
+                w.end(idx, int(EventState.RETURNED), 1)
+    Manifest(command=("python", "train.py", "--hf-token", "***"), started_at=0.0, run_id="h",
+             world_size=world, ended_at=1.0, exit_status=124).write(out)
+    return out

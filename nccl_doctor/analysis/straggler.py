@@ -108,6 +108,17 @@ def unmeasured_note(traces: TraceSet) -> str | None:
             "for Flight Recorder to record kernel starts)")
 
 
+def skew_series(traces: TraceSet) -> list[tuple[float, float, int]]:
+    """Every compared collective as (when the last rank arrived, seconds since the epoch; the
+    arrival skew, ms; the last rank), in time order: the straggler's skew over time."""
+    out = []
+    for arrived in _arrivals(traces)[0]:
+        enters = {r: t for r, (t, _) in arrived.items()}
+        late = max(enters, key=enters.__getitem__)
+        out.append((enters[late] / 1e9, (enters[late] - min(enters.values())) / 1e6, late))
+    return sorted(out)
+
+
 def detect_straggler(traces: TraceSet) -> list[Finding]:
     last_counts: Counter = Counter()
     skews: dict[int, list[float]] = defaultdict(list)  # rank -> skews (ms) when it was last

@@ -9,9 +9,11 @@ a ``TraceSet``; ``Manifest`` and ``write_report`` are the supervisor's to write.
 from __future__ import annotations
 
 import json
+from contextlib import contextmanager
+from contextvars import ContextVar
 from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
-from typing import Any, Callable
+from typing import Any, Callable, Iterator
 
 from nccl_doctor import redact
 from nccl_doctor._version import __version__
@@ -166,6 +168,21 @@ def capture_files(directory: Path) -> list[Path]:
     return sorted(directory.glob(f"*{fmt.CAPTURE_SUFFIX}"))
 
 
+#: Told (captures read, captures in all) as load_capture_dir reads (replay's progress bar).
+_PROGRESS: ContextVar[Callable[[int, int], None] | None] = ContextVar("nccl_doctor_reading",
+                                                                     default=None)
+
+
+@contextmanager
+def reading_progress(told: Callable[[int, int], None]) -> Iterator[None]:
+    """Within this block every ``load_capture_dir`` tells ``told`` how far it has read."""
+    token = _PROGRESS.set(told)
+    try:
+        yield
+    finally:
+        _PROGRESS.reset(token)
+
+
 def load_capture_dir(path: Path, *, job_ended: bool | None = None,
                      evidence: bool = True, window_above: int | None = None) -> TraceSet:
     """Load every rank's capture under ``path`` (a directory, or one ``.ndcap`` file).
@@ -179,7 +196,12 @@ def load_capture_dir(path: Path, *, job_ended: bool | None = None,
     manifest, files, damage = _contents(path)
     if job_ended is None:
         job_ended = manifest is not None and manifest.ended_at is not None
-    scans = [_try(scan_capture, f) for f in files]
+    told = _PROGRESS.get()
+    scans = []
+    for f in files:
+        scans.append(_try(scan_capture, f))
+        if told is not None:
+            told(len(scans), len(files))
     read, note = _events(scans, manifest, window_above)
     gpu, samples, problems = _beside(path)
     loaded = _assemble(path, manifest, files, read, job_ended, gpu, samples,

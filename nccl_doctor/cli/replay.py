@@ -3,7 +3,10 @@
 from __future__ import annotations
 
 import argparse
+import sys
+from contextlib import contextmanager
 from pathlib import Path
+from typing import Iterator, TextIO
 
 from dataclasses import replace
 
@@ -13,6 +16,43 @@ from nccl_doctor.cli.output import emit, verdict_status
 from nccl_doctor.errors import CaptureNotFound, ExitStatus
 from nccl_doctor.reporters import REPORTERS
 from nccl_doctor.capture import metrics_log
+from nccl_doctor.capture.directory import reading_progress
+
+#: Captures from which replay shows a progress bar while it reads them (on a terminal only).
+BAR_FROM = 16
+
+
+@contextmanager
+def reading_bar(stream: TextIO) -> Iterator[None]:
+    """A transient rich progress bar on ``stream`` while many captures are read; nothing off a
+    terminal (a CI log, a pipe) or for a few files."""
+    if not stream.isatty():
+        yield
+        return
+    from rich.console import Console
+    from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn
+
+    bar = Progress(TextColumn("reading captures"), BarColumn(), MofNCompleteColumn(),
+                   console=Console(file=stream), transient=True)
+    task = None
+
+    def told(done: int, total: int) -> None:
+        nonlocal task
+        if total < BAR_FROM:
+            return
+        if task is None:
+            bar.start()
+            task = bar.add_task("read", total=total)
+        bar.update(task, completed=done, total=total)
+        if done >= total:  # a multi-node replay reads one directory after another
+            bar.remove_task(task)
+            task = None
+
+    try:
+        with reading_progress(told):
+            yield
+    finally:
+        bar.stop()
 
 HELP = ("diagnose a capture directory (the --out DIR of `nccl-doctor run`) or PyTorch Flight "
         "Recorder dumps offline")
@@ -43,7 +83,8 @@ def register(sub: argparse._SubParsersAction) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    traces = sources.load_many(args.capture, args.fr)
+    with reading_bar(sys.stderr):
+        traces = sources.load_many(args.capture, args.fr)
     if args.log is not None:
         if not args.log.is_file():
             raise CaptureNotFound(f"--log {args.log} does not exist or is not a file")

@@ -6,13 +6,14 @@ samples). The drawings are inline SVG laid out here; the page has no JavaScript.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, TextIO
+from typing import Any, Mapping, TextIO
 
 import jinja2
 
 from nccl_doctor._version import __version__
+from nccl_doctor.analysis.straggler import skew_series
 from nccl_doctor.analysis.timeline import Timeline, rank_ranges, timeline
 from nccl_doctor.diagnosis import Diagnosis, FindingKind
 from nccl_doctor.files import write_atomic
@@ -32,6 +33,10 @@ class Extras:
 
     timeline: Timeline | None = None
     gpu: GpuTrace | None = None
+    # (when, arrival skew in ms, the last rank) of every compared collective, drawn when a
+    # straggler was found
+    skews: tuple[tuple[float, float, int], ...] = ()
+    versions: Mapping[str, str] = field(default_factory=dict)  # the ranks' torch, python, ...
 
 
 def extras_for(traces: TraceSet | None, diagnosis: Diagnosis) -> Extras:
@@ -39,7 +44,21 @@ def extras_for(traces: TraceSet | None, diagnosis: Diagnosis) -> Extras:
     the captures; the reporter only lays them out)."""
     if traces is None:
         return Extras()
-    return Extras(timeline=timeline(traces, diagnosis), gpu=traces.gpu)
+    straggler = any(f.kind is FindingKind.STRAGGLER for f in diagnosis.findings)
+    return Extras(timeline=timeline(traces, diagnosis), gpu=traces.gpu,
+                  skews=tuple(skew_series(traces)) if straggler else (),
+                  versions=_versions(traces))
+
+
+def _versions(traces: TraceSet) -> dict[str, str]:
+    """Each package's version as the ranks reported it ("2.13.0", or "2.13.0 / 2.12.1" when
+    they differ)."""
+    seen: dict[str, list[str]] = {}
+    for trace in traces.ranks.values():
+        for name, version in trace.meta.versions.items():
+            if version not in seen.setdefault(name, []):
+                seen[name].append(version)
+    return {name: " / ".join(vs) for name, vs in sorted(seen.items())}
 
 
 def write_page(path: Path, diagnosis: Diagnosis, traces: TraceSet | None) -> Path:
@@ -68,6 +87,7 @@ def render(diagnosis: Diagnosis, extras: Extras) -> str:
     return template.render(
         d=diagnosis, root=diagnosis.root_cause, lanes=_lanes(extras.timeline),
         tree=prefix_tree(diagnosis.stack_classes), gpus=_gpu_charts(extras.gpu, diagnosis),
+        skews=_skew_chart(extras.skews, diagnosis), versions=extras.versions,
         gpu_reason=extras.gpu.reason if extras.gpu is not None and not extras.gpu.available
         else "",
         evidence=[_evidence_rows(f.evidence) for f in diagnosis.findings],
@@ -140,6 +160,24 @@ def _gpu_charts(gpu: GpuTrace | None, diagnosis: Diagnosis) -> list[dict[str, An
             "w": CHART_W, "h": CHART_H,
         })
     return charts
+
+
+def _skew_chart(skews: tuple[tuple[float, float, int], ...],
+                diagnosis: Diagnosis) -> dict[str, Any] | None:
+    """Each compared collective as a dot: x its time, y its arrival skew; the straggler's red."""
+    if not skews:
+        return None
+    culprits = {r for f in diagnosis.findings if f.kind is FindingKind.STRAGGLER for r in f.ranks}
+    step = max(1, len(skews) // (MAX_POINTS * 2))
+    shown = skews[::step]
+    t0, t1 = shown[0][0], shown[-1][0]
+    span = max(t1 - t0, 1e-6)
+    top = max(ms for _, ms, _ in shown) or 1.0
+    dots = [{"x": round((t - t0) / span * CHART_W, 1),
+             "y": round(CHART_H - ms / top * (CHART_H - 4), 1), "late": late in culprits,
+             "what": f"{ms:.0f} ms, rank {late} last"} for t, ms, late in shown]
+    return {"dots": dots, "top_ms": round(top), "span_s": round(span, 1), "w": CHART_W,
+            "h": CHART_H, "culprits": rank_ranges(tuple(sorted(culprits)))}
 
 
 def _spin_windows(diagnosis: Diagnosis) -> dict[int, list[tuple[float, float]]]:

@@ -118,3 +118,22 @@ def test_quiet_prints_nothing_of_its_own(tmp_path):
     assert proc.returncode == 124
     assert not [ln for ln in proc.stderr.splitlines() if ln.startswith("nccl-doctor")], \
         proc.stderr
+
+
+def test_replay_reads_many_captures_under_a_progress_bar_on_a_terminal_only(tmp_path,
+                                                                           write_desync):
+    capture = write_desync(tmp_path, 64, culprit=5)
+    env = dict(os.environ)
+    env.pop("CI", None)
+    code, screen, _bottoms, raw = on_terminal(
+        [*CLI, "replay", str(capture), "-o", str(tmp_path / "r.json")], env, timeout=120)
+    assert code == 0, raw[-2000:]
+    assert b"reading captures" in raw and b"/64" in raw, raw[-2000:]
+    assert not any("reading captures" in line for line in screen.display)  # transient: gone
+    off = doctor("replay", str(capture), "-o", str(tmp_path / "again.json"))
+    assert off.returncode == 0 and "reading captures" not in off.stderr, off.stderr[-2000:]
+    (tmp_path / "few").mkdir()
+    few = write_desync(tmp_path / "few", 4, culprit=1)
+    code, _screen, _bottoms, raw = on_terminal(
+        [*CLI, "replay", str(few), "-o", str(tmp_path / "few.json")], env, timeout=120)
+    assert code == 0 and b"reading captures" not in raw, raw[-2000:]

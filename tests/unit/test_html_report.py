@@ -13,42 +13,12 @@ import pytest
 
 from nccl_doctor.analysis import analyze
 from nccl_doctor.analysis.timeline import FOLD_ABOVE, rank_ranges, timeline
-from nccl_doctor.capture import format as fmt
 from nccl_doctor.capture import sources
-from nccl_doctor.capture.directory import Manifest
-from nccl_doctor.capture.writer import CaptureWriter
-from nccl_doctor.model import EventKind, EventState
 from nccl_doctor.reporters import format_for, get_reporter
 from nccl_doctor.reporters.html import extras_for, render
 
 FIXTURES = Path(__file__).parents[1] / "fixtures"
-T0 = 1_700_000_000_000_000_000
 INJECTED = "/job/<script>alert(1)</script>.py"
-
-
-def write_desync(root: Path, world: int, *, culprit: int, calls: int = 12,
-                 site: str = "/job/train.py") -> Path:
-    """``world`` ranks all_reduce ``calls`` times on the world group; ``culprit`` calls
-    all_gather instead at the last one, and every rank is left inside that last call."""
-    out = root / f"desync{world}"
-    out.mkdir()
-    for rank in range(world):
-        w = CaptureWriter(out / f"rank{rank:05d}.node{rank // 8}.{100 + rank}{fmt.CAPTURE_SUFFIX}",
-                          {"rank": rank, "world_size": world, "host": f"node{rank // 8}",
-                           "pid": 100 + rank, "started_ns": T0}, capacity=64,
-                          strtab_bytes=4096)
-        w.note("group", name="0", ranks=list(range(world)), backend="gloo")
-        s = w.intern(site)
-        for i in range(1, calls + 1):
-            op = "all_gather" if (rank == culprit and i == calls) else "all_reduce"
-            idx = w.begin((0, T0 + i * 1_000_000 + rank, i, 256, 1, w.intern(op), w.intern("0"),
-                           w.intern("float32[64]"), 0, s, 40 + i % 3, w.intern("step"), s,
-                           40 + i % 3, 0, -1, world, 0, int(EventKind.COLLECTIVE), 0, 0))
-            if i < calls:
-                w.end(idx, int(EventState.RETURNED), 1)
-    Manifest(command=("python", "train.py", "--hf-token", "***"), started_at=0.0, run_id="h",
-             world_size=world, ended_at=1.0, exit_status=124).write(out)
-    return out
 
 
 def page(path: Path) -> tuple[str, object, object]:
@@ -119,7 +89,7 @@ def test_a_hang_on_a_real_h100_draws_its_gpus_with_the_spin_shaded(tmp_path):
     assert any(r.get("class") == "shade" for svg in charts for r in svg.iter(f"{SVG}rect"))
 
 
-def test_job_text_is_text_never_markup(tmp_path):
+def test_job_text_is_text_never_markup(tmp_path, write_desync):
     text, diagnosis, tree = page(write_desync(tmp_path, 2, culprit=1, site=INJECTED))
     assert diagnosis.root_cause is not None and INJECTED in diagnosis.root_cause.detail + \
         str(diagnosis.root_cause.callsite)
@@ -129,7 +99,7 @@ def test_job_text_is_text_never_markup(tmp_path):
     assert INJECTED in text_of(tree)  # shown as written
 
 
-def test_a_1024_rank_desync_folds_to_a_small_page_that_names_its_culprit(tmp_path):
+def test_a_1024_rank_desync_folds_to_a_small_page_that_names_its_culprit(tmp_path, write_desync):
     text, diagnosis, tree = page(write_desync(tmp_path, 1024, culprit=637))
     size = len(text.encode())
     assert size < 2_000_000, size
@@ -142,7 +112,7 @@ def test_a_1024_rank_desync_folds_to_a_small_page_that_names_its_culprit(tmp_pat
     assert_self_contained(text, tree)
 
 
-def test_the_timeline_marks_the_odd_call_and_folds_only_past_16_ranks(tmp_path):
+def test_the_timeline_marks_the_odd_call_and_folds_only_past_16_ranks(tmp_path, write_desync):
     small = sources.load_many([write_desync(tmp_path, FOLD_ABOVE, culprit=3)], None)
     d = analyze(small)
     lane = timeline(small, d).lanes[0]
@@ -158,7 +128,7 @@ def test_the_timeline_marks_the_odd_call_and_folds_only_past_16_ranks(tmp_path):
                                              (3,)]
 
 
-def test_two_ranks_that_differ_are_both_marked(tmp_path):
+def test_two_ranks_that_differ_are_both_marked(tmp_path, write_desync):
     """No majority between two ranks: both sides are drawn as differing (the finding names
     rank 1 only by convention)."""
     traces = sources.load_many([write_desync(tmp_path, 2, culprit=1)], None)
@@ -178,3 +148,19 @@ def test_the_output_name_picks_the_format(name, fmt_):
 def test_rank_ranges():
     assert rank_ranges((5, 0, 1, 2, 3, 8, 9)) == "0-3,5,8-9"
     assert rank_ranges((7,)) == "7"
+
+
+def test_a_straggler_draws_its_skew_over_time_in_red(tb):
+    traces = []
+    for r in range(3):  # rank 2 arrives 150 ms late at 8 of 8 collectives
+        events = [tb.event(i, t_enter_ns=tb.T0 + i * 10**9 + (150_000_000 if r == 2 else 0),
+                           group_size=3) for i in range(1, 9)]
+        traces.append(tb.trace(r, events, tb.clean(), world_size=3))
+    ts = tb.traceset(traces)
+    d = analyze(ts)
+    assert [f.kind.value for f in d.findings] == ["straggler"]
+    tree = html5lib.parse(render(d, extras_for(ts, d)), namespaceHTMLElements=False)
+    chart = next(s for s in svgs(tree) if s.get("aria-label") == "arrival skew over time")
+    dots = list(chart.iter(f"{SVG}circle"))
+    assert len(dots) == 8 and all(c.get("class") == "late" for c in dots)
+    assert {c.find(f"{SVG}title").text for c in dots} == {"150 ms, rank 2 last"}
