@@ -27,7 +27,7 @@ def start(out, env: dict[str, str], *options: str) -> subprocess.Popen:
     while ready < 2:
         line = proc.stdout.readline()
         assert line, f"the job ended before its ranks were up: {proc.stderr.read()[-2000:]}"
-        ready += "ready" in line
+        ready += line.count("ready")  # two ranks' lines can interleave into one
     assert wait_for(lambda: len(rank_pids(out)) == 2, 30)
     time.sleep(2.0)  # the supervisor's registry finds the ranks (it looks every 0.2 s)
     return proc

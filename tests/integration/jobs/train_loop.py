@@ -5,6 +5,7 @@ SLOW_SECONDS more before every collective (a straggler); BUSY_RANK burns CPU for
 once, at BUSY_STEP, while the others wait in a barrier (an evaluation on rank 0)."""
 
 import os
+import sys
 import time
 
 import torch
@@ -36,7 +37,9 @@ def main() -> None:
     busy = int(os.environ.get("BUSY_RANK", "-1"))
     busy_s = float(os.environ.get("BUSY_SECONDS", "0"))
     busy_step = int(os.environ.get("BUSY_STEP", "1"))
-    print(f"rank {rank} pid {os.getpid()} ready", flush=True)
+    # one write (print writes the text and its newline apart: two ranks' lines could interleave)
+    sys.stdout.write(f"rank {rank} pid {os.getpid()} ready\n")
+    sys.stdout.flush()
     for step in range(steps):
         compute(pause)
         if rank == slow:
