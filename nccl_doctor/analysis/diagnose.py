@@ -148,7 +148,10 @@ def _on_hosts(findings: list[Finding], traces: TraceSet) -> list[Finding]:
         by_host: dict[str, list[int]] = {}
         for r, h in sorted(mine.items()):
             by_host.setdefault(h, []).append(r)
-        where = "; ".join(f"{ranks_text(rs)} on {h}" for h, rs in by_host.items())
+        shown = [f"{ranks_text(rs)} on {h}" for h, rs in by_host.items()]
+        if len(shown) > 4:  # the full map is in the evidence
+            shown = shown[:3] + [f"... {len(shown) - 3} more hosts"]
+        where = "; ".join(shown)
         title = f.title if f.kind is FindingKind.NODE_LOST else f"{f.title} [{where}]"
         out.append(replace(f, title=title, evidence={
             **f.evidence, "hosts": {str(r): h for r, h in sorted(mine.items())}}))
@@ -157,7 +160,8 @@ def _on_hosts(findings: list[Finding], traces: TraceSet) -> list[Finding]:
 
 def _consequences(root: Finding, traces: TraceSet) -> dict:
     """What the other ranks suffered afterwards (the cascade), stated as such."""
-    lines, items = [], []
+    items = []
+    alike: dict[str, list[int]] = {}  # ranks that suffered the same, said once
     for rank, trace in sorted(traces.ranks.items()):
         if not trace.exit.abnormal:
             continue
@@ -165,11 +169,13 @@ def _consequences(root: Finding, traces: TraceSet) -> dict:
             continue  # its own exit is the finding's title
         last = last_leaf(trace)
         where = f" in {call_name(last)}" if last is not None else ""
-        text = f"rank {rank} then {trace.exit.describe(short=True)}{where}"
-        lines.append(text)
-        items.append({"rank": rank, "exit": trace.exit.kind.value, "detail": text})
-    if not lines:
+        what = f"then {trace.exit.describe(short=True)}{where}"
+        alike.setdefault(what, []).append(rank)
+        items.append({"rank": rank, "exit": trace.exit.kind.value,
+                      "detail": f"rank {rank} {what}"})
+    if not items:
         return {}
+    lines = [f"{ranks_text(ranks)} {what}" for what, ranks in alike.items()]
     detail = root.detail + "\nAfterwards (consequences, not causes): " + "; ".join(lines) + "."
     return {"detail": detail, "evidence": {**root.evidence, "consequences": items}}
 

@@ -24,7 +24,19 @@ def ranks_text(ranks: list[int] | tuple[int, ...]) -> str:
         return f"rank {ranks[0]}"
     if len(ranks) > 2 and ranks == list(range(ranks[0], ranks[-1] + 1)):
         return f"ranks {ranks[0]}-{ranks[-1]}"
-    return "ranks " + ", ".join(str(r) for r in ranks)
+    # runs of three or more as ranges: 1,023 ranks of a 1,024-rank job read "0-636, 638-1023"
+    parts: list[str] = []
+    run: list[int] = []
+    for r in [*ranks, None]:
+        if r is not None and run and r == run[-1] + 1:
+            run.append(r)
+            continue
+        if len(run) >= 3:
+            parts.append(f"{run[0]}-{run[-1]}")
+        else:
+            parts.extend(str(x) for x in run)
+        run = [r] if r is not None else []
+    return "ranks " + ", ".join(parts)
 
 
 def fate(trace: RankTrace) -> str:

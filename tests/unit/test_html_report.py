@@ -104,6 +104,9 @@ def test_a_1024_rank_desync_folds_to_a_small_page_that_names_its_culprit(tmp_pat
     size = len(text.encode())
     assert size < 2_000_000, size
     assert diagnosis.root_cause is not None and diagnosis.root_cause.ranks == (637,)
+    assert "ranks 0-636, 638-1023: all_reduce" in diagnosis.root_cause.title
+    crowd = next(f for f in diagnosis.findings if len(f.ranks) == 1024)  # 128 hosts' worth
+    assert crowd.title.endswith("... 125 more hosts]") and len(crowd.evidence["hosts"]) == 1024
     svg = next(s for s in svgs(tree) if s.get("aria-label", "").startswith("collective"))
     titles = [t.find(f"{SVG}title").text for t in svg.iter(f"{SVG}text")
               if t.find(f"{SVG}title") is not None]
@@ -143,6 +146,14 @@ def test_two_ranks_that_differ_are_both_marked(tmp_path, write_desync):
 def test_the_output_name_picks_the_format(name, fmt_):
     assert format_for(Path(name), None) == fmt_
     assert type(get_reporter(fmt_)).__name__.lower().startswith(fmt_)
+
+
+def test_ranks_in_findings_read_as_ranges():
+    from nccl_doctor.analysis.wording import ranks_text
+
+    assert ranks_text([*range(637), *range(638, 1024)]) == "ranks 0-636, 638-1023"
+    assert ranks_text([0, 1, 3]) == "ranks 0, 1, 3" and ranks_text([4, 0, 1, 2]) == "ranks 0-2, 4"
+    assert ranks_text([1, 2, 3]) == "ranks 1-3" and ranks_text([7]) == "rank 7"
 
 
 def test_rank_ranges():
