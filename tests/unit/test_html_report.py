@@ -4,6 +4,7 @@ rank, its callsite and the fix, fetches nothing, shows job text as text, and sta
 
 from __future__ import annotations
 
+import io
 import re
 import tarfile
 from pathlib import Path
@@ -66,6 +67,10 @@ def test_every_fixture_renders_a_page_that_names_the_culprit_and_the_fix(tmp_pat
     for path in fixtures:
         text, diagnosis, tree = page(path)
         assert_self_contained(text, tree)
+        for other in ("console", "json"):  # and the other reporters, on the same fixture
+            out = io.StringIO()
+            get_reporter(other).render(diagnosis, out)
+            assert diagnosis.verdict.value in out.getvalue().lower(), (path, other)
         body = text_of(tree)
         assert f"nccl-doctor report {diagnosis.verdict.value}" in " ".join(body.split()), path
         root = diagnosis.root_cause
