@@ -21,8 +21,9 @@ Commands (see ``protocol`` for the framing):
     The agent's own thread is left out.
 ``exit`` (field ``code=0``)
     The supervisor's quiet stop of a job it diagnosed as hung (``--on-hang kill``): the reply
-    ``{"ok": true}`` is sent, then the rank flushes its stdout/stderr and leaves with
-    ``os._exit(code)``. A launcher whose workers all leave this way ends by itself, without
+    ``{"ok": true, "children": [pid, ...]}`` is sent, then the rank sends SIGTERM to its
+    descendants (which torchrun's SIGTERM reached through the rank's process group), flushes its
+    stdout/stderr and leaves with ``os._exit(code)``. A launcher whose workers all leave this way ends by itself, without
     the ``SignalException`` traceback torchrun prints when it is signalled, and without
     restarting them (``--max-restarts``), which a failing exit status would. A rank whose SIGTERM
     has a handler of the job's own (a checkpoint on preemption, say) answers
@@ -262,6 +263,11 @@ def leave(code: int) -> None:
     timer = threading.Timer(2.0, os._exit, (code,))
     timer.daemon = True
     timer.start()
+    for child in _descendants():
+        try:
+            child.terminate()
+        except Exception:  # noqa: BLE001, S110 - already gone
+            pass
     for stream in (sys.stdout, sys.stderr):
         try:
             if stream is not None:
@@ -332,7 +338,19 @@ def _exit(agent: Agent, request: dict[str, Any]) -> dict[str, Any]:
         # a Python handler of the job's own, or one set outside Python (None): its way to stop
         return {"ok": False, "error": "exit: the job handles SIGTERM itself"}
     agent._leave_with = code
-    return {"ok": True}
+    # its own children (an inference engine, a data worker) would outlive it: torchrun's SIGTERM
+    # reached them through the rank's process group, the exit must not orphan them. They get
+    # SIGTERM as it leaves; the supervisor, told their pids, makes sure they are gone.
+    return {"ok": True, "children": [p.pid for p in _descendants()]}
+
+
+def _descendants() -> list[Any]:
+    try:
+        import psutil
+
+        return psutil.Process().children(recursive=True)
+    except Exception:  # noqa: BLE001 - no psutil, or the process table moved: none known
+        return []
 
 
 def thread_stacks(skip: set[int] | None = None) -> list[dict[str, Any]]:

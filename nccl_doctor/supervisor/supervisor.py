@@ -346,6 +346,9 @@ class Supervisor:
         if not ranks or self.job is None:
             return False
         replies = request_many(self.run_id, ranks, "exit", timeout=2.0, code=0)
+        for reply in replies.values():  # the ranks' children: signalled, reaped with the job
+            if isinstance(reply, dict) and isinstance(reply.get("children"), list):
+                self.job.adopt(p for p in reply["children"] if isinstance(p, int))
         return all(isinstance(reply, dict) and reply.get("ok") is True
                    or started(ranks[rank]) is None for rank, reply in replies.items())
 

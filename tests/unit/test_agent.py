@@ -361,6 +361,10 @@ import signal, sys, time
 from nccl_doctor.rank import agent
 if sys.argv[2] == "handler":
     signal.signal(signal.SIGTERM, lambda *a: sys.exit(3))
+if sys.argv[2] == "child":  # an engine process of its own, which must not be orphaned
+    import subprocess
+    child = subprocess.Popen(["sleep", "60"])
+    print(child.pid, file=sys.stderr, flush=True)
 agent.start(sys.argv[1])
 print("kept in the buffer")  # no flush: the exit must not lose it
 print("ready", file=sys.stderr, flush=True)
@@ -378,11 +382,37 @@ def _rank(run_id: str, sigterm: str = "default") -> subprocess.Popen:
 def test_exit_replies_then_leaves_with_the_code_and_its_output_flushed(run_id):
     proc = _rank(run_id)
     try:
-        assert request(run_id, proc.pid, "exit", code=0) == {"ok": True}
+        assert request(run_id, proc.pid, "exit", code=0) == {"ok": True, "children": []}
         out, _ = proc.communicate(timeout=10)
     finally:
         proc.kill()
     assert proc.returncode == 0 and out == "kept in the buffer\n"
+
+
+def test_exit_takes_the_rank_s_children_with_it(run_id):
+    proc = subprocess.Popen([sys.executable, "-c", _RANK, run_id, "child"], text=True,
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+    child = int(proc.stderr.readline())
+    assert proc.stderr.readline() == "ready\n"
+    try:
+        assert request(run_id, proc.pid, "exit", code=0) == {"ok": True, "children": [child]}
+        proc.communicate(timeout=10)
+        deadline = time.monotonic() + 10
+        while time.monotonic() < deadline and _running(child):
+            time.sleep(0.1)
+        assert not _running(child), "the rank's child outlived it"
+    finally:
+        proc.kill()
+        if _running(child):
+            os.kill(child, 9)
+
+
+def _running(pid: int) -> bool:
+    try:
+        with open(f"/proc/{pid}/stat") as f:
+            return f.read().rsplit(") ", 1)[-1].split()[0] != "Z"
+    except OSError:
+        return False
 
 
 def test_exit_leaves_a_job_that_handles_sigterm_to_its_handler(run_id):
