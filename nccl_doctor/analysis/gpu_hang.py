@@ -120,8 +120,8 @@ def _line(rank: int, e: Event, placed: RankGpu, w: Window, gpu: GpuTrace) -> str
 
 def _evidence(placed: RankGpu, w: Window, since: float) -> dict:
     return {
-        "gpu": placed.index, "since": round(since, 3), "placed_by": placed.how, "util": w.util, "power_w": w.power_w,
-        "power_limit_w": w.power_limit_w,
+        "gpu": placed.index, "since": round(since, 3), "placed_by": placed.how, "util": w.util,
+        "power_w": w.power_w, "power_limit_w": w.power_limit_w,
         "power_share": round(w.power_share, 3) if w.power_share is not None else None,
         "link_kbs": w.link_kbs, "samples": w.samples, "span_s": round(w.span_s, 1),
     }

@@ -12,6 +12,7 @@ from __future__ import annotations
 from collections import Counter
 from dataclasses import dataclass
 
+from nccl_doctor.analysis.wording import runs
 from nccl_doctor.diagnosis import Diagnosis
 from nccl_doctor.model import Event, EventKind, EventState, TraceSet
 
@@ -150,19 +151,5 @@ def _fold(rows: list[Row]) -> list[Row]:
 
 def rank_ranges(ranks: tuple[int, ...]) -> str:
     """``0-3,5,8-9``: ranks as ranges (a folded row's label)."""
-    parts: list[str] = []
-    run: list[int] = []
-    for r in sorted(ranks):
-        if run and r == run[-1] + 1:
-            run.append(r)
-            continue
-        if run:
-            parts.append(_span(run))
-        run = [r]
-    if run:
-        parts.append(_span(run))
-    return ",".join(parts)
-
-
-def _span(run: list[int]) -> str:
-    return str(run[0]) if len(run) == 1 else f"{run[0]}-{run[-1]}"
+    return ",".join(str(run[0]) if len(run) == 1 else f"{run[0]}-{run[-1]}"
+                    for run in runs(ranks))

@@ -18,24 +18,23 @@ def call_name(e: Event) -> str:
     return f"{e.op} #{e.align_seq} (group {e.group})"
 
 
+def runs(ranks) -> list[list[int]]:
+    """The ranks, sorted, cut into runs of consecutive numbers: [0, 1, 2, 5] -> [[0, 1, 2], [5]]."""
+    out: list[list[int]] = []
+    for r in sorted(ranks):
+        if out and r == out[-1][-1] + 1:
+            out[-1].append(r)
+        else:
+            out.append([r])
+    return out
+
+
 def ranks_text(ranks: list[int] | tuple[int, ...]) -> str:
-    ranks = sorted(ranks)
     if len(ranks) == 1:
         return f"rank {ranks[0]}"
-    if len(ranks) > 2 and ranks == list(range(ranks[0], ranks[-1] + 1)):
-        return f"ranks {ranks[0]}-{ranks[-1]}"
     # runs of three or more as ranges: 1,023 ranks of a 1,024-rank job read "0-636, 638-1023"
-    parts: list[str] = []
-    run: list[int] = []
-    for r in [*ranks, None]:
-        if r is not None and run and r == run[-1] + 1:
-            run.append(r)
-            continue
-        if len(run) >= 3:
-            parts.append(f"{run[0]}-{run[-1]}")
-        else:
-            parts.extend(str(x) for x in run)
-        run = [r] if r is not None else []
+    parts = [f"{run[0]}-{run[-1]}" if len(run) >= 3 else ", ".join(map(str, run))
+             for run in runs(ranks)]
     return "ranks " + ", ".join(parts)
 
 

@@ -460,12 +460,12 @@ def _with_evidence(traces: TraceSet, path: Path) -> TraceSet:
         sent = ", then ".join(dict.fromkeys(watch.signals)) if watch else ""
         for rank, trace in ranks.items():
             ex = trace.exit
-            ended_before = ex.time_ns is not None and ex.time_ns < stopped_at * 1e9
-            # a clean exit after the stop is its doing too (a script that catches
+            if ex.time_ns is not None and ex.time_ns < stopped_at * 1e9:
+                continue  # it had ended before the stop: the stop is not its end
+            # a clean exit known to follow the stop is its doing too (a script that catches
             # KeyboardInterrupt or SIGTERM, saves, and returns)
-            ended_after = ex.time_ns is not None and not ended_before
-            if ((ex.abnormal or ex.kind is ExitKind.RUNNING) and not ended_before) or \
-                    (ex.kind is ExitKind.CLEAN and ended_after):
+            if ex.abnormal or ex.kind is ExitKind.RUNNING or (
+                    ex.kind is ExitKind.CLEAN and ex.time_ns is not None):
                 ranks[rank] = replace(trace, exit=RankExit(ExitKind.STOPPED, signal=sent or None,
                                                            time_ns=ex.time_ns))
     return replace(traces, ranks=ranks, problems=tuple(problems), watch=watch, stacks=stacks)

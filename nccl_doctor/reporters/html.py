@@ -6,6 +6,8 @@ samples). The drawings are inline SVG laid out here; the page has no JavaScript.
 
 from __future__ import annotations
 
+import functools
+import json
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Mapping, TextIO
@@ -77,13 +79,20 @@ class HtmlReporter:
         stream.write(render(diagnosis, self.extras))
 
 
-def render(diagnosis: Diagnosis, extras: Extras) -> str:
+@functools.lru_cache(maxsize=1)
+def _template() -> tuple[jinja2.Template, str]:
+    """The page's template and stylesheet, loaded once per process (a run renders the page on a
+    hang and again at the end)."""
     env = jinja2.Environment(loader=jinja2.FileSystemLoader(_TEMPLATES), autoescape=True,
                              undefined=jinja2.StrictUndefined, trim_blocks=True,
                              lstrip_blocks=True)
     env.filters["visible"] = visible
     env.filters["ranges"] = rank_ranges
-    template = env.get_template("report.html.j2")
+    return env.get_template("report.html.j2"), (_TEMPLATES / "report.css").read_text()
+
+
+def render(diagnosis: Diagnosis, extras: Extras) -> str:
+    template, css = _template()
     return template.render(
         d=diagnosis, root=diagnosis.root_cause, lanes=_lanes(extras.timeline),
         tree=prefix_tree(diagnosis.stack_classes), gpus=_gpu_charts(extras.gpu, diagnosis),
@@ -91,7 +100,7 @@ def render(diagnosis: Diagnosis, extras: Extras) -> str:
         gpu_reason=extras.gpu.reason if extras.gpu is not None and not extras.gpu.available
         else "",
         evidence=[_evidence_rows(f.evidence) for f in diagnosis.findings],
-        css=(_TEMPLATES / "report.css").read_text(), version=__version__,
+        css=css, version=__version__,
     )
 
 
@@ -198,8 +207,6 @@ def _spin_windows(diagnosis: Diagnosis) -> dict[int, list[tuple[float, float]]]:
 def _evidence_rows(evidence: Any) -> list[tuple[str, str]]:
     """A finding's evidence as (key, value) lines: scalars as they are, the rest as compact
     JSON (bounded: evidence of a 1,024-rank job must not make the page huge)."""
-    import json
-
     rows = []
     for key, value in (evidence or {}).items():
         text = value if isinstance(value, str) else json.dumps(value, default=str,
