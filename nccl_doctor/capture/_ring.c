@@ -285,6 +285,66 @@ typedef struct {
                              whenever a capture, group or cache it may remember goes away) */
 } Recording;
 
+/* An attribute read as PyObject_GetAttr reads a data descriptor of the object's type - a getset
+ * (tensor.shape, tensor.dtype) or a member (a __slots__ field) - with the descriptor looked up
+ * once per type and type version instead of on every call: the generic look-up's code is a good
+ * part of what a call costs when it runs with cold caches, between two collectives. A type that
+ * is not plain (its own __getattribute__/__getattr__) or has no such descriptor is read by name.
+ * Data descriptors win over an instance __dict__, so skipping the generic path changes nothing. */
+typedef struct {
+    PyTypeObject *type; /* a reference, or NULL */
+    unsigned int tag;   /* type->tp_version_tag when learnt */
+    PyObject *descr;    /* a reference: the getset or member descriptor, or NULL: by name */
+} Attr;
+
+static void attr_clear(Attr *m) {
+    Py_CLEAR(m->type);
+    Py_CLEAR(m->descr);
+}
+
+static void attr_learn(Attr *m, PyTypeObject *tp, PyObject *name) {
+    attr_clear(m);
+    m->type = (PyTypeObject *)Py_NewRef(tp);
+#if defined(Py_TPFLAGS_VALID_VERSION_TAG) && PY_VERSION_HEX < 0x030E0000
+    if (tp->tp_getattro != PyObject_GenericGetAttr)
+        return;
+    PyObject *descr = _PyType_Lookup(tp, name); /* borrowed; gives the type a version tag */
+    if (descr == NULL || !(tp->tp_flags & Py_TPFLAGS_VALID_VERSION_TAG) || tp->tp_version_tag == 0)
+        return;
+    if (!Py_IS_TYPE(descr, &PyGetSetDescr_Type) && !Py_IS_TYPE(descr, &PyMemberDescr_Type))
+        return;
+    if (Py_IS_TYPE(descr, &PyGetSetDescr_Type) &&
+        ((PyGetSetDescrObject *)descr)->d_getset->get == NULL)
+        return;
+    m->tag = tp->tp_version_tag;
+    m->descr = Py_NewRef(descr);
+#else
+    (void)name;
+#endif
+}
+
+/* obj.<name>: a new reference, or NULL with an error set (AttributeError as by name). */
+static PyObject *attr_get(Attr *m, PyObject *obj, PyObject *name) {
+#if defined(Py_TPFLAGS_VALID_VERSION_TAG) && PY_VERSION_HEX < 0x030E0000
+    PyTypeObject *tp = Py_TYPE(obj);
+    if (tp != m->type || m->descr == NULL || !(tp->tp_flags & Py_TPFLAGS_VALID_VERSION_TAG) ||
+        tp->tp_version_tag != m->tag) {
+        if (tp != m->type || m->descr != NULL) /* another type, or the type changed since */
+            attr_learn(m, tp, name);
+        if (m->descr == NULL)
+            return PyObject_GetAttr(obj, name);
+    }
+    if (Py_IS_TYPE(m->descr, &PyGetSetDescr_Type)) {
+        PyGetSetDef *g = ((PyGetSetDescrObject *)m->descr)->d_getset;
+        return g->get(obj, g->closure);
+    }
+    return PyMember_GetOne((const char *)obj, ((PyMemberDescrObject *)m->descr)->d_member);
+#else
+    (void)m;
+    return PyObject_GetAttr(obj, name);
+#endif
+}
+
 typedef struct {
     PyObject_HEAD
     Recording *rec;
@@ -303,6 +363,9 @@ typedef struct {
     uint64_t memo_site[5];
     PyObject *memo_dtype, *memo_shape; /* references; the input's description */
     uint64_t memo_desc[2];
+    unsigned long memo_tid;    /* the thread of the last call, and its stack (a reference) */
+    PyObject *memo_stack;
+    Attr shape, dtype, p2p_bumps; /* how the input's type and the group record are read */
 } Call;
 
 static PyObject *str_seq, *str_name_id, *str_size, *str_ranks, *str_p2p_bumps, *str_shape,
@@ -543,14 +606,18 @@ done:
 
 /* describe() for the input of a Call, which remembers the dtype and shape it saw last. */
 static int describe_input(Call *call, PyObject *x, uint64_t *id, uint64_t *nbytes) {
-    PyObject *shape = get_shape(x);
-    if (shape == NULL)
-        return -1;
+    PyObject *shape = attr_get(&call->shape, x, str_shape);
+    if (shape == NULL) {
+        if (!PyErr_ExceptionMatches(PyExc_AttributeError))
+            return -1;
+        PyErr_Clear(); /* not a tensor: getattr(x, "shape", None) is None */
+        return describe(call->rec, x, id, nbytes);
+    }
     if (shape == Py_None) {
         Py_DECREF(shape);
         return describe(call->rec, x, id, nbytes);
     }
-    PyObject *dtype = PyObject_GetAttr(x, str_dtype);
+    PyObject *dtype = attr_get(&call->dtype, x, str_dtype);
     if (dtype == NULL) {
         Py_DECREF(shape);
         return -1;
@@ -664,14 +731,14 @@ static int group_field(int i, PyObject *grec, PyObject *name, uint64_t *bits) {
 
 /* What enter() wrote for a call: references, which entered_clear() releases. */
 typedef struct {
-    PyObject *idx, *grec, *seq, *stack, *ring; /* seq: -1 without one */
+    PyObject *idx, *grec, *stack, *ring;
+    long long seq; /* -1 without one */
     uint64_t flags;
 } Entered;
 
 static void entered_clear(Entered *e) {
     Py_CLEAR(e->idx);
     Py_CLEAR(e->grec);
-    Py_CLEAR(e->seq);
     Py_CLEAR(e->stack);
     Py_CLEAR(e->ring);
 }
@@ -681,7 +748,8 @@ static void entered_clear(Entered *e) {
 static int enter_impl(Call *self, const Args *a, Entered *out) {
     Recording *rec = self->rec;
     PyObject *ring = rec->ring, *pg = NULL, *grec = NULL, *stack = NULL;
-    PyObject *v, *seq_obj = NULL, *tid_obj = NULL;
+    PyObject *v, *tid_obj = NULL;
+    long long seq = -1;
     int entered = 0;
     uint64_t bits[N_ENTER_ARGS + 1];
     memset(bits, 0, sizeof bits);
@@ -706,6 +774,7 @@ static int enter_impl(Call *self, const Args *a, Entered *out) {
         Py_CLEAR(self->memo_code);
         Py_CLEAR(self->memo_dtype);
         Py_CLEAR(self->memo_shape);
+        Py_CLEAR(self->memo_stack);
         self->memo_epoch = rec->epoch;
     }
     if (grec != self->memo_grec) {
@@ -732,13 +801,12 @@ static int enter_impl(Call *self, const Args *a, Entered *out) {
             Py_XDECREF(now); /* the recorder changed meanwhile: the Python path decides */
             goto done;
         }
-        long long seq = PyLong_CheckExact(now) ? PyLong_AsLongLong(now) : LLONG_MAX;
+        seq = PyLong_CheckExact(now) ? PyLong_AsLongLong(now) : LLONG_MAX;
         Py_DECREF(now);
         if (seq == LLONG_MAX || (seq == -1 && PyErr_Occurred()))
             goto done; /* the Python path adds the one */
-        bits[3] = (uint64_t)(seq + 1);
-        if ((seq_obj = PyLong_FromLongLong(seq + 1)) == NULL)
-            goto done;
+        seq += 1;
+        bits[3] = (uint64_t)seq;
     }
     if (self->inp_name != NULL) {
         PyObject *x = arg_at(a, self->inp_pos, self->inp_name);
@@ -807,24 +875,36 @@ static int enter_impl(Call *self, const Args *a, Entered *out) {
     }
     if (callsite(self, &bits[10]) < 0)
         goto done;
-    if (group_field(18, grec, str_p2p_bumps, &bits[18]) < 0) /* it changes: read every time */
+    v = attr_get(&self->p2p_bumps, grec, str_p2p_bumps); /* it changes: read every time */
+    if (v == NULL)
+        goto done;
+    int bad = int_bits(18, v, &bits[18]);
+    Py_DECREF(v);
+    if (bad < 0)
         goto done;
     unsigned long tid = PyThread_get_thread_ident();
     bits[5] = (uint64_t)tid;
-    tid_obj = PyLong_FromUnsignedLong(tid);
-    if (tid_obj == NULL)
-        goto done;
-    stack = PyDict_GetItemWithError(rec->stacks, tid_obj);
-    if (stack == NULL) {
-        if (PyErr_Occurred())
-            goto done;
-        stack = PyList_New(0);
-        if (stack == NULL || PyDict_SetItem(rec->stacks, tid_obj, stack) < 0)
-            goto done;
+    if (self->memo_stack != NULL && tid == self->memo_tid) { /* the thread of the last call */
+        stack = Py_NewRef(self->memo_stack);
     } else {
-        if (!PyList_CheckExact(stack))
+        tid_obj = PyLong_FromUnsignedLong(tid);
+        if (tid_obj == NULL)
             goto done;
-        Py_INCREF(stack);
+        stack = PyDict_GetItemWithError(rec->stacks, tid_obj);
+        if (stack == NULL) {
+            if (PyErr_Occurred())
+                goto done;
+            stack = PyList_New(0);
+            if (stack == NULL || PyDict_SetItem(rec->stacks, tid_obj, stack) < 0)
+                goto done;
+        } else {
+            if (!PyList_CheckExact(stack))
+                goto done;
+            Py_INCREF(stack);
+        }
+        /* the dict keeps its lists for the epoch (cleared only with a bump: a fork, a forget) */
+        Py_XSETREF(self->memo_stack, Py_NewRef(stack));
+        self->memo_tid = tid;
     }
     Py_ssize_t depth = PyList_GET_SIZE(stack);
     if (depth > 0 && int_bits(1, PyList_GET_ITEM(stack, depth - 1), &bits[1]) < 0)
@@ -833,25 +913,19 @@ static int enter_impl(Call *self, const Args *a, Entered *out) {
     bits[19] = (uint64_t)self->kind;
     /* everything is known: from here on nothing can fall back */
     PyObject *idx_obj = PyLong_FromUnsignedLongLong(((Ring *)ring)->count + 1);
-    if (seq_obj == NULL)
-        seq_obj = PyLong_FromLong(-1);
-    if (idx_obj == NULL || seq_obj == NULL) {
-        Py_XDECREF(idx_obj);
+    if (idx_obj == NULL)
         goto done;
-    }
     ring_commit((Ring *)ring, bits);
     if (PyList_Append(stack, idx_obj) < 0)
         PyErr_Clear(); /* out of memory: the call goes on, its children lose their parent */
     out->idx = idx_obj;
     out->grec = Py_NewRef(grec);
-    out->seq = seq_obj;
+    out->seq = seq;
     out->stack = Py_NewRef(stack);
     out->ring = Py_NewRef(ring);
     out->flags = bits[20];
-    seq_obj = NULL;
     entered = 1;
 done:
-    Py_XDECREF(seq_obj);
     Py_XDECREF(tid_obj);
     Py_XDECREF(stack);
     Py_XDECREF(grec);
@@ -971,11 +1045,19 @@ static int Call_init(Call *self, PyObject *args, PyObject *kwds) {
 
 static int Call_traverse(Call *self, visitproc visit, void *arg) {
     Py_VISIT(self->rec);
+    Py_VISIT(self->memo_stack);
+    Py_VISIT(self->shape.type);
+    Py_VISIT(self->dtype.type);
+    Py_VISIT(self->p2p_bumps.type);
     return 0;
 }
 
 static int Call_clear(Call *self) {
     Py_CLEAR(self->rec);
+    Py_CLEAR(self->memo_stack);
+    attr_clear(&self->shape);
+    attr_clear(&self->dtype);
+    attr_clear(&self->p2p_bumps);
     return 0;
 }
 
@@ -1033,12 +1115,17 @@ typedef struct {
 /* finish(idx, grec, seq, stack, flags, measure, is_p2p, state, result) */
 static PyObject *call_finish(Recorded *self, Entered *e, PyObject *state, PyObject *result) {
     PyObject *flags = PyLong_FromUnsignedLongLong(e->flags);
-    if (flags == NULL)
+    PyObject *seq = PyLong_FromLongLong(e->seq);
+    if (flags == NULL || seq == NULL) {
+        Py_XDECREF(flags);
+        Py_XDECREF(seq);
         return NULL;
-    PyObject *argv[9] = {e->idx, e->grec, e->seq, e->stack, flags,
+    }
+    PyObject *argv[9] = {e->idx, e->grec, seq, e->stack, flags,
                          self->call->measure ? Py_True : Py_False, self->is_p2p, state, result};
     PyObject *out = PyObject_Vectorcall(self->finish, argv, 9, NULL);
     Py_DECREF(flags);
+    Py_DECREF(seq);
     return out;
 }
 

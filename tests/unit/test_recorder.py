@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import gc
 import sys
+import threading
 import weakref
 from pathlib import Path
 from types import CodeType, SimpleNamespace
@@ -63,6 +64,7 @@ class FakeDist:
         rec.c10d = self.c10d
         rec._hooks_installed = True  # no atexit / excepthook / faulthandler in the test process
         self.taken: list[str] = []  # which path recorded each call ("fast" or "python")
+        self.inside: Callable[[], None] | None = None  # run inside all_gather_object
         for name, fn in self._functions().items():
             call = BoundCall(next(s for s in SPECS if s.name == name), fn)
             rec._calls.append(call)
@@ -88,6 +90,8 @@ class FakeDist:
             bump(group)
 
         def all_gather_object(object_list, obj, group=None):
+            if self.inside is not None:
+                self.inside()
             inner = [torch.zeros(1) for _ in object_list]
             self.all_gather(inner, torch.zeros(1), group=group)  # nested: a child record
 
@@ -270,6 +274,52 @@ def test_same_shape_other_dtype(dist) -> None:
     names = [str(d).rpartition(".")[2] for d in dtypes]
     assert [r["input"] for r in dist.records()] == [f"{n}[3]" for n in names]
     assert [r["nbytes"] for r in dist.records()] == [12, 24, 24, 6, 12]
+
+
+def test_each_thread_keeps_its_own_call_stack(dist) -> None:
+    """A call on another thread, made while this thread is inside a recorded call, is not that
+    call's child; this thread's next call of the same function still is (the fast path
+    remembers the stack of the thread it saw last). Twice: the second round is the fast path's,
+    with every call line cached."""
+    t = torch.ones(2)
+    threads: list[int] = []
+
+    def elsewhere() -> None:
+        threads.append(threading.get_ident())
+        dist.all_gather([torch.zeros(2)], t)  # the function all_gather_object calls inside
+
+    def on_another_thread() -> None:
+        worker = threading.Thread(target=elsewhere)
+        worker.start()
+        worker.join()
+
+    dist.inside = on_another_thread
+    for _ in range(2):
+        dist.all_gather_object([None], 1)
+    here = threading.get_ident()
+    assert [(r["op"], r["parent"], r["thread"]) for r in dist.records()] == [
+        ("all_gather_object", 0, here), ("all_gather", 0, threads[0]), ("all_gather", 1, here),
+        ("all_gather_object", 0, here), ("all_gather", 0, threads[1]), ("all_gather", 4, here),
+    ]
+
+
+class Sized(torch.Tensor):
+    """A tensor type whose ``shape`` a test redefines."""
+
+
+def test_a_type_changed_between_calls_is_read_anew(dist) -> None:
+    """The fast path reads ``shape`` through the descriptor it found on the tensor's type; a
+    type given another ``shape`` after that is read by its new one (the bytes are the tensor's
+    own ``nbytes``, whatever its shape says)."""
+    t = torch.zeros(3).as_subclass(Sized)
+    for step in range(4):  # one call line: the third and fourth calls find everything cached
+        if step == 2:
+            Sized.shape = property(lambda self: torch.Size([7]))  # type: ignore[assignment]
+        if step == 3:
+            del Sized.shape
+        dist.all_reduce(t)
+    assert [(r["input"], r["nbytes"]) for r in dist.records()] == [
+        ("float32[3]", 12), ("float32[3]", 12), ("float32[7]", 12), ("float32[3]", 12)]
 
 
 def test_a_destroyed_group_is_not_kept_alive(dist) -> None:
