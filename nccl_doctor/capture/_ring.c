@@ -291,6 +291,14 @@ typedef struct {
  * part of what a call costs when it runs with cold caches, between two collectives. A type that
  * is not plain (its own __getattribute__/__getattr__) or has no such descriptor is read by name.
  * Data descriptors win over an instance __dict__, so skipping the generic path changes nothing. */
+#if defined(Py_AUDIT_READ)
+#define ATTR_AUDITED Py_AUDIT_READ
+#elif defined(PY_AUDIT_READ)
+#define ATTR_AUDITED PY_AUDIT_READ
+#else
+#define ATTR_AUDITED READ_RESTRICTED
+#endif
+
 typedef struct {
     PyTypeObject *type; /* a reference, or NULL */
     unsigned int tag;   /* type->tp_version_tag when learnt */
@@ -302,25 +310,42 @@ static void attr_clear(Attr *m) {
     Py_CLEAR(m->descr);
 }
 
-static void attr_learn(Attr *m, PyTypeObject *tp, PyObject *name) {
-    attr_clear(m);
-    m->type = (PyTypeObject *)Py_NewRef(tp);
+/* The descriptor of ``name`` that reads obj.<name> for objects of type ``tp``, or NULL: by name. */
+static PyObject *attr_descriptor(PyTypeObject *tp, PyObject *name) {
 #if defined(Py_TPFLAGS_VALID_VERSION_TAG) && PY_VERSION_HEX < 0x030E0000
     if (tp->tp_getattro != PyObject_GenericGetAttr)
-        return;
+        return NULL;
     PyObject *descr = _PyType_Lookup(tp, name); /* borrowed; gives the type a version tag */
     if (descr == NULL || !(tp->tp_flags & Py_TPFLAGS_VALID_VERSION_TAG) || tp->tp_version_tag == 0)
-        return;
-    if (!Py_IS_TYPE(descr, &PyGetSetDescr_Type) && !Py_IS_TYPE(descr, &PyMemberDescr_Type))
-        return;
-    if (Py_IS_TYPE(descr, &PyGetSetDescr_Type) &&
-        ((PyGetSetDescrObject *)descr)->d_getset->get == NULL)
-        return;
-    m->tag = tp->tp_version_tag;
-    m->descr = Py_NewRef(descr);
+        return NULL;
+    if (Py_IS_TYPE(descr, &PyGetSetDescr_Type)) {
+        if (((PyGetSetDescrObject *)descr)->d_getset->get == NULL)
+            return NULL;
+    } else if (Py_IS_TYPE(descr, &PyMemberDescr_Type)) {
+        if (((PyMemberDescrObject *)descr)->d_member->flags & ATTR_AUDITED)
+            return NULL; /* read by name: the audit hook sees it */
+    } else {
+        return NULL;
+    }
+    /* a descriptor borrowed by an unrelated class (``shape = torch.Tensor.shape``) would be
+     * handed an object of the wrong layout: getattr checks this, and so does this */
+    if (!PyType_IsSubtype(tp, PyDescr_TYPE(descr)))
+        return NULL;
+    return descr;
 #else
-    (void)name;
+    (void)tp, (void)name;
+    return NULL;
 #endif
+}
+
+static void attr_learn(Attr *m, PyTypeObject *tp, PyObject *name) {
+    PyObject *descr = attr_descriptor(tp, name);
+    PyObject *old_type = (PyObject *)m->type, *old_descr = m->descr;
+    m->type = (PyTypeObject *)Py_NewRef(tp);
+    m->descr = Py_XNewRef(descr);
+    m->tag = descr != NULL ? tp->tp_version_tag : 0;
+    Py_XDECREF(old_type); /* last: freeing them may run Python code, which may learn anew */
+    Py_XDECREF(old_descr);
 }
 
 /* obj.<name>: a new reference, or NULL with an error set (AttributeError as by name). */
@@ -622,11 +647,16 @@ static int describe_input(Call *call, PyObject *x, uint64_t *id, uint64_t *nbyte
         Py_DECREF(shape);
         return -1;
     }
-    int r = 0;
-    if (dtype == call->memo_dtype && call->memo_shape != NULL &&
-        PyObject_RichCompareBool(shape, call->memo_shape, Py_EQ) == 1) {
-        *id = call->memo_desc[0], *nbytes = call->memo_desc[1];
-    } else {
+    int r = 0, same = 0;
+    if (dtype == call->memo_dtype && call->memo_shape != NULL) {
+        uint64_t desc[2] = {call->memo_desc[0], call->memo_desc[1]};
+        PyObject *memo = Py_NewRef(call->memo_shape); /* another thread may replace it */
+        same = PyObject_RichCompareBool(shape, memo, Py_EQ) == 1;
+        Py_DECREF(memo);
+        if (same)
+            *id = desc[0], *nbytes = desc[1];
+    }
+    if (!same) {
         PyErr_Clear();
         r = cached(call->rec, pair(Py_NewRef(dtype), Py_NewRef(shape)), id, nbytes);
         if (r == 0) {
@@ -769,13 +799,14 @@ static int enter_impl(Call *self, const Args *a, Entered *out) {
     if (grec == NULL)
         goto done;
     Py_INCREF(grec);
-    if (self->memo_epoch != rec->epoch) { /* a new capture, group set or cache: forget it all */
+    uint64_t epoch = rec->epoch; /* what this call's memos hold for (re-checked after Python ran) */
+    if (self->memo_epoch != epoch) { /* a new capture, group set or cache: forget it all */
         self->memo_grec = self->memo_seq = NULL;
         Py_CLEAR(self->memo_code);
         Py_CLEAR(self->memo_dtype);
         Py_CLEAR(self->memo_shape);
         Py_CLEAR(self->memo_stack);
-        self->memo_epoch = rec->epoch;
+        self->memo_epoch = epoch;
     }
     if (grec != self->memo_grec) {
         PyObject *seq_fn = PyObject_GetAttr(grec, str_seq);
@@ -797,7 +828,7 @@ static int enter_impl(Call *self, const Args *a, Entered *out) {
     } else {
         PyObject *now = PyObject_CallNoArgs(v); /* torch lets other threads run meanwhile */
         Py_DECREF(v);
-        if (now == NULL || self->memo_epoch != rec->epoch || rec->ring != ring) {
+        if (now == NULL || rec->epoch != epoch || rec->ring != ring) {
             Py_XDECREF(now); /* the recorder changed meanwhile: the Python path decides */
             goto done;
         }
@@ -884,6 +915,8 @@ static int enter_impl(Call *self, const Args *a, Entered *out) {
         goto done;
     unsigned long tid = PyThread_get_thread_ident();
     bits[5] = (uint64_t)tid;
+    if (rec->epoch != epoch) /* Python code run since (a getter's __torch_function__) changed it */
+        goto done;
     if (self->memo_stack != NULL && tid == self->memo_tid) { /* the thread of the last call */
         stack = Py_NewRef(self->memo_stack);
     } else {
@@ -1047,8 +1080,11 @@ static int Call_traverse(Call *self, visitproc visit, void *arg) {
     Py_VISIT(self->rec);
     Py_VISIT(self->memo_stack);
     Py_VISIT(self->shape.type);
+    Py_VISIT(self->shape.descr);
     Py_VISIT(self->dtype.type);
+    Py_VISIT(self->dtype.descr);
     Py_VISIT(self->p2p_bumps.type);
+    Py_VISIT(self->p2p_bumps.descr);
     return 0;
 }
 

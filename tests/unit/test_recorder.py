@@ -322,6 +322,23 @@ def test_a_type_changed_between_calls_is_read_anew(dist) -> None:
         ("float32[3]", 12), ("float32[3]", 12), ("float32[7]", 12), ("float32[3]", 12)]
 
 
+class Borrowed:
+    """Not a tensor, with a tensor's ``shape`` descriptor: getattr refuses to apply it."""
+
+    shape = torch.Tensor.shape
+
+
+def test_a_borrowed_descriptor_is_not_applied_to_a_foreign_object(dist, capsys) -> None:
+    """The fast path reads ``shape`` through the type's descriptor only for instances of the
+    descriptor's own class; here getattr raises TypeError, so the recorder steps aside (one
+    line) and the call goes on - instead of torch's getter reading a non-tensor."""
+    t = torch.ones(2)
+    dist.all_reduce(t)
+    assert dist.all_reduce(Borrowed()) is None
+    assert "recorder disabled" in capsys.readouterr().err
+    assert dist.all_reduce(t) is None
+
+
 def test_a_destroyed_group_is_not_kept_alive(dist) -> None:
     pair = FakeGroup("pair", (0, 1))
     dist.rec.group(pair)
