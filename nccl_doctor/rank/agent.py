@@ -19,6 +19,14 @@ Commands (see ``protocol`` for the framing):
     not know), ``os_thread_id`` (the kernel tid), ``is_main`` and ``frames``, innermost first, each
     ``{"name", "filename", "line"}`` (``line`` may be null for a frame caught between lines).
     The agent's own thread is left out.
+``quiet``
+    The first step of the supervisor's quiet stop, sent to every rank before any is asked to
+    ``exit``: ``{"ok": true}``, after which an exception that reaches the top of the rank's main
+    thread ends it at once, silently, with status 0 (``leave(0)``). Ranks are asked to exit one
+    by one; without this, a rank still blocked in a collective when its peer has left gets
+    "Connection closed by peer", prints a traceback and exits 1, and torchrun reports a
+    ``ChildFailedError`` - the noise the quiet stop is there to spare. Refused, like ``exit``,
+    by a rank whose SIGTERM has a handler of the job's own.
 ``exit`` (field ``code=0``)
     The supervisor's quiet stop of a job it diagnosed as hung (``--on-hang kill``): the reply
     ``{"ok": true, "children": [pid, ...]}`` is sent, then the rank sends SIGTERM to its
@@ -329,13 +337,29 @@ def _ping(agent: Agent, request: dict[str, Any]) -> dict[str, Any]:
             "run_id": agent.run_id}
 
 
+def _handles_sigterm() -> bool:
+    """A Python handler of the job's own, or one set outside Python (None): its way to stop."""
+    return signal.getsignal(signal.SIGTERM) not in (signal.SIG_DFL, signal.SIG_IGN)
+
+
+def _quiet(agent: Agent, request: dict[str, Any]) -> dict[str, Any]:
+    if _handles_sigterm():
+        return {"ok": False, "error": "quiet: the job handles SIGTERM itself"}
+    sys.excepthook = _end_silently
+    return {"ok": True}
+
+
+def _end_silently(tp: type, value: BaseException, tb: Any) -> None:
+    """The main thread's exception while the rank is being stopped (a peer that left first broke
+    its collective): no traceback, status 0 - the stop's doing, not the job's failure."""
+    leave(0)
+
+
 def _exit(agent: Agent, request: dict[str, Any]) -> dict[str, Any]:
     code = request.get("code", 0)
     if isinstance(code, bool) or not isinstance(code, int) or not 0 <= code <= 255:
         return {"ok": False, "error": f"exit: code must be an integer 0-255, got {code!r}"}
-    handler = signal.getsignal(signal.SIGTERM)
-    if handler not in (signal.SIG_DFL, signal.SIG_IGN):
-        # a Python handler of the job's own, or one set outside Python (None): its way to stop
+    if _handles_sigterm():
         return {"ok": False, "error": "exit: the job handles SIGTERM itself"}
     agent._leave_with = code
     # its own children (an inference engine, a data worker) would outlive it: torchrun's SIGTERM
@@ -455,6 +479,7 @@ HANDLERS: dict[str, Handler] = {
     "stacks": _stacks,
     "flight_recorder": _flight_recorder,
     "exit": _exit,
+    "quiet": _quiet,
 }
 
 

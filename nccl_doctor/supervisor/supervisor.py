@@ -341,16 +341,24 @@ class Supervisor:
     def _ask_ranks_to_exit(self) -> bool:
         """Ask every rank of this host to exit (``exit``, status 0): whether all that still run
         agreed. A launcher whose workers all exit 0 ends quietly - torchrun prints no
-        ``SignalException`` traceback and restarts nothing - where SIGTERM makes it do both."""
+        ``SignalException`` traceback and restarts nothing - where SIGTERM makes it do both.
+        Every rank is first told the stop is coming (``quiet``): one that is still blocked in a
+        collective when a peer has left then ends silently too, not with a traceback."""
         ranks = {r: p.pid for r, p in self.live.local().items() if started(p.pid) is not None}
         if not ranks or self.job is None:
+            return False
+
+        def agreed(replies: dict) -> bool:
+            return all(isinstance(reply, dict) and reply.get("ok") is True
+                       or started(ranks[rank]) is None for rank, reply in replies.items())
+
+        if not agreed(request_many(self.run_id, ranks, "quiet", timeout=2.0)):
             return False
         replies = request_many(self.run_id, ranks, "exit", timeout=2.0, code=0)
         for reply in replies.values():  # the ranks' children: signalled, reaped with the job
             if isinstance(reply, dict) and isinstance(reply.get("children"), list):
                 self.job.adopt(p for p in reply["children"] if isinstance(p, int))
-        return all(isinstance(reply, dict) and reply.get("ok") is True
-                   or started(ranks[rank]) is None for rank, reply in replies.items())
+        return agreed(replies)
 
     def _terminate(self, stop: dict | None = None) -> None:
         """SIGTERM to the whole job, SIGKILL after the policy's grace."""

@@ -429,6 +429,50 @@ def test_exit_leaves_a_job_that_handles_sigterm_to_its_handler(run_id):
         proc.kill()
 
 
+_BROKEN = r'''
+import os, sys, time
+from nccl_doctor.rank import agent
+agent.start(sys.argv[1])
+print("ready", file=sys.stderr, flush=True)
+while not os.path.exists(sys.argv[2]):  # blocked, as in a collective
+    time.sleep(0.01)
+raise RuntimeError("Connection closed by peer")  # what gloo raises once a peer has left
+'''
+
+
+@pytest.mark.parametrize("told", [True, False])
+def test_a_rank_told_of_the_stop_ends_silently_when_its_call_breaks(run_id, tmp_path, told):
+    """Ranks are asked to exit one by one: a rank still blocked in a collective when its peer
+    has left gets an exception from the backend. Once told (``quiet``), it ends at once with
+    status 0 and no traceback; untold, it would print one and exit 1 (torchrun's
+    ChildFailedError)."""
+    broken = tmp_path / "peer-left"
+    proc = subprocess.Popen([sys.executable, "-c", _BROKEN, run_id, str(broken)], text=True,
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+    try:
+        assert proc.stderr.readline() == "ready\n"
+        if told:
+            assert request(run_id, proc.pid, "quiet") == {"ok": True}
+        broken.touch()
+        _, err = proc.communicate(timeout=10)
+    finally:
+        proc.kill()
+    if told:
+        assert proc.returncode == 0 and "Traceback" not in err, err
+    else:
+        assert proc.returncode == 1 and "Connection closed by peer" in err
+
+
+def test_quiet_is_refused_by_a_job_that_handles_sigterm(run_id):
+    proc = _rank(run_id, "handler")
+    try:
+        assert request(run_id, proc.pid, "quiet") == {
+            "ok": False, "error": "quiet: the job handles SIGTERM itself"}
+    finally:
+        proc.kill()
+        proc.communicate(timeout=10)
+
+
 @pytest.mark.skipif(os.getuid() != 0, reason="needs root to become another user")
 def test_another_user_is_not_answered(agent, run_id):
     """An abstract socket has no file permissions: the agent checks who connects."""
