@@ -348,8 +348,11 @@ static void attr_learn(Attr *m, PyTypeObject *tp, PyObject *name) {
     Py_XDECREF(old_descr);
 }
 
-/* obj.<name>: a new reference, or NULL with an error set (AttributeError as by name). */
+/* obj.<name>: a new reference, or NULL with an error set (AttributeError as by name). With no
+ * ``m`` (nothing to remember it in) it is read by name. */
 static PyObject *attr_get(Attr *m, PyObject *obj, PyObject *name) {
+    if (m == NULL)
+        return PyObject_GetAttr(obj, name);
 #if defined(Py_TPFLAGS_VALID_VERSION_TAG) && PY_VERSION_HEX < 0x030E0000
     PyTypeObject *tp = Py_TYPE(obj);
     if (tp != m->type || m->descr == NULL || !(tp->tp_flags & Py_TPFLAGS_VALID_VERSION_TAG) ||
@@ -546,9 +549,9 @@ static PyObject *pair(PyObject *a, PyObject *b) { /* steals both; NULL-safe */
 }
 
 /* Python's ``getattr(x, "shape", None)``: a new reference (None when x has no shape), or NULL
- * with an error set. */
-static PyObject *get_shape(PyObject *x) {
-    PyObject *shape = PyObject_GetAttr(x, str_shape);
+ * with an error set; read through ``m`` when there is one (see attr_get). */
+static PyObject *get_shape(Attr *m, PyObject *x) {
+    PyObject *shape = attr_get(m, x, str_shape);
     if (shape == NULL && PyErr_ExceptionMatches(PyExc_AttributeError)) {
         PyErr_Clear();
         return Py_NewRef(Py_None);
@@ -558,7 +561,7 @@ static PyObject *get_shape(PyObject *x) {
 
 /* Describer.tensor(x) when its answer is cached: 0, or -1 (the Python path decides). */
 static int describe(Recording *rec, PyObject *x, uint64_t *id, uint64_t *nbytes) {
-    PyObject *shape = get_shape(x);
+    PyObject *shape = get_shape(NULL, x);
     if (shape != NULL && shape != Py_None)
         return cached(rec, pair(PyObject_GetAttr(x, str_dtype), shape), id, nbytes);
     if (shape == NULL)
@@ -580,7 +583,7 @@ static int describe(Recording *rec, PyObject *x, uint64_t *id, uint64_t *nbytes)
         goto done;
     }
     PyObject *first = PySequence_Fast_GET_ITEM(items, 0);
-    first_shape = get_shape(first);
+    first_shape = get_shape(NULL, first);
     if (first_shape == NULL)
         goto done;
     if (first_shape == Py_None) {
@@ -631,13 +634,9 @@ done:
 
 /* describe() for the input of a Call, which remembers the dtype and shape it saw last. */
 static int describe_input(Call *call, PyObject *x, uint64_t *id, uint64_t *nbytes) {
-    PyObject *shape = attr_get(&call->shape, x, str_shape);
-    if (shape == NULL) {
-        if (!PyErr_ExceptionMatches(PyExc_AttributeError))
-            return -1;
-        PyErr_Clear(); /* not a tensor: getattr(x, "shape", None) is None */
-        return describe(call->rec, x, id, nbytes);
-    }
+    PyObject *shape = get_shape(&call->shape, x);
+    if (shape == NULL)
+        return -1;
     if (shape == Py_None) {
         Py_DECREF(shape);
         return describe(call->rec, x, id, nbytes);
@@ -750,8 +749,8 @@ static int callsite(Call *call, uint64_t *site) {
     return 0;
 }
 
-static int group_field(int i, PyObject *grec, PyObject *name, uint64_t *bits) {
-    PyObject *v = PyObject_GetAttr(grec, name);
+static int group_field(int i, PyObject *grec, PyObject *name, Attr *m, uint64_t *bits) {
+    PyObject *v = attr_get(m, grec, name);
     if (v == NULL)
         return -1;
     int r = int_bits(i, v, bits);
@@ -814,8 +813,8 @@ static int enter_impl(Call *self, const Args *a, Entered *out) {
             goto done;
         Py_DECREF(seq_fn); /* grec holds it */
         self->memo_grec = NULL;
-        if (group_field(7, grec, str_name_id, &self->memo_group[0]) < 0 ||
-            group_field(17, grec, str_size, &self->memo_group[1]) < 0)
+        if (group_field(7, grec, str_name_id, NULL, &self->memo_group[0]) < 0 ||
+            group_field(17, grec, str_size, NULL, &self->memo_group[1]) < 0)
             goto done;
         self->memo_grec = grec, self->memo_seq = seq_fn;
     }
@@ -906,12 +905,8 @@ static int enter_impl(Call *self, const Args *a, Entered *out) {
     }
     if (callsite(self, &bits[10]) < 0)
         goto done;
-    v = attr_get(&self->p2p_bumps, grec, str_p2p_bumps); /* it changes: read every time */
-    if (v == NULL)
-        goto done;
-    int bad = int_bits(18, v, &bits[18]);
-    Py_DECREF(v);
-    if (bad < 0)
+    /* it changes: read every time */
+    if (group_field(18, grec, str_p2p_bumps, &self->p2p_bumps, &bits[18]) < 0)
         goto done;
     unsigned long tid = PyThread_get_thread_ident();
     bits[5] = (uint64_t)tid;

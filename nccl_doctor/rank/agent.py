@@ -31,12 +31,12 @@ Commands (see ``protocol`` for the framing):
     The supervisor's quiet stop of a job it diagnosed as hung (``--on-hang kill``): the reply
     ``{"ok": true, "children": [pid, ...]}`` is sent, then the rank sends SIGTERM to its
     descendants (which torchrun's SIGTERM reached through the rank's process group), flushes its
-    stdout/stderr and leaves with ``os._exit(code)``. A launcher whose workers all leave this way ends by itself, without
-    the ``SignalException`` traceback torchrun prints when it is signalled, and without
-    restarting them (``--max-restarts``), which a failing exit status would. A rank whose SIGTERM
-    has a handler of the job's own (a checkpoint on preemption, say) answers
-    ``{"ok": false, "error": ...}``: that handler is the job's way to stop, and the supervisor
-    sends SIGTERM instead.
+    stdout/stderr and leaves with ``os._exit(code)``. A launcher whose workers all leave this way
+    ends by itself, without the ``SignalException`` traceback torchrun prints when it is
+    signalled, and without restarting them (``--max-restarts``), which a failing exit status
+    would. A rank whose SIGTERM has a handler of the job's own (a checkpoint on preemption,
+    say) answers ``{"ok": false, "error": ...}``: that handler is the job's way to stop, and the
+    supervisor sends SIGTERM instead.
 ``flight_recorder`` (fields ``include_collectives=true``, ``only_active=false``)
     ``{"ok": true, "trace": {...}}``: the parsed JSON of
     ``torch._C._distributed_c10d._dump_fr_trace_json(includeCollectives, onlyActive) -> bytes``
