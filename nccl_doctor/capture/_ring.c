@@ -20,6 +20,10 @@
 #include <string.h>
 #include <time.h>
 
+#if defined(__BYTE_ORDER__) && __BYTE_ORDER__ != __ORDER_LITTLE_ENDIAN__
+#error "the capture format is little-endian: this machine uses the pure-Python ring"
+#endif
+
 #define RECORD_SIZE 128
 #define ENTER_SIZE 104
 #define EXIT_OFFSET 112
@@ -42,7 +46,52 @@ static uint64_t now_ns(void) {
     return (uint64_t)ts.tv_sec * 1000000000ull + (uint64_t)ts.tv_nsec;
 }
 
-static uint32_t adler32(const unsigned char *p, size_t n) { /* zlib.adler32(data), n <= 5552 */
+#if defined(__SSE2__) && !defined(NCCL_DOCTOR_PORTABLE) /* tests build it with this too */
+#include <emmintrin.h>
+/* ENTER_SIZE - i for byte i of the enter part: the weights of b's sum, eight 16-bit lanes a row */
+static int16_t ENTER_WEIGHTS[ENTER_SIZE] __attribute__((aligned(16)));
+
+/* adler32(p, ENTER_SIZE) with SSE2: the byte sum by _mm_sad_epu8, the weighted sum by
+ * _mm_madd_epi16 of the bytes widened to 16 bits and the weights (each product <= 255 * 104 and
+ * each lane's total < 2^31, so no lane overflows). */
+static uint32_t adler32_enter(const unsigned char *p) {
+    const __m128i zero = _mm_setzero_si128();
+    const __m128i *weights = (const __m128i *)ENTER_WEIGHTS;
+    __m128i sums = zero, weighted = zero;
+    int i = 0;
+    for (; i + 16 <= ENTER_SIZE; i += 16, weights += 2) {
+        __m128i v = _mm_loadu_si128((const __m128i *)(p + i));
+        sums = _mm_add_epi64(sums, _mm_sad_epu8(v, zero));
+        __m128i lo = _mm_madd_epi16(_mm_unpacklo_epi8(v, zero), _mm_load_si128(weights));
+        __m128i hi = _mm_madd_epi16(_mm_unpackhi_epi8(v, zero), _mm_load_si128(weights + 1));
+        weighted = _mm_add_epi32(weighted, _mm_add_epi32(lo, hi));
+    }
+    if (i + 8 <= ENTER_SIZE) { /* 104 = 6 * 16 + 8 */
+        __m128i v = _mm_loadl_epi64((const __m128i *)(p + i));
+        sums = _mm_add_epi64(sums, _mm_sad_epu8(v, zero));
+        __m128i lo = _mm_madd_epi16(_mm_unpacklo_epi8(v, zero), _mm_load_si128(weights));
+        weighted = _mm_add_epi32(weighted, lo);
+        i += 8;
+    }
+    sums = _mm_add_epi64(sums, _mm_unpackhi_epi64(sums, sums));
+    weighted = _mm_add_epi32(weighted, _mm_shuffle_epi32(weighted, _MM_SHUFFLE(1, 0, 3, 2)));
+    weighted = _mm_add_epi32(weighted, _mm_shuffle_epi32(weighted, _MM_SHUFFLE(2, 3, 0, 1)));
+    uint32_t s = (uint32_t)_mm_cvtsi128_si32(sums), w = (uint32_t)_mm_cvtsi128_si32(weighted);
+    for (; i < ENTER_SIZE; i++) { /* none while ENTER_SIZE is a multiple of 8 */
+        s += p[i];
+        w += (uint32_t)(ENTER_SIZE - i) * p[i];
+    }
+    uint32_t a = 1 + s, b = (uint32_t)ENTER_SIZE + w;
+    return ((b % 65521u) << 16) | (a % 65521u);
+}
+
+static void adler32_init(void) {
+    for (int i = 0; i < ENTER_SIZE; i++)
+        ENTER_WEIGHTS[i] = (int16_t)(ENTER_SIZE - i);
+}
+#else
+static uint32_t adler32_enter(const unsigned char *p) { /* zlib.adler32(p[:ENTER_SIZE]) */
+    const size_t n = ENTER_SIZE;
     /* a = 1 + sum p[i], b = n + sum (n - i) p[i]: the same sums as zlib's running ones, without
      * its chain of dependent additions; no overflow before the modulo for n <= 5552 (NMAX) */
     uint32_t s = 0, w = 0;
@@ -63,13 +112,14 @@ static uint32_t adler32(const unsigned char *p, size_t n) { /* zlib.adler32(data
     return ((b % 65521u) << 16) | (a % 65521u);
 }
 
+static void adler32_init(void) {}
+#endif
+
 static inline void put_u64(unsigned char *p, uint64_t v) { memcpy(p, &v, 8); }
 static inline void put_u32(unsigned char *p, uint32_t v) { memcpy(p, &v, 4); }
 static inline void put_u16(unsigned char *p, uint16_t v) { memcpy(p, &v, 2); }
 
-/* Fields of ENTER ("<QQQqQQIIIIIIIIIIiiIBBH"): byte offset and size of each. */
-static const unsigned char FIELD_OFF[22] = {0,  8,  16, 24, 32, 40, 48, 52, 56, 60, 64,
-                                            68, 72, 76, 80, 84, 88, 92, 96, 100, 101, 102};
+/* Fields of ENTER ("<QQQqQQIIIIIIIIIIiiIBBH"): the size of each. */
 static const unsigned char FIELD_SIZE[22] = {8, 8, 8, 8, 8, 8, 4, 4, 4, 4, 4,
                                              4, 4, 4, 4, 4, 4, 4, 4, 1, 1, 2};
 
@@ -101,14 +151,16 @@ overflow:
     return -1;
 }
 
-static void store_field(unsigned char *rec, int i, uint64_t bits) {
-    unsigned char *p = rec + FIELD_OFF[i];
-    switch (FIELD_SIZE[i]) {
-    case 8: put_u64(p, bits); break;
-    case 4: put_u32(p, (uint32_t)bits); break;
-    case 2: put_u16(p, (uint16_t)bits); break;
-    default: *p = (unsigned char)bits;
-    }
+/* ENTER's fields at their offsets: six 8-byte (0-47), thirteen 4-byte (48-99), two bytes (100,
+ * 101) and a 2-byte one (102); little-endian (the put_* copy native order: see the check above). */
+static void store_fields(unsigned char *rec, const uint64_t *bits) {
+    for (int i = 0; i < 6; i++)
+        put_u64(rec + 8 * i, bits[i]);
+    for (int i = 6; i < 19; i++)
+        put_u32(rec + 48 + 4 * (i - 6), (uint32_t)bits[i]);
+    rec[100] = (unsigned char)bits[19];
+    rec[101] = (unsigned char)bits[20];
+    put_u16(rec + 102, (uint16_t)bits[21]);
 }
 
 /* Write the next record from the bits of ENTER's fields (bits[0], idx, is assigned here). */
@@ -120,9 +172,8 @@ static uint64_t ring_commit(Ring *self, uint64_t *bits) {
     bits[0] = idx;
     if (bits[2] == 0) /* t_enter 0: now */
         bits[2] = now_ns();
-    for (int i = 0; i <= N_ENTER_ARGS; i++)
-        store_field(rec, i, bits[i]);
-    put_u32(rec + ENTER_SIZE, adler32(rec, ENTER_SIZE));
+    store_fields(rec, bits);
+    put_u32(rec + ENTER_SIZE, adler32_enter(rec));
     self->count = idx;
     self->slot = slot;
     memcpy(self->ring + slot * RECORD_SIZE, rec, RECORD_SIZE);
@@ -632,6 +683,27 @@ done:
     return ok;
 }
 
+/* ``a == b`` for two shapes: 1, 0, or -1 with an error set. Two tuples of one type whose ``==`` is
+ * tuple's (torch.Size) are compared item by item, an item identical to the other (a small int)
+ * without a call; anything else by ``==``. */
+static int same_shape(PyObject *a, PyObject *b) {
+    if (Py_TYPE(a) != Py_TYPE(b) || !PyTuple_Check(a) ||
+        Py_TYPE(a)->tp_richcompare != PyTuple_Type.tp_richcompare)
+        return PyObject_RichCompareBool(a, b, Py_EQ);
+    Py_ssize_t n = PyTuple_GET_SIZE(a);
+    if (n != PyTuple_GET_SIZE(b))
+        return 0;
+    for (Py_ssize_t i = 0; i < n; i++) {
+        PyObject *x = PyTuple_GET_ITEM(a, i), *y = PyTuple_GET_ITEM(b, i);
+        if (x == y)
+            continue;
+        int same = PyObject_RichCompareBool(x, y, Py_EQ);
+        if (same != 1)
+            return same;
+    }
+    return 1;
+}
+
 /* describe() for the input of a Call, which remembers the dtype and shape it saw last. */
 static int describe_input(Call *call, PyObject *x, uint64_t *id, uint64_t *nbytes) {
     PyObject *shape = get_shape(&call->shape, x);
@@ -650,7 +722,7 @@ static int describe_input(Call *call, PyObject *x, uint64_t *id, uint64_t *nbyte
     if (dtype == call->memo_dtype && call->memo_shape != NULL) {
         uint64_t desc[2] = {call->memo_desc[0], call->memo_desc[1]};
         PyObject *memo = Py_NewRef(call->memo_shape); /* another thread may replace it */
-        same = PyObject_RichCompareBool(shape, memo, Py_EQ) == 1;
+        same = same_shape(shape, memo) == 1;
         Py_DECREF(memo);
         if (same)
             *id = desc[0], *nbytes = desc[1];
@@ -770,6 +842,29 @@ static void entered_clear(Entered *e) {
     Py_CLEAR(e->grec);
     Py_CLEAR(e->stack);
     Py_CLEAR(e->ring);
+}
+
+/* A thread's call stack (a list of record indices) grows and shrinks at its end on every call:
+ * list.append and list.pop without their calls. Only an append past the list's room goes through
+ * PyList_Append (which grows it); a pop leaves the room for the next push, as list.pop mostly
+ * does. The GIL is held. */
+static int stack_push(PyObject *stack, PyObject *item) {
+    PyListObject *list = (PyListObject *)stack;
+    Py_ssize_t n = Py_SIZE(list);
+    if (n >= list->allocated)
+        return PyList_Append(stack, item);
+    list->ob_item[n] = Py_NewRef(item);
+    Py_SET_SIZE(list, n + 1);
+    return 0;
+}
+
+static void stack_pop(PyObject *stack) { /* the list is not empty */
+    PyListObject *list = (PyListObject *)stack;
+    Py_ssize_t n = Py_SIZE(list) - 1;
+    PyObject *top = list->ob_item[n];
+    list->ob_item[n] = NULL;
+    Py_SET_SIZE(list, n);
+    Py_DECREF(top); /* after: its deallocation cannot see it in the list */
 }
 
 /* Write the ENTER record of a call: 1 (``out`` filled), or 0: not recorded (maybe with an error
@@ -944,7 +1039,7 @@ static int enter_impl(Call *self, const Args *a, Entered *out) {
     if (idx_obj == NULL)
         goto done;
     ring_commit((Ring *)ring, bits);
-    if (PyList_Append(stack, idx_obj) < 0)
+    if (stack_push(stack, idx_obj) < 0)
         PyErr_Clear(); /* out of memory: the call goes on, its children lose their parent */
     out->idx = idx_obj;
     out->grec = Py_NewRef(grec);
@@ -995,12 +1090,16 @@ static int leave_impl(Call *self, PyObject *idx_obj, PyObject *stack, uint64_t f
     Py_ssize_t n = PyList_GET_SIZE(stack);
     if (n > 0) {
         PyObject *top = PyList_GET_ITEM(stack, n - 1);
-        if (PyLong_CheckExact(top) && PyLong_AsUnsignedLongLong(top) == idx &&
-            !PyErr_Occurred()) {
-            if (PyList_SetSlice(stack, n - 1, n, NULL) < 0)
+        int mine = top == idx_obj; /* as pushed, or the same number pushed by the Python path */
+        if (!mine && PyLong_CheckExact(top)) {
+            mine = PyLong_AsUnsignedLongLong(top) == idx;
+            if (PyErr_Occurred()) {
                 PyErr_Clear();
+                mine = 0;
+            }
         }
-        PyErr_Clear();
+        if (mine)
+            stack_pop(stack);
     }
     ring_finish((Ring *)ring, idx, self->returned, 1, 0);
     return 1;
@@ -1333,6 +1432,7 @@ static int add_type(PyObject *m, const char *name, PyTypeObject *type) {
 }
 
 PyMODINIT_FUNC PyInit__ring(void) {
+    adler32_init();
     if (PyType_Ready(&RingType) < 0 || PyType_Ready(&RecordingType) < 0 ||
         PyType_Ready(&CallType) < 0 || PyType_Ready(&RecordedType) < 0)
         return NULL;

@@ -257,7 +257,9 @@ def test_callsite_walks_past_torch_and_wrapping_libraries(dist) -> None:
 
 def test_shapes_seen_alternately_and_many_shapes(dist, monkeypatch) -> None:
     monkeypatch.setattr(arguments, "CACHE_LIMIT", 8)
-    shapes = [(2,), (3, 1), (2,), (), (3, 1)] + [(n,) for n in range(1, 20)] + [(2,)]
+    # dimensions past 256 are new int objects on each read: compared by value, not identity
+    big = [(300, 2), (300, 2), (301, 2), (2, 300), (2, 300, 1), (300, 2)]
+    shapes = [(2,), (3, 1), (2,), (), (3, 1)] + [(n,) for n in range(1, 20)] + [(2,)] + big
     for shape in shapes:
         dist.all_reduce(torch.zeros(shape, dtype=torch.bfloat16))
     described = [(r["input"], r["nbytes"]) for r in dist.records()]
