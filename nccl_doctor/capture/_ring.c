@@ -66,21 +66,17 @@ static uint32_t adler32_enter(const unsigned char *p) {
         __m128i hi = _mm_madd_epi16(_mm_unpackhi_epi8(v, zero), _mm_load_si128(weights + 1));
         weighted = _mm_add_epi32(weighted, _mm_add_epi32(lo, hi));
     }
-    if (i + 8 <= ENTER_SIZE) { /* 104 = 6 * 16 + 8 */
+    _Static_assert(ENTER_SIZE % 8 == 0, "the enter part is read 16 and then 8 bytes at a time");
+    if (i < ENTER_SIZE) { /* 104 = 6 * 16 + 8 */
         __m128i v = _mm_loadl_epi64((const __m128i *)(p + i));
         sums = _mm_add_epi64(sums, _mm_sad_epu8(v, zero));
         __m128i lo = _mm_madd_epi16(_mm_unpacklo_epi8(v, zero), _mm_load_si128(weights));
         weighted = _mm_add_epi32(weighted, lo);
-        i += 8;
     }
     sums = _mm_add_epi64(sums, _mm_unpackhi_epi64(sums, sums));
     weighted = _mm_add_epi32(weighted, _mm_shuffle_epi32(weighted, _MM_SHUFFLE(1, 0, 3, 2)));
     weighted = _mm_add_epi32(weighted, _mm_shuffle_epi32(weighted, _MM_SHUFFLE(2, 3, 0, 1)));
     uint32_t s = (uint32_t)_mm_cvtsi128_si32(sums), w = (uint32_t)_mm_cvtsi128_si32(weighted);
-    for (; i < ENTER_SIZE; i++) { /* none while ENTER_SIZE is a multiple of 8 */
-        s += p[i];
-        w += (uint32_t)(ENTER_SIZE - i) * p[i];
-    }
     uint32_t a = 1 + s, b = (uint32_t)ENTER_SIZE + w;
     return ((b % 65521u) << 16) | (a % 65521u);
 }
@@ -89,6 +85,7 @@ static void adler32_init(void) {
     for (int i = 0; i < ENTER_SIZE; i++)
         ENTER_WEIGHTS[i] = (int16_t)(ENTER_SIZE - i);
 }
+#define ADLER32_KIND "sse2"
 #else
 static uint32_t adler32_enter(const unsigned char *p) { /* zlib.adler32(p[:ENTER_SIZE]) */
     const size_t n = ENTER_SIZE;
@@ -113,6 +110,7 @@ static uint32_t adler32_enter(const unsigned char *p) { /* zlib.adler32(p[:ENTER
 }
 
 static void adler32_init(void) {}
+#define ADLER32_KIND "portable"
 #endif
 
 static inline void put_u64(unsigned char *p, uint64_t v) { memcpy(p, &v, 8); }
@@ -687,6 +685,8 @@ done:
  * tuple's (torch.Size) are compared item by item, an item identical to the other (a small int)
  * without a call; anything else by ``==``. */
 static int same_shape(PyObject *a, PyObject *b) {
+    if (a == b)
+        return 1;
     if (Py_TYPE(a) != Py_TYPE(b) || !PyTuple_Check(a) ||
         Py_TYPE(a)->tp_richcompare != PyTuple_Type.tp_richcompare)
         return PyObject_RichCompareBool(a, b, Py_EQ);
@@ -722,13 +722,21 @@ static int describe_input(Call *call, PyObject *x, uint64_t *id, uint64_t *nbyte
     if (dtype == call->memo_dtype && call->memo_shape != NULL) {
         uint64_t desc[2] = {call->memo_desc[0], call->memo_desc[1]};
         PyObject *memo = Py_NewRef(call->memo_shape); /* another thread may replace it */
-        same = same_shape(shape, memo) == 1;
+        same = same_shape(shape, memo);
         Py_DECREF(memo);
+        if (same < 0) { /* an item's __eq__ raised: an Exception is the look-up's to make */
+            if (!PyErr_ExceptionMatches(PyExc_Exception)) {
+                Py_DECREF(dtype); /* KeyboardInterrupt and the like: the caller's */
+                Py_DECREF(shape);
+                return -1;
+            }
+            PyErr_Clear();
+            same = 0;
+        }
         if (same)
             *id = desc[0], *nbytes = desc[1];
     }
     if (!same) {
-        PyErr_Clear();
         r = cached(call->rec, pair(Py_NewRef(dtype), Py_NewRef(shape)), id, nbytes);
         if (r == 0) {
             Py_XSETREF(call->memo_dtype, Py_NewRef(dtype));
@@ -1449,6 +1457,10 @@ PyMODINIT_FUNC PyInit__ring(void) {
     PyObject *m = PyModule_Create(&ringmodule);
     if (m == NULL)
         return NULL;
+    if (PyModule_AddStringConstant(m, "ADLER32", ADLER32_KIND) < 0) { /* which one was built */
+        Py_DECREF(m);
+        return NULL;
+    }
     if (add_type(m, "Ring", &RingType) < 0 || add_type(m, "Recording", &RecordingType) < 0 ||
         add_type(m, "Call", &CallType) < 0 || add_type(m, "Recorded", &RecordedType) < 0) {
         Py_DECREF(m);

@@ -341,6 +341,45 @@ def test_a_borrowed_descriptor_is_not_applied_to_a_foreign_object(dist, capsys) 
     assert dist.all_reduce(t) is None
 
 
+class Dim(int):
+    """A dimension whose comparison raises KeyboardInterrupt once, when armed."""
+
+    armed = False
+
+    def __eq__(self, other: object) -> bool:
+        if Dim.armed:
+            Dim.armed = False
+            raise KeyboardInterrupt
+        return int(self) == other
+
+    __hash__ = int.__hash__
+
+
+class DimShaped:
+    """Tensor-like: each read of ``shape`` makes new Dim objects (compared, never identical)."""
+
+    dtype, nbytes = torch.float32, 12
+
+    @property
+    def shape(self) -> tuple:
+        return (Dim(3),)
+
+
+def test_an_interrupt_while_comparing_shapes_reaches_the_caller(dist) -> None:
+    """KeyboardInterrupt is the user's, even from a comparison the recorder makes: it is
+    raised from the call (which does not run), not swallowed."""
+    x = DimShaped()
+    for _ in range(3):  # described, cached, then remembered by the call
+        dist.all_reduce(x)
+    before = dist.rec.writer.count
+    Dim.armed = True
+    with pytest.raises(KeyboardInterrupt):
+        dist.all_reduce(x)
+    assert not Dim.armed and dist.rec.writer.count == before
+    dist.all_reduce(x)  # and the recorder goes on
+    assert dist.rec.writer.count == before + 1 and dist.records()[-1]["input"] == "float32[3]"
+
+
 def test_a_destroyed_group_is_not_kept_alive(dist) -> None:
     pair = FakeGroup("pair", (0, 1))
     dist.rec.group(pair)
