@@ -255,6 +255,18 @@ def test_callsite_walks_past_torch_and_wrapping_libraries(dist) -> None:
     assert [r["api"] for r in recs] == [("ops.py", 3)] * 3
 
 
+def test_a_sequence_number_moved_outside_the_recorder_is_read_on_the_fast_path(dist) -> None:
+    group = FakeGroup("b", (0, 1))
+    dist.rec.group(group)
+    for step in range(6):  # one call line: cached from the second call on
+        if step == 4:  # collectives issued from C++ (a DDP bucket) move it past the recorder
+            group.seq += 5
+        dist.all_reduce(torch.ones(1), group=group)
+    assert [r["seq"] for r in dist.records()] == [1, 2, 3, 4, 10, 11]
+    if dist.rec.recording is not None:
+        assert dist.taken == ["python"] + ["fast"] * 5
+
+
 def test_shapes_seen_alternately_and_many_shapes(dist, monkeypatch) -> None:
     monkeypatch.setattr(arguments, "CACHE_LIMIT", 8)
     # dimensions past 256 are new int objects on each read: compared by value, not identity
