@@ -58,7 +58,7 @@ def analyze(traces: TraceSet, passes: tuple[Pass, ...] = PASSES,
         except Exception as err:  # a capture is input: one odd note must not lose the report
             notes.append(f"analysis pass {p.__name__} failed on this capture ({err!r}); its "
                          "findings are missing")
-    findings = first_divergence_per_group(found)
+    findings = _inside_a_mismatch(first_divergence_per_group(found))
     if traces.unfinished:
         findings, notes = _while_running(findings, traces, notes)
     findings = _rank_findings(findings, traces)
@@ -88,6 +88,18 @@ def analyze(traces: TraceSet, passes: tuple[Pass, ...] = PASSES,
     ), annotators, annotate.versions_of(traces))
     # a hang the live watchdog called stands (its kept record: replay reaches the live verdict)
     return replayed.with_watch(diagnosis, traces, annotators)
+
+
+def _inside_a_mismatch(findings: list[Finding]) -> list[Finding]:
+    """A rank that vanished (no exit record: torchrun's SIGTERM once a peer failed, or a kill)
+    while inside a collective whose calls did not match is that mismatch's consequence: the
+    collective could never complete. Its exit stays in the root cause's consequences. (A rank
+    that raised or was signalled inside a collective is already left out by rank_exited.)"""
+    mismatched = {(f.group, f.seq) for f in findings
+                  if f.kind is FindingKind.COLLECTIVE_MISMATCH and f.group is not None}
+    return [f for f in findings if not (
+        f.kind is FindingKind.RANK_EXITED and f.evidence.get("exit") == ExitKind.VANISHED.value
+        and (f.group, f.seq) in mismatched)]
 
 
 #: what only the job's end can tell: a rank behind its peers while the job still runs (or was

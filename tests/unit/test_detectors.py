@@ -470,6 +470,32 @@ def test_verdict_crash_on_abnormal_exit(tb) -> None:
     assert analyze(ts).verdict is Verdict.CRASH
 
 
+def test_a_rank_that_vanished_inside_a_mismatched_collective_is_its_consequence(tb) -> None:
+    """The padded all_gather on gloo: rank 0 aborts on the size check (SIGABRT) and torchrun's
+    SIGTERM ends rank 1, still inside that all_gather, with no exit record. The mismatch is the
+    root cause, rank 1's end one of its consequences - not a finding of its own."""
+    def ranks_events(length: int) -> list:
+        return tb.collectives(2) + [tb.event(3, "all_gather", input=f"float32[2,{length},32]",
+                                             state=ENTERED)]
+    aborted = RankExit(ExitKind.SIGNAL, signal="SIGABRT", time_ns=tb.T0 + 50 * tb.STEP)
+    d = analyze(two_ranks(tb, ranks_events(7), ranks_events(9),
+                          exits=(aborted, RankExit(ExitKind.VANISHED))))
+    assert d.verdict is Verdict.CRASH
+    assert d.root_cause.kind is FindingKind.COLLECTIVE_MISMATCH and d.root_cause.seq == 3
+    assert [f.kind for f in d.findings] == [FindingKind.COLLECTIVE_MISMATCH]
+    assert {c["rank"]: c["exit"] for c in d.root_cause.evidence["consequences"]} == {
+        0: "signal", 1: "vanished"}
+    # vanishing in another collective than the mismatched one is still a finding of its own
+    def went_on(length: int) -> list:
+        return tb.collectives(2) + [tb.event(3, "all_gather", input=f"float32[2,{length},32]"),
+                                    tb.event(4, state=ENTERED)]
+    d = analyze(two_ranks(tb, went_on(7), went_on(9),
+                          exits=(aborted, RankExit(ExitKind.VANISHED))))
+    assert d.root_cause.kind is FindingKind.COLLECTIVE_MISMATCH and d.root_cause.seq == 3
+    exited = [f for f in d.findings if f.kind is FindingKind.RANK_EXITED]
+    assert [(f.ranks, f.seq) for f in exited] == [((1,), 4)]
+
+
 def test_verdict_crash_on_failed_exit_status(tb) -> None:
     ts = tb.scenarios["clean"]()
     ts = tb.traceset(list(ts.ranks.values()), exit_status=1)

@@ -87,6 +87,21 @@ def test_findings_name_the_hosts_of_their_ranks(tb):
     assert "hosts" not in one_host.evidence
 
 
+def test_a_finding_on_many_hosts_names_three_and_counts_the_rest(tb):
+    """40 ranks on 40 hosts run out of data after collective #2; rank 0 goes on to #3. The exit
+    finding's title names three hosts and counts the others; its evidence maps every rank."""
+    world = 41
+    traces = [tb.trace(0, tb.collectives(3, group_size=world, last_state=tb.ENTERED),
+                       world_size=world, host="node0")]
+    traces += [tb.trace(r, tb.collectives(2, group_size=world), tb.clean(tb.T0 + 5 * tb.STEP),
+                        world_size=world, host=f"node{r}") for r in range(1, world)]
+    d = analyze(tb.traceset(traces), annotators=())
+    exited = next(f for f in d.findings if f.kind is FindingKind.RANK_EXITED)
+    assert exited.ranks == tuple(range(1, world))
+    assert "[rank 1 on node1; rank 2 on node2; rank 3 on node3; ... 37 more hosts]" in exited.title
+    assert exited.evidence["hosts"] == {str(r): f"node{r}" for r in range(1, world)}
+
+
 def test_a_lost_node_is_the_root_cause_not_its_stale_calls(tb):
     lost = RankExit(ExitKind.LOST, exception="nodeB", time_ns=tb.T0)
     traces = tb.traceset([
