@@ -359,6 +359,12 @@ static void attr_clear(Attr *m) {
     Py_CLEAR(m->descr);
 }
 
+static int attr_traverse(Attr *m, visitproc visit, void *arg) {
+    Py_VISIT(m->type);
+    Py_VISIT(m->descr);
+    return 0;
+}
+
 /* The descriptor of ``name`` that reads obj.<name> for objects of type ``tp``, or NULL: by name. */
 static PyObject *attr_descriptor(PyTypeObject *tp, PyObject *name) {
 #if defined(Py_TPFLAGS_VALID_VERSION_TAG) && PY_VERSION_HEX < 0x030E0000
@@ -1181,12 +1187,12 @@ static int Call_init(Call *self, PyObject *args, PyObject *kwds) {
 static int Call_traverse(Call *self, visitproc visit, void *arg) {
     Py_VISIT(self->rec);
     Py_VISIT(self->memo_stack);
-    Py_VISIT(self->shape.type);
-    Py_VISIT(self->shape.descr);
-    Py_VISIT(self->dtype.type);
-    Py_VISIT(self->dtype.descr);
-    Py_VISIT(self->p2p_bumps.type);
-    Py_VISIT(self->p2p_bumps.descr);
+    Attr *attrs[] = {&self->shape, &self->dtype, &self->p2p_bumps};
+    for (size_t i = 0; i < sizeof attrs / sizeof attrs[0]; i++) {
+        int r = attr_traverse(attrs[i], visit, arg);
+        if (r)
+            return r;
+    }
     return 0;
 }
 
