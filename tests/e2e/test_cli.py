@@ -125,9 +125,9 @@ def test_replay_writes_json_and_refuses_to_overwrite(clean_capture, tmp_path):
 
 
 def test_ctrl_c_reaches_the_job_and_leaves_no_process(tmp_path):
-    job = ("import time, sys\nprint('ready', flush=True)\n"
-           "try:\n    time.sleep(60)\nexcept KeyboardInterrupt:\n"
-           "    print('job got SIGINT', flush=True); sys.exit(5)\n")
+    # 'ready' is printed inside the try: the SIGINT may arrive as soon as its line is written
+    job = ("import time, sys\ntry:\n    print('ready', flush=True)\n    time.sleep(60)\n"
+           "except KeyboardInterrupt:\n    print('job got SIGINT', flush=True); sys.exit(5)\n")
     proc = subprocess.Popen([*CLI, "run", "--quiet", "--out", str(tmp_path / "o"), "--",
                              sys.executable, "-c", job], stdout=subprocess.PIPE, text=True)
     assert proc.stdout.readline() == "ready\n"

@@ -4,7 +4,9 @@ callsites and tensor descriptions, however often a call site, shape or code obje
 
 from __future__ import annotations
 
+import errno
 import gc
+import os
 import sys
 import threading
 import weakref
@@ -416,6 +418,23 @@ def test_an_internal_error_disables_the_recorder_not_the_call(dist, capsys) -> N
     assert dist.rec.writer.count == before
     if dist.rec.recording is not None:
         assert dist.rec.recording.ring is None
+
+
+@pytest.mark.parametrize("path", PATHS)
+def test_no_room_for_the_capture_disables_the_recorder_not_the_job(tmp_path, monkeypatch, capsys,
+                                                                   path) -> None:
+    def no_room(fd: int, offset: int, length: int) -> None:
+        raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC))
+
+    monkeypatch.setattr(os, "posix_fallocate", no_room)  # a full disk cannot be made here
+    d = FakeDist(tmp_path, path)
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and "recorder disabled: cannot create the capture" in err
+    assert "No space left on device" in err and "Traceback" not in err
+    t = torch.ones(2)
+    assert d.all_reduce(t) is None and isinstance(d.all_reduce(t, async_op=True), FakeWork)
+    assert d.world.seq == 2 and d.rec.writer is None  # the calls ran, unrecorded
+    assert not list((tmp_path / path).glob("*" + fmt.CAPTURE_SUFFIX))
 
 
 def test_a_failing_call_is_recorded_as_failed(dist) -> None:

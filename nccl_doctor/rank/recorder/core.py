@@ -79,7 +79,8 @@ class Recorder:
             self.recording.groups, self.recording.stacks = self.groups, self.stacks
 
     # -- failure: one line, then out of the way ----------------------------------------------
-    def fail(self, err: BaseException) -> None:
+    def fail(self, err: BaseException, why: str | None = None) -> None:
+        """Disable the recorder with one line on stderr: ``why``, else an internal error."""
         if not self.enabled:
             return
         self.enabled = False
@@ -89,7 +90,7 @@ class Recorder:
             pass
         try:
             sys.stderr.write(
-                f"nccl-doctor: recorder disabled after an internal error ({err!r}); "
+                f"nccl-doctor: recorder disabled: {why or f'an internal error ({err!r})'}; "
                 "the job continues unrecorded\n"
             )
         except Exception:
@@ -158,7 +159,13 @@ class Recorder:
         while path.exists():  # a previous job in the same directory reused this pid
             n += 1
             path = self.directory / f"{stem}-{n}{fmt.CAPTURE_SUFFIX}"
-        writer = CaptureWriter(path, meta, capacity=self.capacity, strtab_bytes=self.strtab_bytes)
+        try:
+            writer = CaptureWriter(path, meta, capacity=self.capacity,
+                                   strtab_bytes=self.strtab_bytes, preallocate=True)
+        except OSError as err:  # no room (the file is reserved whole) or no permission
+            self.fail(err, f"cannot create the capture {path} ({err.strerror or err}); free "
+                      "space there or pass another --out")
+            return
         self.describer = Describer(writer.intern)
         for call in self._calls:
             call.op_id = writer.intern(call.spec.name)
