@@ -187,7 +187,8 @@ class RankExit:
         if self.kind is ExitKind.SIGNAL:
             return f"was killed by {self.signal}"
         if self.kind is ExitKind.VANISHED:
-            return "ended with no exit record (SIGKILL, the OOM killer or os._exit)"
+            return ("ended with no exit record (SIGKILL, the OOM killer, a launcher's SIGTERM "
+                    "or os._exit)")
         if self.kind is ExitKind.LOST:
             return f"was lost with its host {self.exception}" if self.exception else \
                 "was lost with its host"
