@@ -297,6 +297,9 @@ class TraceSet:
     # why these captures cover only some hosts of a multi-node job ("" : the whole job); the
     # ranks without a capture then ran elsewhere, unseen - never "missing"
     partial: str = ""
+    # ranks that ran but could not make a capture (rank -> why; capture/unrecorded.py): seen
+    # nowhere, never "missing"
+    unrecorded: Mapping[int, str] = field(default_factory=dict)
     # why the job's end is unknown ("" : it ended, or nothing says otherwise): still running,
     # or its supervisor was lost; then ranks behind their peers are not missing, only behind
     unfinished: str = ""

@@ -63,6 +63,9 @@ def analyze(traces: TraceSet, passes: tuple[Pass, ...] = PASSES,
         findings, notes = _while_running(findings, traces, notes)
     findings = _rank_findings(findings, traces)
     findings = _on_hosts(findings, traces)
+    for rank, why in traces.unrecorded.items():
+        notes.append(f"rank {rank} was not recorded: {why}; what it did is not seen: it is never "
+                     "counted as missing from a collective, and may be the rank others wait for")
     if traces.partial:
         notes.append(f"{traces.partial}: the ranks with no capture here are not seen (other "
                      "hosts, or files not given); nothing is said about them")
@@ -215,9 +218,11 @@ def _summaries(traces: TraceSet) -> list[RankSummary]:
                   else "on another host, not seen here")
     for rank in range(traces.world_size):
         if rank not in traces.ranks:
+            why = rank in traces.unrecorded
             out.append(RankSummary(
                 rank=rank, host="", pid=0, state="no_capture", exit_code=None, signal=None,
-                exit_detail=unseen, last_collective=None, stack_summary=None,
+                exit_detail="not recorded (see the note)" if why else unseen, last_collective=None,
+                stack_summary=None,
                 capture={},
             ))
     return sorted(out, key=lambda s: s.rank)

@@ -41,7 +41,8 @@ def detect_missing_collective(traces: TraceSet) -> list[Finding]:
     for name, timeline in sorted(timelines(traces).items()):
         present = {r: s for r, s in timeline.last_seq.items()}
         for r in timeline.members:  # members that never recorded anything in this group
-            if r in traces.ranks or not traces.partial:  # (partial: the others ran unseen)
+            # (partial: the others ran unseen; an unrecorded rank ran unseen too)
+            if r in traces.ranks or not (traces.partial or r in traces.unrecorded):
                 present.setdefault(r, 0)
         if not present:
             continue

@@ -21,6 +21,7 @@ from nccl_doctor.capture import flight_recorder, fr_dump, watch_record
 from nccl_doctor.capture import format as fmt
 from nccl_doctor.capture import window
 from nccl_doctor.capture.follow import CaptureFollower, Scan, scan_capture
+from nccl_doctor.capture.unrecorded import read_unrecorded
 from nccl_doctor.errors import (
     CaptureNotFound, CorruptCapture, DoctorError, NotACapture, UnsupportedVersion,
 )
@@ -36,8 +37,8 @@ MANIFEST_FORMAT = "nccl-doctor-capture"
 REPORT_JSON = "report.json"
 REPORT_HTML = "report.html"  # the same diagnosis as a page (nccl_doctor/reporters/html.py)
 #: Every name nccl-doctor writes into a capture directory (an --out holding only these is ours).
-OWN_FILES = (f"*{fmt.CAPTURE_SUFFIX}", f"*{fmt.FAULT_SUFFIX}", MANIFEST, REPORT_JSON, REPORT_HTML,
-             GPU_JSONL,
+OWN_FILES = (f"*{fmt.CAPTURE_SUFFIX}", f"*{fmt.FAULT_SUFFIX}", f"*{fmt.UNRECORDED_SUFFIX}",
+             MANIFEST, REPORT_JSON, REPORT_HTML, GPU_JSONL,
              STRAGGLERS_JSONL, watch_record.WATCH_JSON, watch_record.STACKS_JSON,
              f"{watch_record.FR_DIR}/rank_*.json")
 
@@ -414,7 +415,13 @@ def _assemble(path: Path, manifest: Manifest | None, files: list[Path],
                 "its last events may be missing"
             )
     problems += beside_problems
+    markers: dict[int, dict] = {}
+    if path.is_dir():
+        markers, bad = read_unrecorded(path)
+        problems += bad
+    unrecorded = {r: m["why"] for r, m in sorted(markers.items()) if r not in traces}
     sizes = [t.meta.world_size for t in traces.values()]
+    sizes += [markers[r]["world_size"] for r in unrecorded]
     if manifest is not None and manifest.world_size:
         sizes.append(manifest.world_size)
     world = max(sizes, default=0)
@@ -425,7 +432,7 @@ def _assemble(path: Path, manifest: Manifest | None, files: list[Path],
                    f"{node.get('node_rank', '?')} of a multi-node job; replay every node's "
                    "directory together for the whole job)")
     return TraceSet(
-        partial=partial,
+        partial=partial, unrecorded=unrecorded,
         ranks=traces, groups=groups_from_notes(traces.values()), world_size=world,
         command=manifest.command if manifest else (), problems=tuple(problems),
         exit_status=manifest.exit_status if manifest else None, source=str(path), gpu=gpu,

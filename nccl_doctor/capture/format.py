@@ -31,6 +31,7 @@ DEFAULT_RING_RECORDS = 32768  # 4 MiB of events per rank
 DEFAULT_STRTAB_BYTES = 1 << 20  # 1 MiB of interned strings and notes per rank
 CAPTURE_SUFFIX = ".ndcap"
 FAULT_SUFFIX = ".fault"  # the rank's faulthandler output, beside its capture file
+UNRECORDED_SUFFIX = ".unrecorded"  # left instead of a capture its rank could not make
 
 # magic, version, header size, record size, capacity, ring offset, strtab offset, strtab size, created
 HEADER = struct.Struct("<8sIIIIQQQQ")

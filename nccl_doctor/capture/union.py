@@ -59,13 +59,16 @@ def union(sets: Sequence[TraceSet], source: str = "") -> TraceSet:
         stack_samples=tuple(s for p in sets for s in p.stack_samples),
         watch=next((p.watch for p in sets if p.watch is not None), None), stacks=stacks,
         partial=_partial(sets, ranks),
+        unrecorded={r: why for p in sets for r, why in sorted(p.unrecorded.items())
+                    if r not in ranks},
     )
 
 
 def _partial(sets: Sequence[TraceSet], ranks: dict[int, RankTrace]) -> str:
     """Still partial when ranks are missing and a part said why."""
     world = max((p.world_size for p in sets), default=0)
-    if all(r in ranks for r in range(world)):
+    unseen = {r for p in sets for r in p.unrecorded}
+    if all(r in ranks or r in unseen for r in range(world)):
         return ""
     return "; ".join(dict.fromkeys(p.partial for p in sets if p.partial))
 

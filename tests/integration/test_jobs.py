@@ -94,3 +94,26 @@ def test_clean_job_is_ok(run_job, nproc, ring):
     }
     assert len({tuple(v) for v in per_rank.values()}) == 1
     assert len(per_rank[0]) >= 3 * 6
+
+
+def test_a_rank_that_cannot_make_its_capture_runs_unseen_not_missing(run_job, tmp_path):
+    """Rank 2 of 3 cannot create its capture file (RLIMIT_FSIZE: EFBIG, as ENOSPC on a full
+    disk): the job runs to the end, the rank says so in one line and leaves a marker, and the
+    report is OK with a note - never a missing_collective against it. Replay agrees."""
+    run = run_job(3, job("unrecorded.py"), env={"UNRECORDED": "2"})
+    d = run.diagnosis
+    assert run.exit_status == 0
+    assert d.verdict is Verdict.OK and d.findings == (), [f.title for f in d.findings]
+    states = {r.rank: (r.state, r.exit_detail) for r in d.ranks}
+    assert states[2] == ("no_capture", "not recorded (see the note)")
+    assert {states[0][0], states[1][0]} == {"exited"}
+    note = next(n for n in d.notes if n.startswith("rank 2 was not recorded"))
+    assert "cannot create its capture" in note and "File too large" in note
+    markers = list(run.out.glob("*.unrecorded"))
+    assert len(markers) == 1 and markers[0].name.startswith("rank00002.")
+    assert not list(run.out.glob("rank00002.*.ndcap"))
+    replayed = load_capture_dir(run.out)
+    assert set(replayed.ranks) == {0, 1} and set(replayed.unrecorded) == {2}
+    from nccl_doctor.analysis import analyze
+    again = analyze(replayed)
+    assert again.verdict is Verdict.OK and again.findings == ()

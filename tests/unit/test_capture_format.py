@@ -18,6 +18,7 @@ from nccl_doctor.capture.directory import (
 )
 from nccl_doctor.capture.follow import read_capture
 from nccl_doctor.capture.reader import parse_fault
+from nccl_doctor.capture.unrecorded import MAX_BYTES, write_unrecorded
 from nccl_doctor.capture.writer import CaptureWriter
 from nccl_doctor.errors import (
     CaptureNotFound, CorruptCapture, DoctorError, ExitStatus, NotACapture, UnsupportedVersion,
@@ -332,6 +333,32 @@ def test_no_room_for_a_preallocated_capture_fails_at_creation(tmp_path: Path, mo
     write_calls(w, 3)
     w.note("exit")
     assert [e.seq for e in read_capture(w.path).events] == [1, 2, 3]
+
+
+def test_a_rank_that_could_not_make_its_capture_is_unrecorded_not_absent(tmp_path: Path) -> None:
+    w = new_writer(tmp_path, 0)
+    write_calls(w, 3)
+    w.note("exit")
+    why = "cannot create its capture in /out (No space left on device)"
+    assert write_unrecorded(tmp_path, "rank00001.node0.4001", 1, 3, "node0", why) is not None
+    assert write_unrecorded(tmp_path, "rank00001.node0.4001", 1, 3, "node0", why) is None  # once
+    write_unrecorded(tmp_path, "rank00000.node0.4000", 0, 3, "node0", "stale")  # has a capture
+    ts = load_capture_dir(tmp_path, job_ended=True)
+    assert set(ts.ranks) == {0} and ts.unrecorded == {1: why} and ts.world_size == 3
+    assert not ts.problems
+
+
+@pytest.mark.parametrize("content", [b"\x00garbage", b'{"rank": true}', b'{"rank": -1}', b"[1]",
+                                     b'{"rank": 1, "why": "' + b"x" * MAX_BYTES + b'"}'])
+def test_a_damaged_unrecorded_marker_is_a_note(tmp_path: Path, content: bytes) -> None:
+    w = new_writer(tmp_path, 0)
+    write_calls(w, 2)
+    w.note("exit")
+    (tmp_path / f"rank00001.node0.4001{fmt.UNRECORDED_SUFFIX}").write_bytes(content)
+    ts = load_capture_dir(tmp_path, job_ended=True)
+    assert ts.unrecorded == {} and set(ts.ranks) == {0}
+    assert ts.problems == (f"rank00001.node0.4001{fmt.UNRECORDED_SUFFIX} skipped: not an "
+                           "nccl-doctor marker of an unrecorded rank",)
 
 
 # -- damage --------------------------------------------------------------------------------------

@@ -635,3 +635,21 @@ def test_a_late_rank_is_waited_for_by_peers_that_entered_a_collective_it_has_not
     traces = tb.traceset([tb.trace(0, ahead, world_size=3), tb.trace(2, inside, world_size=3)],
                          groups={"0": (0, 2)})
     assert waited_by(traces, 2) == ()  # inside a collective itself: not what the watch samples
+
+
+def test_a_rank_that_could_not_be_recorded_is_not_missing(tb) -> None:
+    """World of 3; rank 2's recorder could not make its capture (capture/unrecorded.py): it ran
+    unseen. Ranks 0 and 1 ran 3 collectives and exited cleanly: nothing is wrong that is known,
+    and the note says what is not seen. Without the marker the same captures blame rank 2."""
+    from dataclasses import replace
+    end = tb.clean(tb.T0 + 9 * tb.STEP)
+    traces = tb.traceset([tb.trace(r, tb.collectives(3, group_size=3), end, world_size=3)
+                          for r in (0, 1)],
+                         groups={"0": (0, 1, 2)}, world_size=3)
+    blamed = analyze(traces, annotators=())
+    assert blamed.root_cause is not None and blamed.root_cause.ranks == (2,)
+    why = "cannot create its capture in /out (No space left on device)"
+    d = analyze(replace(traces, unrecorded={2: why}), annotators=())
+    assert d.verdict is Verdict.OK and d.findings == ()
+    assert [r.exit_detail for r in d.ranks if r.rank == 2] == ["not recorded (see the note)"]
+    assert any(n.startswith(f"rank 2 was not recorded: {why}") for n in d.notes)

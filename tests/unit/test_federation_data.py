@@ -74,6 +74,15 @@ def test_the_union_is_by_rank_and_says_which_capture_it_kept(tb):
     assert u.ranks[1] is newer and "rank 1 has captures on two nodes" in u.problems[0]
 
 
+def test_the_union_keeps_the_ranks_no_node_could_record(tb):
+    from dataclasses import replace
+    a = tb.traceset([tb.trace(0, tb.collectives(3), host="nodeA")], world_size=3)
+    b = tb.traceset([tb.trace(1, tb.collectives(3), host="nodeB")], world_size=3)
+    u = union([a, replace(b, unrecorded={2: "no room"}, partial="node B only")])
+    assert u.unrecorded == {2: "no room"} and u.partial == ""  # every rank is accounted for
+    assert union([a, b]).unrecorded == {}
+
+
 def test_findings_name_the_hosts_of_their_ranks(tb):
     traces = tb.traceset([
         tb.trace(0, tb.collectives(3, last_state=tb.ENTERED), host="nodeA"),

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import errno
 import gc
+import json
 import os
 import sys
 import threading
@@ -429,12 +430,15 @@ def test_no_room_for_the_capture_disables_the_recorder_not_the_job(tmp_path, mon
     monkeypatch.setattr(os, "posix_fallocate", no_room)  # a full disk cannot be made here
     d = FakeDist(tmp_path, path)
     err = capsys.readouterr().err
-    assert err.count("\n") == 1 and "recorder disabled: cannot create the capture" in err
+    assert err.count("\n") == 1 and "recorder disabled: cannot create its capture" in err
     assert "No space left on device" in err and "Traceback" not in err
     t = torch.ones(2)
     assert d.all_reduce(t) is None and isinstance(d.all_reduce(t, async_op=True), FakeWork)
     assert d.world.seq == 2 and d.rec.writer is None  # the calls ran, unrecorded
     assert not list((tmp_path / path).glob("*" + fmt.CAPTURE_SUFFIX))
+    marker = json.loads(next((tmp_path / path).glob("*" + fmt.UNRECORDED_SUFFIX)).read_text())
+    assert marker["rank"] == 0 and marker["world_size"] == 2
+    assert marker["why"].startswith("cannot create its capture in") and "No space" in marker["why"]
 
 
 def test_a_failing_call_is_recorded_as_failed(dist) -> None:

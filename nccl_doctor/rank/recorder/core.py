@@ -28,6 +28,7 @@ from nccl_doctor._version import __version__
 from nccl_doctor.capture import format as fmt
 from nccl_doctor.capture import ring as ring_mod
 from nccl_doctor.model import EventFlag, EventKind, EventState
+from nccl_doctor.capture.unrecorded import write_unrecorded
 from nccl_doctor.capture.writer import CaptureWriter
 from nccl_doctor.rank.recorder.arguments import Describer
 from nccl_doctor.rank.recorder.specs import SPECS
@@ -163,8 +164,10 @@ class Recorder:
             writer = CaptureWriter(path, meta, capacity=self.capacity,
                                    strtab_bytes=self.strtab_bytes, preallocate=True)
         except OSError as err:  # no room (the file is reserved whole) or no permission
-            self.fail(err, f"cannot create the capture {path} ({err.strerror or err}); free "
-                      "space there or pass another --out")
+            why = f"cannot create its capture in {self.directory} ({err.strerror or err})"
+            self.fail(err, f"{why}; free space there or pass another --out")
+            # the analysis then knows this rank ran, unseen, and is never "missing"
+            write_unrecorded(self.directory, stem, rank, world, host, why)
             return
         self.describer = Describer(writer.intern)
         for call in self._calls:
