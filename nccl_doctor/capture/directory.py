@@ -274,6 +274,8 @@ class LiveCaptures:
         manifest, files, damage = _contents(self.directory)
         read = [self._follow(f) for f in files]
         stamps = tuple(_stamp(self.directory / name) for name in (GPU_JSONL, STRAGGLERS_JSONL))
+        # a rank that could not make its capture is news too, though no capture moved
+        stamps += tuple(sorted(p.name for p in self.directory.glob(f"*{fmt.UNRECORDED_SUFFIX}")))
         moved = stamps != self._beside[0]
         if moved:
             self._beside = (stamps, _beside(self.directory))

@@ -142,3 +142,18 @@ def test_a_running_job_past_the_window_is_looked_at_through_each_ranks_newest_re
         assert len(trace.events) == 64 and trace.records == 300  # TAIL: 400 // 8 is less
         assert trace.events[-1].state is EventState.ENTERED  # where it stands now
     live.close()
+
+
+def test_a_rank_unrecorded_after_the_first_look_is_seen_at_the_next(tmp_path):
+    """The live looks hand back the same TraceSet while no capture moved; a marker of a rank
+    that could not make its capture (capture/unrecorded.py) is news all the same."""
+    from nccl_doctor.capture.unrecorded import write_unrecorded
+    out = write_job(tmp_path, 30, stop_at={r: 29 for r in range(WORLD)})
+    live = directory.LiveCaptures(out)
+    first = live.load()
+    assert live.load() is first and first.unrecorded == {}
+    write_unrecorded(out, "rank00008.h.1", 8, WORLD + 1, "h", "cannot create its capture")
+    now = live.load()
+    assert now is not first and now.unrecorded == {8: "cannot create its capture"}
+    assert now.world_size == WORLD + 1 and live.load() is now
+    live.close()
