@@ -413,9 +413,10 @@ def measure(args: argparse.Namespace, tmp: str, baseline: str | None) -> dict:
                                  cpu=cpu, baseline=baseline)
     # the first lap of a fresh capture: fewer recorded calls than the ring holds (no calibration
     # writes ahead of them), which is where a ring file's pages are first written
-    fresh_rounds = max(2, min(args.rounds, (int(os.environ.get("BENCH_RING", "65536")) - 64)
-                              // args.calls))
-    run["fresh_pinned"] = run_child("fresh", args.calls, fresh_rounds,
+    room = int(os.environ.get("BENCH_RING", "65536")) - 64
+    fresh_calls = min(args.calls, room // 2)
+    fresh_rounds = max(2, min(args.rounds, room // fresh_calls))
+    run["fresh_pinned"] = run_child("fresh", fresh_calls, fresh_rounds,
                                     os.path.join(tmp, tag, "fresh"), False, cpu=cpu,
                                     baseline=baseline)
     launch_calls = args.calls * LAUNCH_CALLS

@@ -47,7 +47,8 @@ def remove_own_files(directory: Path) -> None:
     """Delete what an earlier run wrote into ``directory`` (never any other file)."""
     for pattern in OWN_FILES:
         for path in directory.glob(pattern):
-            path.unlink()
+            if path.is_symlink() or not path.is_dir():  # a directory of that name is not ours
+                path.unlink()
     folder = directory / watch_record.FR_DIR
     if folder.is_dir() and not any(folder.iterdir()):
         folder.rmdir()
@@ -275,7 +276,8 @@ class LiveCaptures:
         read = [self._follow(f) for f in files]
         stamps = tuple(_stamp(self.directory / name) for name in (GPU_JSONL, STRAGGLERS_JSONL))
         # a rank that could not make its capture is news too, though no capture moved
-        stamps += tuple(sorted(p.name for p in self.directory.glob(f"*{fmt.UNRECORDED_SUFFIX}")))
+        stamps += tuple((p.name, _stamp(p))
+                        for p in sorted(self.directory.glob(f"*{fmt.UNRECORDED_SUFFIX}")))
         moved = stamps != self._beside[0]
         if moved:
             self._beside = (stamps, _beside(self.directory))

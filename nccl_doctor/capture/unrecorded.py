@@ -1,59 +1,87 @@
 """Ranks that ran but could not be recorded (``<stem>.unrecorded``, format.UNRECORDED_SUFFIX).
 
-A rank whose capture file cannot be made (no room on the disk: the file is reserved whole; no
-permission) disables its recorder and goes on. It leaves this small JSON file in the capture's
-place when it can, so that the analysis knows the rank reached ``init_process_group`` and ran
-unseen: it is then never "missing" from a collective, and the report says why it is not there.
+A rank whose capture file cannot be made (no room on the disk: the file is reserved whole; a
+file-size limit; no permission to write a file there) disables its recorder and goes on. It
+leaves this small file in the capture's place when it can, so that the analysis knows the rank
+reached ``init_process_group`` and ran unseen: it is then never "missing" from a collective, and
+the report says why it is not there.
+
+The file's name is the capture's (``rankNNNNN.HOST.PID``), so it says the rank by itself: on a
+full disk the file can be created (an inode) but its JSON body may not fit, and an empty or cut
+marker still counts. The body adds the world size and why.
 """
 
 from __future__ import annotations
 
 import json
 import os
+import re
+import stat
 from pathlib import Path
 
 from nccl_doctor.capture import format as fmt
 
-__all__ = ["MAX_BYTES", "read_unrecorded", "write_unrecorded"]
+__all__ = ["MAX_BYTES", "MAX_WORLD", "read_unrecorded", "write_unrecorded"]
 
 MAX_BYTES = 16 * 1024  # a marker is a few hundred bytes: a bigger file is not ours
+MAX_WORLD = 1 << 20  # a world size or rank above this in a marker is not believed
+_NAME = re.compile(r"rank(\d{5,7})\.[^/]*" + re.escape(fmt.UNRECORDED_SUFFIX))
+UNKNOWN = "its capture could not be made (its marker is empty or cut: a full disk?)"
 
 
 def write_unrecorded(directory: Path, stem: str, rank: int, world_size: int, host: str,
                      why: str) -> Path | None:
-    """Leave the marker of an unrecorded rank; None when even that cannot be written."""
+    """Leave the marker of an unrecorded rank (``stem``: its capture's name without the suffix);
+    None when not even its name can be made. A body that does not fit is left cut or empty."""
     path = directory / f"{stem}{fmt.UNRECORDED_SUFFIX}"
     body = json.dumps({"rank": rank, "world_size": world_size, "host": host,
                        "pid": os.getpid(), "why": why[:500]}, sort_keys=True).encode()
     try:
         fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o644)
-        try:
-            os.write(fd, body)
-        finally:
-            os.close(fd)
     except OSError:
         return None
+    try:
+        os.write(fd, body)
+    except OSError:
+        pass  # the name says the rank
+    finally:
+        os.close(fd)
     return path
 
 
 def read_unrecorded(directory: Path) -> tuple[dict[int, dict], list[str]]:
-    """(rank -> its marker's fields, problems) for the markers in ``directory``; a marker that
-    cannot be read is a problem, never the end of the replay."""
+    """(rank -> {"why", "host", "world_size"}, problems) for the markers in ``directory``. A
+    file of that suffix that is not a marker (not a regular file, not named for a rank) is a
+    problem, never the end of the replay; a marker's body that cannot be read leaves its name."""
     found: dict[int, dict] = {}
     problems: list[str] = []
     for path in sorted(directory.glob(f"*{fmt.UNRECORDED_SUFFIX}")):
+        named = _NAME.fullmatch(path.name)
         try:
-            with open(path, "rb") as fh:
-                raw = fh.read(MAX_BYTES + 1)
-            doc = json.loads(raw) if len(raw) <= MAX_BYTES else None
-        except (OSError, ValueError):
-            doc = None
-        rank = doc.get("rank") if isinstance(doc, dict) else None
-        if not isinstance(rank, int) or isinstance(rank, bool) or rank < 0:
+            regular = stat.S_ISREG(path.lstat().st_mode)  # never open a FIFO: it would block
+        except OSError:
+            regular = False
+        if named is None or not regular or int(named.group(1)) >= MAX_WORLD:
             problems.append(f"{path.name} skipped: not an nccl-doctor marker of an unrecorded "
                             "rank")
             continue
-        found[rank] = {"why": str(doc.get("why", "")), "host": str(doc.get("host", "")),
-                       "world_size": doc.get("world_size") if isinstance(
-                           doc.get("world_size"), int) else 0}
+        rank = int(named.group(1))
+        doc = _body(path)
+        if doc.get("rank") != rank:  # empty, cut, or not this rank's: the name alone
+            doc = {}
+        world = doc.get("world_size")
+        if not isinstance(world, int) or isinstance(world, bool) or not rank < world <= MAX_WORLD:
+            world = 0
+        found[rank] = {"why": str(doc.get("why") or UNKNOWN)[:500],
+                       "host": str(doc.get("host", ""))[:200], "world_size": world}
     return found, problems
+
+
+def _body(path: Path) -> dict:
+    try:
+        with open(path, "rb") as fh:
+            raw = fh.read(MAX_BYTES + 1)
+        doc = json.loads(raw) if 0 < len(raw) <= MAX_BYTES else {}
+    except (OSError, ValueError, RecursionError):
+        return {}
+    return doc if isinstance(doc, dict) else {}

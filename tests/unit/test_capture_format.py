@@ -14,11 +14,11 @@ import pytest
 
 from nccl_doctor.capture import format as fmt
 from nccl_doctor.capture.directory import (
-    MANIFEST, MANIFEST_FORMAT, Manifest, load_capture_dir, read_manifest,
+    MANIFEST, MANIFEST_FORMAT, Manifest, load_capture_dir, read_manifest, remove_own_files,
 )
 from nccl_doctor.capture.follow import read_capture
 from nccl_doctor.capture.reader import parse_fault
-from nccl_doctor.capture.unrecorded import MAX_BYTES, write_unrecorded
+from nccl_doctor.capture.unrecorded import MAX_BYTES, UNKNOWN, write_unrecorded
 from nccl_doctor.capture.writer import CaptureWriter
 from nccl_doctor.errors import (
     CaptureNotFound, CorruptCapture, DoctorError, ExitStatus, NotACapture, UnsupportedVersion,
@@ -315,7 +315,8 @@ def test_a_preallocated_capture_takes_its_blocks_and_pages_at_creation(tmp_path:
 
 def test_no_room_for_a_preallocated_capture_fails_at_creation(tmp_path: Path, monkeypatch) -> None:
     """A full disk is an OSError when the capture is made (no file left behind), not a SIGBUS
-    in a collective call later; a file system that cannot reserve blocks keeps it sparse."""
+    in a collective call later; a file system that cannot reserve blocks keeps it sparse (its
+    pages are not written ahead either: on a full disk that write would be the SIGBUS)."""
     def no_room(fd: int, offset: int, length: int) -> None:
         raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC))
 
@@ -330,6 +331,7 @@ def test_no_room_for_a_preallocated_capture_fails_at_creation(tmp_path: Path, mo
 
     monkeypatch.setattr(os, "posix_fallocate", unsupported)
     w = new_writer(tmp_path, preallocate=True)
+    assert w.path.stat().st_blocks * 512 < w.path.stat().st_size // 2  # untouched: sparse
     write_calls(w, 3)
     w.note("exit")
     assert [e.seq for e in read_capture(w.path).events] == [1, 2, 3]
@@ -348,17 +350,37 @@ def test_a_rank_that_could_not_make_its_capture_is_unrecorded_not_absent(tmp_pat
     assert not ts.problems
 
 
-@pytest.mark.parametrize("content", [b"\x00garbage", b'{"rank": true}', b'{"rank": -1}', b"[1]",
-                                     b'{"rank": 1, "why": "' + b"x" * MAX_BYTES + b'"}'])
-def test_a_damaged_unrecorded_marker_is_a_note(tmp_path: Path, content: bytes) -> None:
-    w = new_writer(tmp_path, 0)
+@pytest.mark.parametrize("content", [
+    b"", b"\x00garbage", b'{"rank": tr', b'{"rank": true}', b'{"rank": 2, "why": "not mine"}',
+    b"[1]", b"[" * 5000, b'{"rank": 1, "why": "' + b"x" * MAX_BYTES + b'"}',
+    b'{"rank": 1, "world_size": 1000000000, "why": "cannot create its capture"}'])
+def test_an_empty_or_damaged_marker_still_names_its_rank(tmp_path: Path, content: bytes) -> None:
+    """On a full disk a marker's name is made but its body may not be written, or only in part:
+    the name says the rank. A body's world size beyond belief is not believed."""
+    w = new_writer(tmp_path, 0, meta=meta_for(0, world_size=2))
     write_calls(w, 2)
     w.note("exit")
     (tmp_path / f"rank00001.node0.4001{fmt.UNRECORDED_SUFFIX}").write_bytes(content)
     ts = load_capture_dir(tmp_path, job_ended=True)
+    why = "cannot create its capture" if b"world_size" in content else UNKNOWN
+    assert ts.unrecorded == {1: why} and set(ts.ranks) == {0} and ts.world_size == 2
+    assert not ts.problems
+
+
+def test_what_is_not_a_marker_is_a_note_and_never_opened(tmp_path: Path) -> None:
+    w = new_writer(tmp_path, 0)
+    write_calls(w, 2)
+    w.note("exit")
+    (tmp_path / f"notes{fmt.UNRECORDED_SUFFIX}").write_text("{}")
+    (tmp_path / f"rank00001.node0.4001{fmt.UNRECORDED_SUFFIX}").mkdir()
+    os.mkfifo(tmp_path / f"rank00002.node0.4002{fmt.UNRECORDED_SUFFIX}")  # open() would block
+    ts = load_capture_dir(tmp_path, job_ended=True)
     assert ts.unrecorded == {} and set(ts.ranks) == {0}
-    assert ts.problems == (f"rank00001.node0.4001{fmt.UNRECORDED_SUFFIX} skipped: not an "
-                           "nccl-doctor marker of an unrecorded rank",)
+    assert sorted(ts.problems) == sorted(
+        f"{name}{fmt.UNRECORDED_SUFFIX} skipped: not an nccl-doctor marker of an unrecorded rank"
+        for name in ("notes", "rank00001.node0.4001", "rank00002.node0.4002"))
+    remove_own_files(tmp_path)  # a directory of a name it owns is left alone, not an error
+    assert [p.name for p in tmp_path.iterdir()] == [f"rank00001.node0.4001{fmt.UNRECORDED_SUFFIX}"]
 
 
 # -- damage --------------------------------------------------------------------------------------

@@ -430,15 +430,25 @@ def test_no_room_for_the_capture_disables_the_recorder_not_the_job(tmp_path, mon
     monkeypatch.setattr(os, "posix_fallocate", no_room)  # a full disk cannot be made here
     d = FakeDist(tmp_path, path)
     err = capsys.readouterr().err
-    assert err.count("\n") == 1 and "recorder disabled: cannot create its capture" in err
-    assert "No space left on device" in err and "Traceback" not in err
+    assert err.count("\n") == 1 and "recorder disabled: rank 0 cannot create its capture" in err
+    assert "No space left on device); free space there" in err and "Traceback" not in err
     t = torch.ones(2)
     assert d.all_reduce(t) is None and isinstance(d.all_reduce(t, async_op=True), FakeWork)
     assert d.world.seq == 2 and d.rec.writer is None  # the calls ran, unrecorded
     assert not list((tmp_path / path).glob("*" + fmt.CAPTURE_SUFFIX))
     marker = json.loads(next((tmp_path / path).glob("*" + fmt.UNRECORDED_SUFFIX)).read_text())
     assert marker["rank"] == 0 and marker["world_size"] == 2
-    assert marker["why"].startswith("cannot create its capture in") and "No space" in marker["why"]
+    assert marker["why"].startswith("rank 0 cannot create its capture in")
+    assert "No space" in marker["why"]
+
+
+def test_an_out_directory_that_cannot_be_made_is_one_line_too(tmp_path, capsys) -> None:
+    (tmp_path / "fast").write_text("a file where the directory should be")
+    d = FakeDist(tmp_path, "fast")
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and "rank 0 cannot create its capture" in err
+    assert "internal error" not in err and "pass another --out" in err
+    assert d.all_reduce(torch.ones(2)) is None and d.world.seq == 1 and d.rec.writer is None
 
 
 def test_a_failing_call_is_recorded_as_failed(dist) -> None:

@@ -8,6 +8,7 @@ of its own, and keeps its hot path free of system calls.
 from __future__ import annotations
 
 import atexit
+import errno
 import faulthandler
 import functools
 import os
@@ -97,6 +98,19 @@ class Recorder:
         except Exception:
             pass
 
+    def _unrecorded(self, err: OSError, stem: str, rank: int, world: int, host: str) -> None:
+        """The capture cannot be made: one line, the recorder off, and - where a file can still
+        be made there - its marker, by which the analysis knows the rank ran unseen."""
+        why = f"rank {rank} cannot create its capture in {self.directory} ({err.strerror or err})"
+        if err.errno in (errno.ENOSPC, errno.EDQUOT, errno.EFBIG):
+            fix = "free space there or pass another --out"
+        elif err.errno in (errno.EACCES, errno.EPERM, errno.EROFS):
+            fix = "make it writable or pass another --out"
+        else:
+            fix = "pass another --out"
+        self.fail(err, f"{why}; {fix}")
+        write_unrecorded(self.directory, stem, rank, world, host, why)
+
     # -- the C fast path ---------------------------------------------------------------------
     def fast_wrapper(self, call: BoundCall, fn: Callable, python: Callable) -> Any:
         """``fn`` recorded by the C fast path (a capture/_ring.c Recorded, which leaves to
@@ -144,7 +158,6 @@ class Recorder:
         c10d = self.c10d
         rank, world = c10d.get_rank(), c10d.get_world_size()
         host = env.host_name()
-        self.directory.mkdir(parents=True, exist_ok=True)
         safe_host = re.sub(r"[^A-Za-z0-9_-]", "_", host)[:64]
         stem = f"rank{rank:05d}.{safe_host}.{os.getpid()}"
         meta = {
@@ -155,19 +168,17 @@ class Recorder:
             "versions": _versions(),
             "env": {k: os.environ[k][:200] for k in env.RECORDED_ENV if k in os.environ},
         }
-        path = self.directory / f"{stem}{fmt.CAPTURE_SUFFIX}"
-        n = 0
-        while path.exists():  # a previous job in the same directory reused this pid
-            n += 1
-            path = self.directory / f"{stem}-{n}{fmt.CAPTURE_SUFFIX}"
         try:
-            writer = CaptureWriter(path, meta, capacity=self.capacity,
-                                   strtab_bytes=self.strtab_bytes, preallocate=True)
-        except OSError as err:  # no room (the file is reserved whole) or no permission
-            why = f"cannot create its capture in {self.directory} ({err.strerror or err})"
-            self.fail(err, f"{why}; free space there or pass another --out")
-            # the analysis then knows this rank ran, unseen, and is never "missing"
-            write_unrecorded(self.directory, stem, rank, world, host, why)
+            self.directory.mkdir(parents=True, exist_ok=True)
+            n = 0
+            while (self.directory / f"{stem}{fmt.CAPTURE_SUFFIX}").exists():
+                n += 1  # a previous job in the same directory reused this pid
+                stem = f"rank{rank:05d}.{safe_host}.{os.getpid()}-{n}"
+            writer = CaptureWriter(self.directory / f"{stem}{fmt.CAPTURE_SUFFIX}", meta,
+                                   capacity=self.capacity, strtab_bytes=self.strtab_bytes,
+                                   preallocate=True)
+        except OSError as err:  # no room (the file is reserved whole), a size limit, no access
+            self._unrecorded(err, stem, rank, world, host)
             return
         self.describer = Describer(writer.intern)
         for call in self._calls:
@@ -180,7 +191,7 @@ class Recorder:
         self.default_pg = c10d._get_default_group()
         self.group(self.default_pg)
         self._publish()
-        self._install_lifecycle_hooks(path)
+        self._install_lifecycle_hooks(writer.path)
         early, self._early = self._early, []
         for kind, fields in early:
             self.observe(kind, fields)
