@@ -329,6 +329,17 @@ def run_child(mode: str, calls: int, rounds: int, directory: str, detail: bool,
                       nccl=nccl)
 
 
+def larger_estimate(s: dict[str, float]) -> float:
+    """What the recorder adds per call: the larger of the two estimates (median of the paired
+    round differences, difference of the medians)."""
+    return max(s["paired"], s["medians"])
+
+
+def print_processes(run: dict) -> None:
+    print("    added in each process (median of its paired rounds): "
+          + ", ".join(f"{x:.2f}" for x in run["processes"]) + " us/call")
+
+
 def _paired(a: list[float], b: list[float]) -> float:
     return statistics.median(x - y for x, y in zip(a, b))
 
@@ -470,8 +481,7 @@ def print_run(args: argparse.Namespace, run: dict, detail: tuple[float, float] |
     for key, label in (("launch", "unpinned"), ("launch_pinned", f"pinned to CPU {run['cpu']}")):
         print(f"  bare, {label:<26} {statistics.median(run[key]['bare']):8.2f} us/call")
         figures[key] = report(f"recorder, {ring}", run[key])
-        print("    added in each process (median of its paired rounds): "
-              + ", ".join(f"{x:.2f}" for x in run[key]["processes"]) + " us/call")
+        print_processes(run[key])
     print(f"the recorder's own cost around a no-op function ({args.stage_rounds} rounds x "
           f"{args.stage_calls} calls, medians of paired differences; stages timed alone)")
     print_stages(f"default install ({ring})", run["stages"])
@@ -493,7 +503,7 @@ def verdict(figures: dict[str, dict[str, float]]) -> None:
           f"lap: {fresh:.3f}: {met(fresh <= GOAL_RATIO)}")
     for key, label in (("launch", "unpinned"), ("launch_pinned", "pinned")):
         s = figures[key]
-        added = max(s["paired"], s["medians"])
+        added = larger_estimate(s)
         print(f"  added per launch, {label}: {added:.2f} us/call (larger estimate; ratio "
               f"{s['ratio']:.3f}): {met(added <= GOAL_US)}")
     print(f"  its own work per call (timed alone, warm): {own:.2f} us/call: {met(own <= GOAL_US)}")
@@ -501,7 +511,7 @@ def verdict(figures: dict[str, dict[str, float]]) -> None:
           "are cold for any code (see the control):")
     for key, label in (("default", "unpinned"), ("pinned", "pinned")):
         s = figures[key]
-        added = max(s["paired"], s["medians"])
+        added = larger_estimate(s)
         print(f"    added inside a gloo call, {label}: {added:.2f} us/call (larger estimate); "
               f"Python code as long alone ({s['work']:.2f} us) adds "
               f"{s['control']:.2f} there: {added / max(s['own'], 1e-9):.1f}x and "
@@ -580,9 +590,8 @@ def nccl_main(args: argparse.Namespace) -> int:
               f"{args.rounds} rounds x {args.calls} calls, pooled")
         print(f"  bare                             {statistics.median(run['bare']):8.2f} us/call")
         figures[tag] = s = report(f"recorder, {ring}", run)
-        print("    added in each process (median of its paired rounds): "
-              + ", ".join(f"{x:.2f}" for x in run["processes"]) + " us/call")
-        added = max(s["paired"], s["medians"])
+        print_processes(run)
+        added = larger_estimate(s)
         print(f"  goal (issue 16): <= {GOAL_US:.2f} us added per NCCL launch: {added:.2f} us/call "
               f"(larger estimate; ratio {s['ratio']:.3f}): "
               f"{'met' if added <= GOAL_US else 'NOT met'}")

@@ -304,6 +304,10 @@ class TraceSet:
     # or its supervisor was lost; then ranks behind their peers are not missing, only behind
     unfinished: str = ""
 
+    def all_accounted_for(self) -> bool:
+        """Every rank of the world has a capture here or ran unrecorded (never "missing")."""
+        return all(r in self.ranks or r in self.unrecorded for r in range(self.world_size))
+
     def group_members(self, name: str) -> tuple[int, ...]:
         info = self.groups.get(name)
         if info is not None and info.ranks:

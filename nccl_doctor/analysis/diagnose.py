@@ -218,12 +218,10 @@ def _summaries(traces: TraceSet) -> list[RankSummary]:
                   else "on another host, not seen here")
     for rank in range(traces.world_size):
         if rank not in traces.ranks:
-            why = rank in traces.unrecorded
             out.append(RankSummary(
                 rank=rank, host="", pid=0, state="no_capture", exit_code=None, signal=None,
-                exit_detail="not recorded (see the note)" if why else unseen, last_collective=None,
-                stack_summary=None,
-                capture={},
+                exit_detail="not recorded (see the note)" if rank in traces.unrecorded else unseen,
+                last_collective=None, stack_summary=None, capture={},
             ))
     return sorted(out, key=lambda s: s.rank)
 

@@ -49,7 +49,7 @@ def union(sets: Sequence[TraceSet], source: str = "") -> TraceSet:
     stacks = {}
     for part in reversed(sets):
         stacks.update(part.stacks)
-    return TraceSet(
+    merged = TraceSet(
         ranks=dict(sorted(ranks.items())), groups=groups,
         world_size=max((p.world_size for p in sets), default=0),
         command=next((p.command for p in sets if p.command), ()),
@@ -58,19 +58,12 @@ def union(sets: Sequence[TraceSet], source: str = "") -> TraceSet:
         metrics_log=next((p.metrics_log for p in sets if p.metrics_log), ()), gpu=gpu,
         stack_samples=tuple(s for p in sets for s in p.stack_samples),
         watch=next((p.watch for p in sets if p.watch is not None), None), stacks=stacks,
-        partial=_partial(sets, ranks),
         unrecorded={r: why for p in sets for r, why in sorted(p.unrecorded.items())
                     if r not in ranks},
     )
-
-
-def _partial(sets: Sequence[TraceSet], ranks: dict[int, RankTrace]) -> str:
-    """Still partial when ranks are missing and a part said why."""
-    world = max((p.world_size for p in sets), default=0)
-    unseen = {r for p in sets for r in p.unrecorded}
-    if all(r in ranks or r in unseen for r in range(world)):
-        return ""
-    return "; ".join(dict.fromkeys(p.partial for p in sets if p.partial))
+    # still partial when ranks are missing and a part said why
+    why = "; ".join(dict.fromkeys(p.partial for p in sets if p.partial))
+    return replace(merged, partial="" if merged.all_accounted_for() else why)
 
 
 def _where(trace: RankTrace) -> str:

@@ -7,6 +7,8 @@ The ``scenario`` fixture yields the named scenarios of ``SCENARIOS`` (used by th
 
 from __future__ import annotations
 
+import errno
+import os
 from types import SimpleNamespace
 from typing import Callable
 
@@ -218,6 +220,15 @@ SCENARIOS: dict[str, Callable[[], TraceSet]] = {
     "hang_missing": scenario_hang_missing,
     "no_capture": scenario_no_capture,
 }
+
+
+@pytest.fixture
+def full_disk(monkeypatch: pytest.MonkeyPatch) -> None:
+    """posix_fallocate says there is no room, as on a full disk (which cannot be made here)."""
+    def no_room(fd: int, offset: int, length: int) -> None:
+        raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC))
+
+    monkeypatch.setattr(os, "posix_fallocate", no_room)
 
 
 @pytest.fixture

@@ -313,14 +313,11 @@ def test_a_preallocated_capture_takes_its_blocks_and_pages_at_creation(tmp_path:
         assert trace.integrity.torn_records == 0
 
 
-def test_no_room_for_a_preallocated_capture_fails_at_creation(tmp_path: Path, monkeypatch) -> None:
+def test_no_room_for_a_preallocated_capture_fails_at_creation(tmp_path: Path, monkeypatch,
+                                                              full_disk) -> None:
     """A full disk is an OSError when the capture is made (no file left behind), not a SIGBUS
     in a collective call later; a file system that cannot reserve blocks keeps it sparse (its
     pages are not written ahead either: on a full disk that write would be the SIGBUS)."""
-    def no_room(fd: int, offset: int, length: int) -> None:
-        raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC))
-
-    monkeypatch.setattr(os, "posix_fallocate", no_room)  # a full disk cannot be made here
     with pytest.raises(OSError) as err:
         new_writer(tmp_path, preallocate=True)
     assert err.value.errno == errno.ENOSPC

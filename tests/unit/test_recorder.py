@@ -4,10 +4,8 @@ callsites and tensor descriptions, however often a call site, shape or code obje
 
 from __future__ import annotations
 
-import errno
 import gc
 import json
-import os
 import sys
 import threading
 import weakref
@@ -422,12 +420,8 @@ def test_an_internal_error_disables_the_recorder_not_the_call(dist, capsys) -> N
 
 
 @pytest.mark.parametrize("path", PATHS)
-def test_no_room_for_the_capture_disables_the_recorder_not_the_job(tmp_path, monkeypatch, capsys,
+def test_no_room_for_the_capture_disables_the_recorder_not_the_job(tmp_path, full_disk, capsys,
                                                                    path) -> None:
-    def no_room(fd: int, offset: int, length: int) -> None:
-        raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC))
-
-    monkeypatch.setattr(os, "posix_fallocate", no_room)  # a full disk cannot be made here
     d = FakeDist(tmp_path, path)
     err = capsys.readouterr().err
     assert err.count("\n") == 1 and "recorder disabled: rank 0 cannot create its capture" in err

@@ -159,7 +159,7 @@ class Recorder:
         rank, world = c10d.get_rank(), c10d.get_world_size()
         host = env.host_name()
         safe_host = re.sub(r"[^A-Za-z0-9_-]", "_", host)[:64]
-        stem = f"rank{rank:05d}.{safe_host}.{os.getpid()}"
+        stem = base = f"rank{rank:05d}.{safe_host}.{os.getpid()}"
         meta = {
             "rank": rank, "world_size": world, "host": host, "pid": os.getpid(),
             "local_rank": _env_int(env.LAUNCHER_LOCAL_RANK), "node_rank": _env_int(env.NODE_RANK),
@@ -173,7 +173,7 @@ class Recorder:
             n = 0
             while (self.directory / f"{stem}{fmt.CAPTURE_SUFFIX}").exists():
                 n += 1  # a previous job in the same directory reused this pid
-                stem = f"rank{rank:05d}.{safe_host}.{os.getpid()}-{n}"
+                stem = f"{base}-{n}"
             writer = CaptureWriter(self.directory / f"{stem}{fmt.CAPTURE_SUFFIX}", meta,
                                    capacity=self.capacity, strtab_bytes=self.strtab_bytes,
                                    preallocate=True)

@@ -187,8 +187,7 @@ class FederatedJob(LiveJob):
             why = fed.link.problem or "this node diagnosed alone"
         else:
             why = "the ranks of nodes that never joined the coordinator are unseen"
-        whole = all(r in merged.ranks or r in merged.unrecorded for r in range(merged.world_size))
-        return replace(merged, partial="" if whole else why)
+        return replace(merged, partial="" if merged.all_accounted_for() else why)
 
     def procs(self, ranks: Sequence[int] | None = None) -> dict[int, ProcState]:
         out = super().procs(ranks)
