@@ -21,10 +21,11 @@ from pathlib import Path
 
 from nccl_doctor.capture import format as fmt
 
-__all__ = ["MAX_BYTES", "MAX_WORLD", "read_unrecorded", "write_unrecorded"]
+__all__ = ["MAX_BYTES", "MAX_WHY", "MAX_WORLD", "read_unrecorded", "write_unrecorded"]
 
 MAX_BYTES = 16 * 1024  # a marker is a few hundred bytes: a bigger file is not ours
 MAX_WORLD = 1 << 20  # a world size or rank above this in a marker is not believed
+MAX_WHY = 500  # characters of the reason kept (it is one line)
 _NAME = re.compile(r"rank(\d{5,7})\.[^/]*" + re.escape(fmt.UNRECORDED_SUFFIX))
 UNKNOWN = "its capture could not be made (its marker is empty or cut: a full disk?)"
 
@@ -35,7 +36,7 @@ def write_unrecorded(directory: Path, stem: str, rank: int, world_size: int, hos
     None when not even its name can be made. A body that does not fit is left cut or empty."""
     path = directory / f"{stem}{fmt.UNRECORDED_SUFFIX}"
     body = json.dumps({"rank": rank, "world_size": world_size, "host": host,
-                       "pid": os.getpid(), "why": why[:500]}, sort_keys=True).encode()
+                       "pid": os.getpid(), "why": why[:MAX_WHY]}, sort_keys=True).encode()
     try:
         fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o644)
     except OSError:
@@ -72,7 +73,7 @@ def read_unrecorded(directory: Path) -> tuple[dict[int, dict], list[str]]:
         world = doc.get("world_size")
         if not isinstance(world, int) or isinstance(world, bool) or not rank < world <= MAX_WORLD:
             world = 0
-        found[rank] = {"why": str(doc.get("why") or UNKNOWN)[:500],
+        found[rank] = {"why": str(doc.get("why") or UNKNOWN)[:MAX_WHY],
                        "host": str(doc.get("host", ""))[:200], "world_size": world}
     return found, problems
 

@@ -16,9 +16,9 @@ def rdzv(port: int, node: int) -> Rendezvous:
     return Rendezvous("127.0.0.1", port, 2, node, "test", "127.0.0.1:1")
 
 
-def leader_and_follower(port: int, said: list[str], **opts):
+def leader_and_follower(port: int, said: list[str], brief=None, **opts):
     leader = Link(rdzv(port, 0), "nodeA", announce=said.append, answer=lambda *a: {},
-                  summaries=lambda ended: [], every=0.05, **opts)
+                  summaries=lambda ended: {"ranks": []}, every=0.05, **opts)
     answers = []
 
     def answer(what, ranks, timeout):
@@ -26,7 +26,8 @@ def leader_and_follower(port: int, said: list[str], **opts):
         return {"ranks": {str(r): f"{what} of {r}" for r in ranks}}
 
     follower = Link(rdzv(port, 1), "nodeB", announce=said.append, answer=answer,
-                    summaries=lambda ended: [], every=0.05, quiet_for=0.05, **opts)
+                    summaries=lambda ended: brief or {"ranks": []}, every=0.05, quiet_for=0.05,
+                    **opts)
     leader.start(True)
     leader.wait_started(60)
     follower.start(False)
@@ -72,6 +73,25 @@ def test_a_follower_joins_beats_answers_and_gets_the_decisions():
     decisions = []
     assert until(lambda: decisions.extend(follower.follow(local)) or decisions)
     assert decisions == [{"kind": "hang", "announce": ["HANG: x"]}]
+    leader.close()
+    follower.close()
+
+
+def test_a_followers_unrecorded_ranks_reach_the_leader_with_why():
+    """A rank of the follower that could not make its capture (capture/unrecorded.py) is in its
+    summary: the leader counts it as run unseen, not as a rank of a node that never joined. What
+    makes no sense in the summary (a rank that is no number, one with a capture, a reason that
+    is not text) is not believed; a long reason is cut."""
+    said: list[str] = []
+    why = "it cannot create its capture in /out (No space left on device)"
+    brief = {"ranks": [], "unrecorded": {"3": why, "x": why, "²": why, "-1": why, "5": 7,
+                                         "6": "y" * 10_000}}
+    leader, follower, _ = leader_and_follower(free_port(), said, brief)
+    local = Local({2: 10}, {}, (), False, 1)
+    assert until(lambda: (follower.follow(local), leader.gather(), leader.remote_traces(),
+                          leader.remote_unrecorded())[3])
+    got = leader.remote_unrecorded()
+    assert got == {3: why, 6: "y" * 500}
     leader.close()
     follower.close()
 

@@ -107,8 +107,8 @@ def test_a_rank_that_cannot_make_its_capture_runs_unseen_not_missing(run_job, tm
     states = {r.rank: (r.state, r.exit_detail) for r in d.ranks}
     assert states[2] == ("no_capture", "not recorded (see the note)")
     assert {states[0][0], states[1][0]} == {"exited"}
-    note = next(n for n in d.notes if n.startswith("rank 2 was not recorded"))
-    assert "rank 2 cannot create its capture" in note and "File too large" in note
+    note = next(n for n in d.notes if n.startswith("rank 2 was not recorded: "))
+    assert "it cannot create its capture" in note and "File too large" in note
     markers = list(run.out.glob("*.unrecorded"))
     assert len(markers) == 1 and markers[0].name.startswith("rank00002.")
     assert not list(run.out.glob("rank00002.*.ndcap"))

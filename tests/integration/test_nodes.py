@@ -135,6 +135,30 @@ def test_a_shape_mismatch_across_hosts_is_named_on_both(tmp_path):
     assert cause["callsite"].endswith("shape_mismatch.py:14")
 
 
+def test_a_rank_on_a_follower_that_cannot_make_its_capture_is_unrecorded_not_unseen(tmp_path):
+    """Global rank 3 (on nodeB, the follower) cannot create its capture file (RLIMIT_FSIZE): its
+    node's summary says so, and the leader's report is OK with the reason - not "the ranks of
+    nodes that never joined the coordinator are unseen" with rank 3 on another host."""
+    out = tmp_path / "nodes"
+    proc = nodes(out, ["--script", str(JOBS / "unrecorded.py")], {"UNRECORDED": "3"})
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    a = report(out, "nodeA")
+    assert a == report(out, "nodeB")
+    assert a["verdict"] == "ok" and a["findings"] == [], a["findings"]
+    states = {r["rank"]: (r["state"], r["exit_detail"]) for r in a["ranks"]}
+    assert states[3] == ("no_capture", "not recorded (see the note)"), states
+    assert {states[r][0] for r in (0, 1, 2)} == {"exited"}
+    note = next(n for n in a["notes"] if n.startswith("rank 3 was not recorded: "))
+    assert "it cannot create its capture in" in note and "nodeB" in note, note
+    assert not any("unseen" in n and "never joined" in n for n in a["notes"]), a["notes"]
+    assert [(n["host"], n["ranks"]) for n in a["nodes"]["nodes"]] == [
+        ("nodeA", [0, 1]), ("nodeB", [2, 3])]
+    again = analyze(load_many([out / "nodeA", out / "nodeB"]))  # replay agrees
+    assert again.verdict is Verdict.OK and again.findings == ()
+    assert [(s.rank, s.exit_detail) for s in again.ranks if s.state == "no_capture"] == [
+        (3, "not recorded (see the note)")]
+
+
 def _wait_for(predicate, timeout: float, what: str) -> None:
     end = time.monotonic() + timeout
     while time.monotonic() < end:

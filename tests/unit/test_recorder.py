@@ -432,7 +432,7 @@ def test_no_room_for_the_capture_disables_the_recorder_not_the_job(tmp_path, ful
     assert not list((tmp_path / path).glob("*" + fmt.CAPTURE_SUFFIX))
     marker = json.loads(next((tmp_path / path).glob("*" + fmt.UNRECORDED_SUFFIX)).read_text())
     assert marker["rank"] == 0 and marker["world_size"] == 2
-    assert marker["why"].startswith("rank 0 cannot create its capture in")
+    assert marker["why"].startswith("it cannot create its capture in")
     assert "No space" in marker["why"]
 
 

@@ -101,15 +101,15 @@ class Recorder:
     def _unrecorded(self, err: OSError, stem: str, rank: int, world: int, host: str) -> None:
         """The capture cannot be made: one line, the recorder off, and - where a file can still
         be made there - its marker, by which the analysis knows the rank ran unseen."""
-        why = f"rank {rank} cannot create its capture in {self.directory} ({err.strerror or err})"
+        reason = f"cannot create its capture in {self.directory} ({err.strerror or err})"
         if err.errno in (errno.ENOSPC, errno.EDQUOT, errno.EFBIG):
             fix = "free space there or pass another --out"
         elif err.errno in (errno.EACCES, errno.EPERM, errno.EROFS):
             fix = "make it writable or pass another --out"
         else:
             fix = "pass another --out"
-        self.fail(err, f"{why}; {fix}")
-        write_unrecorded(self.directory, stem, rank, world, host, why)
+        self.fail(err, f"rank {rank} {reason}; {fix}")
+        write_unrecorded(self.directory, stem, rank, world, host, f"it {reason}")
 
     # -- the C fast path ---------------------------------------------------------------------
     def fast_wrapper(self, call: BoundCall, fn: Callable, python: Callable) -> Any:

@@ -98,15 +98,17 @@ class Federation:
                 out[str(r)] = dump
         return {"ranks": out}
 
-    def _summaries(self, ended: bool) -> list[dict[str, Any]]:
-        """This node's ranks in brief; once its job ended, as the post mortem reads them (no
-        exit record: vanished; stopped for the leader's hang: stopped)."""
+    def _summaries(self, ended: bool) -> dict[str, Any]:
+        """This node's ranks in brief, and those that ran unrecorded with why; once its job
+        ended, as the post mortem reads them (no exit record: vanished; stopped for the leader's
+        hang: stopped)."""
         try:
             traces = (load_capture_dir(self.live.out_dir, job_ended=True, evidence=True) if ended
                       else self.live.captures.load())
         except DoctorError:
-            return []
-        return [summary.summarize(t) for _, t in sorted(traces.ranks.items())]
+            return {"ranks": [], "unrecorded": {}}
+        return {"ranks": [summary.summarize(t) for _, t in sorted(traces.ranks.items())],
+                "unrecorded": {str(r): why for r, why in sorted(traces.unrecorded.items())}}
 
     # -- the leader's report -------------------------------------------------------------------
     def nodes_section(self, diagnosis: Diagnosis | None = None) -> dict[str, Any]:
@@ -118,7 +120,8 @@ class Federation:
         for remote in link.remotes.values():
             state = "lost" if remote.lost else "ended" if remote.beat.get("ended") else "ok"
             nodes.append({"host": remote.host, "node_rank": remote.node_rank,
-                          "ranks": sorted(remote.ranks), "role": "follower", "state": state})
+                          "ranks": sorted({*remote.ranks, *remote.unrecorded}),
+                          "role": "follower", "state": state})
         out: dict[str, Any] = {
             "diagnosed_by": {"host": self.host, "node_rank": self.rdzv.node_rank},
             "coordinator": self.rdzv.address, "rendezvous": self.rdzv.source,
@@ -181,7 +184,8 @@ class FederatedJob(LiveJob):
         else:
             return local
         part = TraceSet(ranks={t.rank: t for t in remote}, groups=groups_from_notes(remote),
-                        world_size=max((t.meta.world_size for t in remote), default=0))
+                        world_size=max((t.meta.world_size for t in remote), default=0),
+                        unrecorded=self._link.remote_unrecorded() if self._link else {})
         merged = union([local, part], source=local.source)
         if fed is not None and not fed.leading:
             why = fed.link.problem or "this node diagnosed alone"

@@ -5,7 +5,8 @@ A **follower** publishes, every ``every`` seconds, a beat (its ranks' progress c
 counters, ranks whose process is gone, whether its job ended: O(its ranks) bytes) and, once its
 ranks have been still for ``quiet_for`` seconds (or ended, or wrote notes), its ranks in brief
 (capture/summary.py: bounded whatever the captures hold). It reads the leader's decisions and
-answers its requests (stacks, Flight Recorder pulls, a fresh summary) from its own host.
+answers its requests (stacks, Flight Recorder pulls, a fresh summary) from its own host. Its
+ranks that ran unrecorded (capture/unrecorded.py) go with its summary, with why.
 
 The **leader** hosts the store, reads every beat once per look and the summaries only when its
 watches read the traces (while the job is quiet). A follower whose beat stops for ``lost_after``
@@ -25,6 +26,7 @@ from dataclasses import dataclass, field, replace
 from typing import Any, Callable
 
 from nccl_doctor.capture import summary
+from nccl_doctor.capture.unrecorded import MAX_WHY, MAX_WORLD
 from nccl_doctor.model import ExitKind, Integrity, RankExit, RankMeta, RankTrace
 from nccl_doctor.supervisor.federation import store as st
 from nccl_doctor.supervisor.federation.rendezvous import Rendezvous
@@ -53,6 +55,7 @@ class Remote:
     seen_at: float = 0.0  # the leader's clock when the beat last changed
     moved_at: float = 0.0  # the leader's clock when its ranks' counters last moved
     traces: dict[int, RankTrace] = field(default_factory=dict)  # from its latest summary
+    unrecorded: dict[int, str] = field(default_factory=dict)  # rank -> why, from the same
     version: int = 0  # the summary the traces come from
     summary_counts: dict[str, Any] = field(default_factory=dict)  # the counters it shows
     lost: bool = False
@@ -60,11 +63,25 @@ class Remote:
 
     @property
     def ranks(self) -> list[int]:
+        """Its ranks that record (those of its beat)."""
         return [int(r) for r in self.beat.get("counts", {})]
 
     @property
     def name(self) -> str:
         return f"{self.host} (node {self.node_rank})" if self.node_rank is not None else self.host
+
+
+def _unrecorded(raw: Any, traces: dict[int, RankTrace]) -> dict[int, str]:
+    """A summary's unrecorded ranks, believed only as far as they make sense (a rank number in
+    range, without a capture of its own, and a reason of bounded length)."""
+    out: dict[int, str] = {}
+    if not isinstance(raw, dict):
+        return out
+    for key, why in raw.items():
+        rank = int(key) if isinstance(key, str) and key.isascii() and key.isdigit() else -1
+        if 0 <= rank < MAX_WORLD and rank not in traces and isinstance(why, str):
+            out[rank] = why[:MAX_WHY]
+    return out
 
 
 def lost_rank(rank: int, host: str, node_rank: int | None, when_ns: int | None,
@@ -91,12 +108,13 @@ class Local:
 class Link:
     def __init__(self, rdzv: Rendezvous, host: str, *, announce: Callable[[str], None],
                  answer: Callable[[str, list[int], float], dict[str, Any]],
-                 summaries: Callable[[bool], list[dict[str, Any]]],
+                 summaries: Callable[[bool], dict[str, Any]],
                  clock: Callable[[], float] = time.monotonic, timeout: float = 2.0,
                  every: float = 0.5, quiet_for: float = 0.5, lost_after: float = 6.0,
                  connect_within: float = 30.0) -> None:
         """``answer(what, ranks, timeout)`` serves a leader's request from this host;
-        ``summaries(ended)`` reads this node's ranks in brief."""
+        ``summaries(ended)`` reads this node's ranks in brief: ``{"ranks": [summary, ...],
+        "unrecorded": {"rank": why}}``."""
         self.rdzv, self.host = rdzv, host
         self.id = f"{host}-{os.getpid()}"
         self.announce, self.answer, self.summaries = announce, answer, summaries
@@ -300,11 +318,12 @@ class Link:
             local.counts, local.notes, local.down, local.ended, local.node_rank))
 
     def publish_summary(self, key: tuple | None = None, ended: bool = False) -> None:
-        ranks = self.summaries(ended)
+        brief = self.summaries(ended)
         self._summary_v += 1
         self._summary_key, self._summary_at = key, self.clock()
         st.put(self._store, st.summary_key(self.id), {
-            "v": self._summary_v, "ranks": ranks,
+            "v": self._summary_v, "ranks": brief.get("ranks", []),
+            "unrecorded": brief.get("unrecorded", {}),
             "counts": {str(r): c for r, c in self._last_counts.items()}})
 
     def _read_leader(self) -> list[dict[str, Any]]:
@@ -415,6 +434,7 @@ class Link:
                     continue
                 traces[t.rank] = t
             remote.traces, remote.version = traces, doc["v"]
+            remote.unrecorded = _unrecorded(doc.get("unrecorded"), traces)
             remote.summary_counts = doc.get("counts") or {}
         out = []
         for remote in self.remotes.values():
@@ -428,6 +448,10 @@ class Link:
                 out += [lost_rank(r, host, remote.node_rank, when)
                         for r in sorted(remote.ranks) if r not in remote.traces]
         return out
+
+    def remote_unrecorded(self) -> dict[int, str]:
+        """The followers' ranks that ran unrecorded (rank -> why), from their latest summaries."""
+        return {r: why for remote in self.remotes.values() for r, why in remote.unrecorded.items()}
 
     def _answers(self, remote: Remote, now: float) -> bool:
         """Worth asking: not lost, and beating (a node silent for a few beats may be being
