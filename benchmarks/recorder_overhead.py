@@ -59,6 +59,7 @@ from pathlib import Path
 from nccl_doctor.capture.ring import PURE_PYTHON_ENV, accelerated
 
 GOAL_US, GOAL_RATIO = 2.0, 1.10
+ISSUE_BARE_US = 7.6 / 0.256  # issue 16: "adds 7.6 us per call ... (ratio 1.256)": a 29.7 us call
 LAUNCH_CALLS = 5  # a launch is ~5x shorter than a gloo call: as many more calls per round
 LAUNCH_PROCESSES = 3  # launches are timed in this many processes, their rounds pooled
 
@@ -495,12 +496,16 @@ def verdict(figures: dict[str, dict[str, float]]) -> None:
 
     def met(ok: bool) -> str:
         return "met" if ok else "NOT met"
-    print(f"goal (issue 16), default install: ratio <= {GOAL_RATIO:.2f} on the gloo all_reduce, "
+    print(f"goal (issue 16), default install: ratio <= {GOAL_RATIO:.2f} on the gloo all_reduce "
+          f"as the issue measured it (side by side, unpinned: bare {ISSUE_BARE_US:.1f} us there), "
           f"and <= {GOAL_US:.2f} us added per call (issue 16 set it on NCCL launches)")
+    print(f"  ratio, unpinned (bare {d['bare']:.1f} us): {d['ratio']:.3f}: "
+          f"{met(d['ratio'] <= GOAL_RATIO)}")
     fresh = figures["fresh_pinned"]["ratio"]
-    print(f"  ratio, unpinned: {d['ratio']:.3f}: {met(d['ratio'] <= GOAL_RATIO)}; pinned: "
-          f"{p['ratio']:.3f}: {met(p['ratio'] <= GOAL_RATIO)}; pinned, a fresh capture's first "
-          f"lap: {fresh:.3f}: {met(fresh <= GOAL_RATIO)}")
+    print(f"  harsher than the goal's measurement, pinned (bare {p['bare']:.1f} us: the same added "
+          f"cost weighs {d['bare'] / p['bare']:.1f}x as much): ratio {p['ratio']:.3f}, "
+          f"{'within' if p['ratio'] <= GOAL_RATIO else 'above'} {GOAL_RATIO:.2f}; a fresh "
+          f"capture's first lap: {fresh:.3f}, {'within' if fresh <= GOAL_RATIO else 'above'}")
     for key, label in (("launch", "unpinned"), ("launch_pinned", "pinned")):
         s = figures[key]
         added = larger_estimate(s)
