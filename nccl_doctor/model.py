@@ -20,7 +20,8 @@ from nccl_doctor.watch_log import BY_USER, WatchLog
 
 __all__ = [
     "EventSource", "Location", "Event", "EventFlag", "EventKind", "EventState", "ExitKind",
-    "RankExit", "RankMeta", "Integrity", "RankTrace", "GroupInfo", "TraceSet", "TensorSig", "parse_tensor_desc",
+    "RankExit", "RankMeta", "Integrity", "RankTrace", "GroupInfo", "TraceSet", "TensorSig",
+    "Unrecorded", "parse_tensor_desc",
 ]
 
 
@@ -275,6 +276,15 @@ class RankTrace:
 
 
 @dataclass(frozen=True)
+class Unrecorded:
+    """A rank that ran but could not make its capture (capture/unrecorded.py): why, and the
+    host it ran on ("" when its marker did not say)."""
+
+    why: str
+    host: str = ""
+
+
+@dataclass(frozen=True)
 class TraceSet:
     """Every rank of one job, as loaded from a capture directory."""
 
@@ -297,9 +307,9 @@ class TraceSet:
     # why these captures cover only some hosts of a multi-node job ("" : the whole job); the
     # ranks without a capture then ran elsewhere, unseen - never "missing"
     partial: str = ""
-    # ranks that ran but could not make a capture (rank -> why; capture/unrecorded.py): seen
-    # nowhere, never "missing"
-    unrecorded: Mapping[int, str] = field(default_factory=dict)
+    # ranks that ran but could not make a capture (capture/unrecorded.py): seen nowhere, never
+    # "missing"
+    unrecorded: Mapping[int, Unrecorded] = field(default_factory=dict)
     # why the job's end is unknown ("" : it ended, or nothing says otherwise): still running,
     # or its supervisor was lost; then ranks behind their peers are not missing, only behind
     unfinished: str = ""

@@ -63,9 +63,11 @@ def analyze(traces: TraceSet, passes: tuple[Pass, ...] = PASSES,
         findings, notes = _while_running(findings, traces, notes)
     findings = _rank_findings(findings, traces)
     findings = _on_hosts(findings, traces)
-    for rank, why in traces.unrecorded.items():
-        notes.append(f"rank {rank} was not recorded: {why}; what it did is not seen: it is never "
-                     "counted as missing from a collective, and may be the rank others wait for")
+    for rank, u in traces.unrecorded.items():
+        on = f" on {u.host}" if u.host else ""
+        notes.append(f"rank {rank}{on} was not recorded: {u.why}; what it did is not seen: it is "
+                     "never counted as missing from a collective, and may be the rank others wait "
+                     "for")
     if traces.partial:
         notes.append(f"{traces.partial}: the ranks with no capture here are not seen (other "
                      "hosts, or files not given); nothing is said about them")
@@ -218,9 +220,10 @@ def _summaries(traces: TraceSet) -> list[RankSummary]:
                   else "on another host, not seen here")
     for rank in range(traces.world_size):
         if rank not in traces.ranks:
+            u = traces.unrecorded.get(rank)
             out.append(RankSummary(
-                rank=rank, host="", pid=0, state="no_capture", exit_code=None, signal=None,
-                exit_detail="not recorded (see the note)" if rank in traces.unrecorded else unseen,
+                rank=rank, host=u.host if u else "", pid=0, state="no_capture", exit_code=None,
+                signal=None, exit_detail="not recorded (see the note)" if u else unseen,
                 last_collective=None, stack_summary=None, capture={},
             ))
     return sorted(out, key=lambda s: s.rank)

@@ -30,7 +30,7 @@ from nccl_doctor.files import write_atomic
 from nccl_doctor.gpu.readings import GpuTrace
 from nccl_doctor.gpu.series import GPU_JSONL, read_gpu
 from nccl_doctor.stacks.samples import STRAGGLERS_JSONL, StackSample, read_samples
-from nccl_doctor.model import ExitKind, GroupInfo, RankExit, RankTrace, TraceSet
+from nccl_doctor.model import ExitKind, GroupInfo, RankExit, RankTrace, TraceSet, Unrecorded
 
 MANIFEST = "manifest.json"
 MANIFEST_FORMAT = "nccl-doctor-capture"
@@ -423,7 +423,8 @@ def _assemble(path: Path, manifest: Manifest | None, files: list[Path],
     if path.is_dir():
         markers, bad = read_unrecorded(path)
         problems += bad
-    unrecorded = {r: m["why"] for r, m in sorted(markers.items()) if r not in traces}
+    unrecorded = {r: Unrecorded(m["why"], m["host"]) for r, m in sorted(markers.items())
+                  if r not in traces}
     sizes = [t.meta.world_size for t in traces.values()]
     sizes += [markers[r]["world_size"] for r in unrecorded]
     if manifest is not None and manifest.world_size:

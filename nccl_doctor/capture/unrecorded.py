@@ -21,11 +21,12 @@ from pathlib import Path
 
 from nccl_doctor.capture import format as fmt
 
-__all__ = ["MAX_BYTES", "MAX_WHY", "MAX_WORLD", "read_unrecorded", "write_unrecorded"]
+__all__ = ["MAX_BYTES", "MAX_HOST", "MAX_WHY", "MAX_WORLD", "read_unrecorded", "write_unrecorded"]
 
 MAX_BYTES = 16 * 1024  # a marker is a few hundred bytes: a bigger file is not ours
 MAX_WORLD = 1 << 20  # a world size or rank above this in a marker is not believed
 MAX_WHY = 500  # characters of the reason kept (it is one line)
+MAX_HOST = 200  # characters of the host name kept
 _NAME = re.compile(r"rank(\d{5,7})\.[^/]*" + re.escape(fmt.UNRECORDED_SUFFIX))
 UNKNOWN = "its capture could not be made (its marker is empty or cut: a full disk?)"
 
@@ -74,7 +75,7 @@ def read_unrecorded(directory: Path) -> tuple[dict[int, dict], list[str]]:
         if not isinstance(world, int) or isinstance(world, bool) or not rank < world <= MAX_WORLD:
             world = 0
         found[rank] = {"why": str(doc.get("why") or UNKNOWN)[:MAX_WHY],
-                       "host": str(doc.get("host", ""))[:200], "world_size": world}
+                       "host": str(doc.get("host", ""))[:MAX_HOST], "world_size": world}
     return found, problems
 
 

@@ -6,7 +6,7 @@ from __future__ import annotations
 import threading
 import time
 
-from nccl_doctor.model import ExitKind
+from nccl_doctor.model import ExitKind, Unrecorded
 from nccl_doctor.reproducers.nodes import free_port
 from nccl_doctor.supervisor.federation.link import Link, LinkState, Local, Role
 from nccl_doctor.supervisor.federation.rendezvous import Rendezvous
@@ -84,14 +84,16 @@ def test_a_followers_unrecorded_ranks_reach_the_leader_with_why():
     is not text) is not believed; a long reason is cut."""
     said: list[str] = []
     why = "it cannot create its capture in /out (No space left on device)"
-    brief = {"ranks": [], "unrecorded": {"3": why, "x": why, "²": why, "-1": why, "5": 7,
-                                         "6": "y" * 10_000}}
+    entry = {"why": why, "host": "nodeB"}
+    brief = {"ranks": [], "unrecorded": {
+        "3": entry, "x": entry, "²": entry, "-1": entry, "5": why, "6": {"why": 6},
+        "7": {"why": "y" * 10_000, "host": 7}, "99999999": entry}}
     leader, follower, _ = leader_and_follower(free_port(), said, brief)
     local = Local({2: 10}, {}, (), False, 1)
     assert until(lambda: (follower.follow(local), leader.gather(), leader.remote_traces(),
                           leader.remote_unrecorded())[3])
     got = leader.remote_unrecorded()
-    assert got == {3: why, 6: "y" * 500}
+    assert got == {3: Unrecorded(why, "nodeB"), 7: Unrecorded("y" * 500)}
     leader.close()
     follower.close()
 

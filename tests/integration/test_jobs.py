@@ -104,10 +104,11 @@ def test_a_rank_that_cannot_make_its_capture_runs_unseen_not_missing(run_job, tm
     d = run.diagnosis
     assert run.exit_status == 0
     assert d.verdict is Verdict.OK and d.findings == (), [f.title for f in d.findings]
-    states = {r.rank: (r.state, r.exit_detail) for r in d.ranks}
-    assert states[2] == ("no_capture", "not recorded (see the note)")
+    states = {r.rank: (r.state, r.exit_detail, r.host) for r in d.ranks}
+    host = states[0][2]
+    assert states[2] == ("no_capture", "not recorded (see the note)", host) and host
     assert {states[0][0], states[1][0]} == {"exited"}
-    note = next(n for n in d.notes if n.startswith("rank 2 was not recorded: "))
+    note = next(n for n in d.notes if n.startswith(f"rank 2 on {host} was not recorded: "))
     assert "it cannot create its capture" in note and "File too large" in note
     markers = list(run.out.glob("*.unrecorded"))
     assert len(markers) == 1 and markers[0].name.startswith("rank00002.")

@@ -145,10 +145,10 @@ def test_a_rank_on_a_follower_that_cannot_make_its_capture_is_unrecorded_not_uns
     a = report(out, "nodeA")
     assert a == report(out, "nodeB")
     assert a["verdict"] == "ok" and a["findings"] == [], a["findings"]
-    states = {r["rank"]: (r["state"], r["exit_detail"]) for r in a["ranks"]}
-    assert states[3] == ("no_capture", "not recorded (see the note)"), states
+    states = {r["rank"]: (r["state"], r["exit_detail"], r["host"]) for r in a["ranks"]}
+    assert states[3] == ("no_capture", "not recorded (see the note)", "nodeB"), states
     assert {states[r][0] for r in (0, 1, 2)} == {"exited"}
-    note = next(n for n in a["notes"] if n.startswith("rank 3 was not recorded: "))
+    note = next(n for n in a["notes"] if n.startswith("rank 3 on nodeB was not recorded: "))
     assert "it cannot create its capture in" in note and "nodeB" in note, note
     assert not any("unseen" in n and "never joined" in n for n in a["notes"]), a["notes"]
     assert [(n["host"], n["ranks"]) for n in a["nodes"]["nodes"]] == [

@@ -24,7 +24,7 @@ from nccl_doctor.errors import (
     CaptureNotFound, CorruptCapture, DoctorError, ExitStatus, NotACapture, UnsupportedVersion,
 )
 from nccl_doctor.model import (
-    Location, EventFlag, EventKind, EventState, ExitKind, GroupInfo, Integrity,
+    Location, EventFlag, EventKind, EventState, ExitKind, GroupInfo, Integrity, Unrecorded,
 )
 
 T0 = 1_700_000_000_000_000_000
@@ -343,7 +343,8 @@ def test_a_rank_that_could_not_make_its_capture_is_unrecorded_not_absent(tmp_pat
     assert write_unrecorded(tmp_path, "rank00001.node0.4001", 1, 3, "node0", why) is None  # once
     write_unrecorded(tmp_path, "rank00000.node0.4000", 0, 3, "node0", "stale")  # has a capture
     ts = load_capture_dir(tmp_path, job_ended=True)
-    assert set(ts.ranks) == {0} and ts.unrecorded == {1: why} and ts.world_size == 3
+    assert set(ts.ranks) == {0} and ts.unrecorded == {1: Unrecorded(why, "node0")}
+    assert ts.world_size == 3
     assert not ts.problems
 
 
@@ -360,7 +361,7 @@ def test_an_empty_or_damaged_marker_still_names_its_rank(tmp_path: Path, content
     (tmp_path / f"rank00001.node0.4001{fmt.UNRECORDED_SUFFIX}").write_bytes(content)
     ts = load_capture_dir(tmp_path, job_ended=True)
     why = "cannot create its capture" if b"world_size" in content else UNKNOWN
-    assert ts.unrecorded == {1: why} and set(ts.ranks) == {0} and ts.world_size == 2
+    assert ts.unrecorded == {1: Unrecorded(why)} and set(ts.ranks) == {0} and ts.world_size == 2
     assert not ts.problems
 
 

@@ -11,7 +11,7 @@ from nccl_doctor.analysis.mismatch import detect_collective_mismatch
 from nccl_doctor.analysis.missing import detect_missing_collective
 from nccl_doctor.diagnosis import FindingKind, Severity, Verdict
 from nccl_doctor.model import (
-    Location, EventFlag, EventKind, EventState, ExitKind, RankExit,
+    Location, EventFlag, EventKind, EventState, ExitKind, RankExit, Unrecorded,
 )
 
 RETURNED, ENTERED, FAILED, ISSUED = (
@@ -649,7 +649,10 @@ def test_a_rank_that_could_not_be_recorded_is_not_missing(tb) -> None:
     blamed = analyze(traces, annotators=())
     assert blamed.root_cause is not None and blamed.root_cause.ranks == (2,)
     why = "cannot create its capture in /out (No space left on device)"
-    d = analyze(replace(traces, unrecorded={2: why}), annotators=())
+    d = analyze(replace(traces, unrecorded={2: Unrecorded(why, "node1")}), annotators=())
     assert d.verdict is Verdict.OK and d.findings == ()
-    assert [r.exit_detail for r in d.ranks if r.rank == 2] == ["not recorded (see the note)"]
+    assert [(r.exit_detail, r.host) for r in d.ranks if r.rank == 2] == [
+        ("not recorded (see the note)", "node1")]
+    assert any(n.startswith(f"rank 2 on node1 was not recorded: {why}") for n in d.notes)
+    d = analyze(replace(traces, unrecorded={2: Unrecorded(why)}), annotators=())  # host unknown
     assert any(n.startswith(f"rank 2 was not recorded: {why}") for n in d.notes)

@@ -8,7 +8,7 @@ from nccl_doctor.analysis.lost import detect_node_lost
 from nccl_doctor.capture import summary
 from nccl_doctor.capture.union import union
 from nccl_doctor.diagnosis import Diagnosis, FindingKind
-from nccl_doctor.model import ExitKind, RankExit
+from nccl_doctor.model import ExitKind, RankExit, Unrecorded
 
 
 def test_a_summary_is_the_trace_in_brief_and_json(tb):
@@ -78,8 +78,8 @@ def test_the_union_keeps_the_ranks_no_node_could_record(tb):
     from dataclasses import replace
     a = tb.traceset([tb.trace(0, tb.collectives(3), host="nodeA")], world_size=3)
     b = tb.traceset([tb.trace(1, tb.collectives(3), host="nodeB")], world_size=3)
-    u = union([a, replace(b, unrecorded={2: "no room"}, partial="node B only")])
-    assert u.unrecorded == {2: "no room"} and u.partial == ""  # every rank is accounted for
+    u = union([a, replace(b, unrecorded={2: Unrecorded("no room", "B")}, partial="node B only")])
+    assert u.unrecorded == {2: Unrecorded("no room", "B")} and u.partial == ""  # all accounted for
     assert union([a, b]).unrecorded == {}
 
 

@@ -14,7 +14,7 @@ from nccl_doctor.analysis import analyze
 from nccl_doctor.capture import directory, format as fmt
 from nccl_doctor.capture.directory import Manifest, load_capture_dir
 from nccl_doctor.capture.writer import CaptureWriter
-from nccl_doctor.model import EventKind, EventState
+from nccl_doctor.model import EventKind, EventState, Unrecorded
 
 T0 = 1_700_000_000_000_000_000
 WORLD = 8
@@ -154,6 +154,6 @@ def test_a_rank_unrecorded_after_the_first_look_is_seen_at_the_next(tmp_path):
     assert live.load() is first and first.unrecorded == {}
     write_unrecorded(out, "rank00008.h.1", 8, WORLD + 1, "h", "cannot create its capture")
     now = live.load()
-    assert now is not first and now.unrecorded == {8: "cannot create its capture"}
+    assert now is not first and now.unrecorded == {8: Unrecorded("cannot create its capture", "h")}
     assert now.world_size == WORLD + 1 and live.load() is now
     live.close()

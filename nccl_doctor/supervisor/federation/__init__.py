@@ -108,7 +108,8 @@ class Federation:
         except DoctorError:
             return {"ranks": [], "unrecorded": {}}
         return {"ranks": [summary.summarize(t) for _, t in sorted(traces.ranks.items())],
-                "unrecorded": {str(r): why for r, why in sorted(traces.unrecorded.items())}}
+                "unrecorded": {str(r): {"why": u.why, "host": u.host}
+                               for r, u in sorted(traces.unrecorded.items())}}
 
     # -- the leader's report -------------------------------------------------------------------
     def nodes_section(self, diagnosis: Diagnosis | None = None) -> dict[str, Any]:

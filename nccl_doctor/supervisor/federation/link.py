@@ -26,8 +26,8 @@ from dataclasses import dataclass, field, replace
 from typing import Any, Callable
 
 from nccl_doctor.capture import summary
-from nccl_doctor.capture.unrecorded import MAX_WHY, MAX_WORLD
-from nccl_doctor.model import ExitKind, Integrity, RankExit, RankMeta, RankTrace
+from nccl_doctor.capture.unrecorded import MAX_HOST, MAX_WHY, MAX_WORLD
+from nccl_doctor.model import ExitKind, Integrity, RankExit, RankMeta, RankTrace, Unrecorded
 from nccl_doctor.supervisor.federation import store as st
 from nccl_doctor.supervisor.federation.rendezvous import Rendezvous
 
@@ -55,7 +55,7 @@ class Remote:
     seen_at: float = 0.0  # the leader's clock when the beat last changed
     moved_at: float = 0.0  # the leader's clock when its ranks' counters last moved
     traces: dict[int, RankTrace] = field(default_factory=dict)  # from its latest summary
-    unrecorded: dict[int, str] = field(default_factory=dict)  # rank -> why, from the same
+    unrecorded: dict[int, Unrecorded] = field(default_factory=dict)  # from the same summary
     version: int = 0  # the summary the traces come from
     summary_counts: dict[str, Any] = field(default_factory=dict)  # the counters it shows
     lost: bool = False
@@ -71,16 +71,18 @@ class Remote:
         return f"{self.host} (node {self.node_rank})" if self.node_rank is not None else self.host
 
 
-def _unrecorded(raw: Any, traces: dict[int, RankTrace]) -> dict[int, str]:
+def _unrecorded(raw: Any, traces: dict[int, RankTrace]) -> dict[int, Unrecorded]:
     """A summary's unrecorded ranks, believed only as far as they make sense (a rank number in
-    range, without a capture of its own, and a reason of bounded length)."""
-    out: dict[int, str] = {}
+    range, without a capture of its own, a reason in text, cut to a bounded length)."""
+    out: dict[int, Unrecorded] = {}
     if not isinstance(raw, dict):
         return out
-    for key, why in raw.items():
+    for key, entry in raw.items():
         rank = int(key) if isinstance(key, str) and key.isascii() and key.isdigit() else -1
+        why = entry.get("why") if isinstance(entry, dict) else None
+        host = entry.get("host") if isinstance(entry, dict) else None
         if 0 <= rank < MAX_WORLD and rank not in traces and isinstance(why, str):
-            out[rank] = why[:MAX_WHY]
+            out[rank] = Unrecorded(why[:MAX_WHY], host[:MAX_HOST] if isinstance(host, str) else "")
     return out
 
 
@@ -114,7 +116,7 @@ class Link:
                  connect_within: float = 30.0) -> None:
         """``answer(what, ranks, timeout)`` serves a leader's request from this host;
         ``summaries(ended)`` reads this node's ranks in brief: ``{"ranks": [summary, ...],
-        "unrecorded": {"rank": why}}``."""
+        "unrecorded": {"rank": {"why": ..., "host": ...}}}``."""
         self.rdzv, self.host = rdzv, host
         self.id = f"{host}-{os.getpid()}"
         self.announce, self.answer, self.summaries = announce, answer, summaries
@@ -449,9 +451,9 @@ class Link:
                         for r in sorted(remote.ranks) if r not in remote.traces]
         return out
 
-    def remote_unrecorded(self) -> dict[int, str]:
-        """The followers' ranks that ran unrecorded (rank -> why), from their latest summaries."""
-        return {r: why for remote in self.remotes.values() for r, why in remote.unrecorded.items()}
+    def remote_unrecorded(self) -> dict[int, Unrecorded]:
+        """The followers' ranks that ran unrecorded, from their latest summaries."""
+        return {r: u for remote in self.remotes.values() for r, u in remote.unrecorded.items()}
 
     def _answers(self, remote: Remote, now: float) -> bool:
         """Worth asking: not lost, and beating (a node silent for a few beats may be being
