@@ -419,14 +419,13 @@ def _assemble(path: Path, manifest: Manifest | None, files: list[Path],
                 "its last events may be missing"
             )
     problems += beside_problems
-    markers: dict[int, dict] = {}
+    markers: dict[int, tuple[Unrecorded, int]] = {}
     if path.is_dir():
         markers, bad = read_unrecorded(path)
         problems += bad
-    unrecorded = {r: Unrecorded(m["why"], m["host"]) for r, m in sorted(markers.items())
-                  if r not in traces}
+    unrecorded = {r: u for r, (u, _) in sorted(markers.items()) if r not in traces}
     sizes = [t.meta.world_size for t in traces.values()]
-    sizes += [markers[r]["world_size"] for r in unrecorded]
+    sizes += [markers[r][1] for r in unrecorded]
     if manifest is not None and manifest.world_size:
         sizes.append(manifest.world_size)
     world = max(sizes, default=0)

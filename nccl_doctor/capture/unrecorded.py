@@ -20,8 +20,10 @@ import stat
 from pathlib import Path
 
 from nccl_doctor.capture import format as fmt
+from nccl_doctor.model import Unrecorded
 
-__all__ = ["MAX_BYTES", "MAX_HOST", "MAX_WHY", "MAX_WORLD", "read_unrecorded", "write_unrecorded"]
+__all__ = ["MAX_BYTES", "MAX_HOST", "MAX_WHY", "MAX_WORLD", "kept", "read_unrecorded",
+           "write_unrecorded"]
 
 MAX_BYTES = 16 * 1024  # a marker is a few hundred bytes: a bigger file is not ours
 MAX_WORLD = 1 << 20  # a world size or rank above this in a marker is not believed
@@ -51,11 +53,18 @@ def write_unrecorded(directory: Path, stem: str, rank: int, world_size: int, hos
     return path
 
 
-def read_unrecorded(directory: Path) -> tuple[dict[int, dict], list[str]]:
-    """(rank -> {"why", "host", "world_size"}, problems) for the markers in ``directory``. A
-    file of that suffix that is not a marker (not a regular file, not named for a rank) is a
-    problem, never the end of the replay; a marker's body that cannot be read leaves its name."""
-    found: dict[int, dict] = {}
+def kept(why: str, host: str) -> Unrecorded:
+    """An unrecorded rank as the analysis keeps it, from a marker or a node's summary: its
+    reason and host cut to their bounds."""
+    return Unrecorded(why[:MAX_WHY], host[:MAX_HOST])
+
+
+def read_unrecorded(directory: Path) -> tuple[dict[int, tuple[Unrecorded, int]], list[str]]:
+    """(rank -> (what its marker says, its world size or 0), problems) for the markers in
+    ``directory``. A file of that suffix that is not a marker (not a regular file, not named for
+    a rank) is a problem, never the end of the replay; a marker's body that cannot be read
+    leaves its name."""
+    found: dict[int, tuple[Unrecorded, int]] = {}
     problems: list[str] = []
     for path in sorted(directory.glob(f"*{fmt.UNRECORDED_SUFFIX}")):
         named = _NAME.fullmatch(path.name)
@@ -74,8 +83,7 @@ def read_unrecorded(directory: Path) -> tuple[dict[int, dict], list[str]]:
         world = doc.get("world_size")
         if not isinstance(world, int) or isinstance(world, bool) or not rank < world <= MAX_WORLD:
             world = 0
-        found[rank] = {"why": str(doc.get("why") or UNKNOWN)[:MAX_WHY],
-                       "host": str(doc.get("host", ""))[:MAX_HOST], "world_size": world}
+        found[rank] = kept(str(doc.get("why") or UNKNOWN), str(doc.get("host", ""))), world
     return found, problems
 
 

@@ -26,7 +26,7 @@ from dataclasses import dataclass, field, replace
 from typing import Any, Callable
 
 from nccl_doctor.capture import summary
-from nccl_doctor.capture.unrecorded import MAX_HOST, MAX_WHY, MAX_WORLD
+from nccl_doctor.capture.unrecorded import MAX_WORLD, kept
 from nccl_doctor.model import ExitKind, Integrity, RankExit, RankMeta, RankTrace, Unrecorded
 from nccl_doctor.supervisor.federation import store as st
 from nccl_doctor.supervisor.federation.rendezvous import Rendezvous
@@ -82,7 +82,7 @@ def _unrecorded(raw: Any, traces: dict[int, RankTrace]) -> dict[int, Unrecorded]
         why = entry.get("why") if isinstance(entry, dict) else None
         host = entry.get("host") if isinstance(entry, dict) else None
         if 0 <= rank < MAX_WORLD and rank not in traces and isinstance(why, str):
-            out[rank] = Unrecorded(why[:MAX_WHY], host[:MAX_HOST] if isinstance(host, str) else "")
+            out[rank] = kept(why, host if isinstance(host, str) else "")
     return out
 
 
