@@ -55,7 +55,11 @@ class Finding:
     group: str | None = None
     seq: int | None = None  # sequence number within the group (collectives only)
     op: str | None = None
-    callsite: str | None = None  # "path:line" of the culprit's call
+    callsite: str | None = None  # "path:line" of the culprit's call: the line that issued it
+    # the user's line that led to ``callsite`` when a library issued the call ("path:line")
+    entry_callsite: str | None = None
+    # the call's frames outside torch, innermost first: {path, line, function, package, version}
+    call_path: tuple[Mapping[str, Any], ...] = ()
     evidence: Mapping[str, Any] = field(default_factory=dict)
     root_cause: bool = False
     time_ns: int | None = None  # when the divergence happened (orders findings)
@@ -65,6 +69,8 @@ class Finding:
             "kind": self.kind.value, "severity": self.severity.value, "title": self.title,
             "detail": self.detail, "ranks": list(self.ranks), "hint": self.hint,
             "group": self.group, "seq": self.seq, "op": self.op, "callsite": self.callsite,
+            "entry_callsite": self.entry_callsite,
+            "call_path": [dict(frame) for frame in self.call_path],
             "root_cause": self.root_cause, "evidence": dict(self.evidence),
         }
 
@@ -82,6 +88,9 @@ class Finding:
                 seq=None if seq is None else int(seq),
                 op=None if raw.get("op") is None else str(raw["op"]),
                 callsite=None if raw.get("callsite") is None else str(raw["callsite"]),
+                entry_callsite=(None if raw.get("entry_callsite") is None
+                                else str(raw["entry_callsite"])),
+                call_path=tuple(dict(x) for x in raw.get("call_path") or () if isinstance(x, dict)),
                 evidence=dict(raw.get("evidence") or {}),
                 root_cause=bool(raw.get("root_cause", False)),
             )

@@ -12,6 +12,7 @@ import re
 from dataclasses import dataclass, field
 from typing import Any, Mapping
 
+from nccl_doctor import paths
 from nccl_doctor.gpu.readings import GpuTrace
 from nccl_doctor.location import Location
 from nccl_doctor.stacks.rank_stack import RankStack
@@ -111,7 +112,10 @@ class Event:
     group_size: int
     callsite: Location | None  # first frame outside torch and the libraries that wrap it
     api_callsite: Location | None  # first frame outside torch: the direct caller of the API
-    extra: str = ""  # a free-form note the recorder attached to the call
+    # the frames outside torch from the API's caller out to ``callsite`` (at most 16, innermost
+    # first): the library line that decided to make the call lies between them. Empty when the
+    # capture predates call paths (format 1) or for a call Flight Recorder saw alone
+    path: tuple[Location, ...] = ()
     source: EventSource = EventSource.RECORDER
     # returned on the CPU (an NCCL call, unwaited async work) but Flight Recorder shows its work
     # not completed: the rank still waits in it (its state then reads ENTERED)
@@ -138,6 +142,17 @@ class Event:
     @property
     def where(self) -> str:
         return str(self.callsite or self.api_callsite or "?")
+
+    @property
+    def issuing(self) -> Location | None:
+        """The line that decided to make the call: the innermost frame of its path outside thin
+        wrappers (accelerate's gather helpers, DeepSpeed's comm layer; ``paths.is_thin_wrapper``)
+        - in real jobs usually a library's (``trl/trainer/cpo_trainer.py:839``), else the user's.
+        Without a recorded path: the user's line, as before call paths were recorded."""
+        for loc in self.path:
+            if not paths.is_thin_wrapper(loc.path):
+                return loc
+        return self.callsite or self.api_callsite
 
 
 class ExitKind(enum.Enum):
@@ -261,6 +276,8 @@ class RankTrace:
     # records in the capture when ``events`` holds only a window of them (a large replay:
     # nccl_doctor/capture/window.py); None: ``events`` is every record
     recorded: int | None = None
+    # its records name their call paths (False: a capture of format 1, from before them)
+    paths_recorded: bool = True
 
     @property
     def records(self) -> int:

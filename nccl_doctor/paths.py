@@ -63,6 +63,36 @@ def is_stdlib_file(path: str) -> bool:
     return bool(_STDLIB_RE.search(path))
 
 
+#: Library files that only pass a call on to torch.distributed (gather helpers, comm shims): a
+#: call path's frame in one of them never "issued" the call - the frame that called them did.
+THIN_WRAPPER_FILES = (
+    "accelerate/utils/operations.py", "accelerate/accelerator.py", "accelerate/state.py",
+    "deepspeed/comm/", "lightning_fabric/utilities/distributed.py",
+    "lightning/fabric/utilities/distributed.py", "torchmetrics/utilities/distributed.py",
+)
+_THIN_RE = re.compile("|".join(
+    rf"{_SEP}{re.escape(f).replace('/', _SEP)}" for f in THIN_WRAPPER_FILES))
+
+
+@functools.lru_cache(maxsize=4096)
+def is_thin_wrapper(path: str) -> bool:
+    """True for a file that only passes a collective on (``THIN_WRAPPER_FILES``), the standard
+    library (functools, contextlib, threading) and nccl-doctor's own frames."""
+    return bool(_THIN_RE.search(path)) or is_stdlib_file(path) or is_internal_file(path)
+
+
+_PACKAGE_RE = re.compile(rf"{_SEP}(?:site|dist)-packages{_SEP}([A-Za-z_][A-Za-z0-9_]*)")
+
+
+@functools.lru_cache(maxsize=4096)
+def package_of(path: str) -> str | None:
+    """The installed top-level package a file belongs to (``trl`` for
+    .../site-packages/trl/trainer/cpo_trainer.py); None for a file not installed as one (the
+    user's own code, an editable checkout)."""
+    m = _PACKAGE_RE.search(path)
+    return m.group(1) if m else None
+
+
 _USER_COPIES = tuple(f"{os.sep}nccl_doctor{os.sep}{d}{os.sep}"
                      for d in ("examples", "reproducers", "trainers"))
 

@@ -6,7 +6,7 @@ from __future__ import annotations
 from collections import defaultdict
 
 from nccl_doctor.analysis.align import last_leaf, timelines
-from nccl_doctor.analysis.wording import call_name, call_site, fate, ranks_text, site
+from nccl_doctor.analysis.wording import call_fields, call_name, call_site, fate, ranks_text, site
 from nccl_doctor.analysis.missing import HINT_EXITED
 from nccl_doctor.diagnosis import Finding, FindingKind, Severity
 from nccl_doctor.model import EventState, ExitKind, TraceSet
@@ -54,12 +54,13 @@ def detect_rank_exited(traces: TraceSet) -> list[Finding]:
                 "Its peers went on to " + ", ".join(f"collective #{s} of group {g}" for g, s in waits)
                 + ", which it never entered."
             )
-        where = site(ex.callsite) if ex.callsite else call_site(last) if last else None
+        where = {"callsite": site(ex.callsite)} if ex.callsite else (
+            call_fields(last, trace.meta.versions) if last else {})
         title = f"{ranks_text(ranks)} {ex.describe()}"
         if ex.callsite is not None:
             title += f" at {site(ex.callsite)}"
         elif last is not None:
-            title += f" after {call_name(last)} at {call_site(last)}"
+            title += f" after {call_name(last)} at {call_site(last, trace.meta.versions)}"
         if was_needed:
             title += " while its peers still needed it"
         t = ex.time_ns or (last.t_exit_ns or last.t_enter_ns if last else None)
@@ -68,7 +69,7 @@ def detect_rank_exited(traces: TraceSet) -> list[Finding]:
             detail="\n".join(detail), ranks=tuple(ranks),
             hint=HINT_EXITED if was_needed and not ex.abnormal else HINT_CRASH,
             group=last.group if last else None, seq=last.align_seq if last else None,
-            op=last.op if last else None, callsite=where,
+            op=last.op if last else None, **where,
             evidence={
                 "exit": kind.value, "exit_code": code, "signal": signal, "exception": exception,
                 "last_collective": call_name(last) if last else None,

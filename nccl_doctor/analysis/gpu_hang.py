@@ -15,7 +15,7 @@ while a desync explains it. What counts as spinning: nccl_doctor/gpu/signature.p
 from __future__ import annotations
 
 from nccl_doctor.analysis.align import blocked_event
-from nccl_doctor.analysis.wording import call_name, call_site, ranks_text
+from nccl_doctor.analysis.wording import call_fields, call_name, call_site, ranks_text
 from nccl_doctor.analysis.desync import desyncs
 from nccl_doctor.diagnosis import Finding, FindingKind, Severity
 from nccl_doctor.gpu.readings import GpuTrace, RankGpu
@@ -77,7 +77,7 @@ def detect_gpu_busy_hang(traces: TraceSet) -> list[Finding]:
         kind=FindingKind.GPU_BUSY_HANG, severity=Severity.ERROR, title=title,
         detail="\n".join(lines), ranks=tuple(culprits) or tuple(sorted(spinning)),
         hint=HINT_WAITING.format(who=who) if culprits else HINT_TRANSPORT,
-        group=first.group, seq=first.align_seq, op=first.op, callsite=call_site(first),
+        group=first.group, seq=first.align_seq, op=first.op, **call_fields(first),
         evidence={"waiting_for": culprits, "spinning": {
             str(r): _evidence(placed, w, e.t_enter_ns / 1e9 + SETTLE_S)
             for r, (e, placed, w) in spinning.items()}},

@@ -9,7 +9,7 @@ from typing import Any, Mapping, Sequence
 
 from nccl_doctor.analysis import annotate
 from nccl_doctor.analysis.situation import Assessment
-from nccl_doctor.analysis.wording import call_name, call_site, ranks_text
+from nccl_doctor.analysis.wording import call_fields, call_name, ranks_text
 from nccl_doctor.diagnosis import Diagnosis, Finding, FindingKind, Severity, Verdict
 from nccl_doctor.stacks import summary
 from nccl_doctor.stacks.rank_stack import RankStack
@@ -79,7 +79,7 @@ def stuck_peer(a: Assessment, stuck: dict[int, str], analysis: Diagnosis,
         title=f"{ranks_text(sorted(a.waiting))} wait in {call_name(e)}; "
               f"{ranks_text(sorted(stuck))} never came",
         detail="\n".join(lines), ranks=tuple(sorted(stuck)), hint=HINT_STUCK, group=e.group,
-        seq=e.align_seq, op=e.op, callsite=call_site(e),
+        seq=e.align_seq, op=e.op, **call_fields(e),
         evidence={"stuck": {str(r): w for r, w in stuck.items()}}, time_ns=e.t_enter_ns,
     )
 
@@ -112,6 +112,6 @@ def stall(a: Assessment, kind: str, waited: float) -> Finding:
         kind=FindingKind.STALL, severity=Severity.ERROR, title=title,
         detail=f"no rank has recorded a new call for {waited:.0f} s (--hang-after).",
         ranks=culprits, hint=hint, group=e.group, seq=e.align_seq, op=e.op,
-        callsite=call_site(e), evidence={"class": kind, "waited_s": round(waited, 1)},
+        **call_fields(e), evidence={"class": kind, "waited_s": round(waited, 1)},
         time_ns=e.t_enter_ns,
     )

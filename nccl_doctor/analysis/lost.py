@@ -7,7 +7,7 @@ from __future__ import annotations
 from collections import defaultdict
 
 from nccl_doctor.analysis.align import last_leaf
-from nccl_doctor.analysis.wording import call_name, call_site, ranks_text
+from nccl_doctor.analysis.wording import call_fields, call_name, call_site, ranks_text
 from nccl_doctor.diagnosis import Finding, FindingKind, Severity
 from nccl_doctor.model import ExitKind, TraceSet
 
@@ -43,7 +43,7 @@ def detect_node_lost(traces: TraceSet) -> list[Finding]:
             title=f"{name} was lost with {ranks_text(ranks)}", detail="\n".join(lines),
             ranks=tuple(ranks), hint=HINT_LOST,
             group=last.group if last else None, seq=last.align_seq if last else None,
-            op=last.op if last else None, callsite=call_site(last) if last else None,
+            op=last.op if last else None, **(call_fields(last) if last else {}),
             evidence={"host": host, "node_rank": node, "ranks": ranks},
             time_ns=first.exit.time_ns,
         ))

@@ -6,7 +6,9 @@ from collections import defaultdict
 from typing import Any
 
 from nccl_doctor.analysis.align import canonical_op, timelines
-from nccl_doctor.analysis.wording import call_site, ranks_text
+from nccl_doctor.analysis.wording import (
+    call_fields, call_site, frames_json, ranks_text, versions_of,
+)
 from nccl_doctor.diagnosis import Finding, FindingKind, Severity
 from nccl_doctor.model import Event, EventSource, TraceSet, parse_tensor_desc
 
@@ -97,7 +99,7 @@ def detect_collective_mismatch(traces: TraceSet) -> list[Finding]:
                 continue
             known = {r: e for r, e in by_rank.items() if aspect in sigs[r]}
             findings.append(_finding(name, seq, known, sigs, aspect,
-                                     timeline.calls.get(seq + 1, {})))
+                                     timeline.calls.get(seq + 1, {}), traces))
             break  # the first divergence of a group is the cause; what follows is cascade
     return findings
 
@@ -132,7 +134,7 @@ def _odd_without_majority(ordered: list[list[int]], by_rank: dict[int, Event],
 
 
 def _finding(group: str, seq: int, by_rank: dict[int, Event], sigs: dict, aspect: str,
-             following: dict[int, Event]) -> Finding:
+             following: dict[int, Event], traces: TraceSet) -> Finding:
     classes: dict[str, list[int]] = defaultdict(list)
     for rank in sorted(by_rank):
         classes[repr(sigs[rank][aspect])].append(rank)
@@ -148,9 +150,11 @@ def _finding(group: str, seq: int, by_rank: dict[int, Event], sigs: dict, aspect
     sides = []
     for rs in ordered:
         e = by_rank[rs[0]]
+        versions = versions_of(traces, rs[0])
         sides.append({
             "ranks": rs, "op": e.op, "value": _describe(aspect, e), "input": e.input,
-            "output": e.output, "callsite": call_site(e), "state": e.state.name.lower(),
+            "output": e.output, "callsite": call_site(e, versions),
+            "call_path": list(frames_json(e.path, versions)), "state": e.state.name.lower(),
         })
     first = by_rank[odd[0]]
     ops = sorted({e.op for e in by_rank.values()})
@@ -166,7 +170,7 @@ def _finding(group: str, seq: int, by_rank: dict[int, Event], sigs: dict, aspect
     return Finding(
         kind=FindingKind.COLLECTIVE_MISMATCH, severity=Severity.ERROR, title=title,
         detail="\n".join(lines), ranks=tuple(odd), hint=HINTS[aspect], group=group, seq=seq,
-        op=first.op, callsite=call_site(first),
+        op=first.op, **call_fields(first, versions_of(traces, odd[0])),
         evidence={"aspect": aspect, "sides": sides, "majority": majority},
         time_ns=min(e.t_enter_ns for e in by_rank.values()),
     )

@@ -3,7 +3,9 @@
 from __future__ import annotations
 
 from nccl_doctor.analysis.align import blocked_event, last_leaf, timelines
-from nccl_doctor.analysis.wording import call_name, call_site, fate, ranks_text
+from nccl_doctor.analysis.wording import (
+    call_fields, call_name, call_site, fate, ranks_text, versions_of,
+)
 from nccl_doctor.diagnosis import Finding, FindingKind, Severity
 from nccl_doctor.model import RankTrace, TraceSet
 
@@ -29,10 +31,12 @@ def instead(trace: RankTrace | None, rank: int) -> tuple[str, str]:
     blocked = blocked_event(trace)
     if blocked is not None:
         return "blocked", (
-            f"rank {rank} is blocked in {call_name(blocked)} at {call_site(blocked)}"
+            f"rank {rank} is blocked in {call_name(blocked)} at "
+            f"{call_site(blocked, trace.meta.versions)}"
         )
     last = last_leaf(trace)
-    where = f"; last seen after {call_name(last)} at {call_site(last)}" if last else ""
+    where = (f"; last seen after {call_name(last)} at {call_site(last, trace.meta.versions)}"
+             if last else "")
     return "elsewhere", f"rank {rank} is outside any collective{where}"
 
 
@@ -58,6 +62,7 @@ def detect_missing_collective(traces: TraceSet) -> list[Finding]:
         if not waiting or not missing:
             continue
         first = waiting[min(waiting)]
+        versions = versions_of(traces, min(waiting))
         others = {r: instead(traces.ranks.get(r), r) for r in missing}
         categories = {c for c, _ in others.values()}
         hint = HINT_EXITED if categories == {"exited"} else HINT_ELSEWHERE
@@ -67,7 +72,7 @@ def detect_missing_collective(traces: TraceSet) -> list[Finding]:
         )
         lines = [
             f"{ranks_text(sorted(waiting))} called {first.op}({first.input or '-'}) at "
-            f"{call_site(first)}.",
+            f"{call_site(first, versions)}.",
         ]
         flying = sorted(r for r, e in waiting.items() if e.in_flight)
         if flying:
@@ -78,7 +83,7 @@ def detect_missing_collective(traces: TraceSet) -> list[Finding]:
         findings.append(Finding(
             kind=FindingKind.MISSING_COLLECTIVE, severity=Severity.ERROR, title=title,
             detail="\n".join(lines), ranks=tuple(missing), hint=hint, group=name, seq=seq,
-            op=first.op, callsite=call_site(first),
+            op=first.op, **call_fields(first, versions),
             evidence={
                 "waiting_ranks": sorted(waiting), "missing_ranks": missing,
                 "instead": {str(r): {"category": c, "detail": w} for r, (c, w) in others.items()},

@@ -2,15 +2,64 @@
 
 from __future__ import annotations
 
-from nccl_doctor.model import Event, Location, RankTrace
+from typing import Any, Mapping
+
+from nccl_doctor import paths
+from nccl_doctor.model import Event, Location, RankTrace, TraceSet
+
+_NO_VERSIONS: Mapping[str, str] = {}
 
 
 def site(c: Location | None) -> str:
     return c.text() if c is not None else "?"
 
 
-def call_site(e: Event) -> str:
-    return site(e.callsite or e.api_callsite)
+def call_site(e: Event, versions: Mapping[str, str] = _NO_VERSIONS) -> str:
+    """Where a call was made, as reports say it: the line that issued it and, when that line is
+    not the user's, the user's line that led there - ``trl/trainer/cpo_trainer.py:839 in
+    get_batch_loss_metrics (trl 0.16.1) <- your train.py:16``; the user's line alone when the
+    user's code made the call (``versions``: the rank's recorded library versions)."""
+    entry, issuing = e.callsite or e.api_callsite, e.issuing
+    if issuing is None or entry is None or issuing == entry:
+        return site(issuing or entry)
+    yours = "your " if paths.package_of(entry.path) is None else ""
+    return f"{issuing.text('in')}{_library(issuing, versions)} <- {yours}{site(entry)}"
+
+
+def _library(loc: Location, versions: Mapping[str, str]) -> str:
+    package = paths.package_of(loc.path)
+    if package is None:
+        return ""
+    version = versions.get(package)
+    return f" ({package} {version})" if version else f" ({package})"
+
+
+def call_fields(e: Event, versions: Mapping[str, str] = _NO_VERSIONS) -> dict[str, Any]:
+    """A finding's fields naming its call: ``callsite`` (the issuing line, ``path:line``),
+    ``entry_callsite`` (the user's line that led there, when another) and ``call_path`` (its
+    frames, innermost first, each with its package and that package's recorded version)."""
+    entry, issuing = e.callsite or e.api_callsite, e.issuing
+    return {
+        "callsite": site(issuing or entry),
+        "entry_callsite": site(entry) if entry is not None and issuing != entry else None,
+        "call_path": frames_json(e.path, versions),
+    }
+
+
+def frames_json(frames: tuple[Location, ...],
+                versions: Mapping[str, str] = _NO_VERSIONS) -> tuple[dict[str, Any], ...]:
+    out = []
+    for loc in frames:
+        package = paths.package_of(loc.path)
+        out.append({**loc.to_json(), "package": package,
+                    "version": versions.get(package) if package else None})
+    return tuple(out)
+
+
+def versions_of(traces: TraceSet, rank: int) -> Mapping[str, str]:
+    """The library versions rank ``rank`` recorded (none known: empty)."""
+    trace = traces.ranks.get(rank)
+    return trace.meta.versions if trace is not None else _NO_VERSIONS
 
 
 def call_name(e: Event) -> str:

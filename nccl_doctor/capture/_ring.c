@@ -329,6 +329,8 @@ typedef struct {
                              -> (string id, bytes) */
     PyObject *positions;  /* Describer.positions: (id(code), lasti) -> (wrapper, internal, file,
                              line, function, code) */
+    PyObject *paths;      /* Describer.paths: the positions' keys of a call path's frames (a
+                             tuple) -> the path's string id */
     uint64_t epoch;       /* bumped by every assignment above: the Calls' memos of what they
                              read last hold only within one epoch (the recorder reassigns them
                              whenever a capture, group or cache it may remember goes away) */
@@ -443,7 +445,7 @@ typedef struct {
     uint64_t memo_group[2];    /* name_id and size bits */
     PyObject *memo_code;       /* the direct caller's code (a reference: its id stays its own) */
     int memo_lasti;
-    uint64_t memo_site[5];
+    uint64_t memo_site[6];
     PyObject *memo_dtype, *memo_shape; /* references; the input's description */
     uint64_t memo_desc[2];
     unsigned long memo_tid;    /* the thread of the last call, and its stack (a reference) */
@@ -464,6 +466,7 @@ static PyObject *Recording_new(PyTypeObject *type, PyObject *args, PyObject *kwd
     self->stacks = Py_NewRef(Py_None);
     self->tensors = Py_NewRef(Py_None);
     self->positions = Py_NewRef(Py_None);
+    self->paths = Py_NewRef(Py_None);
     return (PyObject *)self;
 }
 
@@ -474,6 +477,7 @@ static int Recording_traverse(Recording *self, visitproc visit, void *arg) {
     Py_VISIT(self->stacks);
     Py_VISIT(self->tensors);
     Py_VISIT(self->positions);
+    Py_VISIT(self->paths);
     return 0;
 }
 
@@ -484,6 +488,7 @@ static int Recording_clear(Recording *self) {
     Py_CLEAR(self->stacks);
     Py_CLEAR(self->tensors);
     Py_CLEAR(self->positions);
+    Py_CLEAR(self->paths);
     return 0;
 }
 
@@ -522,6 +527,7 @@ static PyGetSetDef Recording_getset[] = {
     RECORDING_FIELD(stacks, "thread id -> calls in progress"),
     RECORDING_FIELD(tensors, "Describer.tensors"),
     RECORDING_FIELD(positions, "Describer.positions"),
+    RECORDING_FIELD(paths, "Describer.paths"),
     {"epoch", (getter)Recording_get_epoch, NULL, "changes counted so far", NULL},
     {NULL, NULL, NULL, NULL, NULL},
 };
@@ -768,8 +774,14 @@ static int frame_lasti(PyFrameObject *f) {
 #endif
 }
 
-/* Describer.callsites(caller of the API function) from Describer.positions: the user file, line and
- * function and the API file and line (fields 10..14), or -1 when a frame is not cached. */
+#define PATH_FRAMES 16 /* rank/recorder/arguments.PATH_FRAMES: the frames a call path keeps */
+
+/* Describer.callsites(caller of the API function) from Describer.positions and Describer.paths:
+ * the user file, line and function, the API file and line and the call path's id (fields
+ * 10..15), or -1 when a frame or the path is not cached yet (the Python path records the call
+ * and caches them). The path is looked up by its frames' position keys, which the walk makes
+ * anyway: one tuple and one dict look-up more than the frames' own, and none at all for a
+ * caller the Call remembers. */
 static int callsite(Call *call, uint64_t *site) {
     Recording *rec = call->rec;
     /* the current frame: the caller's (a Recorded, in C, has none of its own) */
@@ -779,6 +791,8 @@ static int callsite(Call *call, uint64_t *site) {
     f = (PyFrameObject *)Py_NewRef(f);
     PyFrameObject *first = f;
     uint64_t api_file = 0, api_line = 0;
+    PyObject *keys[PATH_FRAMES];
+    int n = 0, found = 0, r = -1;
     while (f != NULL) {
         PyCodeObject *code = PyFrame_GetCode(f);
         int lasti = frame_lasti(f);
@@ -792,47 +806,69 @@ static int callsite(Call *call, uint64_t *site) {
                                     : pair(PyLong_FromVoidPtr(code), PyLong_FromLong(lasti));
         Py_DECREF(code);
         PyObject *info = key == NULL ? NULL : PyDict_GetItemWithError(rec->positions, key);
-        Py_XDECREF(key);
         if (info == NULL || !PyTuple_CheckExact(info) || PyTuple_GET_SIZE(info) != 6) {
-            Py_DECREF(f);
-            return -1;
+            Py_XDECREF(key);
+            goto out;
         }
         int wrapper = PyObject_IsTrue(PyTuple_GET_ITEM(info, 0));
         int internal = PyObject_IsTrue(PyTuple_GET_ITEM(info, 1));
         if (wrapper < 0 || internal < 0) {
-            Py_DECREF(f);
-            return -1;
+            Py_DECREF(key);
+            goto out;
         }
         if (!internal) {
             uint64_t file, line;
             if (int_bits(10, PyTuple_GET_ITEM(info, 2), &file) < 0 ||
                 int_bits(11, PyTuple_GET_ITEM(info, 3), &line) < 0) {
-                Py_DECREF(f);
-                return -1;
+                Py_DECREF(key);
+                goto out;
             }
             if (!api_file) {
                 api_file = file;
                 api_line = line;
             }
+            if (n < PATH_FRAMES)
+                keys[n++] = key; /* the path's frames, innermost first */
+            else
+                Py_DECREF(key);
             if (!wrapper) {
-                int bad = int_bits(12, PyTuple_GET_ITEM(info, 4), &site[2]);
-                site[0] = file, site[1] = line, site[3] = api_file, site[4] = api_line;
-                if (bad == 0 && f == first) { /* depends on this frame alone: remember it */
-                    Py_XSETREF(call->memo_code, (PyObject *)PyFrame_GetCode(f));
-                    call->memo_lasti = frame_lasti(f);
-                    memcpy(call->memo_site, site, sizeof call->memo_site);
-                }
-                Py_DECREF(f);
-                return bad;
+                if (int_bits(12, PyTuple_GET_ITEM(info, 4), &site[2]) < 0)
+                    goto out;
+                site[0] = file, site[1] = line;
+                found = 1;
+                break; /* f: the user's frame */
             }
+        } else {
+            Py_DECREF(key);
         }
         PyFrameObject *back = PyFrame_GetBack(f);
         Py_DECREF(f);
         f = back;
     }
-    site[0] = site[1] = site[2] = 0;
+    if (!found)
+        site[0] = site[1] = site[2] = 0;
     site[3] = api_file, site[4] = api_line;
-    return 0;
+    PyObject *path = PyTuple_New(n);
+    if (path == NULL)
+        goto out;
+    for (int i = 0; i < n; i++)
+        PyTuple_SET_ITEM(path, i, keys[i]);
+    n = 0; /* the tuple holds them now */
+    PyObject *id = PyDict_GetItemWithError(rec->paths, path);
+    Py_DECREF(path);
+    if (id == NULL || int_bits(15, id, &site[5]) < 0)
+        goto out;
+    r = 0;
+    if (found && f == first) { /* depends on this frame alone: remember it */
+        Py_XSETREF(call->memo_code, (PyObject *)PyFrame_GetCode(f));
+        call->memo_lasti = frame_lasti(f);
+        memcpy(call->memo_site, site, sizeof call->memo_site);
+    }
+out:
+    for (int i = 0; i < n; i++)
+        Py_DECREF(keys[i]);
+    Py_XDECREF(f);
+    return r;
 }
 
 static int group_field(int i, PyObject *grec, PyObject *name, Attr *m, uint64_t *bits) {
@@ -892,7 +928,8 @@ static int enter_impl(Call *self, const Args *a, Entered *out) {
     uint64_t bits[N_ENTER_ARGS + 1];
     memset(bits, 0, sizeof bits);
     if (!PyDict_CheckExact(rec->groups) || !PyDict_CheckExact(rec->stacks) ||
-        !PyDict_CheckExact(rec->tensors) || !PyDict_CheckExact(rec->positions))
+        !PyDict_CheckExact(rec->tensors) || !PyDict_CheckExact(rec->positions) ||
+        !PyDict_CheckExact(rec->paths))
         return 0;
     if (self->group_name != NULL) {
         pg = arg_at(a, self->group_pos, self->group_name);

@@ -121,10 +121,10 @@ def read_manifest(directory: Path) -> Manifest | None:
     if not isinstance(raw, dict) or raw.get("format") != MANIFEST_FORMAT:
         raise NotACapture(f"{path} is not an nccl-doctor manifest (no \"format\": \"{MANIFEST_FORMAT}\")")
     version = raw.get("format_version")
-    if version != fmt.FORMAT_VERSION:
+    if version not in fmt.READABLE_VERSIONS:
         raise UnsupportedVersion(
-            f"{path} is capture format version {version}, this nccl-doctor reads version "
-            f"{fmt.FORMAT_VERSION}: replay it with the nccl-doctor release that recorded it"
+            f"{path} is capture format version {version}, this nccl-doctor reads versions "
+            f"{fmt.readable_versions()}: replay it with the nccl-doctor release that recorded it"
         )
     try:
         redacted = _typed(raw, "redacted", bool, True)

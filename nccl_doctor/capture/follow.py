@@ -51,12 +51,13 @@ class CaptureFollower:
             self.close()
             raise CorruptCapture(f"{path} cannot be read: {err.strerror}") from None
         try:
-            capacity, ring_off, str_off, str_size, _ = read_header(head, path)
+            capacity, ring_off, str_off, str_size, _, version = read_header(head, path)
             self._meta = _meta(read_meta(head, path))
         except Exception:
             self.close()
             raise
         self.capacity, self._ring_off = capacity, ring_off
+        self._paths = version >= fmt.PATHS_SINCE  # its records name their call paths
         self._str_off, self._str_size = str_off, str_size
         self._available = max(0, size - ring_off) // fmt.RECORD_SIZE  # slots in the file
         self._truncated = size < ring_off + capacity * fmt.RECORD_SIZE
@@ -98,7 +99,7 @@ class CaptureFollower:
         bad = self._bad_json + (1 if self._str_damaged else 0)
         return Scan(self.path, self._meta, dict(self._strings), tuple(self._notes), decoded,
                     Integrity(decoded.torn, self._truncated, max(0, count - self.capacity), bad),
-                    _exit_from(self._notes, self._fault_text))
+                    _exit_from(self._notes, self._fault_text), self._paths)
 
     def _counters(self) -> tuple[int, int]:
         """(records started, string-table bytes used): the header's two live counters."""
@@ -191,7 +192,8 @@ class CaptureFollower:
         self._torn.update(decoded.torn_slots.tolist())
         missing = records.unresolved(decoded.rows, self._strings).tolist()
         row_slots = decoded.slots.tolist()
-        for slot, e, unnamed in zip(row_slots, records.events(decoded, self._strings), missing):
+        made = records.events(decoded, self._strings, self._paths)
+        for slot, e, unnamed in zip(row_slots, made, missing):
             self._slots[slot] = (e.idx, e)
             if not e.done or unnamed:
                 self._open.add(slot)  # its exit, or a name, is still to come
@@ -242,7 +244,7 @@ class CaptureFollower:
             exit=_exit_from(self._notes, self._fault_text),
             integrity=Integrity(len(self._torn), self._truncated, max(0, count - self.capacity),
                                 bad),
-            path=str(self.path), notes=tuple(self._notes),
+            path=str(self.path), notes=tuple(self._notes), paths_recorded=self._paths,
         )
 
 
@@ -258,15 +260,16 @@ class Scan:
     decoded: records.Decoded
     integrity: Integrity
     exit: RankExit
+    paths: bool = True  # its records name their call paths (format 2 on)
 
     def trace(self, keep: np.ndarray | None = None) -> RankTrace:
         """The ``RankTrace``, with every record, or the rows ``keep`` (bool per row) only."""
         d = self.decoded
         if keep is not None:
             d = records.Decoded(d.rows[keep], d.exited[keep], d.slots[keep], d.torn_slots)
-        return RankTrace(meta=self.meta, events=tuple(records.events(d, self.strings)),
+        return RankTrace(meta=self.meta, events=tuple(records.events(d, self.strings, self.paths)),
                          exit=self.exit, integrity=self.integrity, path=str(self.path),
-                         notes=self.notes,
+                         notes=self.notes, paths_recorded=self.paths,
                          recorded=None if keep is None else len(self.decoded.rows))
 
 

@@ -24,7 +24,17 @@ import struct
 import zlib
 
 MAGIC = b"NCDOCCAP"
-FORMAT_VERSION = 1
+FORMAT_VERSION = 2
+#: Versions this reader reads. Version 1 (before call paths) left field ``path`` 0 in every
+#: record but a wait's, where it held the async op's name: a version-1 capture has no call paths.
+READABLE_VERSIONS = (1, 2)
+PATHS_SINCE = 2  # the first version whose records name their call path
+
+
+def readable_versions() -> str:
+    """``1 and 2``: the capture format versions this reader reads, in words."""
+    *most, last = (str(v) for v in READABLE_VERSIONS)
+    return f"{', '.join(most)} and {last}" if most else last
 HEADER_SIZE = 4096
 RECORD_SIZE = 128
 DEFAULT_RING_RECORDS = 32768  # 4 MiB of events per rank
@@ -46,7 +56,9 @@ META_MAX = HEADER_SIZE - META_OFFSET - META_HEAD.size
 
 # Enter part of a record; the Adler-32 of these bytes follows them (record_check).
 #   idx parent t_enter seq nbytes thread | op group in out | user file/line/func | api file/line |
-#   extra peer group_size seq_offset kind flags
+#   path peer group_size seq_offset kind flags
+# (path: the string id of the call's path, rank/recorder/arguments.path_text: the frames outside
+# torch from the API caller out to the user's, innermost first)
 ENTER = struct.Struct("<QQQqQQIIIIIIIIIIiiIBBH")
 CRC = struct.Struct("<I")
 EXIT_OFFSET = ENTER.size + CRC.size + 4  # 112

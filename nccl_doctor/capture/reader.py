@@ -22,6 +22,7 @@ from nccl_doctor.model import (
 
 
 def read_header(data: bytes, path: Path) -> tuple[int, ...]:
+    """(capacity, ring offset, string-table offset and size, created, format version)."""
     if data[:8] != fmt.MAGIC:
         raise NotACapture(f"{path} is not an nccl-doctor capture file (no capture header)")
     if len(data) < fmt.HEADER.size:
@@ -29,10 +30,10 @@ def read_header(data: bytes, path: Path) -> tuple[int, ...]:
     magic, version, header_size, record_size, capacity, ring_off, str_off, str_size, created = (
         fmt.HEADER.unpack_from(data, 0)
     )
-    if version != fmt.FORMAT_VERSION:
+    if version not in fmt.READABLE_VERSIONS:
         raise UnsupportedVersion(
-            f"{path} is capture format version {version}, this nccl-doctor reads version "
-            f"{fmt.FORMAT_VERSION}: replay it with the nccl-doctor release that recorded it"
+            f"{path} is capture format version {version}, this nccl-doctor reads versions "
+            f"{fmt.readable_versions()}: replay it with the nccl-doctor release that recorded it"
         )
     if (
         header_size != fmt.HEADER_SIZE
@@ -42,7 +43,7 @@ def read_header(data: bytes, path: Path) -> tuple[int, ...]:
         or ring_off != str_off + str_size
     ):
         raise CorruptCapture(f"{path} has a damaged capture header: the file cannot be read")
-    return capacity, ring_off, str_off, str_size, created
+    return capacity, ring_off, str_off, str_size, created, version
 
 
 def read_meta(data: bytes, path: Path) -> dict[str, Any]:

@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import dataclasses
 from dataclasses import dataclass
-from typing import Mapping
+from typing import Callable, Mapping
 
 import numpy as np
 
@@ -25,7 +25,7 @@ RECORD = np.dtype([
     ("idx", "<u8"), ("parent", "<u8"), ("t_enter", "<u8"), ("seq", "<i8"), ("nbytes", "<u8"),
     ("thread", "<u8"), ("op", "<u4"), ("group", "<u4"), ("input", "<u4"), ("output", "<u4"),
     ("ufile", "<u4"), ("uline", "<u4"), ("ufunc", "<u4"), ("afile", "<u4"), ("aline", "<u4"),
-    ("extra", "<u4"), ("peer", "<i4"), ("group_size", "<i4"), ("seq_offset", "<u4"),
+    ("path", "<u4"), ("peer", "<i4"), ("group_size", "<i4"), ("seq_offset", "<u4"),
     ("kind", "u1"), ("flags", "u1"), ("pad", "<u2"), ("check", "<u4"), ("pad2", "<u4"),
     ("t_exit", "<u8"), ("seq_delta", "<i2"), ("state", "<u2"), ("exit_check", "<u4"),
 ])
@@ -142,21 +142,28 @@ def _event(values: dict) -> Event:
     return e
 
 
-def events(decoded: Decoded, strings: Mapping[int, str]) -> list[Event]:
-    """The typed events of ``decoded``'s rows (strings: id -> text)."""
+def events(decoded: Decoded, strings: Mapping[int, str], paths: bool = True) -> list[Event]:
+    """The typed events of ``decoded``'s rows (strings: id -> text). ``paths``: the records
+    name their call paths (format 2 on; in version 1 the field meant something else)."""
     out: list[Event] = []
     get = strings.get
     places: dict[tuple[int, int, int], Location | None] = {(0, 0, 0): None}
+    call_paths: dict[int, tuple[Location, ...]] = {0: ()}
     flag_of: dict[int, EventFlag] = {}
     rows = decoded.rows.tolist()
     exited = decoded.exited.tolist()
     for row, done in zip(rows, exited):
         (idx, parent, t_enter, seq, nbytes, thread, op, group, inp, outp, uf, ul, ufn, af, al,
-         extra, peer, gsize, seq_off, kind, flags, _p, _c, _p2, t_exit, delta, state, _x) = row
+         path, peer, gsize, seq_off, kind, flags, _p, _c, _p2, t_exit, delta, state, _x) = row
         user, api = (uf, ul, ufn) if uf else (0, 0, 0), (af, al, 0) if af else (0, 0, 0)
         for place in (user, api):
             if place not in places:
                 places[place] = Location(get(place[0], "<?>"), place[1], get(place[2], ""))
+        if not paths:
+            path = 0
+        call_path = call_paths.get(path)
+        if call_path is None:
+            call_path = call_paths[path] = _call_path(get(path), get)
         flag = flag_of.get(flags)
         if flag is None:
             flag = flag_of[flags] = EventFlag(flags)
@@ -168,12 +175,27 @@ def events(decoded: Decoded, strings: Mapping[int, str]) -> list[Event]:
             "t_enter_ns": t_enter, "t_exit_ns": t_exit if done else None, "thread": thread,
             "input": get(inp, ""), "output": get(outp, ""), "nbytes": nbytes, "peer": peer,
             "group_size": gsize, "callsite": places[user], "api_callsite": places[api],
-            "extra": get(extra, ""),
+            "path": call_path,
         }))
     return out
 
 
-_NAMED = ("op", "group", "input", "output", "ufile", "ufunc", "afile", "extra")
+def _call_path(text: str | None, get: Callable[..., str | None]) -> tuple[Location, ...]:
+    """The frames of a call path's text (rank/recorder/arguments.path_text): a frame that does
+    not parse, or names a string the table does not hold, ends the path there."""
+    frames = []
+    for part in (text or "").split():
+        fields = part.split(":")
+        if len(fields) != 3 or not all(f.isdigit() for f in fields):
+            break
+        file = get(int(fields[0]))
+        if not file:
+            break
+        frames.append(Location(file, int(fields[1]), get(int(fields[2])) or ""))
+    return tuple(frames)
+
+
+_NAMED = ("op", "group", "input", "output", "ufile", "ufunc", "afile", "path")
 
 
 def unresolved(rows: np.ndarray, strings: Mapping[int, str]) -> np.ndarray:

@@ -58,7 +58,8 @@ def _unloc(raw: Any) -> Location | None:
 def _event(e: Event, site: _Sites) -> list:
     return [e.idx, e.parent, int(e.kind), e.op, e.group, e.seq, e.seq_offset, e.seq_delta,
             int(e.state), int(e.flags), e.t_enter_ns, e.t_exit_ns, e.thread, e.input, e.output,
-            e.nbytes, e.peer, e.group_size, site(e.callsite), site(e.api_callsite), e.extra,
+            e.nbytes, e.peer, e.group_size, site(e.callsite), site(e.api_callsite),
+            [site(loc) for loc in e.path],
             e.source.value, e.in_flight, e.t_gpu_start_ns]
 
 
@@ -81,6 +82,9 @@ def _unevent(raw: Sequence[Any], sites: list[Location | None]) -> Event:
     values[9] = EventFlag(raw[9]) if raw[9] else EventFlag.NONE
     values[18] = sites[raw[18]] if raw[18] >= 0 else None
     values[19] = sites[raw[19]] if raw[19] >= 0 else None
+    if not isinstance(raw[20], list) or not all(type(i) is int and i >= 0 for i in raw[20]):
+        raise ValueError("not a packed event")
+    values[20] = tuple(loc for loc in (sites[i] for i in raw[20]) if loc is not None)
     values[22] = bool(raw[22])
     if raw[23] is not None and type(raw[23]) is not int:
         raise ValueError("not a packed event")
@@ -164,7 +168,7 @@ def summarize(trace: RankTrace, tail: int = TAIL) -> dict[str, Any]:
         "exit": {"kind": ex.kind.value, "code": ex.code, "signal": ex.signal,
                  "exception": ex.exception, "callsite": _loc(ex.callsite), "time_ns": ex.time_ns},
         "integrity": [i.torn_records, i.truncated, i.overwritten, i.bad_strings],
-        "path": trace.path,
+        "path": trace.path, "paths_recorded": trace.paths_recorded,
         "notes": notes,
     }
 
@@ -191,6 +195,7 @@ def unsummarize(raw: Mapping[str, Any]) -> RankTrace:
             meta=meta, events=tuple(_unevent(e, sites) for e in raw.get("events", ())),
             exit=exit_,
             integrity=Integrity(int(torn), bool(truncated), int(overwritten), int(bad)),
-            path=str(raw.get("path", "")), notes=notes)
+            path=str(raw.get("path", "")), notes=notes,
+            paths_recorded=bool(raw.get("paths_recorded", True)))
     except (KeyError, TypeError, ValueError, IndexError) as err:
         raise ValueError(f"not a rank summary ({err!r})") from None

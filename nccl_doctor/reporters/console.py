@@ -9,6 +9,7 @@ from rich.table import Table
 
 from nccl_doctor import paths
 from nccl_doctor.diagnosis import Diagnosis, Finding, Severity, Verdict
+from nccl_doctor.reporters.callpath import path_lines
 from nccl_doctor.reporters.escape import visible
 
 _VERDICT_STYLE = {
@@ -66,7 +67,13 @@ class ConsoleReporter:
         for line in visible(f.detail, newlines=True).split("\n"):
             console.print(f"    {escape(line)}")
         if f.callsite:
-            console.print(f"    [dim]callsite:[/] {_text(f.callsite)}")
+            entry = f" [dim](from[/] {_text(f.entry_callsite)}[dim])[/]" if f.entry_callsite else ""
+            console.print(f"    [dim]callsite:[/] {_text(f.callsite)}{entry}")
+        lines = path_lines(f.call_path)
+        if lines:
+            console.print("    [dim]call path:[/]")
+            for line in lines:
+                console.print(f"      {_text(line)}")
         known = f.evidence.get("known_issue")
         if isinstance(known, dict):
             where = known.get("upstream") or "no upstream library matched: the general fix"

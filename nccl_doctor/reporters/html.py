@@ -21,6 +21,7 @@ from nccl_doctor.diagnosis import Diagnosis, FindingKind
 from nccl_doctor.files import write_atomic
 from nccl_doctor.gpu.readings import GpuTrace
 from nccl_doctor.model import TraceSet
+from nccl_doctor.reporters.callpath import path_lines
 from nccl_doctor.reporters.escape import visible
 from nccl_doctor.stacks.tree import prefix_tree
 
@@ -88,6 +89,7 @@ def _template() -> tuple[jinja2.Template, str]:
                              lstrip_blocks=True)
     env.filters["visible"] = visible
     env.filters["ranges"] = rank_ranges
+    env.filters["path_lines"] = path_lines
     return env.get_template("report.html.j2"), (_TEMPLATES / "report.css").read_text()
 
 

@@ -16,6 +16,8 @@ import sys
 from pathlib import Path
 from typing import Any, Sequence
 
+from nccl_doctor.reporters.callpath import path_lines
+
 _MODULES = ("torch.distributed.run", "torch.distributed.launch", "accelerate.commands.launch",
             "deepspeed.launcher.runner")
 
@@ -92,7 +94,10 @@ def describe(report: dict) -> str:
     if root is not None:
         lines += [f"ROOT CAUSE {root.get('kind')}: {root.get('title')}", root.get("detail", "")]
         if root.get("callsite"):
-            lines.append(f"callsite: {root['callsite']}")
+            entry = f" (from {root['entry_callsite']})" if root.get("entry_callsite") else ""
+            lines.append(f"callsite: {root['callsite']}{entry}")
+        frames = root.get("call_path")
+        lines += ["  " + line for line in path_lines(frames if isinstance(frames, list) else [])]
         if root.get("hint"):
             lines.append(f"fix: {root['hint']}")
     for c in report.get("stack_classes", []):

@@ -106,11 +106,12 @@ def test_round_trip_every_event_field(tmp_path: Path) -> None:
     op, grp = w.intern("broadcast"), w.intern("0")
     inp, out = w.intern("4*float32[2,7,32]"), w.intern("float32[8,7,32]")
     uf, ufn = w.intern("/job/train.py"), w.intern("train_step")
-    af, extra = w.intern("/venv/lib/accelerate/utils.py"), w.intern("note: extra")
+    af = w.intern("/venv/lib/accelerate/utils.py")
+    path = w.intern(f"{af}:99:0 {uf}:42:{ufn}")  # the call path: accelerate, then the user
     assert w.intern("broadcast") == op  # interning is idempotent
-    assert len({op, grp, inp, out, uf, ufn, af, extra}) == 8 and 0 not in {op, grp, inp, uf}
+    assert len({op, grp, inp, out, uf, ufn, af, path}) == 8 and 0 not in {op, grp, inp, uf}
 
-    fields = (0, T0 + 5, 7, 4096, 123456789, op, grp, inp, out, uf, 42, ufn, af, 99, extra,
+    fields = (0, T0 + 5, 7, 4096, 123456789, op, grp, inp, out, uf, 42, ufn, af, 99, path,
               3, 4, 2, int(EventKind.COLLECTIVE), int(EventFlag.ASYNC | EventFlag.COALESCED), 0)
     idx = w.begin(fields)
     assert idx == 1 and w.count == 1
@@ -142,7 +143,9 @@ def test_round_trip_every_event_field(tmp_path: Path) -> None:
     assert e.peer == 3 and e.group_size == 4
     assert e.callsite == Location("/job/train.py", 42, "train_step")
     assert e.api_callsite == Location("/venv/lib/accelerate/utils.py", 99, "")
-    assert e.extra == "note: extra"
+    assert e.path == (Location("/venv/lib/accelerate/utils.py", 99, ""),
+                      Location("/job/train.py", 42, "train_step"))
+    assert trace.paths_recorded
     assert e.done and not e.is_composite
 
     e2 = trace.events[1]
@@ -151,6 +154,7 @@ def test_round_trip_every_event_field(tmp_path: Path) -> None:
     assert e2.seq_delta == -2 and e2.state is EventState.FAILED
     assert e2.peer == -1 and e2.input == "" and e2.output == ""
     assert e2.callsite is None and e2.api_callsite is None and e2.where == "?"
+    assert e2.path == ()
 
 
 def test_round_trip_meta(tmp_path: Path) -> None:
@@ -520,7 +524,7 @@ def test_foreign_file_is_not_a_capture(tmp_path: Path, content: bytes) -> None:
         load_capture_dir(path)
 
 
-@pytest.mark.parametrize("version", [0, 2, 99])
+@pytest.mark.parametrize("version", [0, 3, 99])
 def test_wrong_format_version(tmp_path: Path, version: int) -> None:
     w = new_writer(tmp_path)
     write_calls(w, 2)
@@ -529,6 +533,20 @@ def test_wrong_format_version(tmp_path: Path, version: int) -> None:
         read_capture(w.path)
     assert f"version {version}" in str(err.value)
     assert err.value.exit_status == ExitStatus.UNSUPPORTED_VERSION
+
+
+def test_format_1_capture_reads_without_call_paths(tmp_path: Path) -> None:
+    """A capture of format 1 (before call paths) still replays: its records' field 15 held
+    something else then (a wait's async op), so no path is made of it, and the trace says so."""
+    w = new_writer(tmp_path)
+    op, user = w.intern("wait"), w.intern("/job/train.py")
+    w.begin((0, T0, 1, 0, 1, op, w.intern("0"), 0, 0, user, 7, 0, 0, 0, op, -1, 2, 0,
+             int(EventKind.WAIT), 0, 0))
+    patch_file(w.path, 8, struct.pack("<I", 1))
+    trace = read_capture(w.path)
+    assert not trace.paths_recorded
+    (e,) = trace.events
+    assert e.path == () and e.callsite == Location("/job/train.py", 7, "")
 
 
 def test_string_table_full(tmp_path: Path) -> None:

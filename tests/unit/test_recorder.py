@@ -112,11 +112,21 @@ class FakeDist:
                 "parent": f[1], "seq": f[3], "nbytes": f[4], "thread": f[5], "op": text[f[6]],
                 "group": text[f[7]], "input": text[f[8]], "output": text[f[9]],
                 "user": (Path(text[f[10]]).name, f[11], text[f[12]]),
-                "api": (Path(text[f[13]]).name, f[14]), "peer": f[16], "group_size": f[17],
+                "api": (Path(text[f[13]]).name, f[14]), "path": call_path(text, f[15]),
+                "peer": f[16], "group_size": f[17],
                 "seq_offset": f[18], "kind": EventKind(f[19]), "flags": EventFlag(f[20]),
                 "state": EventState(state) if t_exit else None, "delta": delta,
             })
         return out
+
+
+def call_path(text: dict[int, str], sid: int) -> list[tuple[str, int, str]]:
+    """A record's call path: (file name, line, function) per frame, innermost first."""
+    out = []
+    for part in text[sid].split():
+        f, line, fn = (int(x) for x in part.split(":"))
+        out.append((Path(text[f]).name, line, text[fn]))
+    return out
 
 
 # the code of the Python path's wrapper: a call the C fast path records (a Recorded) has no
@@ -233,6 +243,7 @@ def test_recreated_code_objects_get_their_own_callsites(dist, monkeypatch) -> No
         del namespace
         gc.collect()
     assert [r["user"] for r in dist.records()] == expected
+    assert [r["path"] for r in dist.records()] == [[e] for e in expected]  # a direct call
     d = dist.rec.describer
     assert len(d.positions) <= 5 and len(d.direct) <= 5 and len(d._code) <= 5
 
@@ -254,6 +265,48 @@ def test_callsite_walks_past_torch_and_wrapping_libraries(dist) -> None:
                                           "test_callsite_walks_past_torch_and_wrapping_libraries")
                                          ] * 3
     assert [r["api"] for r in recs] == [("ops.py", 3)] * 3
+    # the path: every frame outside torch, from the API's caller out to the user's
+    assert [r["path"] for r in recs] == [[("ops.py", 3, "gather"), recs[0]["user"]]] * 3
+    if dist.taken[0] == "python" and HAS_FAST and dist.rec.recording is not None:
+        assert dist.taken[1:] == ["fast", "fast"]  # the path was found in the cache
+
+
+LIBRARY = {  # a call made by a library: user -> trl's trainer -> accelerate's helper -> torch
+    "/env/site-packages/trl/trainer/cpo_trainer.py":
+        "def get_batch_loss_metrics(d, t, gather):\n    return gather(d, t)\n",
+    "/env/site-packages/accelerate/utils/operations.py":
+        "def gather(d, t):\n    d.all_gather([t, t], t)\n",
+}
+
+
+def library(depth: int = 0) -> dict[str, Any]:
+    """The functions of LIBRARY, with ``depth`` frames of a trainer loop (transformers) between
+    the user and trl's frame."""
+    namespace: dict[str, Any] = {}
+    for path, source in LIBRARY.items():
+        exec(compile(source, path, "exec"), namespace)
+    loop = "def loop(d, t, n, inner, gather):\n    if n:\n        return loop(d, t, n - 1, inner, gather)\n    return inner(d, t, gather)\n"
+    exec(compile(loop, "/env/site-packages/transformers/trainer.py", "exec"), namespace)
+    return namespace
+
+
+@pytest.mark.parametrize("depth", [0, 3, 40])
+def test_a_library_call_keeps_its_path(dist, depth) -> None:
+    """The path names every frame between the user and torch (at most PATH_FRAMES, innermost
+    first): the trainer loop, trl's line that decided to gather, accelerate's helper. The fast
+    path records it from its cache from the second call on, the same as the Python path."""
+    ns, t = library(), torch.ones(2)
+    for _ in range(3):
+        ns["loop"](dist, t, depth, ns["get_batch_loss_metrics"], ns["gather"])
+    line = sys._getframe().f_lineno - 1
+    recs = dist.records()
+    user = (Path(__file__).name, line, "test_a_library_call_keeps_its_path")
+    full = ([("operations.py", 2, "gather"), ("cpo_trainer.py", 2, "get_batch_loss_metrics"),
+             ("trainer.py", 4, "loop")] + [("trainer.py", 3, "loop")] * depth + [user])
+    assert [r["user"] for r in recs] == [user] * 3
+    assert [r["path"] for r in recs] == [full[:arguments.PATH_FRAMES]] * 3
+    if HAS_FAST and dist.rec.recording is not None:
+        assert dist.taken == ["python", "fast", "fast"]
 
 
 def test_a_sequence_number_moved_outside_the_recorder_is_read_on_the_fast_path(dist) -> None:

@@ -10,6 +10,9 @@ from nccl_doctor import paths
 
 _UNIFORM_CHECK_LIMIT = 16  # lists longer than this are described by their first member
 CACHE_LIMIT = 4096  # entries per cache; a full cache is emptied and fills again from the calls
+#: Frames a call path keeps: the innermost ones outside torch, from the frame that called
+#: torch.distributed outward to the user's (capture/_ring.c's PATH_FRAMES is the same number).
+PATH_FRAMES = 16
 
 
 class Describer:
@@ -33,7 +36,10 @@ class Describer:
         # A caller in the user's own code -> its ``callsites`` answer: the Python hot path's first
         # look-up, which saves walking the stack when torch is called directly. Its keys are
         # also in ``positions``.
-        self.direct: dict[tuple[int, int], tuple[int, int, int, int, int]] = {}
+        self.direct: dict[tuple[int, int], tuple[int, int, int, int, int, int]] = {}
+        # The positions' keys of a call path's frames (innermost first) -> the path's string id
+        # (``path_text``): interned once per distinct path, read by the C fast path too.
+        self.paths: dict[tuple[tuple[int, int], ...], int] = {}
         self._code: dict[int, tuple[bool, bool, int, int, CodeType]] = {}
 
     # -- tensors -----------------------------------------------------------------------------
@@ -87,17 +93,22 @@ class Describer:
         return found
 
     # -- callsites ---------------------------------------------------------------------------
-    def callsites(self, frame: FrameType | None) -> tuple[int, int, int, int, int]:
-        """(user file, line, function, api file, api line) string ids / numbers.
+    def callsites(self, frame: FrameType | None) -> tuple[int, int, int, int, int, int]:
+        """(user file, line, function, api file, api line, path) string ids / numbers.
 
         The user callsite is the first frame outside torch and its wrapping libraries; the API
-        callsite is the first frame outside torch (it may be in accelerate or trl). What a frame
-        contributes is cached by (code, instruction offset): ``f_lineno`` decodes the line table
-        each time, and the file tests are regular expressions.
+        callsite is the first frame outside torch (it may be in accelerate or trl); the path is
+        every frame outside torch from the API callsite out to the user's, at most PATH_FRAMES
+        of them (the library line that decided to make the call is among them: the analysis
+        picks it). What a frame contributes is cached by (code, instruction offset): ``f_lineno``
+        decodes the line table each time, and the file tests are regular expressions.
         """
         api_file = api_line = 0
         positions = self.positions
         first = frame
+        keys: list[tuple[int, int]] = []
+        places: list[tuple[int, int, int]] = []
+        site = None
         while frame is not None:
             key = (id(frame.f_code), frame.f_lasti)
             wrapper, internal, file, line, function, _code = (
@@ -106,13 +117,27 @@ class Describer:
             if not internal:
                 if not api_file:
                     api_file, api_line = file, line
+                if len(keys) < PATH_FRAMES:
+                    keys.append(key)
+                    places.append((file, line, function))
                 if not wrapper:
-                    site = file, line, function, api_file, api_line
-                    if frame is first:  # depends on this frame alone: remember it
-                        self.direct[key] = site
-                    return site
+                    site = file, line, function
+                    break
             frame = frame.f_back
-        return 0, 0, 0, api_file, api_line
+        path_key = tuple(keys)
+        path = self.paths.get(path_key)
+        if path is None:
+            path = self._intern(path_text(places))
+            # kept only while every frame's code is held by ``positions`` (a walk that filled it
+            # up emptied it on the way): no other code object can then take one of these ids
+            if all(k in positions for k in path_key):
+                if len(self.paths) >= CACHE_LIMIT:
+                    self.paths.clear()
+                self.paths[path_key] = path
+        found = (*(site or (0, 0, 0)), api_file, api_line, path)
+        if site is not None and frame is first:  # depends on this frame alone: remember it
+            self.direct[keys[0]] = found
+        return found
 
     def _position(self, frame: FrameType, key: tuple[int, int]) -> tuple:
         if len(self.positions) >= CACHE_LIMIT:
@@ -130,6 +155,7 @@ class Describer:
         """Empty the caches keyed by code objects' ids (together: see ``__init__``)."""
         self.direct.clear()
         self.positions.clear()
+        self.paths.clear()
         self._code.clear()
 
     def _code_info(self, code: CodeType) -> tuple[bool, bool, int, int, CodeType]:
@@ -141,6 +167,12 @@ class Describer:
             self._intern(code.co_qualname if sys.version_info >= (3, 11) else code.co_name),
             code,
         )
+
+
+def path_text(places: list[tuple[int, int, int]]) -> str:
+    """A call path as the capture keeps it: ``file:line:function`` string ids per frame,
+    innermost first, separated by spaces (capture/records.py reads it back)."""
+    return " ".join(f"{f}:{line}:{fn}" for f, line, fn in places)
 
 
 def _sig(dtype: Any, shape: Any) -> str:

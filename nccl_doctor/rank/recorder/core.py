@@ -144,6 +144,7 @@ class Recorder:
         r.default_pg = self.default_pg
         r.tensors = d.tensors if live else None
         r.positions = d.positions if live else None
+        r.paths = d.paths if live else None
 
     # -- the capture file --------------------------------------------------------------------
     def open(self) -> None:
@@ -284,14 +285,14 @@ class Recorder:
         if (ref is not None and ref() is not work) or f is None:
             return None
         # f: the async op's ENTER fields (idx first); the wait inherits its group, seq and tensors
-        uf, ul, ufn, af, al = self.describer.callsites(frame)
+        uf, ul, ufn, af, al, path = self.describer.callsites(frame)
         tid = threading.get_ident()
         stack = self.stacks.get(tid)
         if stack is None:
             stack = self.stacks[tid] = []
         idx = self.writer.begin((
             parent, time.time_ns(), f[3], f[4], tid, self._wait_op, f[7], f[8], f[9],
-            uf, ul, ufn, af, al, f[6], f[16], f[17], f[18], int(EventKind.WAIT), 0, 0,
+            uf, ul, ufn, af, al, path, f[16], f[17], f[18], int(EventKind.WAIT), 0, 0,
         ))
         stack.append(idx)
         return idx, grec, -1, stack, 0, False, False

@@ -142,7 +142,7 @@ def _recorded(rec: Recorder, call: BoundCall, fn: Callable) -> Callable:
             if has_async and (args[a_pos] if a_pos < n else kwargs.get(a_name, False)):
                 flags |= async_flag
             frame = getframe(1)
-            uf, ul, ufn, af, al = (
+            uf, ul, ufn, af, al, path = (
                 d.direct.get((id(frame.f_code), frame.f_lasti)) or d.callsites(frame)
             )
             tid = get_ident()
@@ -151,7 +151,7 @@ def _recorded(rec: Recorder, call: BoundCall, fn: Callable) -> Callable:
                 stack = stacks[tid] = []
             idx = w.events.begin(
                 stack[-1] if stack else 0, 0, seq, nbytes, tid, call.op_id, grec.name_id, inp_id,
-                out_id, uf, ul, ufn, af, al, 0, peer, grec.size, grec.p2p_bumps, kind, flags, 0,
+                out_id, uf, ul, ufn, af, al, path, peer, grec.size, grec.p2p_bumps, kind, flags, 0,
             )
             stack.append(idx)
         except Exception as err:
