@@ -1,10 +1,13 @@
 """Known-issue rules: when a finding matches one of docs/bugs.md's five mechanisms, say which.
 
-If the job's environment points at the upstream library (its version in the affected range and
-one of its files among the finding's frames: callsites, stacks), the finding carries the
-upstream issue and its fix; otherwise it carries the general fix for the mechanism. Pure: a
-``Diagnosis`` and the ranks' recorded library versions in, an annotated ``Diagnosis`` out. The
-annotation is ``evidence["known_issue"]`` plus the hint.
+A rule matches its mechanism, never an op name alone (A: an all_gather of tensors that differ in
+one padded dimension only, or ranks left behind in a gather of logits-like tensors). If the
+job's environment points at the upstream library - its recorded version in the affected range
+and one of its files on the finding's call path (the frames between the user's line and torch;
+for captures without call paths and Flight Recorder dumps: the callsites and stacks) - the
+finding carries the upstream issue and its fix; otherwise the general fix for the mechanism.
+Pure: a ``Diagnosis`` and the ranks' recorded library versions in, an annotated ``Diagnosis``
+out. The annotation is ``evidence["known_issue"]`` plus the hint.
 """
 
 from __future__ import annotations
@@ -14,6 +17,7 @@ from dataclasses import dataclass, replace
 from typing import Callable, Mapping, Sequence
 
 from nccl_doctor.diagnosis import Diagnosis, Finding, FindingKind
+from nccl_doctor.model import TensorSig, parse_tensor_desc
 
 
 @dataclass(frozen=True)
@@ -47,13 +51,50 @@ def _ops(f: Finding) -> set[str]:
 
 
 def _gather_desync(f: Finding, _frames: str) -> bool:
-    """A gather whose sizes differ across ranks: a shape mismatch, or (NCCL's semantics) ranks
+    """A gather in the desync: a shape mismatch of an all_gather, or (NCCL's semantics) ranks
     left behind in an all_gather while a peer moved on."""
     if f.kind is FindingKind.COLLECTIVE_MISMATCH:
         aspect = f.evidence.get("aspect")
         return (aspect == "shape" and (f.op or "").startswith("all_gather")) or (
             aspect == "op" and any(o.startswith("all_gather") for o in _ops(f)))
     return f.kind is FindingKind.MISSING_COLLECTIVE and (f.op or "").startswith("all_gather")
+
+
+_LOGITS = re.compile(r"logit|metric|accuracy", re.I)
+
+
+def _padded_gather(f: Finding, frames: str) -> bool:
+    """Tensors each rank padded to its own length, gathered: an all_gather whose shapes differ
+    in exactly one dimension past the batch one (``[B, T_rank, V]``), or ranks left behind in an
+    all_gather (a peer moved on: NCCL's semantics) of a logits-like tensor - three or more
+    dimensions, or two with logits/metrics/accuracy on its call path."""
+    if not _gather_desync(f, frames):
+        return False
+    if f.evidence.get("aspect") == "shape":
+        shapes = [parse_tensor_desc(str(side.get("value", ""))) for side in _sides(f)]
+        return len(shapes) >= 2 and _differ_in_one_padded_dim(shapes)
+    inputs = [str(side.get("input") or "") for side in _sides(f)
+              if str(side.get("op", "")).startswith("all_gather")]
+    inputs += [str(f.evidence.get("input") or "")] if f.kind is FindingKind.MISSING_COLLECTIVE \
+        else []
+    dims = [len(sig.shape) for text in inputs for sig in parse_tensor_desc(text)]
+    return any(d >= 3 or (d == 2 and _LOGITS.search(frames)) for d in dims)
+
+
+def _sides(f: Finding) -> list[Mapping]:
+    return [s for s in f.evidence.get("sides") or [] if isinstance(s, Mapping)]
+
+
+def _differ_in_one_padded_dim(shapes: list[tuple[TensorSig, ...]]) -> bool:
+    if any(len(s) != 1 for s in shapes):
+        return False
+    first = shapes[0][0]
+    if len(first.shape) < 2 or any(s[0].dtype != first.dtype or s[0].count != first.count
+                                   or len(s[0].shape) != len(first.shape) for s in shapes):
+        return False
+    differ = {axis for s in shapes for axis, (a, b) in enumerate(zip(s[0].shape, first.shape))
+              if a != b}
+    return len(differ) == 1 and differ != {0}
 
 
 def _node_seeded(f: Finding, _frames: str) -> bool:
@@ -68,7 +109,7 @@ def _stuck_in_rendezvous(f: Finding, frames: str) -> bool:
 
 
 def _sft_desync(f: Finding, frames: str) -> bool:
-    return _gather_desync(f, frames) and bool(re.search(r"sft|token_accuracy|accuracy", frames))
+    return _padded_gather(f, frames) and bool(re.search(r"sft|token_accuracy|accuracy", frames))
 
 
 def _generate_desync(f: Finding, frames: str) -> bool:
@@ -92,7 +133,7 @@ RULES: tuple[Rule, ...] = (
          "train with packing=True.",
          "Compute the metric's counts locally and all-reduce the numbers; gathering "
          "per-rank-padded logits or labels mismatches across ranks."),
-    Rule("A", "per-rank-padded logits gathered for metrics (CPO/SimPO/ORPO)", _gather_desync,
+    Rule("A", "per-rank-padded logits gathered for metrics (CPO/SimPO/ORPO)", _padded_gather,
          "trl", ("0.14.0", "0.17.0"), ("trl/trainer/cpo_trainer.py", "trl/trainer/orpo_trainer.py"),
          "TRL issue #3068 (ms-swift #3827), introduced by PR #2474 in v0.14.0",
          "Upgrade TRL to v0.17.0 or later (PR #3069 gathers logits.detach().mean() instead of "
@@ -118,15 +159,24 @@ RULES: tuple[Rule, ...] = (
 
 
 def _frames(d: Diagnosis, f: Finding) -> str:
-    """Everything that says where the finding's ranks are: callsites, detail, stacks."""
-    parts = [f.callsite or "", f.detail, f.title]
-    for side in f.evidence.get("sides") or []:
-        if isinstance(side, Mapping):
-            parts.append(str(side.get("callsite", "")))
+    """Everything that says where the finding's ranks are: call paths, callsites, detail,
+    stacks."""
+    parts = [f.callsite or "", f.detail, f.title, _call_paths(f)]
+    for side in _sides(f):
+        parts.append(str(side.get("callsite", "")))
     for c in d.stack_classes:
         if not f.ranks or set(c.get("ranks", [])) & set(f.ranks):
             parts.extend(str(x) for x in c.get("frames", []))
     return "\n".join(parts)
+
+
+def _call_paths(f: Finding) -> str:
+    """The finding's call paths (its own and each side's), a frame a line: where a library's
+    file must be for its upstream issue to be named."""
+    frames = list(f.call_path) + [frame for side in _sides(f)
+                                  for frame in side.get("call_path") or []]
+    return "\n".join(f"{frame.get('path')}:{frame.get('line')} {frame.get('function')}"
+                     for frame in frames if isinstance(frame, Mapping))
 
 
 def annotate(d: Diagnosis, versions: Mapping[str, str]) -> Diagnosis:
@@ -147,8 +197,11 @@ def _annotate(d: Diagnosis, versions: Mapping[str, str], all_rules: Sequence[Rul
     for f in d.findings:
         frames = _frames(d, f)
         rules = [r for r in all_rules if r.applies(f, frames)]
+        # the library's file on the call path; without one recorded (captures of format 1,
+        # Flight Recorder dumps), among the callsites and stacks
+        on_path = _call_paths(f) or frames
         upstream = [r for r in rules if _in_range(versions.get(r.library), r.affected)
-                    and any(part in frames for part in r.files)]
+                    and any(part in on_path for part in r.files)]
         if upstream:
             r = upstream[0]
             known = {"rule": r.id, "mechanism": r.mechanism, "upstream": r.upstream,

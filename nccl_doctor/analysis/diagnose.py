@@ -68,6 +68,11 @@ def analyze(traces: TraceSet, passes: tuple[Pass, ...] = PASSES,
         notes.append(f"rank {rank}{on} was not recorded: {u.why}; what it did is not seen: it is "
                      "never counted as missing from a collective, and may be the rank others wait "
                      "for")
+    old = sorted(r for r, t in traces.ranks.items() if not t.paths_recorded)
+    if old:
+        notes.append(f"{ranks_text(old)} recorded by an nccl-doctor from before call paths "
+                     "(capture format 1): their calls name the user's line and the API's caller "
+                     "only, not the library line that issued them")
     if traces.partial:
         notes.append(f"{traces.partial}: the ranks with no capture here are not seen (other "
                      "hosts, or files not given); nothing is said about them")

@@ -15,15 +15,20 @@ def _diag(f: Finding, stacks: list[str] = (), ranks=(0, 1)) -> Diagnosis:
                      stack_classes=classes)
 
 
-def _mismatch(aspect: str = "shape", ops=("all_gather", "all_gather")) -> Finding:
-    sides = [{"ranks": [0], "value": ops[0] if aspect == "op" else "float32[2,13,96]",
-              "callsite": "train.py:40"},
-             {"ranks": [1], "value": ops[1] if aspect == "op" else "float32[2,14,96]",
-              "callsite": "train.py:40"}]
+def _mismatch(aspect: str = "shape", ops=("all_gather", "all_gather"),
+              shapes=("float32[2,13,96]", "float32[2,14,96]"), call_path=()) -> Finding:
+    """A collective_mismatch as analysis/mismatch.py writes one (sides with op and input)."""
+    sides = [{"ranks": [r], "op": op, "value": op if aspect == "op" else shape, "input": shape,
+              "callsite": "train.py:40"} for r, (op, shape) in enumerate(zip(ops, shapes))]
     return Finding(kind=FindingKind.COLLECTIVE_MISMATCH, severity=Severity.ERROR,
                    title="all_gather #12 of group 0: shapes differ", detail="", ranks=(0, 1),
                    hint="original", group="0", seq=12, op="all_gather", callsite="train.py:40",
+                   call_path=tuple(call_path),
                    evidence={"aspect": aspect, "sides": sides}, root_cause=True)
+
+
+def _frame(path: str, line: int, function: str) -> dict:
+    return {"path": path, "line": line, "function": function}
 
 
 CPO_STACK = ["train.py:40 <module>", ".venv/lib/python3.11/site-packages/trl/trainer/"
@@ -53,7 +58,8 @@ def test_a_general_fix_when_trl_is_fixed_or_absent_or_elsewhere():
 
 def test_b_upstream_for_sft_trainer_in_0_15_0_and_nccl_style_op_mismatch():
     stacks = ["train.py:9 <module>", "site-packages/trl/trainer/sft_trainer.py:480 compute_loss"]
-    d = annotate(_diag(_mismatch("op", ("all_gather", "all_reduce")), stacks),
+    d = annotate(_diag(_mismatch("op", ("all_gather", "all_reduce"),
+                                 ("float32[2,1,96]", "float32[1]")), stacks),
                  {"trl": "0.15.0"})
     assert known(d)["rule"] == "B" and "#2879" in known(d)["upstream"]
     assert "packing=True" in d.findings[0].hint
@@ -105,6 +111,34 @@ def test_e_generate_under_zero3():
     # without deepspeed: still the mechanism, the general fix
     assert "upstream" not in known(annotate(_diag(_mismatch("op", ("all_gather", "all_reduce")),
                                                   stacks), {}))
+
+
+def test_a_matches_its_mechanism_not_an_op_name():
+    """An all_reduce against an all_gather of small vectors (two actors out of step), a shape
+    mismatch in the batch dimension or in two dimensions: gathers, but not padded logits."""
+    for f in (_mismatch("op", ("all_reduce", "all_gather"), ("float32[4]", "float32[4]")),
+              _mismatch("shape", shapes=("float32[3,7,96]", "float32[2,7,96]")),
+              _mismatch("shape", shapes=("float32[2,13,96]", "float32[2,14,95]")),
+              _mismatch("shape", shapes=("float32[13]", "float32[14]"))):
+        assert known(annotate(_diag(f, CPO_STACK), {"trl": "0.16.1"})) is None, f.evidence
+    # a padded 2-D tensor counts when logits or metrics are on its call path
+    metrics = [_frame("/v/site-packages/trl/trainer/cpo_trainer.py", 839,
+                      "get_batch_loss_metrics")]
+    two_d = _mismatch("op", ("all_gather", "all_reduce"), ("float32[2,7]", "float32[1]"), metrics)
+    assert known(annotate(_diag(two_d), {"trl": "0.16.1"}))["rule"] == "A"
+
+
+def test_upstream_needs_the_library_file_on_the_call_path():
+    """With a call path recorded, the library's file must be on it: trl's CPO trainer in a
+    stack of some other rank, or the version alone, names no upstream issue."""
+    on_path = [_frame("/v/site-packages/accelerate/utils/operations.py", 380, "gather"),
+               _frame("/v/site-packages/trl/trainer/cpo_trainer.py", 839,
+                      "get_batch_loss_metrics"), _frame("/job/train.py", 16, "<module>")]
+    elsewhere = [_frame("/job/metrics.py", 3, "gather_all"), _frame("/job/train.py", 16, "main")]
+    up = known(annotate(_diag(_mismatch(call_path=on_path)), {"trl": "0.16.1"}))
+    assert up["rule"] == "A" and "#3068" in up["upstream"]
+    general = known(annotate(_diag(_mismatch(call_path=elsewhere), CPO_STACK), {"trl": "0.16.1"}))
+    assert general["rule"] == "A" and "upstream" not in general
 
 
 def test_unrelated_findings_are_left_alone(tb):
