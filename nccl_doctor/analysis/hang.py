@@ -7,11 +7,12 @@ from __future__ import annotations
 from dataclasses import replace
 from typing import Any, Mapping, Sequence
 
-from nccl_doctor.analysis import annotate
+from nccl_doctor.analysis import annotate, threads
 from nccl_doctor.analysis.situation import Assessment
 from nccl_doctor.analysis.wording import call_fields, call_name, ranks_text
 from nccl_doctor.diagnosis import Diagnosis, Finding, FindingKind, Severity, Verdict
 from nccl_doctor.stacks import summary
+from nccl_doctor.model import TraceSet
 from nccl_doctor.stacks.rank_stack import RankStack
 
 HINT_STUCK = (
@@ -38,10 +39,13 @@ HINT_STALL_COMPUTE = (
 
 def hang_diagnosis(analysis: Diagnosis, root: Finding | None, stacks: dict[int, RankStack],
                    watch: dict[str, Any], versions: Mapping[str, str] | None = None,
-                   annotators: Sequence[annotate.Annotator] | None = None) -> Diagnosis:
-    """The hang report: ``root`` first, the stacks, the watchdog's account; known issues
-    matched again (``annotators``, default the installed ones) now that the stacks show which
-    library's code each rank is in."""
+                   annotators: Sequence[annotate.Annotator] | None = None,
+                   traces: TraceSet | None = None) -> Diagnosis:
+    """The hang report: ``root`` first, the stacks (of the threads that make the collectives:
+    ``traces`` says which), the watchdog's account; known issues matched again
+    (``annotators``, default the installed ones) now that the stacks show which library's code
+    each rank is in."""
+    stacks = threads.focused(stacks, traces)
     findings = list(analysis.findings)
     if root is not None:
         findings = [replace(root, root_cause=True)] + [

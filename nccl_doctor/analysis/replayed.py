@@ -55,7 +55,7 @@ def with_watch(diagnosis: Diagnosis, traces: TraceSet,
     else:
         notes.append("the job ended after the hang was diagnosed")
     d = hang_diagnosis(diagnosis, root, dict(traces.stacks), account,
-                       annotate.versions_of(traces), annotators)
+                       annotate.versions_of(traces), annotators, traces)
     return replace(d, notes=d.notes + tuple(n for n in notes if n not in d.notes))
 
 

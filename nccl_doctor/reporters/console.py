@@ -43,7 +43,7 @@ class ConsoleReporter:
         if d.ranks:
             console.print(self._ranks_table(d))
         if d.stack_classes:
-            console.print("\n[bold]stacks[/] (main threads, ranks with the same stack together)")
+            console.print("\n[bold]stacks[/] (the threads making the collectives, ranks with the same stack together)")
             for c in d.stack_classes:
                 odd = "  [yellow]<- odd one out[/]" if c.get("odd") else ""
                 ranks = ", ".join(str(r) for r in c.get("ranks", []))

@@ -1,8 +1,9 @@
 """STAT-style equivalence classes of rank stacks: which ranks stand where, and who is odd.
 
 LLNL's Stack Trace Analysis Tool merges the stacks of thousands of tasks into a prefix tree so that
-a hang reads as "1023 tasks here, 1 task there". Here the unit is the main thread of each rank:
-ranks with identical stacks form one class, the frames every class shares are shown once, and each
+a hang reads as "1023 tasks here, 1 task there". Here the unit is the thread that makes each
+rank's collectives (``RankStack.thread``, the main thread unless they run on another): ranks
+with identical stacks form one class, the frames every class shares are shown once, and each
 class is described by what follows. Pure functions: no I/O.
 """
 
@@ -19,7 +20,7 @@ __all__ = ["StackClass", "classify", "common_prefix", "divergence", "format_clas
 
 @dataclass(frozen=True)
 class StackClass:
-    """Ranks whose main threads have the same stack; ``frames`` root first (outermost first).
+    """Ranks whose collectives' threads have the same stack; ``frames`` root first (outermost first).
 
     ``missing`` marks the class of ranks with no stack at all (sampling failed, or no Python
     frames); its ``frames`` are empty. ``odd`` marks a class smaller than the largest one.
@@ -36,7 +37,7 @@ class StackClass:
 
 
 def classify(stacks: Mapping[int, RankStack], *, depth: int | None = None) -> list[StackClass]:
-    """Group the ranks of ``stacks`` by their main thread's stack, largest class first.
+    """Group the ranks of ``stacks`` by their collectives' thread's stack, largest class first.
 
     Frames compare by (path, function, line), root first; ``depth`` keeps only the first ``depth``
     frames from the root (coarser classes). With two classes or more, every class smaller than the
@@ -47,8 +48,8 @@ def classify(stacks: Mapping[int, RankStack], *, depth: int | None = None) -> li
     groups: dict[tuple[Location, ...], list[int]] = {}
     missing: list[int] = []
     for rank in sorted(stacks):
-        main = stacks[rank].main
-        frames = main.root_first if main is not None and stacks[rank].error is None else ()
+        thread = stacks[rank].thread
+        frames = thread.root_first if thread is not None and stacks[rank].error is None else ()
         if not frames:
             missing.append(rank)
             continue

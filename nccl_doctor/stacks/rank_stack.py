@@ -11,6 +11,7 @@ sits in the recorder's wrapper, and its stack must end at the user's line, not a
 from __future__ import annotations
 
 import json
+import re
 from dataclasses import dataclass, replace
 from typing import Any, Iterable
 
@@ -60,6 +61,9 @@ class RankStack:
     threads: tuple[ThreadStack, ...]
     error: str | None = None
     taken_at: float = 0.0
+    # the thread the rank's collectives run on (the thread id its capture recorded for the call
+    # it is in, or made last: analysis/threads.py), when known
+    focus: int | None = None
 
     @property
     def main(self) -> ThreadStack | None:
@@ -69,18 +73,35 @@ class RankStack:
                 return thread
         return self.threads[0] if self.threads else None
 
-    def signature(self) -> tuple[tuple[str, str, int], ...]:
-        """The main thread's (path, function, line) root first; same signatures mean "not moved"."""
+    @property
+    def thread(self) -> ThreadStack | None:
+        """The thread that makes the rank's collectives - Ray Train's, Lightning's or an async
+        RL loop's thread is not the main one: the ``focus`` thread when it is in the sample,
+        else a thread inside torch.distributed (the main one first), else the main thread."""
+        for thread in self.threads:
+            if self.focus is not None and thread.thread_id == self.focus:
+                return thread
         main = self.main
-        if main is None:
+        inside = [t for t in self.threads if any(_IN_COLLECTIVE.search(f.path) for f in t.frames)]
+        if inside and main not in inside:
+            return inside[0]
+        return main
+
+    def signature(self) -> tuple[tuple[str, str, int], ...]:
+        """``thread``'s (path, function, line) root first; same signatures mean "not moved"."""
+        thread = self.thread
+        if thread is None:
             return ()
-        return tuple((f.path, f.function, f.line) for f in main.root_first)
+        return tuple((f.path, f.function, f.line) for f in thread.root_first)
 
     def to_json(self) -> dict[str, Any]:
         return {
             "rank": self.rank, "pid": self.pid, "source": self.source, "taken_at": self.taken_at,
             "error": self.error, "threads": [t.to_json() for t in self.threads],
         }
+
+
+_IN_COLLECTIVE = re.compile(r"torch[/\\]distributed[/\\]")
 
 
 def stack_from_json(raw: Any, rank: int) -> RankStack:

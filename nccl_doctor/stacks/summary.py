@@ -1,4 +1,6 @@
-"""What a rank's stack says, in a line: where its main thread is in the user's code (pure)."""
+"""What a rank's stack says, in a line: where the thread that makes its collectives is in the
+user's code (``RankStack.thread``: the main thread unless the collectives run on another), with
+the main thread beside it when that is another (pure)."""
 
 from __future__ import annotations
 
@@ -6,7 +8,7 @@ from typing import Any
 
 from nccl_doctor import paths
 from nccl_doctor.stacks.aggregate import classify
-from nccl_doctor.stacks.rank_stack import RankStack
+from nccl_doctor.stacks.rank_stack import RankStack, ThreadStack
 
 
 def _library(path: str) -> bool:
@@ -18,25 +20,26 @@ def _own(path: str) -> bool:
     return not _library(path) and not paths.is_stdlib_file(path)
 
 
-def user_frame(stack: RankStack) -> str | None:
-    """'path:line in function' of the innermost frame of the main thread in the user's code."""
-    main = stack.main
-    if main is None:
+def user_frame(stack: RankStack, thread: ThreadStack | None = None) -> str | None:
+    """'path:line in function' of the innermost frame in the user's code of ``thread`` (default:
+    the thread that makes the rank's collectives)."""
+    thread = thread or stack.thread
+    if thread is None:
         return None
     for user in (_own, lambda p: not _library(p), lambda p: True):  # innermost first, each pass
-        f = next((f for f in main.frames if user(f.path)), None)
+        f = next((f for f in thread.frames if user(f.path)), None)
         if f is not None:
             return f.text("in")
     return None
 
 
 def user_frames(stack: RankStack, limit: int = 3) -> tuple[str, ...]:
-    """The main thread's frames in the user's code, innermost first (at most ``limit``); else
-    the one ``user_frame`` finds."""
-    main = stack.main
-    if main is None:
+    """The collectives' thread's frames in the user's code, innermost first (at most
+    ``limit``); else the one ``user_frame`` finds."""
+    thread = stack.thread
+    if thread is None:
         return ()
-    own = [f.text("in") for f in main.frames if _own(f.path)][:limit]
+    own = [f.text("in") for f in thread.frames if _own(f.path)][:limit]
     if own:
         return tuple(own)
     one = user_frame(stack)
@@ -46,11 +49,17 @@ def user_frames(stack: RankStack, limit: int = 3) -> tuple[str, ...]:
 def stack_summary(stack: RankStack) -> str:
     if stack.error and not stack.threads:
         return f"no stack ({stack.error})"
-    return f"{user_frame(stack) or '?'} [{stack.source}]"
+    thread, main = stack.thread, stack.main
+    text = f"{user_frame(stack) or '?'} [{stack.source}]"
+    if thread is not None and main is not None and thread is not main:
+        name = f"thread {thread.name!r}" if thread.name else f"thread {thread.thread_id}"
+        text += f" on {name}; main thread at {user_frame(stack, main) or '?'}"
+    return text
 
 
 def stack_classes(stacks: dict[int, RankStack]) -> list[dict[str, Any]]:
-    """STAT-style classes of the main threads' stacks, for the report (root-first frames)."""
+    """STAT-style classes of the stacks of the threads that make the ranks' collectives, for
+    the report (root-first frames)."""
     out = []
     for c in classify(stacks):
         out.append({

@@ -17,6 +17,7 @@ from typing import Callable
 
 from nccl_doctor.analysis.align import blocked_event, timelines
 from nccl_doctor.analysis.straggler import detect_straggler
+from nccl_doctor.analysis.threads import focused
 from nccl_doctor.model import TraceSet
 from nccl_doctor.stacks import summary
 from nccl_doctor.stacks.samples import SampleLog, StackSample
@@ -72,8 +73,8 @@ class StragglerWatch:
                     targets[rank], waiting[rank] = local[rank], peers
         if not targets:
             return
-        stacks = evidence.collect_stacks(targets, self.job.run_id,
-                                         timeout=self.policy.stack_timeout)
+        stacks = focused(evidence.collect_stacks(targets, self.job.run_id,
+                                                 timeout=self.policy.stack_timeout), traces)
         after = self.job.registry.poll()
         for rank, stack in sorted(stacks.items()):
             where = summary.user_frames(stack)

@@ -27,6 +27,7 @@ from typing import Any
 from nccl_doctor.analysis import analyze
 from nccl_doctor.analysis.annotate import versions_of
 from nccl_doctor.analysis.hang import hang_diagnosis, idle_stall, stall, stuck_peer
+from nccl_doctor.analysis.threads import focused
 from nccl_doctor.analysis.situation import Assessment, ProcState, Situation, assess
 from nccl_doctor.analysis.wording import call_name, ranks_text
 from nccl_doctor.analysis.aftermath import stuck_calls_fate
@@ -244,13 +245,14 @@ class Watchdog:
         self._fr_signature = signature
         return self._fr_dumps, moved
 
-    def _sample(self, ranks: tuple[int, ...], procs: dict[int, ProcState], now: float,
-                every: float) -> None:
-        """A stack and CPU sample of ``ranks``, at most once per ``every`` seconds."""
+    def _sample(self, traces: TraceSet, ranks: tuple[int, ...], procs: dict[int, ProcState],
+                now: float, every: float) -> None:
+        """A stack and CPU sample of ``ranks``, at most once per ``every`` seconds (of the
+        threads that make their collectives: a rank is stuck when that thread is)."""
         if now - self._last_sample < every:
             return
         self._last_sample = now
-        stacks = self.job.stacks(ranks, self.policy.stack_timeout)
+        stacks = focused(self.job.stacks(ranks, self.policy.stack_timeout), traces)
         now_procs = self.job.procs(ranks)
         for r in ranks:
             proc = now_procs.get(r) or procs.get(r)
@@ -265,7 +267,7 @@ class Watchdog:
                     now: float, waited: float) -> Decision | None:
         """No rank in a collective: a hang only if every rank is idle and unchanged past
         --hang-after (busy ranks are computing: nothing waits on them, nothing to call)."""
-        self._sample(a.live, {}, now, self._computing_every())
+        self._sample(traces, a.live, {}, now, self._computing_every())
         stuck = {r: why for r in a.live if (why := self._stuck(r)) is not None}
         if waited >= self.policy.hang_after and len(stuck) == len(a.live):
             return self._declare(traces, analysis, a, waited,
@@ -278,7 +280,7 @@ class Watchdog:
 
     def _watch_peers(self, traces: TraceSet, analysis: Diagnosis, a: Assessment,
                      procs: dict[int, ProcState], now: float, waited: float) -> Decision | None:
-        self._sample(a.awaited, procs, now, self.policy.sample_every)
+        self._sample(traces, a.awaited, procs, now, self.policy.sample_every)
         stuck = {r: why for r in a.awaited if (why := self._stuck(r)) is not None}
         waiting = ranks_text(sorted(a.waiting))
         if stuck:
@@ -336,7 +338,7 @@ class Watchdog:
             "action": "stopped the job" if kill else "reported",
         }
         diagnosis = hang_diagnosis(analysis, root, stacks, account, versions_of(traces),
-                                   self.job.annotators)
+                                   self.job.annotators, traces)
         via_fr = self._nccl  # on NCCL only Flight Recorder says when a call completed
         self._stuck_calls = {
             r: (e.group, e.seq, via_fr or e.in_flight or e.source is EventSource.FLIGHT_RECORDER)
