@@ -23,6 +23,9 @@ class Verdict(str, enum.Enum):
     # replay of a run whose end is not recorded (still running, or its supervisor was lost):
     # what is certain is reported, a hang is not called
     UNFINISHED = "unfinished"
+    # no rank of the job was recorded (none joined a process group under the recorder):
+    # nothing is known, which is never "ok"
+    NOT_RECORDED = "not_recorded"
 
 
 class Severity(str, enum.Enum):

@@ -167,6 +167,11 @@ class ExitKind(enum.Enum):
     # its host was lost: the node's supervisor stopped answering with the rank still running (a
     # multi-node job; ``exception`` names the host). Nothing more is known about its end.
     LOST = "lost"
+    # no exit record, but its work had finished (analysis/ends.py): it destroyed its process
+    # group, or its last collective completed, no peer needed it and the job exited 0 - a
+    # launcher that ends its processes without Python's atexit (Ray's workers, os._exit, a
+    # launcher's SIGKILL after success). Not a failure.
+    FINISHED = "finished"
 
 
 @dataclass(frozen=True)
@@ -205,6 +210,10 @@ class RankExit:
         if self.kind is ExitKind.VANISHED:
             return ("ended with no exit record (SIGKILL, the OOM killer, a launcher's SIGTERM "
                     "or os._exit)")
+        if self.kind is ExitKind.FINISHED:
+            return "finished its work, then ended with no exit record (its launcher skipped " \
+                "Python's atexit: Ray, os._exit, a kill after success)" if not short else \
+                "finished (no exit record)"
         if self.kind is ExitKind.LOST:
             return f"was lost with its host {self.exception}" if self.exception else \
                 "was lost with its host"

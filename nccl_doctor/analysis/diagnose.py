@@ -6,7 +6,7 @@ from dataclasses import replace
 from pathlib import Path
 from typing import Callable, Sequence
 
-from nccl_doctor.analysis import annotate, replayed, straggler
+from nccl_doctor.analysis import annotate, ends, replayed, straggler
 from nccl_doctor.analysis.align import blocked_event, last_leaf
 from nccl_doctor.analysis.wording import call_name, call_site, ranks_text
 from nccl_doctor.analysis.desync import DESYNC, first_divergence_per_group
@@ -41,9 +41,18 @@ SILENT_PASSES: tuple[Pass, ...] = (
     detect_identical_completions, detect_shared_rng_state, detect_degenerate_signal,
 )
 
+NOT_RECORDED_NOTE = (
+    "no rank joined a process group under the recorder, so nothing was recorded: processes "
+    "started by something that did not inherit nccl-doctor's environment are not recorded (a "
+    "Ray cluster started beforehand with `ray start`, a scheduler's own launcher, a container "
+    "runtime): start the ranks under `nccl-doctor run` (Ray: start the cluster's nodes under it, "
+    "or let the driver start Ray); a program with no torch.distributed has nothing to diagnose"
+)
+
 _STATE = {
     ExitKind.CLEAN: "exited", ExitKind.EXCEPTION: "exception", ExitKind.SIGNAL: "signal",
     ExitKind.VANISHED: "vanished", ExitKind.STOPPED: "stopped", ExitKind.LOST: "lost",
+    ExitKind.FINISHED: "finished",
 }
 
 
@@ -51,6 +60,7 @@ def analyze(traces: TraceSet, passes: tuple[Pass, ...] = PASSES,
             annotators: Sequence[annotate.Annotator] | None = None) -> Diagnosis:
     """The passes' findings, ranked, as a ``Diagnosis``, then through ``annotators`` (default:
     every installed known-issue plugin, nccl_doctor.analysis.annotate)."""
+    traces = ends.judged(traces)
     found, notes = [], list(traces.problems)
     for p in passes:
         try:
@@ -77,7 +87,7 @@ def analyze(traces: TraceSet, passes: tuple[Pass, ...] = PASSES,
         notes.append(f"{traces.partial}: the ranks with no capture here are not seen (other "
                      "hosts, or files not given); nothing is said about them")
     if not traces.ranks:
-        notes.append("no rank joined a process group: there are no collectives to analyse")
+        notes.append(NOT_RECORDED_NOTE)
     if detect_straggler in passes:
         try:
             unmeasured = straggler.unmeasured_note(traces)
@@ -205,6 +215,8 @@ def _consequences(root: Finding, traces: TraceSet) -> dict:
 def _verdict(findings: list[Finding], traces: TraceSet) -> Verdict:
     if traces.unfinished:
         return Verdict.UNFINISHED
+    if not traces.ranks:
+        return Verdict.NOT_RECORDED
     running = any(t.exit.was_running for t in traces.ranks.values())
     if running and any(f.kind in DESYNC or f.kind is FindingKind.GPU_BUSY_HANG for f in findings):
         return Verdict.HANG

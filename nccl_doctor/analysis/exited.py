@@ -5,11 +5,12 @@ from __future__ import annotations
 
 from collections import defaultdict
 
-from nccl_doctor.analysis.align import last_leaf, timelines
+from nccl_doctor.analysis.align import blocked_event, last_leaf
 from nccl_doctor.analysis.wording import call_fields, call_name, call_site, fate, ranks_text, site
 from nccl_doctor.analysis.missing import HINT_EXITED
 from nccl_doctor.diagnosis import Finding, FindingKind, Severity
-from nccl_doctor.model import EventState, ExitKind, TraceSet
+from nccl_doctor.analysis.ends import behind_peers
+from nccl_doctor.model import EventState, ExitKind, RankTrace, TraceSet
 
 HINT_CRASH = (
     "Fix the error this rank raised; its peers only failed because it was gone. Launch with "
@@ -17,15 +18,20 @@ HINT_CRASH = (
 )
 
 
+HINT_TEARDOWN = (
+    "No error was raised: the rank's work had finished (its last collective completed and no "
+    "peer needed it) when the process aborted on its way out - typically a C++ destructor "
+    "(a process group's threads, a communicator) running at interpreter exit. Call "
+    "torch.distributed.destroy_process_group() at the end of the script; if the abort stays, "
+    "it lies in the library whose threads outlive the interpreter."
+)
+
+
 def detect_rank_exited(traces: TraceSet) -> list[Finding]:
-    needed: dict[int, list[tuple[str, int]]] = defaultdict(list)  # rank -> [(group, seq needed)]
-    for name, timeline in timelines(traces).items():
-        top = max(timeline.last_seq.values(), default=0)
-        for rank, last in timeline.last_seq.items():
-            if last < top:
-                needed[rank].append((name, last + 1))
+    needed = behind_peers(traces)  # rank -> [(group, seq needed)]
 
     groups: dict[tuple, list[int]] = defaultdict(list)
+    teardown: list[int] = []
     for rank, trace in sorted(traces.ranks.items()):
         ex = trace.exit
         if ex.was_running or ex.kind is ExitKind.LOST:
@@ -38,6 +44,9 @@ def detect_rank_exited(traces: TraceSet) -> list[Finding]:
             # An error raised inside a collective (gloo's size check, "connection closed") is
             # the consequence of that collective's problem, which the desync passes report.
             # A rank that vanished there (OOM killer, SIGKILL) may be the cause: keep it.
+            continue
+        if teardown_abort(trace, rank in needed):
+            teardown.append(rank)
             continue
         key = (ex.kind, ex.code, ex.signal, ex.exception, str(ex.callsite), rank in needed)
         groups[key].append(rank)
@@ -77,4 +86,37 @@ def detect_rank_exited(traces: TraceSet) -> list[Finding]:
             },
             time_ns=t,
         ))
+    if teardown:
+        findings.append(_teardown(traces, teardown))
     return findings
+
+
+def teardown_abort(trace: RankTrace, needed: bool) -> bool:
+    """Killed by a signal with no exception raised and no Python frame running (faulthandler
+    found none: interpreter teardown, a C++ destructor), after its last collective completed
+    and with no peer needing it: the process died on its way out, its work done."""
+    ex, last = trace.exit, last_leaf(trace)
+    return (ex.kind is ExitKind.SIGNAL and not ex.exception and ex.callsite is None
+            and not needed and blocked_event(trace) is None
+            and (last is None or last.state is not EventState.FAILED))
+
+
+def _teardown(traces: TraceSet, ranks: list[int]) -> Finding:
+    trace = traces.ranks[ranks[0]]
+    last = last_leaf(trace)
+    signal = trace.exit.signal or "a signal"
+    after = f" after {call_name(last)} completed" if last is not None else ""
+    return Finding(
+        kind=FindingKind.RANK_EXITED, severity=Severity.WARNING,
+        title=f"{ranks_text(ranks)} aborted at teardown ({signal}){after}: its work had "
+              "finished and no error was raised",
+        detail=f"{ranks_text(ranks)} was killed by {signal} with no exception recorded and no "
+               "Python frame running (interpreter teardown), "
+               f"after its last collective completed{after and ' (' + call_name(last) + ')'}; "
+               "no peer was waiting for it.",
+        ranks=tuple(ranks), hint=HINT_TEARDOWN,
+        group=last.group if last else None, seq=last.align_seq if last else None,
+        op=last.op if last else None,
+        evidence={"exit": ExitKind.SIGNAL.value, "signal": trace.exit.signal, "teardown": True},
+        time_ns=trace.exit.time_ns,
+    )

@@ -15,6 +15,7 @@ from nccl_doctor.reporters.escape import visible
 _VERDICT_STYLE = {
     Verdict.OK: "bold green", Verdict.SUSPECT: "bold yellow", Verdict.HANG: "bold red",
     Verdict.CRASH: "bold red", Verdict.UNFINISHED: "bold yellow",
+    Verdict.NOT_RECORDED: "bold yellow",
 }
 _VERDICT_WORDS = {
     Verdict.OK: "no problem found",
@@ -22,6 +23,7 @@ _VERDICT_WORDS = {
     Verdict.HANG: "the job is hung",
     Verdict.CRASH: "the job failed",
     Verdict.UNFINISHED: "the job's end is not recorded (see the first note): its state so far",
+    Verdict.NOT_RECORDED: "no rank was recorded: nothing is known about the job (see the note)",
 }
 
 

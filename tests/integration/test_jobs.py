@@ -62,6 +62,20 @@ def test_rank_leaving_early_is_blamed(run_job, nproc, leaver):
     assert not any(set(f.ranks) & set(others) for f in d.findings)
 
 
+@pytest.mark.parametrize("destroy", ["1", "0"])
+def test_ranks_leaving_without_atexit_after_their_work_are_finished_not_crashed(run_job, destroy):
+    """os._exit after the last collective (Ray ends its workers so): no exit record, but the
+    work finished - noted at destroy_process_group, or judged from the calls and the job's 0."""
+    run = run_job(2, job("quick_exit.py"), env={"DESTROY": destroy})
+    d = run.diagnosis
+    assert run.exit_status == 0
+    assert d.verdict is Verdict.OK and d.findings == (), [f.title for f in d.findings]
+    assert {r.state for r in d.ranks} == {"finished"}
+    notes = [n for t in load_capture_dir(run.out).ranks.values() for n in t.notes]
+    assert any(n.get("note") == "destroyed" for n in notes) == (destroy == "1")
+    assert not any(n.get("note") == "exit" for n in notes)  # atexit never ran
+
+
 def test_op_mismatch_names_the_odd_rank(run_job):
     run = run_job(4, job("op_mismatch.py"))
     d = run.diagnosis

@@ -138,6 +138,7 @@ def test_console_ok_and_notes(tb) -> None:
     assert "nccl-doctor: OK" in text and "no problem found" in text
     assert "ROOT CAUSE" not in text
     text = render("console", analyze(tb.scenarios["empty"]()))
+    assert "NOT_RECORDED" in text and "no rank was recorded" in text
     assert "no rank joined a process group" in text
     assert "(0 ranks)" in text
 

@@ -353,6 +353,15 @@ class Recorder:
         self.pending.clear()
         self._publish()  # what the fast path remembers of the group is stale
 
+    def destroyed(self, pg: Any) -> None:
+        """destroy_process_group(pg) returned: let go of the group; the default group's end is
+        noted - the rank's distributed work is over, which says how it ended when its launcher
+        never lets atexit run (Ray's workers, os._exit)."""
+        whole = pg is None or pg is self.default_pg
+        self.forget(pg)
+        if whole and self.writer is not None and os.getpid() == self._pid:
+            self.writer.note("destroyed")
+
     def _on_exit(self) -> None:
         if os.getpid() != self._pid:
             return

@@ -185,7 +185,7 @@ def forgetting(rec: Recorder, recorded: Callable) -> Callable:
             return recorded(*args, **kwargs)
         finally:
             try:
-                rec.forget(args[0] if args else kwargs.get("group"))
+                rec.destroyed(args[0] if args else kwargs.get("group"))
             except Exception as err:
                 rec.fail(err)
 
