@@ -87,9 +87,9 @@ def events_from_dump(trace: Mapping[str, Any], *, with_callsites: bool = False) 
             created = int(entry.get("time_created_ns", 0))
             record = int(entry.get("record_id", 0))
             done = completed(entry) or record < done_up_to.get(group, -1)
-            callsite, api = CPP_CALLSITE, None
+            callsite, api, path = CPP_CALLSITE, None, ()
             if with_callsites:
-                callsite, api = _callsites(entry.get("frames"), sites)
+                callsite, api, path = _callsites(entry.get("frames"), sites)
             out.append(Event(
                 idx=IDX_BASE + record, parent=0,
                 kind=EventKind.COLLECTIVE, op=name, group=group, seq=seq,
@@ -101,7 +101,7 @@ def events_from_dump(trace: Mapping[str, Any], *, with_callsites: bool = False) 
                                       tensors),
                 output=_tensors_cached(entry.get("output_sizes"), entry.get("output_dtypes"),
                                        tensors),
-                nbytes=0, peer=-1, group_size=0, callsite=callsite, api_callsite=api,
+                nbytes=0, peer=-1, group_size=0, callsite=callsite, api_callsite=api, path=path,
                 source=EventSource.FLIGHT_RECORDER, t_gpu_start_ns=_gpu_start(entry),
             ))
         except (KeyError, TypeError, ValueError, IndexError, AttributeError):
@@ -129,13 +129,20 @@ def position(entry: Any) -> tuple[str, int] | None:
         return None
 
 
-def _callsites(frames: Any, cache: dict) -> tuple[Location, Location | None]:
-    """(first frame outside torch and its wrappers, first frame outside torch) of an entry's
-    stack (innermost first); ``NO_STACK`` when the entry has none. ``cache`` keeps each file's
-    class and each frame's ``Location`` (a dump repeats a few stacks thousands of times)."""
+#: Frames a call path keeps (as the recorder's: rank/recorder/arguments.PATH_FRAMES).
+PATH_FRAMES = 16
+
+
+def _callsites(frames: Any, cache: dict) -> tuple[Location, Location | None,
+                                                   tuple[Location, ...]]:
+    """(first frame outside torch and its wrappers, first frame outside torch, the call path:
+    the frames outside torch from the latter out to the former) of an entry's stack (innermost
+    first); ``NO_STACK`` when the entry has none. ``cache`` keeps each file's class and each
+    frame's ``Location`` (a dump repeats a few stacks thousands of times)."""
     if not isinstance(frames, list) or not frames:
-        return NO_STACK, None  # JSON dumps carry none; torch's pickles do
+        return NO_STACK, None, ()  # JSON dumps carry none; torch's pickles do
     user = api = None
+    chain: list[Location] = []
     for f in frames:
         if type(f) is not dict:
             continue
@@ -155,10 +162,12 @@ def _callsites(frames: Any, cache: dict) -> tuple[Location, Location | None]:
             where = cache[key] = Location(path, line if type(line) is int else 0, str(key[2] or ""))
         if api is None and not internal:
             api = where
+        if not internal and len(chain) < PATH_FRAMES:
+            chain.append(where)
         if not wrapper:
             user = where
             break
-    return user or api or NO_STACK, api
+    return user or api or NO_STACK, api, tuple(chain)
 
 
 def _done_up_to(entries: list) -> dict[str, int]:

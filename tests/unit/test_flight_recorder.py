@@ -36,6 +36,25 @@ def test_entries_become_collective_events() -> None:
     assert events[1].callsite is not None and "Flight Recorder" in events[1].callsite.path
 
 
+def test_a_dump_read_alone_gives_each_entry_its_call_path() -> None:
+    """A pickled dump's entries carry their Python stack: the call path and the issuing line
+    (trl's, past accelerate's helper) come from it as from a capture."""
+    site = "/v/lib/python3.11/site-packages/"
+    frames = [{"filename": site + "torch/distributed/distributed_c10d.py", "line": 3700,
+               "name": "all_gather"},
+              {"filename": site + "accelerate/utils/operations.py", "line": 380, "name": "gather"},
+              {"filename": site + "trl/trainer/cpo_trainer.py", "line": 839,
+               "name": "get_batch_loss_metrics"},
+              {"filename": site + "transformers/trainer.py", "line": 3700, "name": "training_step"},
+              {"filename": "/job/train.py", "line": 16, "name": "<module>"},
+              {"filename": "/usr/lib/python3.11/runpy.py", "line": 88, "name": "_run_code"}]
+    (e,) = events_from_dump({"entries": [{**entry(0, 1, "all_gather", False), "frames": frames}]},
+                            with_callsites=True)
+    assert [(loc.path.rpartition("/")[2], loc.line) for loc in e.path] == [
+        ("operations.py", 380), ("cpo_trainer.py", 839), ("trainer.py", 3700), ("train.py", 16)]
+    assert e.callsite.path == "/job/train.py" and e.issuing.function == "get_batch_loss_metrics"
+
+
 def test_malformed_entries_are_skipped() -> None:
     good = entry(3, 4, "all_reduce", True)
     dump = {"entries": [None, {"op_id": "x"}, {**good, "process_group": []}, good, 5]}
