@@ -215,8 +215,8 @@ def _consequences(root: Finding, traces: TraceSet) -> dict:
 def _verdict(findings: list[Finding], traces: TraceSet) -> Verdict:
     if traces.unfinished:
         return Verdict.UNFINISHED
-    if not traces.ranks:
-        return Verdict.NOT_RECORDED
+    if not traces.ranks and traces.exit_status in (None, 0):
+        return Verdict.NOT_RECORDED  # (a job that failed with no rank recorded is a crash)
     running = any(t.exit.was_running for t in traces.ranks.values())
     if running and any(f.kind in DESYNC or f.kind is FindingKind.GPU_BUSY_HANG for f in findings):
         return Verdict.HANG

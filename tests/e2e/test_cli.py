@@ -35,7 +35,7 @@ def test_run_passes_output_through_and_keeps_the_exit_status(tmp_path):
     assert proc.stdout == "out line\n"  # the doctor writes nothing to the job's stdout
     assert proc.stderr.startswith("err line\n")
     manifest = json.loads((tmp_path / "o" / "manifest.json").read_text())
-    assert manifest["exit_status"] == 3 and manifest["format_version"] == 1
+    assert manifest["exit_status"] == 3 and manifest["format_version"] == 2
     report = json.loads((tmp_path / "o" / "report.json").read_text())
     assert report["verdict"] == "crash" and report["exit_status"] == 3
     assert any("no rank joined" in n for n in report["notes"])
