@@ -33,12 +33,26 @@ _OWN_DIRS = (_PLUGINS_DIR + os.sep,) if os.path.isfile(
 
 def is_wrapper_file(path: str) -> bool:
     """True for torch, the wrapping libraries, nccl_doctor itself and frozen importlib frames."""
-    return (bool(_WRAPPER_RE.search(path)) and not _is_user_copy(path)) or _is_own(path)
+    return _belongs(path, _WRAPPER_RE, WRAPPER_PACKAGES)
 
 
 def is_internal_file(path: str) -> bool:
     """True for torch, nccl_doctor and frozen frames: never the direct caller worth naming."""
-    return (bool(_INTERNAL_RE.search(path)) and not _is_user_copy(path)) or _is_own(path)
+    return _belongs(path, _INTERNAL_RE, _INTERNAL)
+
+
+def _belongs(path: str, pattern: re.Pattern[str], packages: tuple[str, ...]) -> bool:
+    """An installed file belongs to the top-level package it is installed as (so
+    ray/train/torch/config.py is Ray's, not torch's); any other file by a directory of one of
+    ``packages``' names on its path (a source checkout of torch)."""
+    if _is_own(path):
+        return True
+    if _is_user_copy(path):
+        return False
+    package = package_of(path)
+    if package is not None:
+        return package in packages
+    return bool(pattern.search(path))
 
 
 _DOCTOR_RE = re.compile(rf"{_SEP}nccl_doctor{_SEP}")
