@@ -4,7 +4,7 @@ module imports none of those libraries."""
 
 from __future__ import annotations
 
-from nccl_doctor.plugins import accelerate_seed, hf_transformers, vllm_engine
+from nccl_doctor.plugins import accelerate_seed, hf_transformers, ray_train, vllm_engine
 from nccl_doctor.rank.hooks import Integration
 
 INTEGRATIONS: tuple[Integration, ...] = (
@@ -13,4 +13,6 @@ INTEGRATIONS: tuple[Integration, ...] = (
     Integration("transformers.trainer", hf_transformers.patch_trainer),
     Integration("accelerate.utils", accelerate_seed.patch_set_seed),
     Integration("vllm", vllm_engine.patch_generate),
+    Integration("ray.train.v2._internal.execution.worker_group.thread_runner",
+                ray_train.patch_thread_runner),
 )

@@ -23,6 +23,7 @@ import sys
 import threading
 from typing import Any, Callable, Iterator, NamedTuple, Sequence
 
+from nccl_doctor import paths
 from nccl_doctor.rank.fingerprint import rng_fingerprint, row_digests
 
 MAX_ROWS = 64  # row hashes kept per generation (plus one hash of all rows)
@@ -74,6 +75,31 @@ def _note(kind: str, **fields: Any) -> bool:
         retry_pending()
     observe = _observe
     return observe(kind, fields) if observe is not None else False
+
+
+def exception_fields(tp: type, value: BaseException, tb: Any) -> dict[str, Any]:
+    """An exception as the capture notes it: type, message, and the innermost frame of the
+    traceback in the user's code."""
+    site = None
+    while tb is not None:
+        if not paths.is_wrapper_file(tb.tb_frame.f_code.co_filename):
+            site = tb
+        tb = tb.tb_next
+    fields: dict[str, Any] = {"type": tp.__name__, "message": str(value)[:500]}
+    if site is not None:
+        fields.update(path=site.tb_frame.f_code.co_filename, line=site.tb_lineno,
+                      function=site.tb_frame.f_code.co_name)
+    return fields
+
+
+def note_exception(value: BaseException) -> None:
+    """An exception that ended the rank's work, caught by a library before sys.excepthook could
+    see it (Ray Train runs the user's function on a thread and keeps its exception): noted as
+    the rank's exception, as the excepthook notes the main thread's. Never raises."""
+    try:
+        _note("exception", **exception_fields(type(value), value, value.__traceback__))
+    except Exception:  # noqa: BLE001 - never into the job
+        pass
 
 
 def _next(kind: str) -> int:

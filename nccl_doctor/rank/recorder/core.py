@@ -24,13 +24,14 @@ from typing import Any, Callable, Iterator
 
 from nccl_doctor import env
 
-from nccl_doctor import paths, redact
+from nccl_doctor import redact
 from nccl_doctor._version import __version__
 from nccl_doctor.capture import format as fmt
 from nccl_doctor.capture import ring as ring_mod
 from nccl_doctor.model import EventFlag, EventKind, EventState
 from nccl_doctor.capture.unrecorded import write_unrecorded
 from nccl_doctor.capture.writer import CaptureWriter
+from nccl_doctor.rank.hooks import exception_fields
 from nccl_doctor.rank.recorder.arguments import Describer
 from nccl_doctor.rank.recorder.specs import SPECS
 from nccl_doctor.rank.recorder.wrappers import BoundCall, forgetting, patch_wait, wrap, wrap_init
@@ -212,7 +213,9 @@ class Recorder:
                 return True
             self.dropped += 1
             return False
-        if w.note(kind, share=SILENT_SHARE, **fields):
+        # an exception a library caught for the rank (hooks.note_exception) is its end: the whole
+        # table is its to use, as for the exit notes
+        if w.note(kind, share=1.0 if kind == "exception" else SILENT_SHARE, **fields):
             return True
         self.dropped += 1
         return False
@@ -376,16 +379,7 @@ class Recorder:
     def _on_exception(self, tp: type, value: BaseException, tb: Any) -> None:
         if self.writer is None or os.getpid() != self._pid:
             return
-        site = None
-        while tb is not None:  # innermost frame in the user's code
-            if not paths.is_wrapper_file(tb.tb_frame.f_code.co_filename):
-                site = tb
-            tb = tb.tb_next
-        fields: dict[str, Any] = {"type": tp.__name__, "message": str(value)[:500]}
-        if site is not None:
-            fields.update(path=site.tb_frame.f_code.co_filename, line=site.tb_lineno,
-                          function=site.tb_frame.f_code.co_name)
-        self.writer.note("exception", **fields)
+        self.writer.note("exception", **exception_fields(tp, value, tb))
 
     def after_fork_in_child(self) -> None:
         """A forked child (a DataLoader worker) must not write into its parent's capture."""
