@@ -80,7 +80,8 @@ def is_stdlib_file(path: str) -> bool:
 #: Library files that only pass a call on to torch.distributed (gather helpers, comm shims): a
 #: call path's frame in one of them never "issued" the call - the frame that called them did.
 THIN_WRAPPER_FILES = (
-    "accelerate/utils/operations.py", "accelerate/accelerator.py", "accelerate/state.py",
+    "accelerate/utils/operations.py", "accelerate/utils/other.py", "accelerate/accelerator.py",
+    "accelerate/state.py",
     "deepspeed/comm/", "lightning_fabric/utilities/distributed.py",
     "lightning/fabric/utilities/distributed.py", "torchmetrics/utilities/distributed.py",
 )

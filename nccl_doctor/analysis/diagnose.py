@@ -254,7 +254,8 @@ def _summary(trace: RankTrace) -> RankSummary:
     if last is not None:
         last_json = {
             "group": last.group, "seq": last.align_seq, "op": last.op,
-            "state": last.state.name.lower(), "callsite": call_site(last), "input": last.input,
+            "state": last.state.name.lower(), "callsite": call_site(last, trace.meta.versions),
+            "input": last.input,
         }
     return RankSummary(
         rank=trace.rank, host=trace.meta.host, pid=trace.meta.pid, state=state,

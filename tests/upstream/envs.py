@@ -1,0 +1,76 @@
+"""Virtual environments of pinned upstream releases (TRL's buggy ones), built by the test tier
+itself and cached between runs: the real library code users ran, in an environment of its own,
+while nccl-doctor runs from the repository (its ranks import it through
+NCCL_DOCTOR_PACKAGE_PARENT, as any rank whose interpreter lacks the package does).
+
+Cached under ``$NCCL_DOCTOR_UPSTREAM_CACHE`` (default ``~/.cache/nccl-doctor/upstream``), one
+directory per name and hash of (Python version, pins, the repository's constraints): a changed
+pin builds a new one. A build holds a file lock (pytest-xdist workers never build one twice)
+and marks the environment ready last; a failed build leaves nothing behind.
+"""
+
+from __future__ import annotations
+
+import fcntl
+import hashlib
+import os
+import shutil
+import subprocess
+import sys
+import time
+from pathlib import Path
+from typing import Sequence
+
+ROOT = Path(__file__).resolve().parents[2]
+CONSTRAINTS = ROOT / "constraints.txt"
+READY = ".nccl-doctor-ready"
+
+#: docs/bugs.md A (TRL #3068): CPO gathers per-rank-padded logits; fixed in 0.17.0.
+TRL_0_16_1 = ("trl==0.16.1", "transformers==4.51.3", "accelerate==1.6.0", "datasets==3.5.0")
+#: docs/bugs.md B (TRL #2879): SFT token accuracy gathers padded logits; fixed in 0.15.1.
+TRL_0_15_0 = ("trl==0.15.0", "transformers==4.48.3", "accelerate==1.3.0", "datasets==3.2.0")
+
+
+def cache_dir() -> Path:
+    return Path(os.environ.get("NCCL_DOCTOR_UPSTREAM_CACHE")
+                or Path.home() / ".cache" / "nccl-doctor" / "upstream")
+
+
+def python_for(name: str, pins: Sequence[str]) -> Path:
+    """The python of the environment ``name`` with ``pins`` installed (torch pinned by the
+    repository's constraints), built now if it is not cached."""
+    key = hashlib.sha256("\n".join(
+        [sys.version.split()[0], *sorted(pins), CONSTRAINTS.read_text()]).encode()).hexdigest()[:12]
+    env = cache_dir() / f"{name}-{key}"
+    python = env / "bin" / "python"
+    if (env / READY).is_file():
+        return python
+    env.parent.mkdir(parents=True, exist_ok=True)
+    with open(env.parent / f"{env.name}.lock", "w") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)
+        if (env / READY).is_file():  # another worker built it meanwhile
+            return python
+        shutil.rmtree(env, ignore_errors=True)  # a build cut off before it was ready
+        started = time.monotonic()
+        try:
+            _run([sys.executable, "-m", "venv", str(env)])
+            _run([str(python), "-m", "pip", "install", "--quiet", "--disable-pip-version-check",
+                  "-c", str(CONSTRAINTS), "torch", *pins])
+        except BaseException:
+            shutil.rmtree(env, ignore_errors=True)
+            raise
+        (env / READY).write_text(f"built in {time.monotonic() - started:.0f} s\n")
+    return python
+
+
+def _run(cmd: list[str]) -> None:
+    proc = subprocess.run(cmd, capture_output=True, text=True, timeout=1800)
+    if proc.returncode != 0:
+        tail = "\n".join((proc.stdout + proc.stderr).splitlines()[-15:])
+        raise RuntimeError(f"building an upstream environment failed: {' '.join(cmd)}\n{tail}")
+
+
+if __name__ == "__main__":  # build them ahead: python tests/upstream/envs.py
+    for label, pins in (("trl-0.16.1", TRL_0_16_1), ("trl-0.15.0", TRL_0_15_0)):
+        t0 = time.monotonic()
+        print(label, python_for(label, pins), f"{time.monotonic() - t0:.0f} s", flush=True)
