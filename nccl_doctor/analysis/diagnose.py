@@ -45,8 +45,9 @@ NOT_RECORDED_NOTE = (
     "no rank joined a process group under the recorder, so nothing was recorded: processes "
     "started by something that did not inherit nccl-doctor's environment are not recorded (a "
     "Ray cluster started beforehand with `ray start`, a scheduler's own launcher, a container "
-    "runtime): start the ranks under `nccl-doctor run` (Ray: start the cluster's nodes under it, "
-    "or let the driver start Ray); a program with no torch.distributed has nothing to diagnose"
+    "runtime): start the ranks under `nccl-doctor run` (Ray: let the driver start Ray, or pass "
+    "the doctor's NCCL_DOCTOR_* variables and PYTHONPATH to the workers in ray.init's "
+    "runtime_env env_vars); a program with no torch.distributed has nothing to diagnose"
 )
 
 _STATE = {

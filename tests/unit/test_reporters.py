@@ -214,3 +214,39 @@ def test_live_hang_report_shows_stack_classes_and_the_watchdog() -> None:
     assert report["stack_classes"][1]["odd"] is True
     assert report["watchdog"]["situation"] == "deadlock"
     assert json.loads(render("json", replace(d, stack_classes=(), watchdog={})))["watchdog"] == {}
+
+
+def test_every_reporter_names_the_issuing_line_the_users_line_and_the_path(tb) -> None:
+    """A call a library made: the finding's callsite is the library's line, its entry the
+    user's, and its path every frame between; the console, JSON, HTML and the pytest plugin's
+    failure text all carry them."""
+    from dataclasses import replace
+
+    from nccl_doctor.location import Location
+    from nccl_doctor.testing.launches import describe
+
+    site = "/v/lib/python3.11/site-packages/"
+    path = (Location(site + "accelerate/utils/operations.py", 380, "gather"),
+            Location(site + "trl/trainer/cpo_trainer.py", 839, "get_batch_loss_metrics"),
+            Location("/job/train.py", 16, "main"))
+    base = tb.scenarios["shape_mismatch"]()
+    traces = replace(base, ranks={r: replace(
+        t, meta=replace(t.meta, versions={"trl": "0.16.1"}),
+        events=tuple(replace(e, callsite=path[-1], api_callsite=path[0], path=path)
+                     for e in t.events)) for r, t in base.ranks.items()})
+    d = analyze(traces)
+    root = d.root_cause
+    assert root.callsite.endswith("trl/trainer/cpo_trainer.py:839")
+    assert root.entry_callsite == "/job/train.py:16"
+    assert [f["version"] for f in root.call_path] == [None, "0.16.1", None]
+    assert "get_batch_loss_metrics (trl 0.16.1) <- your /job/train.py:16" in root.detail
+    console = render("console", d)
+    assert "call path:" in console and "(from /job/train.py:16)" in console
+    assert "<- /v/lib/python3.11/site-packages/trl/trainer/cpo_trainer.py:839 in " in console
+    report = json.loads(render("json", d))
+    first = report["findings"][0]
+    assert first["entry_callsite"] == "/job/train.py:16" and len(first["call_path"]) == 3
+    page = render("html", d)
+    assert "call path" in page and "(from /job/train.py:16)" in page
+    text = describe({**report, "_capture": "/caps"})
+    assert "(from /job/train.py:16)" in text and "get_batch_loss_metrics (trl 0.16.1)" in text
