@@ -6,10 +6,10 @@ from __future__ import annotations
 from collections import defaultdict
 
 from nccl_doctor.analysis.align import blocked_event, last_leaf
-from nccl_doctor.analysis.wording import call_fields, call_name, call_site, fate, ranks_text, site
-from nccl_doctor.analysis.missing import HINT_EXITED
-from nccl_doctor.diagnosis import Finding, FindingKind, Severity
 from nccl_doctor.analysis.ends import behind_peers
+from nccl_doctor.analysis.missing import HINT_EXITED
+from nccl_doctor.analysis.wording import call_fields, call_name, call_site, fate, ranks_text, site
+from nccl_doctor.diagnosis import Finding, FindingKind, Severity
 from nccl_doctor.model import EventState, ExitKind, RankTrace, TraceSet
 
 HINT_CRASH = (

@@ -93,19 +93,19 @@ def test_an_exception_ray_train_keeps_is_the_root_cause(tmp_path):
 
 
 def test_two_ray_actors_out_of_step_are_a_mismatch_not_a_known_issue(tmp_path):
-    proc, report = run("ray_actors_mismatch.py", tmp_path / "out")
+    proc, report = run("ray_actors.py", tmp_path / "out", "--mismatch")
     assert proc.returncode == 124, proc.stderr[-3000:]
     root = next(f for f in report["findings"] if f["root_cause"])
     assert root["kind"] == "collective_mismatch" and root["evidence"]["aspect"] == "op"
     assert {s["op"] for s in root["evidence"]["sides"]} == {"all_reduce", "all_gather"}
-    assert all("ray_actors_mismatch.py:" in s["callsite"] for s in root["evidence"]["sides"])
+    assert all("ray_actors.py:" in s["callsite"] for s in root["evidence"]["sides"])
     # an all_gather of small vectors against an all_reduce: not per-rank-padded logits (A)
     assert "known_issue" not in root["evidence"]
-    assert all("ray_actors_mismatch.py" in r["stack_summary"] for r in report["ranks"])
+    assert all("ray_actors.py" in r["stack_summary"] for r in report["ranks"])
 
 
 def test_healthy_ray_actors_read_ok(tmp_path):
-    proc, report = run("ray_actors_healthy.py", tmp_path / "out")
+    proc, report = run("ray_actors.py", tmp_path / "out")
     assert proc.returncode == 0, proc.stderr[-3000:]
     assert report["verdict"] == "ok" and report["findings"] == []
     assert {r["state"] for r in report["ranks"]} == {"finished"}

@@ -32,13 +32,9 @@ import sys
 import tempfile
 import time
 
-os.environ.setdefault("RAY_DEDUP_LOGS", "0")
-os.environ.setdefault("RAY_AUTH_MODE", "disabled")
-os.environ.setdefault("RAY_USAGE_STATS_ENABLED", "0")
-os.environ.setdefault("RAY_TRAIN_ENABLE_STATE_ACTOR_RECONCILIATION", "0")
-os.environ.setdefault("RAY_TRAIN_ENABLE_PREEMPTION_WATCHER", "0")
-os.environ.setdefault("RAY_TRAIN_ENABLE_PRINT_PATCH", "0")
-os.environ.setdefault("RAY_TRAIN_METRICS_ENABLED", "0")
+from ray_driver import quiet_ray  # noqa: E402
+
+quiet_ray()  # before ray is imported
 
 SCENARIOS = ("actor_shutdown", "actor_kill", "actor_exit", "actor_del", "task", "train")
 

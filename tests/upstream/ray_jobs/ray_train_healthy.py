@@ -10,19 +10,11 @@ ray/train/torch/config.py passes destroy_process_group=len(worker_group) > 1), -
 import argparse
 import os
 import sys
-import tempfile
 import time
 
-# Quiet, cheap start-up; set before ray is imported (the workers inherit them from the raylet).
-os.environ.setdefault("RAY_DEDUP_LOGS", "0")
-os.environ.setdefault("RAY_AUTH_MODE", "disabled")  # no token file written under ~/.ray
-os.environ.setdefault("RAY_USAGE_STATS_ENABLED", "0")
-os.environ.setdefault("RAY_TRAIN_ENABLE_STATE_ACTOR_RECONCILIATION", "0")
-os.environ.setdefault("RAY_TRAIN_ENABLE_PREEMPTION_WATCHER", "0")  # one actor fewer to start
-os.environ.setdefault("RAY_TRAIN_ENABLE_PRINT_PATCH", "0")  # worker prints once, not twice
-os.environ.setdefault("RAY_TRAIN_METRICS_ENABLED", "0")
+from ray_driver import fit, quiet_ray
 
-T0 = time.time()
+quiet_ray()  # before ray is imported
 
 
 def train_func(config):
@@ -59,34 +51,9 @@ def main() -> int:
     p.add_argument("--workers", type=int, default=2)
     p.add_argument("--address", default=None)
     args = p.parse_args()
-
-    import ray
-    from ray.train import RunConfig, ScalingConfig
-    from ray.train.torch import TorchConfig, TorchTrainer
-
-    t_import = time.time()
-    if args.address:
-        ray.init(address=args.address)
-    else:
-        ray.init(num_cpus=3, include_dashboard=False, log_to_driver=True)
-    t_init = time.time()
-    trainer = TorchTrainer(
-        train_func,
-        train_loop_config={"steps": args.steps, "fit_started": time.time()},
-        scaling_config=ScalingConfig(num_workers=args.workers, use_gpu=False),
-        torch_config=TorchConfig(backend="gloo"),
-        run_config=RunConfig(name="ray_train_healthy",
-                             storage_path=os.path.join(tempfile.gettempdir(), "ray-results")),
-    )
-    result = trainer.fit()
-    t_fit = time.time()
-    print(f"[driver] metrics={result.metrics} error={result.error}", flush=True)
-    ray.shutdown()
-    t_end = time.time()
-    print(f"[driver] import {t_import - T0:.2f}s ray.init {t_init - t_import:.2f}s "
-          f"fit {t_fit - t_init:.2f}s shutdown {t_end - t_fit:.2f}s total {t_end - T0:.2f}s",
-          flush=True)
-    return 0 if result.error is None else 1
+    error = fit(train_func, "ray_train_healthy", {"steps": args.steps, "fit_started": time.time()},
+                workers=args.workers, address=args.address)
+    return 0 if error is None else 1
 
 
 if __name__ == "__main__":

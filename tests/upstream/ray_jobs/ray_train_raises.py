@@ -8,17 +8,11 @@ backend calls dist.destroy_process_group on every worker, then ray.kill) and fit
 """
 
 import argparse
-import os
 import sys
-import tempfile
 
-os.environ.setdefault("RAY_DEDUP_LOGS", "0")
-os.environ.setdefault("RAY_AUTH_MODE", "disabled")
-os.environ.setdefault("RAY_USAGE_STATS_ENABLED", "0")
-os.environ.setdefault("RAY_TRAIN_ENABLE_STATE_ACTOR_RECONCILIATION", "0")
-os.environ.setdefault("RAY_TRAIN_ENABLE_PREEMPTION_WATCHER", "0")
-os.environ.setdefault("RAY_TRAIN_ENABLE_PRINT_PATCH", "0")
-os.environ.setdefault("RAY_TRAIN_METRICS_ENABLED", "0")
+from ray_driver import fit, quiet_ray
+
+quiet_ray()  # before ray is imported
 
 
 def train_func(config):
@@ -40,26 +34,8 @@ def main() -> int:
     p.add_argument("--peer-waits", action="store_true")
     p.add_argument("--timeout-s", type=int, default=1800, help="TorchConfig(timeout_s=...)")
     args = p.parse_args()
-
-    import ray
-    from ray.train import FailureConfig, RunConfig, ScalingConfig
-    from ray.train.torch import TorchConfig, TorchTrainer
-
-    ray.init(num_cpus=3, include_dashboard=False, log_to_driver=True)
-    trainer = TorchTrainer(
-        train_func,
-        train_loop_config={"peer_waits": args.peer_waits},
-        scaling_config=ScalingConfig(num_workers=2, use_gpu=False),
-        torch_config=TorchConfig(backend="gloo", timeout_s=args.timeout_s),
-        run_config=RunConfig(name="ray_train_raises", failure_config=FailureConfig(max_failures=0),
-                             storage_path=os.path.join(tempfile.gettempdir(), "ray-results")),
-    )
-    try:
-        error = trainer.fit().error
-    except Exception as err:  # TrainingFailedError
-        error = err
-    print(f"[driver] error={type(error).__name__}: {str(error)[:300]!r}", flush=True)
-    ray.shutdown()
+    error = fit(train_func, "ray_train_raises", {"peer_waits": args.peer_waits},
+                timeout_s=args.timeout_s)
     return 0 if error is None else 1
 
 

@@ -10,18 +10,10 @@ Standalone: `python ray_train_skip_broadcast.py [--steps N] [--timeout-s S] [--a
 import argparse
 import os
 import sys
-import tempfile
-import time
 
-os.environ.setdefault("RAY_DEDUP_LOGS", "0")
-os.environ.setdefault("RAY_AUTH_MODE", "disabled")
-os.environ.setdefault("RAY_USAGE_STATS_ENABLED", "0")
-os.environ.setdefault("RAY_TRAIN_ENABLE_STATE_ACTOR_RECONCILIATION", "0")
-os.environ.setdefault("RAY_TRAIN_ENABLE_PREEMPTION_WATCHER", "0")
-os.environ.setdefault("RAY_TRAIN_ENABLE_PRINT_PATCH", "0")
-os.environ.setdefault("RAY_TRAIN_METRICS_ENABLED", "0")
+from ray_driver import fit, quiet_ray
 
-T0 = time.time()
+quiet_ray()  # before ray is imported
 
 
 def train_func(config):
@@ -61,35 +53,8 @@ def main() -> int:
     p.add_argument("--timeout-s", type=int, default=1800, help="TorchConfig(timeout_s=...)")
     p.add_argument("--address", default=None)
     args = p.parse_args()
-
-    import ray
-    from ray.train import RunConfig, ScalingConfig
-    from ray.train.torch import TorchConfig, TorchTrainer
-
-    t_import = time.time()
-    if args.address:
-        ray.init(address=args.address)
-    else:
-        ray.init(num_cpus=3, include_dashboard=False, log_to_driver=True)
-    t_init = time.time()
-    trainer = TorchTrainer(
-        train_func,
-        train_loop_config={"steps": args.steps},
-        scaling_config=ScalingConfig(num_workers=2, use_gpu=False),
-        torch_config=TorchConfig(backend="gloo", timeout_s=args.timeout_s),
-        run_config=RunConfig(name="ray_train_skip_broadcast",
-                             storage_path=os.path.join(tempfile.gettempdir(), "ray-results")),
-    )
-    try:
-        result = trainer.fit()
-        error = result.error
-    except Exception as err:  # TrainingFailedError once torch's timeout fires
-        error = err
-    t_fit = time.time()
-    print(f"[driver] error={error!r}"[:2000], flush=True)
-    ray.shutdown()
-    print(f"[driver] import {t_import - T0:.2f}s ray.init {t_init - t_import:.2f}s "
-          f"fit {t_fit - t_init:.2f}s total {time.time() - T0:.2f}s", flush=True)
+    error = fit(train_func, "ray_train_skip_broadcast", {"steps": args.steps},
+                timeout_s=args.timeout_s, address=args.address)
     return 0 if error is None else 1
 
 

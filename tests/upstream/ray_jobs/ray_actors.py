@@ -1,12 +1,18 @@
-"""Two plain Ray actors in one gloo process group (rank, world size and the master's address
-passed in by the driver; each calls dist.init_process_group itself) that desync: after a matching
-all_reduce, rank 0 calls all_reduce while rank 1 calls all_gather at the same point. Both wait
-until torch's gloo timeout (30 min) or the driver's ray.get timeout (--timeout, 900 s); under
-`nccl-doctor run` the watchdog diagnoses the mismatch and stops the job.
+"""Two plain Ray actors that form a gloo process group themselves (rank, world size and the
+master's address passed in by the driver) and make matching collectives; exits 0. With
+--mismatch they desync: after a matching all_reduce, rank 0 calls all_reduce while rank 1 calls
+all_gather at the same point; both wait until torch's gloo timeout (30 min) or the driver's
+ray.get timeout (--timeout, 900 s); under `nccl-doctor run` the watchdog diagnoses the mismatch
+and stops the job.
 
-The same program as ray_actors_healthy.py (kept whole so that each job stands alone) with
-MISMATCH = True. Options as there: --end shutdown|kill|exit_actor, --destroy, --address ADDR,
---propagate-doctor-env, --timeout S.
+Standalone: `python ray_actors.py [--mismatch] [--end shutdown|kill|exit_actor] [--destroy]`
+  --end shutdown    the driver calls ray.shutdown() with the actors alive (default)
+  --end kill        the driver ray.kill()s each actor, then ray.shutdown()
+  --end exit_actor  each actor calls ray.actor.exit_actor() itself, then ray.shutdown()
+  --destroy         each actor calls dist.destroy_process_group() after its collectives
+  --address ADDR    join an existing cluster (e.g. "auto" after `ray start --head`)
+  --propagate-doctor-env  pass the driver's NCCL_DOCTOR_* and PYTHONPATH to the actors through
+                    runtime_env (the workers of a cluster started beforehand do not inherit them)
 """
 
 import argparse
@@ -15,12 +21,11 @@ import socket
 import sys
 import time
 
-os.environ.setdefault("RAY_DEDUP_LOGS", "0")
-os.environ.setdefault("RAY_AUTH_MODE", "disabled")
-os.environ.setdefault("RAY_USAGE_STATS_ENABLED", "0")
+from ray_driver import quiet_ray  # noqa: E402
+
+quiet_ray()  # before ray is imported
 
 T0 = time.time()
-MISMATCH = True  # the desync (ray_actors_healthy.py: False)
 
 
 def free_port() -> int:
@@ -71,14 +76,16 @@ def make_actor(ray):
     return Rank
 
 
-def main(mismatch: bool = MISMATCH) -> int:
+def main() -> int:
     p = argparse.ArgumentParser()
+    p.add_argument("--mismatch", action="store_true", help="rank 1 calls all_gather instead")
     p.add_argument("--end", choices=("shutdown", "kill", "exit_actor"), default="shutdown")
     p.add_argument("--destroy", action="store_true")
     p.add_argument("--address", default=None)
     p.add_argument("--timeout", type=float, default=900, help="the driver's ray.get timeout")
     p.add_argument("--propagate-doctor-env", action="store_true")
     args = p.parse_args()
+    mismatch = args.mismatch
     runtime_env = None
     if args.propagate_doctor_env:
         runtime_env = {"env_vars": {k: v for k, v in os.environ.items()
