@@ -12,17 +12,24 @@ from nccl_doctor.model import ExitKind, RankExit, Unrecorded
 
 
 def test_a_summary_is_the_trace_in_brief_and_json(tb):
-    events = tb.collectives(5000, group_size=2, last_state=tb.ENTERED)
+    from dataclasses import replace
+
+    from nccl_doctor.location import Location
+
+    path = (Location("/v/site-packages/trl/trainer/cpo_trainer.py", 839, "get_batch_loss_metrics"),
+            Location("/job/train.py", 16, "main"))
+    events = [replace(e, path=path) if e.idx % 2 else e
+              for e in tb.collectives(5000, group_size=2, last_state=tb.ENTERED)]
     notes = ([{"note": "group", "name": "0", "ranks": [0, 1]}]
              + [{"note": "rng", "label": "torch.manual_seed", "seed": 7, "time_ns": 1}]
              + [{"note": "rng", "label": "step", "time_ns": i} for i in range(500)]
              + [{"note": "gen", "all": f"h{i}", "time_ns": i} for i in range(500)])
-    from dataclasses import replace
     trace = replace(tb.trace(0, events), notes=tuple(notes))
     raw = json.loads(json.dumps(summary.summarize(trace)))
     back = summary.unsummarize(raw)
     assert len(back.events) <= summary.TAIL + summary.GROUPS
-    assert back.events == trace.events[-len(back.events):]
+    assert back.events == trace.events[-len(back.events):]  # call paths included
+    assert {e.path for e in back.events} == {(), path}
     assert back.meta == trace.meta and back.exit == trace.exit
     assert raw["dropped"] == 5000 - len(back.events)
     kinds = [n["note"] for n in back.notes]
