@@ -53,3 +53,21 @@ def test_flight_recorder_says_timed_out_or_completed(tb):
     assert not timed_out.completed and "timed out" in timed_out.aborted[0]
     finished = stuck_calls_fate(traces, stuck, {0: {"entries": [{**entry, "state": "completed"}]}})
     assert finished.completed and not finished.aborted
+
+
+def test_a_real_format_1_capture_replays_without_call_paths(tmp_path):
+    """Captures from before call paths (this H100 run's, format 1) replay as before - the
+    user's line names each call - and a note says their paths were not recorded."""
+    from nccl_doctor.analysis import analyze
+
+    with tarfile.open(FIXTURE) as tar:
+        tar.extractall(tmp_path, filter="data")
+    traces = load_capture_dir(tmp_path / "nccl_shape_mismatch.report")
+    assert not any(t.paths_recorded for t in traces.ranks.values())
+    assert all(e.path == () for t in traces.ranks.values() for e in t.events)
+    d = analyze(traces)
+    root = d.root_cause
+    assert root is not None and root.callsite and root.entry_callsite is None
+    assert root.call_path == ()
+    assert any("ranks 0, 1 recorded by an nccl-doctor from before call paths" in n
+               for n in d.notes), d.notes
