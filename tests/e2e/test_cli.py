@@ -236,3 +236,15 @@ def test_run_with_bad_multi_node_options_is_one_line(tmp_path, flags, words):
     assert proc.returncode == ExitStatus.USAGE
     assert words in one_error_line(proc)
     assert not (tmp_path / "o").exists()  # nothing was started
+
+
+def test_a_job_with_no_recorded_rank_is_not_ok(tmp_path):
+    """A program that never joins a process group under the recorder (here: none at all; in
+    life, ranks started by a Ray cluster started beforehand) reads not_recorded, never ok, and
+    --fail-on suspect fails on it."""
+    proc = doctor("run", "--fail-on", "suspect", "--out", str(tmp_path / "o"), "--",
+                  sys.executable, "-c", "print('no torch.distributed here')")
+    assert proc.returncode == 123, proc.stderr[-2000:]
+    assert "NOT_RECORDED" in proc.stderr and "ray start" in proc.stderr
+    report = json.loads((tmp_path / "o" / "report.json").read_text())
+    assert report["verdict"] == "not_recorded" and report["ranks"] == []
