@@ -1,4 +1,4 @@
-"""Plugins through entry points: a third-party distribution's known-issue rules (the README's
+"""Plugins through entry points: a third-party distribution's known-issue rules (docs/plugins.md
 example, verbatim) annotate a diagnosis after nccl-doctor's own; a broken one leaves a note."""
 
 from __future__ import annotations
@@ -12,12 +12,12 @@ from nccl_doctor import entry_points
 from nccl_doctor.analysis import analyze, annotate
 from nccl_doctor.diagnosis import Diagnosis, Finding, FindingKind, Severity, Verdict
 
-README = Path(__file__).resolve().parents[2] / "README.md"
+README = Path(__file__).resolve().parents[2] / "docs" / "plugins.md"  # the example moved there
 
 
 def _readme_example() -> str:
     block = re.search(r"```python\n(# acme_rules\.py\n.*?)```", README.read_text(), re.S)
-    assert block, "README's plugin example is gone"
+    assert block, "docs/plugins.md's plugin example is gone"
     return block.group(1)
 
 
