@@ -27,13 +27,14 @@ demo: $(STAMP)
 	@echo "The other reproducers: $(BIN)/nccl-doctor demo --list"
 	@echo "The report as a page (open it in a browser): $(DEMO_OUT)/report.html"
 
-# Two pytest-xdist workers, each taking whole test files (module fixtures are set up once, and a
-# file's jobs never overlap each other): on 2 cores 16.5 min instead of 21 (the suite is mostly
-# real multi-process jobs, each starting torch). TEST_WORKERS=0 runs it in one process.
+# Two pytest-xdist workers taking tests one by one (the suite is mostly real multi-process jobs,
+# each starting torch); a file whose tests share a module fixture's job is marked with an
+# xdist_group and stays on one worker, so that job runs once. TEST_WORKERS=0 runs it in one
+# process.
 TEST_WORKERS ?= 2
 
 test: $(STAMP)
-	$(BIN)/python -m pytest -q -rs --durations=15 -n $(TEST_WORKERS) --dist loadfile
+	$(BIN)/python -m pytest -q -rs --durations=30 -n $(TEST_WORKERS) --dist loadgroup
 
 bench: $(STAMP)
 	$(BIN)/python benchmarks/recorder_overhead.py

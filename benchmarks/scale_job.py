@@ -38,7 +38,7 @@ from pathlib import Path
 
 from nccl_doctor._version import __version__
 from nccl_doctor.capture import format as fmt
-from nccl_doctor.capture.directory import Manifest
+from nccl_doctor.capture.manifest import Manifest
 from nccl_doctor.capture.writer import CaptureWriter
 from nccl_doctor.model import EventKind, EventState
 

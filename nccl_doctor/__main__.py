@@ -1,3 +1,5 @@
+"""``python -m nccl_doctor``: the CLI."""
+
 from nccl_doctor.cli.main import main
 
 raise SystemExit(main())

@@ -1,6 +1,6 @@
 """The typed result of an analysis: a ``Diagnosis`` made of ``Finding``s and ``RankSummary``s.
 
-Reporters render it; ``to_json`` is ``report.json`` (schema_version 1, see README.md).
+Reporters render it; ``to_json`` is ``report.json`` (schema_version 1, docs/report-json.md).
 """
 
 from __future__ import annotations

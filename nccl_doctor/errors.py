@@ -7,7 +7,7 @@ from __future__ import annotations
 
 
 class ExitStatus:
-    """Documented exit statuses of the ``nccl-doctor`` command (see README, "Exit status")."""
+    """Documented exit statuses of the ``nccl-doctor`` command (docs/exit-status.md)."""
 
     OK = 0
     USAGE = 2  # bad flag or argument (argparse uses 2 as well)

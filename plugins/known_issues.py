@@ -187,7 +187,7 @@ def annotate(d: Diagnosis, versions: Mapping[str, str]) -> Diagnosis:
 
 def rules_annotator(rules: Sequence[Rule]) -> Callable[[Diagnosis, Mapping[str, str]], Diagnosis]:
     """An annotator for your own ``Rule``s, to register in the ``nccl_doctor.known_issues``
-    entry-point group (README, "Adding a known-issue rule")."""
+    entry-point group (docs/plugins.md)."""
     chosen = tuple(rules)
     return lambda d, versions: _annotate(d, versions, chosen)
 

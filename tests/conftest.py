@@ -9,7 +9,7 @@ from pathlib import Path
 import pytest
 
 from nccl_doctor.capture import format as fmt
-from nccl_doctor.capture.directory import Manifest
+from nccl_doctor.capture.manifest import Manifest
 from nccl_doctor.capture.writer import CaptureWriter
 from nccl_doctor.model import EventKind, EventState
 from nccl_doctor.trainers.placement import visible_gpus

@@ -1,4 +1,11 @@
-"""How a rank without an exit record ended, judged from what it finished (pure).
+"""How each rank ended (pure): one pass for the loader, the supervisor's post mortem, the
+federation and replay alike (``decided``), and the judgement of a rank without an exit record
+from what it finished (``judged``, in the analysis).
+
+A rank's capture says how it ended when it could (clean, an exception, a signal, a fault); what
+the rest means depends on what is known beside it: a rank whose node was lost is ``LOST``; one
+that ended (or never did) after the watchdog or the user stopped the job is ``STOPPED``; one
+with no exit record once the job is over ``VANISHED``.
 
 Python's atexit, where the recorder writes a rank's exit record, does not run for every rank
 that ends well: Ray ends its workers without it, a script may leave by os._exit, a launcher may
@@ -10,10 +17,59 @@ the job exited 0.
 
 from __future__ import annotations
 
-from dataclasses import replace
+from dataclasses import dataclass, field, replace
+from typing import Mapping
 
 from nccl_doctor.analysis.align import blocked_event, timelines
 from nccl_doctor.model import ExitKind, RankExit, RankTrace, TraceSet
+from nccl_doctor.watch_log import WatchLog
+
+
+@dataclass(frozen=True)
+class Ending:
+    """What is known of the job's end beyond each rank's own record."""
+
+    ended: bool = False  # the job is over: a rank with no exit record is not running
+    stopped_at: float | None = None  # when the job began to be stopped (unix seconds)
+    signals: tuple[str, ...] = ()  # what stopped it
+    # rank -> (its host, when the host was lost, ns): the ranks of nodes lost to the job
+    lost: Mapping[int, tuple[str, int | None]] = field(default_factory=dict)
+
+    @classmethod
+    def of(cls, watch: WatchLog | None, *, ended: bool,
+           lost: Mapping[int, tuple[str, int | None]] | None = None) -> Ending:
+        """The ending a watchdog's record tells (its stop), for a job ``ended`` or not."""
+        return cls(ended=ended, stopped_at=watch.stopped_at if watch is not None else None,
+                   signals=watch.signals if watch is not None else (), lost=lost or {})
+
+
+def decided(traces: TraceSet, ending: Ending) -> TraceSet:
+    """``traces`` with each rank's end decided from ``ending``: a rank still running on a lost
+    host is lost; a rank that ended abnormally, cleanly with a known time, or not at all after
+    the stop was stopped; a rank with no exit record in a job that ended vanished."""
+    ranks = dict(traces.ranks)
+    stopped_at = ending.stopped_at
+    sent = ", then ".join(dict.fromkeys(ending.signals)) or None
+    for rank, trace in traces.ranks.items():
+        ex = trace.exit
+        if ex.kind is ExitKind.RUNNING and rank in ending.lost:
+            host, when = ending.lost[rank]
+            ranks[rank] = replace(trace, exit=RankExit(ExitKind.LOST, exception=host,
+                                                       time_ns=when))
+            continue
+        if ex.kind is ExitKind.LOST:
+            continue
+        # a clean exit known to follow the stop is its doing too (a script that catches
+        # KeyboardInterrupt or SIGTERM, saves, and returns); one before it is not
+        if stopped_at is not None and not (ex.time_ns is not None
+                                           and ex.time_ns < stopped_at * 1e9) and (
+                ex.abnormal or ex.kind is ExitKind.RUNNING or (
+                    ex.kind is ExitKind.CLEAN and ex.time_ns is not None)):
+            ranks[rank] = replace(trace, exit=RankExit(ExitKind.STOPPED, signal=sent,
+                                                       time_ns=ex.time_ns))
+        elif ending.ended and ex.kind is ExitKind.RUNNING:
+            ranks[rank] = replace(trace, exit=RankExit(ExitKind.VANISHED))
+    return replace(traces, ranks=ranks)
 
 
 def behind_peers(traces: TraceSet) -> dict[int, list[tuple[str, int]]]:

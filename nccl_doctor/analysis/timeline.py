@@ -10,11 +10,10 @@ divergence is in view with the calls that led to it), else at the last number an
 from __future__ import annotations
 
 from collections import Counter
-from dataclasses import dataclass
 
-from nccl_doctor.analysis.wording import runs
 from nccl_doctor.diagnosis import Diagnosis
 from nccl_doctor.model import Event, EventKind, EventState, TraceSet
+from nccl_doctor.page import Cell, Lane, Row, Timeline
 
 #: Columns per group: the sequence numbers shown.
 WIDTH = 24
@@ -25,39 +24,6 @@ MAX_GROUPS = 4
 
 _STATE = {EventState.RETURNED: "returned", EventState.ENTERED: "entered",
           EventState.FAILED: "failed", EventState.ISSUED: "issued"}
-
-
-@dataclass(frozen=True)
-class Cell:
-    op: str
-    shape: str  # the input tensor's description, e.g. "float32[2,7,96]"
-    state: str  # returned | entered | failed | issued
-    callsite: str
-    odd: bool  # differs from the majority of the ranks that made a call at this number
-
-
-@dataclass(frozen=True)
-class Row:
-    ranks: tuple[int, ...]  # one rank, or the ranks whose rows are identical
-    cells: tuple[Cell | None, ...]  # per column; None: the rank made no call at that number
-    odd: bool  # a cell differs from the majority, or the rank is short of calls its peers made
-    culprit: bool  # a rank the root cause names
-
-
-@dataclass(frozen=True)
-class Lane:
-    group: str
-    seqs: tuple[int, ...]  # the columns' sequence numbers, ascending
-    rows: tuple[Row, ...]
-    divergence: int | None  # the root cause's sequence number, when it is in this group
-    earlier: int  # sequence numbers before the window (not drawn)
-    folded: bool  # identical rows were folded
-
-
-@dataclass(frozen=True)
-class Timeline:
-    lanes: tuple[Lane, ...]
-    world_size: int
 
 
 def timeline(traces: TraceSet, diagnosis: Diagnosis | None = None) -> Timeline:
@@ -147,9 +113,3 @@ def _fold(rows: list[Row]) -> list[Row]:
         folded[key] = row if seen is None else Row(seen.ranks + row.ranks, seen.cells,
                                                    seen.odd, seen.culprit)
     return sorted(folded.values(), key=lambda r: r.ranks[0])
-
-
-def rank_ranges(ranks: tuple[int, ...]) -> str:
-    """``0-3,5,8-9``: ranks as ranges (a folded row's label)."""
-    return ",".join(str(run[0]) if len(run) == 1 else f"{run[0]}-{run[-1]}"
-                    for run in runs(ranks))

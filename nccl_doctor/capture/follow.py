@@ -17,7 +17,7 @@ the same object as the previous read when nothing changed (callers may cache on 
 from __future__ import annotations
 
 import os
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
 
@@ -67,6 +67,10 @@ class CaptureFollower:
         self._str_pos, self._bad_json, self._str_damaged = 0, 0, False
         # the ring, slot by slot: slot -> (idx, its Event); slots to look at again
         self._slots: dict[int, tuple[int, Event]] = {}
+        # the same records as columns, slot by slot (``columns``: a window picked on them)
+        self._cols = np.zeros(self._available, dtype=records.RECORD)
+        self._exited = np.zeros(self._available, dtype=bool)
+        self._held = np.zeros(self._available, dtype=bool)
         self._torn: set[int] = set()  # slots holding a torn record (or a torn exit part)
         self._open: set[int] = set()  # slots whose record awaits its exit, or a string
         self._frontier = 1  # lowest record index not yet seen in its slot
@@ -100,6 +104,19 @@ class CaptureFollower:
         return Scan(self.path, self._meta, dict(self._strings), tuple(self._notes), decoded,
                     Integrity(decoded.torn, self._truncated, max(0, count - self.capacity), bad),
                     _exit_from(self._notes, self._fault_text), self._paths)
+
+    def columns(self) -> Scan:
+        """The capture as last read (``read``), its records as columns, from what this follower
+        holds: nothing is read or decoded again."""
+        trace = self.read()
+        slots = np.flatnonzero(self._held)
+        rows = self._cols[slots]
+        order = np.argsort(rows["idx"], kind="stable")
+        slots = slots[order]
+        decoded = records.Decoded(rows[order], self._exited[slots], slots,
+                                  np.array(sorted(self._torn), dtype=np.int64))
+        return Scan(self.path, self._meta, dict(self._strings), tuple(self._notes), decoded,
+                    trace.integrity, trace.exit, self._paths, held=trace)
 
     def _counters(self) -> tuple[int, int]:
         """(records started, string-table bytes used): the header's two live counters."""
@@ -144,6 +161,7 @@ class CaptureFollower:
         capacity = self.capacity
         if self._started < 0 or started - self._frontier >= capacity:  # first read, or a lap
             self._slots.clear()
+            self._held[:] = False
             self._torn.clear()
             self._open.clear()
             self._started = started
@@ -193,6 +211,10 @@ class CaptureFollower:
         missing = records.unresolved(decoded.rows, self._strings).tolist()
         row_slots = decoded.slots.tolist()
         made = records.events(decoded, self._strings, self._paths)
+        self._held[slots] = False
+        self._cols[decoded.slots] = decoded.rows
+        self._exited[decoded.slots] = decoded.exited
+        self._held[decoded.slots] = True
         for slot, e, unnamed in zip(row_slots, made, missing):
             self._slots[slot] = (e.idx, e)
             if not e.done or unnamed:
@@ -261,9 +283,17 @@ class Scan:
     integrity: Integrity
     exit: RankExit
     paths: bool = True  # its records name their call paths (format 2 on)
+    held: RankTrace | None = None  # the same records as events, made before (a follower's)
 
     def trace(self, keep: np.ndarray | None = None) -> RankTrace:
         """The ``RankTrace``, with every record, or the rows ``keep`` (bool per row) only."""
+        held = self.held
+        if held is not None:
+            if keep is None:
+                return held
+            kept = set(self.decoded.rows["idx"][keep].tolist())
+            return replace(held, events=tuple(e for e in held.events if e.idx in kept),
+                           recorded=len(self.decoded.rows))
         d = self.decoded
         if keep is not None:
             d = records.Decoded(d.rows[keep], d.exited[keep], d.slots[keep], d.torn_slots)

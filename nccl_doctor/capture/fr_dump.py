@@ -4,7 +4,7 @@ A job on torch >= 2.3 writes one dump per rank on a collective timeout
 (``TORCH_NCCL_DUMP_ON_TIMEOUT=1``; files ``$TORCH_FR_DUMP_TEMP_FILE<rank>``, formerly
 ``TORCH_NCCL_DEBUG_INFO_TEMP_FILE``), as a pickle, or as JSON from ``_dump_nccl_trace_json`` /
 ``_dump_fr_trace_json``; nccl-doctor's supervisor keeps the JSON pulls it made live in a capture
-directory's ``flight_recorder/`` (nccl_doctor/capture/directory.py).
+directory's ``flight_recorder/`` (capture/names.py names it, capture/evidence.py reads it).
 
 A dump is input from outside, never trusted: a pickle is read by an unpickler that builds plain
 containers and scalars only and refuses any global (a class, a function: ``__reduce__`` payloads),

@@ -22,7 +22,7 @@ from dataclasses import dataclass, replace
 from pathlib import Path
 
 from nccl_doctor.capture import watch_record
-from nccl_doctor.capture.directory import Manifest
+from nccl_doctor.capture.manifest import Manifest
 from nccl_doctor.env import host_name
 from nccl_doctor.processes import started
 

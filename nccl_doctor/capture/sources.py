@@ -9,7 +9,8 @@ from pathlib import Path
 
 from nccl_doctor.capture import flight_recorder, fr_dump, fr_parallel, lifecycle
 from nccl_doctor.capture import format as fmt
-from nccl_doctor.capture.directory import MANIFEST, load_capture_dir, read_manifest
+from nccl_doctor.capture.loading import load_capture_dir
+from nccl_doctor.capture.manifest import MANIFEST, read_manifest
 from nccl_doctor.capture.union import union
 from nccl_doctor.errors import DoctorError
 from nccl_doctor.model import TraceSet

@@ -15,7 +15,7 @@ from __future__ import annotations
 import json
 import time
 from pathlib import Path
-from typing import Any, Mapping
+from typing import Any, Mapping, Sequence
 
 from nccl_doctor.files import write_atomic
 from nccl_doctor.stacks.rank_stack import RankStack, stack_from_json
@@ -34,12 +34,18 @@ def event(kind: str, **fields: Any) -> dict[str, Any]:
     return {"event": kind, "at": round(time.time(), 3), **fields}
 
 
+def watch_text(events: Sequence[Mapping[str, Any]]) -> str:
+    """``watchdog.json`` holding ``events`` (the newest ``MAX_EVENTS``)."""
+    doc = {"format": WATCH_FORMAT, "version": VERSION,
+           "events": [dict(e) for e in events[-MAX_EVENTS:]]}
+    return json.dumps(doc, indent=1, default=str) + "\n"
+
+
 def append_event(directory: Path, entry: Mapping[str, Any]) -> None:
-    """Add one event to ``watchdog.json`` (rewritten atomically; the newest ``MAX_EVENTS``)."""
+    """Add one event to another process's ``watchdog.json`` (the reaper's, once the supervisor
+    that kept it is gone; rewritten atomically)."""
     log = read_watch_log(directory) or WatchLog()
-    events = [dict(e) for e in log.events] + [dict(entry)]
-    doc = {"format": WATCH_FORMAT, "version": VERSION, "events": events[-MAX_EVENTS:]}
-    write_atomic(directory / WATCH_JSON, json.dumps(doc, indent=1, default=str) + "\n")
+    write_atomic(directory / WATCH_JSON, watch_text([*log.events, entry]))
 
 
 def _read_doc(path: Path, fmt: str) -> dict[str, Any] | None:
@@ -69,10 +75,10 @@ def read_watch_log(directory: Path) -> WatchLog | None:
     return WatchLog(tuple(e for e in events if isinstance(e, dict)))
 
 
-def write_stacks(directory: Path, stacks: Mapping[int, RankStack]) -> None:
+def stacks_text(stacks: Mapping[int, RankStack]) -> str:
     doc = {"format": STACKS_FORMAT, "version": VERSION,
            "ranks": {str(r): s.to_json() for r, s in sorted(stacks.items())}}
-    write_atomic(directory / STACKS_JSON, json.dumps(doc) + "\n")
+    return json.dumps(doc) + "\n"
 
 
 def read_stacks(directory: Path) -> dict[int, RankStack]:
@@ -90,13 +96,19 @@ def read_stacks(directory: Path) -> dict[int, RankStack]:
     return out
 
 
-def write_fr_dumps(directory: Path, dumps: Mapping[int, Mapping[str, Any]]) -> None:
-    """Each rank's pull as ``flight_recorder/rank_<R>.json`` (its newest ``MAX_FR_ENTRIES``)."""
-    folder = directory / FR_DIR
-    folder.mkdir(exist_ok=True)
-    for rank, dump in sorted(dumps.items()):
-        entries = dump.get("entries")
-        kept = dict(dump)
-        if isinstance(entries, list) and len(entries) > MAX_FR_ENTRIES:
-            kept["entries"] = entries[-MAX_FR_ENTRIES:]
-        write_atomic(folder / f"rank_{rank}.json", json.dumps(kept, default=str) + "\n")
+def fr_name(rank: int) -> str:
+    """Where rank ``rank``'s kept pull lies, relative to the capture directory."""
+    return f"{FR_DIR}/rank_{rank}.json"
+
+
+def fr_kept(dump: Mapping[str, Any]) -> dict[str, Any]:
+    """A pull as kept: its newest ``MAX_FR_ENTRIES`` entries."""
+    entries = dump.get("entries")
+    kept = dict(dump)
+    if isinstance(entries, list) and len(entries) > MAX_FR_ENTRIES:
+        kept["entries"] = entries[-MAX_FR_ENTRIES:]
+    return kept
+
+
+def fr_text(dump: Mapping[str, Any]) -> str:
+    return json.dumps(dump, default=str) + "\n"

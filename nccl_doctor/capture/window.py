@@ -20,6 +20,24 @@ import numpy as np
 
 from nccl_doctor.model import EventFlag, EventKind
 
+@dataclass(frozen=True)
+class Size:
+    """How large a job must be for its passes to see a window, and how large the window is."""
+
+    #: Records in all above which the passes see a window of them, not every record.
+    above: int = 100_000
+    #: The newest records of each rank in the window: this many in all, shared by the ranks...
+    tails: int = 32_768
+    #: ...and at least this many each.
+    tail: int = 64
+
+    def per_rank(self, ranks: int) -> int:
+        """The newest records each of ``ranks`` ranks keeps."""
+        return max(self.tail, self.tails // max(1, ranks))
+
+
+DEFAULT = Size()
+
 #: Collectives kept on each side of a group's first divergence and of its slowest member's last
 #: call (context: the calls each side made before and after it).
 MARGIN = 4

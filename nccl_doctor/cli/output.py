@@ -5,11 +5,12 @@ from __future__ import annotations
 import sys
 from pathlib import Path
 
+from nccl_doctor.analysis.page import page
 from nccl_doctor.diagnosis import Diagnosis, Verdict
 from nccl_doctor.errors import ExitStatus, OutputExists, unwritable
+from nccl_doctor.files import write_atomic
 from nccl_doctor.model import TraceSet
-from nccl_doctor.reporters import format_for, get_reporter
-from nccl_doctor.reporters.html import extras_for
+from nccl_doctor.reporters import format_for, get_reporter, html
 
 
 def emit(diagnosis: Diagnosis, output: Path | None, fmt: str | None, force: bool,
@@ -17,7 +18,7 @@ def emit(diagnosis: Diagnosis, output: Path | None, fmt: str | None, force: bool
     """Render to ``output`` (refusing to overwrite without --force) or to stdout; ``traces``
     feed the HTML page's drawings."""
     name = format_for(output, fmt)
-    reporter = get_reporter(name, extras_for(traces, diagnosis) if name == "html" else None)
+    reporter = get_reporter(name, page(traces, diagnosis) if name == "html" else None)
     if output is None:
         reporter.render(diagnosis, sys.stdout, color=sys.stdout.isatty())
         return
@@ -30,6 +31,21 @@ def emit(diagnosis: Diagnosis, output: Path | None, fmt: str | None, force: bool
     with fh:
         reporter.render(diagnosis, fh)
     sys.stderr.write(f"Wrote {output}\n")
+
+
+class PageFile:
+    """``report.html`` beside report.json: drawn again each time the supervisor writes a report
+    (``Supervisor(on_report=...)``), written when the page it makes changed."""
+
+    def __init__(self, path: Path) -> None:
+        self.path = path
+        self._text: str | None = None
+
+    def __call__(self, diagnosis: Diagnosis, traces: TraceSet | None) -> None:
+        text = html.render(diagnosis, page(traces, diagnosis))
+        if text != self._text:
+            write_atomic(self.path, text)
+            self._text = text
 
 
 def verdict_status(diagnosis: Diagnosis | None, status: int, fail_on: str | None) -> int:

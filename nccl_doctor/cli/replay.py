@@ -16,7 +16,7 @@ from nccl_doctor.cli.output import emit, verdict_status
 from nccl_doctor.errors import CaptureNotFound, ExitStatus
 from nccl_doctor.reporters import REPORTERS
 from nccl_doctor.capture import metrics_log
-from nccl_doctor.capture.directory import reading_progress
+from nccl_doctor.capture.loading import reading_progress
 
 #: Captures from which replay shows a progress bar while it reads them (on a terminal only).
 BAR_FROM = 16

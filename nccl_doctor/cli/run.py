@@ -9,9 +9,9 @@ import time
 from pathlib import Path
 
 from nccl_doctor.cli.live import make_display
-from nccl_doctor.cli.output import verdict_status
+from nccl_doctor.cli.output import PageFile, verdict_status
 from nccl_doctor.reporters.escape import visible
-from nccl_doctor.capture.directory import REPORT_HTML, remove_own_files
+from nccl_doctor.capture.names import REPORT_HTML, remove_own_files
 from nccl_doctor.env import COORDINATOR, NO_REDACT
 from nccl_doctor.errors import ExitStatus, OutputExists, UsageError
 from nccl_doctor.supervisor.federation import rendezvous
@@ -152,7 +152,8 @@ def supervise(args: argparse.Namespace, command: list[str]) -> int:
         # torch's C++ log would print every retry of a store connection on the user's terminal
         os.environ.setdefault("TORCH_CPP_LOG_LEVEL", "FATAL")
     supervisor = Supervisor(command, out, policy=policy, gpu=None if args.no_gpu else Nvml.open,
-                            environ=environ, rendezvous=meeting)
+                            environ=environ, rendezvous=meeting,
+                            on_report=PageFile(out / REPORT_HTML))
     display = None
     if not args.quiet:
         display = make_display(err, supervisor.watchdog.view if supervisor.watchdog else None)

@@ -17,6 +17,7 @@ from __future__ import annotations
 import json
 import math
 import os
+import threading
 import time
 from collections import deque
 from dataclasses import asdict, fields
@@ -37,7 +38,8 @@ _DEVICE_FIELDS = tuple(f.name for f in fields(GpuDevice))
 
 
 class GpuLog:
-    """Appends to ``gpu.jsonl``; one writer (the sampler thread)."""
+    """Appends to ``gpu.jsonl``; one writer (the sampler thread). It holds what the file says:
+    ``trace()`` is what ``read_gpu`` would read from it, without reading it."""
 
     def __init__(self, directory: Path, *, max_bytes: int = MAX_BYTES) -> None:
         self.path = directory / GPU_JSONL
@@ -47,36 +49,71 @@ class GpuLog:
         self._error = ""
         self._samples: deque[str] = deque(maxlen=max(16, max_bytes // 64))
         self._size = 0
+        self._lock = threading.Lock()  # the sampler thread writes, the supervisor's loop reads
+        self.version = 0  # changes with what the file says
+        self._available, self._reason, self._host = False, "", ""
+        self._devices: dict[int, GpuDevice] = {}
+        self._mapping: dict[int, RankGpu] = {}
+        self._held: deque[GpuSample] = deque(maxlen=self._samples.maxlen)
+        self._stopped = ""
 
     def header(self, *, available: bool, reason: str = "", host: str = "",
                devices: Iterable[GpuDevice] = ()) -> None:
+        devices = list(devices)
         self._header = _line({"kind": "header", "format": FORMAT,
                               "format_version": FORMAT_VERSION, "available": available,
                               "reason": reason, "host": host,
                               "devices": [asdict(d) for d in devices]})
+        with self._lock:
+            self._available, self._reason, self._host = available, reason[:500], host
+            self._devices = {d.index: d for d in devices}
+            self.version += 1
         self._rewrite()
 
     def ranks(self, t: float, mapping: Mapping[int, RankGpu]) -> None:
         self._ranks = _line({"kind": "ranks", "t": t, "ranks": {
             str(r): {"index": g.index, "how": g.how} for r, g in sorted(mapping.items())}})
+        with self._lock:
+            self._mapping = dict(mapping)
+            self.version += 1
         self._append([self._ranks])
 
     def error(self, reason: str) -> None:
         """Sampling stopped early: why (the report says so)."""
         self._error = _line({"kind": "error", "t": time.time(), "reason": reason[:500]})
+        with self._lock:
+            self._stopped = reason[:500]
+            self.version += 1
         self._append([self._error])
 
     def samples(self, samples: Iterable[GpuSample]) -> None:
+        # as a reader of the file takes them: non-finite readings are none
+        samples = [_sample(asdict(s)) for s in samples]
+        samples = [s for s in samples if s is not None]
         lines = [_line({"kind": "sample", **{k: v for k, v in asdict(s).items()
                                              if v is not None}}) for s in samples]
-        self._samples.extend(lines)
+        with self._lock:
+            self._samples.extend(lines)
+            self._held.extend(samples)
+            self.version += 1
         self._append(lines)
+
+    def trace(self) -> GpuTrace:
+        """What the file says now."""
+        with self._lock:
+            return GpuTrace(available=self._available, reason=self._reason, host=self._host,
+                            devices=dict(self._devices), ranks=dict(self._mapping),
+                            samples=tuple(sorted(self._held, key=lambda s: s.t)),
+                            stopped=self._stopped)
 
     def _append(self, lines: list[str]) -> None:
         data = "".join(lines)
         if self._size + len(data) > self.max_bytes:
-            for _ in range(len(self._samples) // 2):
-                self._samples.popleft()
+            with self._lock:
+                for _ in range(len(self._samples) // 2):
+                    self._samples.popleft()
+                    self._held.popleft()
+                self.version += 1
             self._rewrite()
             return
         with open(self.path, "a", encoding="utf-8") as f:

@@ -7,18 +7,19 @@ from pathlib import Path
 from nccl_doctor.errors import UsageError
 from nccl_doctor.reporters.base import Reporter
 from nccl_doctor.reporters.console import ConsoleReporter
-from nccl_doctor.reporters.html import Extras, HtmlReporter
+from nccl_doctor.page import Page
+from nccl_doctor.reporters.html import HtmlReporter
 from nccl_doctor.reporters.json import JsonReporter
 
 REPORTERS: dict[str, type[Reporter]] = {"console": ConsoleReporter, "json": JsonReporter,
                                         "html": HtmlReporter}
 
 
-def get_reporter(name: str, extras: Extras | None = None) -> Reporter:
-    """The reporter for format ``name``; ``extras`` (the timeline, GPU samples) for the HTML
-    page, which draws more than the diagnosis."""
+def get_reporter(name: str, page: Page | None = None) -> Reporter:
+    """The reporter for format ``name``; ``page`` (the timeline, GPU samples: analysis/page.py)
+    for the HTML page, which draws more than the diagnosis."""
     if name == "html":
-        return HtmlReporter(extras)
+        return HtmlReporter(page)
     try:
         return REPORTERS[name]()
     except KeyError:
@@ -39,4 +40,4 @@ def format_for(path: Path | None, requested: str | None) -> str:
     return "console"
 
 
-__all__ = ["REPORTERS", "Extras", "Reporter", "format_for", "get_reporter"]
+__all__ = ["REPORTERS", "Reporter", "format_for", "get_reporter"]

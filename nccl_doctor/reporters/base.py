@@ -1,3 +1,5 @@
+"""The interface every reporter has: render a Diagnosis to a stream."""
+
 from __future__ import annotations
 
 from typing import Protocol, TextIO

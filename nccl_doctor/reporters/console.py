@@ -1,13 +1,14 @@
+"""The diagnosis on a terminal (rich): the verdict, each finding with its call path and fix, the
+ranks, the stack classes."""
+
 from __future__ import annotations
 
-import os
 from typing import TextIO
 
 from rich.console import Console
 from rich.markup import escape
 from rich.table import Table
 
-from nccl_doctor import paths
 from nccl_doctor.diagnosis import Diagnosis, Finding, Severity, Verdict
 from nccl_doctor.reporters.callpath import path_lines
 from nccl_doctor.reporters.escape import visible
@@ -49,7 +50,7 @@ class ConsoleReporter:
             for c in d.stack_classes:
                 odd = "  [yellow]<- odd one out[/]" if c.get("odd") else ""
                 ranks = ", ".join(str(r) for r in c.get("ranks", []))
-                tail = class_tail(c.get("frames", [])) or "no stack"
+                tail = c.get("tail") or " -> ".join(map(str, c.get("frames", [])[-3:])) or "no stack"
                 sources = ", ".join(str(s) for s in c.get("sources", []))
                 console.print(f"    ranks {_text(ranks)}: {_text(tail)} [dim]({_text(sources)})[/]"
                               f"{odd}")
@@ -109,22 +110,3 @@ def _text(value: object) -> str:
     """Job-provided text as plain words: no control character reaches the terminal and no rich
     markup in it (``[bold]``) is interpreted."""
     return escape(visible(str(value)))
-
-
-def class_tail(frames_: list[str]) -> str:
-    """A stack class in one line: the innermost frames of the user's code, then where it sits
-    (the innermost frame outside nccl_doctor; what lies between is elided). ``frames_`` are
-    root-first "path:line function" strings."""
-    def path(f: str) -> str:
-        return os.sep + f.split(":", 1)[0]
-
-    user = [i for i, f in enumerate(frames_) if not paths.is_internal_file(path(f))]
-    if not user:
-        return " -> ".join(frames_[-3:])
-    last = user[-1]
-    shown = frames_[max(0, last - 1):last + 1]
-    inner = [i for i, f in enumerate(frames_)
-             if i > last and f"{os.sep}nccl_doctor{os.sep}" not in path(f)]
-    if inner:
-        shown += (["..."] if inner[-1] > last + 1 else []) + [frames_[inner[-1]]]
-    return " -> ".join(shown)

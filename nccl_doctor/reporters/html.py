@@ -1,83 +1,45 @@
 """``report.html``: one self-contained page - no script, font or image fetched from anywhere, so it
 opens from a file:// URL, attached to a ticket or a CI artifact. Rendered with Jinja2 (autoescape
 on: every string from the job - callsites, exception text, the command - is text, never markup)
-from the diagnosis and what the analysis passes drew from the captures (the timeline, the GPU
-samples). The drawings are inline SVG laid out here; the page has no JavaScript."""
+from the diagnosis and the ``Page`` the analysis drew from the captures (nccl_doctor/analysis/
+page.py: the timeline, the GPU samples). The drawings are inline SVG laid out here; the page has no JavaScript."""
 
 from __future__ import annotations
 
 import functools
 import json
-from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Mapping, TextIO
+from typing import Any, TextIO
 
 import jinja2
 
 from nccl_doctor._version import __version__
-from nccl_doctor.analysis.straggler import skew_series
-from nccl_doctor.analysis.timeline import Timeline, rank_ranges, timeline
 from nccl_doctor.diagnosis import Diagnosis, FindingKind
 from nccl_doctor.files import write_atomic
 from nccl_doctor.gpu.readings import GpuTrace
-from nccl_doctor.model import TraceSet
+from nccl_doctor.page import Page, Timeline, rank_ranges
 from nccl_doctor.reporters.callpath import path_lines
 from nccl_doctor.reporters.escape import visible
-from nccl_doctor.stacks.tree import prefix_tree
 
 _TEMPLATES = Path(__file__).parent / "templates"
 #: Points per GPU series drawn (a days-long run is sampled down to this).
 MAX_POINTS = 400
 
 
-@dataclass(frozen=True)
-class Extras:
-    """What the page draws beyond the diagnosis (each optional)."""
-
-    timeline: Timeline | None = None
-    gpu: GpuTrace | None = None
-    # (when, arrival skew in ms, the last rank) of every compared collective, drawn when a
-    # straggler was found
-    skews: tuple[tuple[float, float, int], ...] = ()
-    versions: Mapping[str, str] = field(default_factory=dict)  # the ranks' torch, python, ...
-
-
-def extras_for(traces: TraceSet | None, diagnosis: Diagnosis) -> Extras:
-    """What the page draws from ``traces`` (the analysis passes run here, at the edge that has
-    the captures; the reporter only lays them out)."""
-    if traces is None:
-        return Extras()
-    straggler = any(f.kind is FindingKind.STRAGGLER for f in diagnosis.findings)
-    return Extras(timeline=timeline(traces, diagnosis), gpu=traces.gpu,
-                  skews=tuple(skew_series(traces)) if straggler else (),
-                  versions=_versions(traces))
-
-
-def _versions(traces: TraceSet) -> dict[str, str]:
-    """Each package's version as the ranks reported it ("2.13.0", or "2.13.0 / 2.12.1" when
-    they differ)."""
-    seen: dict[str, list[str]] = {}
-    for trace in traces.ranks.values():
-        for name, version in trace.meta.versions.items():
-            if version not in seen.setdefault(name, []):
-                seen[name].append(version)
-    return {name: " / ".join(vs) for name, vs in sorted(seen.items())}
-
-
-def write_page(path: Path, diagnosis: Diagnosis, traces: TraceSet | None) -> Path:
+def write_page(path: Path, diagnosis: Diagnosis, page: Page) -> Path:
     """``report.html`` at ``path``, written atomically (a browser never reads half a page)."""
-    write_atomic(path, render(diagnosis, extras_for(traces, diagnosis)))
+    write_atomic(path, render(diagnosis, page))
     return path
 
 
 class HtmlReporter:
     """``report.html`` (``--format html``, or ``-o`` a file ending in .html)."""
 
-    def __init__(self, extras: Extras | None = None) -> None:
-        self.extras = extras or Extras()
+    def __init__(self, page: Page | None = None) -> None:
+        self.page = page or Page()
 
     def render(self, diagnosis: Diagnosis, stream: TextIO, *, color: bool = False) -> None:
-        stream.write(render(diagnosis, self.extras))
+        stream.write(render(diagnosis, self.page))
 
 
 @functools.lru_cache(maxsize=1)
@@ -93,13 +55,13 @@ def _template() -> tuple[jinja2.Template, str]:
     return env.get_template("report.html.j2"), (_TEMPLATES / "report.css").read_text()
 
 
-def render(diagnosis: Diagnosis, extras: Extras) -> str:
+def render(diagnosis: Diagnosis, page: Page) -> str:
     template, css = _template()
     return template.render(
-        d=diagnosis, root=diagnosis.root_cause, lanes=_lanes(extras.timeline),
-        tree=prefix_tree(diagnosis.stack_classes), gpus=_gpu_charts(extras.gpu, diagnosis),
-        skews=_skew_chart(extras.skews, diagnosis), versions=extras.versions,
-        gpu_reason=extras.gpu.reason if extras.gpu is not None and not extras.gpu.available
+        d=diagnosis, root=diagnosis.root_cause, lanes=_lanes(page.timeline),
+        tree=page.tree, gpus=_gpu_charts(page.gpu, diagnosis),
+        skews=_skew_chart(page.skews, diagnosis), versions=page.versions,
+        gpu_reason=page.gpu.reason if page.gpu is not None and not page.gpu.available
         else "",
         evidence=[_evidence_rows(f.evidence) for f in diagnosis.findings],
         css=css, version=__version__,

@@ -1,3 +1,5 @@
+"""The diagnosis as report.json (``--format json``)."""
+
 from __future__ import annotations
 
 from typing import TextIO
@@ -6,7 +8,7 @@ from nccl_doctor.diagnosis import Diagnosis
 
 
 class JsonReporter:
-    """``report.json``: the schema in README.md, "report.json"."""
+    """``report.json``: its schema in docs/report-json.md."""
 
     def render(self, diagnosis: Diagnosis, stream: TextIO, *, color: bool = False) -> None:
         stream.write(diagnosis.to_json_text())

@@ -33,6 +33,7 @@ class SampleLog:
     def __init__(self, directory: Path) -> None:
         self.path = directory / STRAGGLERS_JSONL
         self.counts: dict[int, int] = {}
+        self.held: list[StackSample] = []  # what the file holds (never read back)
 
     def full(self, rank: int) -> bool:
         return self.counts.get(rank, 0) >= MAX_PER_RANK
@@ -41,6 +42,7 @@ class SampleLog:
         if self.full(sample.rank):
             return
         self.counts[sample.rank] = self.counts.get(sample.rank, 0) + 1
+        self.held.append(sample)
         line = json.dumps({"t": sample.t, "rank": sample.rank, "frames": list(sample.frames),
                            "waiting": list(sample.waiting), "source": sample.source})
         with open(self.path, "a", encoding="utf-8") as f:

@@ -4,6 +4,7 @@ the main thread beside it when that is another (pure)."""
 
 from __future__ import annotations
 
+import os
 from typing import Any
 
 from nccl_doctor import paths
@@ -65,6 +66,26 @@ def stack_classes(stacks: dict[int, RankStack]) -> list[dict[str, Any]]:
         out.append({
             "ranks": list(c.ranks), "odd": c.odd,
             "frames": [f.text("frame") for f in c.frames],
+            "tail": class_tail([f.text("frame") for f in c.frames]),
             "sources": sorted({stacks[r].source for r in c.ranks if r in stacks}),
         })
     return out
+
+
+def class_tail(frames_: list[str]) -> str:
+    """A stack class in one line: the innermost frames of the user's code, then where it sits
+    (the innermost frame outside nccl_doctor; what lies between is elided). ``frames_`` are
+    root-first "path:line function" strings."""
+    def path(f: str) -> str:
+        return os.sep + f.split(":", 1)[0]
+
+    user = [i for i, f in enumerate(frames_) if not paths.is_internal_file(path(f))]
+    if not user:
+        return " -> ".join(frames_[-3:])
+    last = user[-1]
+    shown = frames_[max(0, last - 1):last + 1]
+    inner = [i for i, f in enumerate(frames_)
+             if i > last and f"{os.sep}nccl_doctor{os.sep}" not in path(f)]
+    if inner:
+        shown += (["..."] if inner[-1] > last + 1 else []) + [frames_[inner[-1]]]
+    return " -> ".join(shown)

@@ -3,16 +3,9 @@ once, with how many ranks went through them, the branches where ranks part ways 
 
 from __future__ import annotations
 
-from dataclasses import dataclass
 from typing import Any, Mapping, Sequence
 
-
-@dataclass(frozen=True)
-class Node:
-    frame: str  # "path:line function"
-    ranks: tuple[int, ...]  # the ranks whose main stack goes through this frame (here)
-    odd: bool  # only ranks of an odd stack class (not the largest) go through it
-    children: tuple[Node, ...]
+from nccl_doctor.page import Node
 
 
 def prefix_tree(classes: Sequence[Mapping[str, Any]]) -> tuple[Node, ...]:

@@ -14,15 +14,38 @@ from pathlib import Path
 from typing import Any, Callable, Mapping, Protocol, Sequence
 
 from nccl_doctor.analysis.annotate import Annotator
-from nccl_doctor.capture.directory import LiveCaptures, load_capture_dir
+from nccl_doctor.analysis.ends import Ending, decided
+from nccl_doctor.capture.live_read import LiveCaptures
+from nccl_doctor.capture.evidence import with_evidence
+from nccl_doctor.capture.loading import load_capture_dir
 from nccl_doctor.diagnosis import Diagnosis
+from nccl_doctor.gpu.readings import GpuTrace
+from nccl_doctor.gpu.series import GpuLog
 from nccl_doctor.errors import DoctorError
 from nccl_doctor.model import TraceSet
 from nccl_doctor.stacks.rank_stack import RankStack
+from nccl_doctor.stacks.samples import SampleLog, StackSample
 from nccl_doctor.analysis.situation import ProcState
 from nccl_doctor.supervisor import evidence
+from nccl_doctor.supervisor.kept import Kept
 from nccl_doctor.supervisor.policy import HangPolicy
 from nccl_doctor.supervisor.probe import RankProcess, Registry, proc_state
+
+
+class HeldBeside:
+    """The GPU and stack samples beside the captures, as the supervisor's own writers hold
+    them (the GPU sampler's ``gpu.jsonl``, the straggler watch's ``stragglers.jsonl``)."""
+
+    def __init__(self, gpu: GpuLog | None, samples: SampleLog | None) -> None:
+        self.gpu, self.samples = gpu, samples
+
+    def stamp(self) -> object:
+        return (self.gpu.version if self.gpu is not None else None,
+                len(self.samples.held) if self.samples is not None else None)
+
+    def read(self) -> tuple[GpuTrace | None, tuple[StackSample, ...], list[str]]:
+        return (self.gpu.trace() if self.gpu is not None else None,
+                tuple(self.samples.held) if self.samples is not None else (), [])
 
 
 class LiveJob:
@@ -39,6 +62,7 @@ class LiveJob:
         self.clock = clock
         self.registry = Registry(out_dir)
         self.captures = LiveCaptures(out_dir)  # followed: one read per tick feeds every watch
+        self.kept = Kept(out_dir)  # what the supervisor decided and wrote, held
 
     def snapshot(self) -> Snapshot:
         """The ranks' progress counters now (a header read per rank); the captures themselves
@@ -46,6 +70,12 @@ class LiveJob:
         counts = self.registry.poll()
         return Snapshot(self.clock(), counts, dict(self.registry.notes), self.out_dir,
                         self.registry.poll, self.captures.load)
+
+    def final(self) -> TraceSet:
+        """This host's ranks at the job's end, with the watchdog's evidence: what the post
+        mortem analyses (and a replay of the directory reads the same)."""
+        traces = with_evidence(self.captures.final(), self.kept.evidence())
+        return decided(traces, Ending.of(traces.watch, ended=True))
 
     # -- what the watches may look at: this host's ranks here; a multi-node leader
     #    (nccl_doctor/supervisor/federation/) asks the other nodes' supervisors for theirs

@@ -8,7 +8,7 @@ from pathlib import Path
 
 import psutil
 
-from nccl_doctor.capture.directory import capture_files
+from nccl_doctor.capture.names import capture_files
 from nccl_doctor.capture.reader import read_counters
 from nccl_doctor.errors import DoctorError
 from nccl_doctor.analysis.situation import ProcState

@@ -23,23 +23,21 @@ from nccl_doctor.analysis import analyze
 from nccl_doctor.analysis.annotate import Annotator
 from nccl_doctor.capture import watch_record
 from nccl_doctor.capture.fault_files import drop_empty_fault_files
-from nccl_doctor.capture.directory import (
-    MANIFEST, REPORT_HTML, Manifest, capture_files, load_capture_dir, report_path, write_report,
-)
+from nccl_doctor.capture.manifest import Manifest
+from nccl_doctor.capture.names import capture_files, report_path
 from nccl_doctor.diagnosis import Diagnosis, Verdict
 from nccl_doctor.env import host_name
 from nccl_doctor.errors import DoctorError, ExitStatus, LaunchFailed, unwritable
 from nccl_doctor.live_view import LiveView
 from nccl_doctor.model import TraceSet
 from nccl_doctor.processes import started
-from nccl_doctor.reporters.html import write_page
 from nccl_doctor.supervisor.federation import Federation, FederatedJob, Rendezvous
 from nccl_doctor.supervisor.federation.link import Role
 from nccl_doctor.supervisor.gpu.nvml import GpuSource, Nvml
 from nccl_doctor.supervisor.gpu.sampler import GpuSampler
 from nccl_doctor.supervisor.agent_client import request_many
 from nccl_doctor.supervisor.launch import Job, exit_status, job_environment
-from nccl_doctor.supervisor.live import Decision, LiveJob, Report, Watch
+from nccl_doctor.supervisor.live import Decision, HeldBeside, LiveJob, Report, Watch
 from nccl_doctor.supervisor.policy import HangPolicy
 from nccl_doctor.supervisor.silent_watch import SilentWatch
 from nccl_doctor.supervisor.straggler_watch import StragglerWatch
@@ -80,13 +78,16 @@ class Supervisor:
                  announce: Callable[[str], None] | None = None,
                  gpu: Callable[[], GpuSource] | None = Nvml.open,
                  annotators: Sequence[Annotator] | None = None,
-                 rendezvous: Rendezvous | None = None, final_wait: float = 300.0) -> None:
+                 rendezvous: Rendezvous | None = None, final_wait: float = 300.0,
+                 on_report: Callable[[Diagnosis, TraceSet | None], None] | None = None) -> None:
         """``policy`` None runs no watches (post-mortem only); ``announce`` receives the watches'
         events (a hang called, the job stopped) as one-line messages; ``gpu`` opens the GPUs'
         NVML (None: no GPU sampling); ``annotators`` recognise known issues (default: the
         installed ones); ``rendezvous``: where this node meets the other nodes of a multi-node
         job (nccl_doctor/supervisor/federation/); ``final_wait``: how long a node whose job
-        ended waits for the others' ends (the leader) or the leader's final report."""
+        ended waits for the others' ends (the leader) or the leader's final report;
+        ``on_report``: told each report written, with the captures it was drawn from (the CLI
+        draws report.html from them)."""
         self.command = tuple(command)
         self.out_dir = out_dir
         self.poll_interval = poll_interval
@@ -108,7 +109,8 @@ class Supervisor:
         self._interrupt: dict | None = None  # the user's first signal, until it is kept
         self._term_at: float | None = None  # when a job whose ranks were asked to exit gets SIGTERM
         self._kill_at: float | None = None  # when the job stopped for a hang gets SIGKILL
-        self._page_traces: TraceSet | None = None  # what report.html was last drawn from
+        self.on_report = on_report
+        self._page_traces: TraceSet | None = None  # what the last report was drawn from
         self._hang_reported = False  # a hang report stands: a suspicion does not replace it
         self.stopped_for_hang = False
         self.watches: list[Watch] = []  # handed the snapshot every tick
@@ -138,6 +140,9 @@ class Supervisor:
 
             self.gpu = GpuSampler(out_dir, ranks=ranks, open_source=gpu, fast=fast)
             self.listeners.append(self.gpu)
+        # what the GPU sampler and the straggler watch write, the captures' reader takes from them
+        self.live.captures.beside = HeldBeside(self.gpu.log if self.gpu is not None else None,
+                                               self.straggler.log if self.straggler else None)
 
     def attach(self, listener: Callable[[Supervisor], None],
                announce: Callable[[str], None] | None = None) -> None:
@@ -163,9 +168,11 @@ class Supervisor:
     def run(self) -> RunResult:
         manifest = Manifest(command=self.command, started_at=time.time(), run_id=self.run_id,
                             extra=self._node_extra(), redacted=redact.wanted(self.environ))
+        kept = self.live.kept
         try:
             created = _make_dir(self.out_dir)
-            manifest.write(self.out_dir)
+            kept.write_manifest(manifest)
+            self.live.captures.manifest = manifest  # held: the captures' reader never reads it
         except OSError as err:  # before anything started: the user picks another --out
             raise unwritable("--out", self.out_dir, err) from None
         environment = job_environment(self.environ, self.out_dir, self.run_id)
@@ -176,7 +183,7 @@ class Supervisor:
             try:
                 self.job = Job(self.command, environment, self.out_dir)
             except LaunchFailed:  # nothing ran: nothing is left behind to block --out
-                (self.out_dir / MANIFEST).unlink(missing_ok=True)
+                kept.forget_manifest()
                 for folder in reversed(created):
                     _remove_if_empty(folder)
                 raise
@@ -192,7 +199,6 @@ class Supervisor:
             raise
         finally:
             self._restore_signals(previous)
-            self.live.captures.close()
             if self.gpu is not None:
                 self.gpu.close()  # its last sample lands before the analysis reads it
         self._to(State.ENDED)
@@ -206,7 +212,10 @@ class Supervisor:
         if stopped_for_hang:
             status = ExitStatus.HANG_STOPPED
             manifest = replace(manifest, exit_status=status)
-        diagnosis, report, error = self._analyse(manifest)
+        try:
+            diagnosis, report, error = self._analyse(manifest)
+        finally:
+            self.live.captures.close()
         self._to(State.DONE)
         return RunResult(status, diagnosis, report, error, stopped, stopped_for_hang)
 
@@ -253,13 +262,14 @@ class Supervisor:
     def _keep(self, record: dict | None = None, decision: Decision | None = None) -> None:
         """Keep what a decision used, and what was done, beside the captures (for replay). A
         disk that fails here costs the replay its evidence, never the supervision."""
+        kept = self.live.kept
         try:
             if decision is not None and decision.fr_dumps:
-                watch_record.write_fr_dumps(self.out_dir, decision.fr_dumps)
+                kept.flight_recorder(decision.fr_dumps)
             if decision is not None and decision.stacks:
-                watch_record.write_stacks(self.out_dir, decision.stacks)
+                kept.stacks(decision.stacks)
             if record is not None:
-                watch_record.append_event(self.out_dir, record)
+                kept.event(record)
         except (OSError, ValueError) as err:
             self.live.announce(f"could not keep the watchdog's evidence ({err}); replay will "
                                "lack it")
@@ -310,7 +320,7 @@ class Supervisor:
             elif not self._hang_reported:
                 written = decision.report
             if written is not None:
-                write_report(self.out_dir, written)
+                self.live.kept.write_report(written)
         for message in decision.announce:
             self.live.announce(message)
         if decision.stop_job and not self.stopped_for_hang:
@@ -326,15 +336,17 @@ class Supervisor:
             else:
                 self._terminate(stop)
         if written is not None:  # the page after the stop: the job is not kept waiting for it
-            self._write_page(written, decision.traces)
+            self._told(written, decision.traces)
 
-    def _write_page(self, diagnosis: Diagnosis, traces: TraceSet | None) -> None:
-        """report.html beside report.json; drawn from the newest captures seen. A page that
-        cannot be written costs the page, never the supervision."""
+    def _told(self, diagnosis: Diagnosis, traces: TraceSet | None) -> None:
+        """``on_report`` told of a report, with the newest captures seen. One that fails costs
+        what it makes (the page), never the supervision."""
         if traces is not None:
             self._page_traces = traces
+        if self.on_report is None:
+            return
         try:
-            write_page(self.out_dir / REPORT_HTML, diagnosis, self._page_traces)
+            self.on_report(diagnosis, self._page_traces)
         except Exception as err:  # noqa: BLE001 - a template or disk failure
             self.live.announce(f"report.html not written ({err})")
 
@@ -393,34 +405,34 @@ class Supervisor:
         return Diagnosis.from_json(final) if final is not None else None
 
     def _analyse(self, manifest: Manifest) -> tuple[Diagnosis | None, Path | None, str | None]:
-        manifest.write(self.out_dir)  # ended_at and the exit status, which the loader reads
-        fed = self.federation
-        leader = self._from_leader()
+        """The post mortem, on what the supervisor holds: the captures as its followers read
+        them (only their last records read now), its own evidence and decisions; the manifest
+        and reports written once each, when what they say is known."""
+        fed, kept = self.federation, self.live.kept
+        self.live.captures.manifest = manifest  # ended: its exit status is the job's
         try:
-            if isinstance(self.live, FederatedJob):
-                traces = self.live.union(ended=True, evidence=True)
-            else:
-                traces = load_capture_dir(self.out_dir, job_ended=True)
+            traces = (self.live.union(ended=True) if isinstance(self.live, FederatedJob)
+                      else self.live.final())
         except DoctorError as err:
+            kept.write_manifest(manifest)
             return None, None, str(err)
         hosts = tuple(sorted({t.meta.host for t in traces.ranks.values()}))
+        kept.write_manifest(replace(
+            manifest, world_size=traces.world_size, hosts=hosts,
+            captures=tuple(f.name for f in capture_files(self.out_dir)),
+            extra=self._node_extra()))
+        leader = self._from_leader()
         if leader is not None:  # a follower: the leader's report is this node's too
             if fed is not None:
                 fed.close()
-            manifest = replace(manifest, world_size=traces.world_size, hosts=hosts, captures=tuple(
-                f.name for f in capture_files(self.out_dir)), extra=self._node_extra())
-            manifest.write(self.out_dir)
-            self._write_page(leader, traces)
-            return leader, write_report(self.out_dir, leader), None
-        manifest = replace(manifest, world_size=traces.world_size, hosts=hosts,
-                           captures=tuple(f.name for f in capture_files(self.out_dir)),
-                           extra=self._node_extra())
-        manifest.write(self.out_dir)
+            path = kept.write_report(leader)
+            self._told(leader, traces)
+            return leader, path, None
         if self.watchdog is not None:
             settled = self.watchdog.settle(traces)
             if settled is not None:
                 self._apply(settled)
-                traces = replace(traces, watch=watch_record.read_watch_log(self.out_dir))
+                traces = replace(traces, watch=kept.watch_log())
         diagnosis = analyze(traces, annotators=self.live.annotators)
         if self.watchdog is not None:
             diagnosis = self.watchdog.final(diagnosis) or diagnosis
@@ -431,8 +443,8 @@ class Supervisor:
                     f"this report covers this node's ranks only: {fed.link.problem}",))
             fed.link.publish_final(diagnosis.to_json(), wait=10.0)
             fed.close()
-        path = write_report(self.out_dir, diagnosis)
-        self._write_page(diagnosis, traces)
+        path = kept.write_report(diagnosis)
+        self._told(diagnosis, traces)
         return diagnosis, path, None
 
     def _node_extra(self) -> dict:

@@ -33,7 +33,7 @@ from nccl_doctor.analysis.wording import call_name, ranks_text
 from nccl_doctor.analysis.aftermath import stuck_calls_fate
 from nccl_doctor.analysis.replayed import same_root
 from nccl_doctor.capture import flight_recorder, watch_record
-from nccl_doctor.capture.directory import report_path
+from nccl_doctor.capture.names import report_path
 from nccl_doctor.diagnosis import Diagnosis, Finding, Verdict
 from nccl_doctor.live_view import LiveView
 from nccl_doctor.model import EventSource, TraceSet

@@ -1,15 +1,20 @@
-"""Run real multi-process gloo jobs under the doctor (torchrun, on CPU)."""
+"""Run real multi-process gloo jobs under the doctor (torchrun, on CPU); the stopped hangs
+several test files look at, run once per test session (``stopped_hang``)."""
 
 from __future__ import annotations
 
+import os
 import sys
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 
 import pytest
 
 from nccl_doctor.diagnosis import Diagnosis
-from nccl_doctor.supervisor.supervisor import Supervisor
+from nccl_doctor.supervisor.policy import HangPolicy
+from nccl_doctor.supervisor.supervisor import RunResult, Supervisor
+
+JOBS = Path(__file__).parent / "jobs"
 
 
 
@@ -48,10 +53,11 @@ def assert_window_agrees(out: Path) -> None:
     says what it says on every record: the same findings and ranks (only the straggler pass,
     which reads timing over the whole run, and the window's own note may differ)."""
     from nccl_doctor.analysis import analyze
-    from nccl_doctor.capture import directory
+    from nccl_doctor.capture.loading import load_capture_dir
+    from nccl_doctor.capture.window import Size
 
     def report(**window) -> dict:
-        d = analyze(directory.load_capture_dir(out, **window)).to_json()
+        d = analyze(load_capture_dir(out, **window)).to_json()
         stragglers = [f for f in d["findings"] if f["kind"] == "straggler"]
         d["findings"] = [f for f in d["findings"] if f not in stragglers]
         d["notes"] = [n for n in d["notes"] if "records compared across" not in n]
@@ -61,10 +67,7 @@ def assert_window_agrees(out: Path) -> None:
         return d
 
     full = report()
-    with pytest.MonkeyPatch.context() as mp:
-        mp.setattr(directory, "WINDOW_TAILS", 0)
-        mp.setattr(directory, "TAIL", 8)
-        windowed = report(window_above=0)
+    windowed = report(window=Size(above=0, tails=0, tail=8))
     if "verdict" not in full:  # (a straggler warning: the window may keep too little to see it)
         windowed.pop("verdict", None)
         windowed.pop("root_cause", None)
@@ -75,3 +78,130 @@ def assert_window_agrees(out: Path) -> None:
 def launch():
     """``launch(nproc, *target)``: the torchrun command line for a job."""
     return torchrun
+
+
+# -- what the supervisor reads and writes in its capture directory ------------------------------
+
+_AUDITS: list[DirectoryAudit] = []  # (an audit hook cannot be removed: it looks here)
+
+
+def _audit_hook(event: str, args: tuple) -> None:
+    if _AUDITS and event in ("open", "os.rename"):
+        for audit in list(_AUDITS):
+            audit.saw(event, args)
+
+
+class DirectoryAudit:
+    """Every open and rename under the supervisor's --out by this process, and the phase of the
+    run it came in (``post mortem``: from the analysis of the ended job on)."""
+
+    def __init__(self, sup: Supervisor) -> None:
+        self.out = str(sup.out_dir)
+        self.phase = "running"
+        self.reads: list[tuple[str, str]] = []  # (phase, path relative to --out)
+        self.writes: dict[str, list[str]] = {}  # file -> the text of each write, in order
+        self._busy = False
+        analyse = sup._analyse
+
+        def marked(manifest):
+            self.phase = "post mortem"
+            return analyse(manifest)
+
+        sup._analyse = marked
+
+    def saw(self, event: str, args: tuple) -> None:
+        if self._busy or not args or not isinstance(args[0], (str, bytes, os.PathLike)):
+            return
+        path = os.fsdecode(args[0])
+        if event == "os.rename":  # write_atomic: a finished file replaced in one step
+            target = os.fsdecode(args[1])
+            if target.startswith(self.out + os.sep):
+                self._busy = True
+                try:
+                    text = Path(path).read_text()
+                finally:
+                    self._busy = False
+                self.writes.setdefault(os.path.relpath(target, self.out), []).append(text)
+            return
+        if not path.startswith(self.out + os.sep):
+            return
+        mode, flags = args[1], args[2] if len(args) > 2 else 0
+        writing = (any(c in mode for c in "wax+") if isinstance(mode, str)
+                   else bool(flags & (os.O_WRONLY | os.O_RDWR | os.O_CREAT)))
+        if not writing:
+            self.reads.append((self.phase, os.path.relpath(path, self.out)))
+
+    def assert_once(self) -> None:
+        """The supervisor read back no file it wrote (manifest, reports, its evidence, GPU and
+        straggler samples) at any time; once the job ended it opened no capture (its followers
+        held them); and each file it wrote was written only when what it says changed."""
+        own = ("manifest.json", "report.json", "report.html", "watchdog.json", "stacks.json",
+               "gpu.jsonl", "stragglers.jsonl", "flight_recorder")
+        read_back = [r for r in self.reads if r[1].split(os.sep)[0] in own]
+        assert not read_back, f"read back what it wrote: {read_back}"
+        late = [path for phase, path in self.reads
+                if phase == "post mortem" and path.endswith(".ndcap")]
+        assert not late, f"captures read again after the job ended: {late}"
+        assert len(self.writes.get("manifest.json", [])) == 2  # its start, its end
+        for name, texts in self.writes.items():
+            same = [i for i in range(1, len(texts)) if texts[i] == texts[i - 1]]
+            assert not same, f"{name} written again unchanged (writes {same} of {len(texts)})"
+        assert "report.json" in self.writes and "watchdog.json" in self.writes
+
+    def __enter__(self) -> DirectoryAudit:
+        _AUDITS.append(self)
+        return self
+
+    def __exit__(self, *_exc: object) -> None:
+        _AUDITS.remove(self)
+
+
+sys.addaudithook(_audit_hook)
+
+
+#: The stopped hangs the watchdog's, the replay's and the audit's tests all look at:
+#: (ranks, job, environment).
+STOPPED_HANGS = {
+    "skip_broadcast": (3, "skip_broadcast.py", {"SKIPPER": "1"}),
+    "ddp_uneven": (2, "ddp_uneven.py", {}),
+}
+
+
+@dataclass
+class StoppedHang:
+    """One real hung job under the default policy (the watchdog calls it and stops the job),
+    run with its capture directory audited."""
+
+    sup: Supervisor
+    result: RunResult
+    audit: DirectoryAudit
+    messages: list[str] = field(default_factory=list)  # the watchdog's events, status changes
+
+
+@pytest.fixture(scope="session")
+def stopped_hang(tmp_path_factory):
+    """``stopped_hang(name)``: the run of ``STOPPED_HANGS[name]``, made once per session (a
+    test that changes its directory works on a copy). Tests using it share an xdist group."""
+    runs: dict[str, StoppedHang] = {}
+
+    def get(name: str) -> StoppedHang:
+        if name not in runs:
+            nproc, script, env = STOPPED_HANGS[name]
+            messages: list[str] = []
+            sup = Supervisor(torchrun(nproc, str(JOBS / script)),
+                             tmp_path_factory.mktemp(name) / "out",
+                             environ=dict(os.environ, **env), policy=HangPolicy(),
+                             announce=messages.append)
+
+            def status(s: Supervisor) -> None:
+                message = s.view().message
+                if message and (not messages or messages[-1] != message):
+                    messages.append(message)
+
+            sup.attach(status)
+            with DirectoryAudit(sup) as audit:
+                result = sup.run()
+            runs[name] = StoppedHang(sup, result, audit, messages)
+        return runs[name]
+
+    return get

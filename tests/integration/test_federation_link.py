@@ -6,7 +6,8 @@ from __future__ import annotations
 import threading
 import time
 
-from nccl_doctor.model import ExitKind, Unrecorded
+from nccl_doctor.analysis.ends import Ending, decided
+from nccl_doctor.model import ExitKind, TraceSet, Unrecorded
 from nccl_doctor.reproducers.nodes import free_port
 from nccl_doctor.supervisor.federation.link import Link, LinkState, Local, Role
 from nccl_doctor.supervisor.federation.rendezvous import Rendezvous
@@ -106,8 +107,12 @@ def test_a_silent_follower_is_lost_with_its_ranks_summarised_or_not():
     follower.close()  # it stops beating, as a SIGKILLed node does
     assert until(lambda: (leader.gather(), any(r.lost for r in leader.remotes.values()))[1])
     assert any(m.startswith("LOST: nodeB (node 1)") for m in said)
-    lost = leader.remote_traces()
-    assert sorted(t.rank for t in lost) == [2, 3]  # it never sent a summary: still named
+    remote = leader.remote_traces()
+    assert sorted(t.rank for t in remote) == [2, 3]  # it never sent a summary: still named
+    assert set(leader.lost_ranks()) == {2, 3}
+    job = decided(TraceSet(ranks={t.rank: t for t in remote}, groups={}, world_size=4),
+                  Ending(lost=leader.lost_ranks()))
+    lost = list(job.ranks.values())
     assert all(t.exit.kind is ExitKind.LOST and t.meta.host == "nodeB" for t in lost)
     assert leader.all_ended()
     leader.close()

@@ -24,11 +24,12 @@ from nccl_doctor.capture.sources import load_many
 from nccl_doctor.analysis import analyze
 from nccl_doctor.diagnosis import FindingKind, Verdict
 from nccl_doctor.errors import ExitStatus
-from nccl_doctor.reproducers.nodes import free_port, namespaces_work
+from nccl_doctor.reproducers.nodes import free_port, namespaces_work, node_command
 from nccl_doctor.supervisor.federation.rendezvous import doctor_port
 
 JOBS = Path(__file__).parent / "jobs"
 HOSTS = ("nodeA", "nodeB")
+pytestmark = pytest.mark.xdist_group("nodes")  # its module fixture's job: run once
 
 
 def nodes(out: Path, target: list[str], env: dict[str, str], *more: str,
@@ -59,9 +60,21 @@ def root(rep: dict) -> dict:
 
 
 def test_the_host_fallback_is_said_or_namespaces_work():
+    """Each simulated node's command names its host the way the node's doctor reads it
+    (``env.host_name``): in a UTS namespace of its own where this machine allows one, else
+    through NCCL_DOCTOR_HOSTNAME; a refusal says why."""
     ok, why = namespaces_work()
     print("UTS namespaces:", "available" if ok else f"refused ({why}): NCCL_DOCTOR_HOSTNAME")
-    assert isinstance(ok, bool)
+    assert ok or why, "namespaces refused without a reason"
+    cmd, extra = node_command(1, 2, 1, 29500, ["train.py"], "/tmp/out", "nodeB", [], ok)
+    assert cmd[cmd.index("--out") + 1] == os.path.join("/tmp/out", "nodeB")
+    wrapper = cmd[:cmd.index(sys.executable)]  # what puts the node on its host
+    probe = [sys.executable, "-c", "from nccl_doctor.env import host_name; print(host_name())"]
+    env = {k: v for k, v in os.environ.items() if k != "NCCL_DOCTOR_HOSTNAME"}
+    named = subprocess.run(wrapper + probe, env=dict(env, **extra), capture_output=True,
+                           text=True, timeout=60)
+    assert named.returncode == 0, named.stderr
+    assert named.stdout.strip() == "nodeB" != socket.gethostname()
     if os.geteuid() == 0 and not ok:
         pytest.fail(f"running as root but unshare -u is refused ({why}): the multi-node tests "
                     "run on the NCCL_DOCTOR_HOSTNAME fallback")

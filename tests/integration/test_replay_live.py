@@ -41,20 +41,11 @@ def _replay(out: Path, *extra: str) -> dict:
     return json.loads(proc.stdout)
 
 
-def _live(tmp_path: Path, launch, nproc: int, script: str, env: dict[str, str] | None = None,
-          policy: HangPolicy | None = None) -> tuple[Supervisor, dict]:
-    sup = Supervisor(launch(nproc, str(JOBS / script)), tmp_path / "out",
-                     environ=dict(os.environ, **(env or {})), policy=policy or HangPolicy())
-    sup.run()
-    return sup, json.loads((sup.out_dir / "report.json").read_text())
-
-
-@pytest.mark.parametrize("nproc, script, env", [
-    (2, "ddp_uneven.py", {}),
-    (2, "skip_broadcast.py", {"SKIPPER": "1"}),
-])
-def test_replay_of_a_stopped_hang_equals_the_live_diagnosis(tmp_path, launch, nproc, script, env):
-    sup, live = _live(tmp_path, launch, nproc, script, env)
+@pytest.mark.xdist_group("stopped_hangs")
+@pytest.mark.parametrize("name", ["ddp_uneven", "skip_broadcast"])
+def test_replay_of_a_stopped_hang_equals_the_live_diagnosis(stopped_hang, name):
+    sup = stopped_hang(name).sup
+    live = json.loads((sup.out_dir / "report.json").read_text())
     assert live["verdict"] == "hang" and live["exit_status"] == ExitStatus.HANG_STOPPED, live
     replay = _replay(sup.out_dir)
     assert replay["verdict"] == "hang", replay["findings"]
@@ -72,26 +63,29 @@ def test_replay_of_a_stopped_hang_equals_the_live_diagnosis(tmp_path, launch, np
     assert replay["stack_classes"], "the stacks taken at the hang were not kept"
 
 
-def test_ddp_flight_recorder_pulls_are_kept_and_merge_with_fr(tmp_path, launch):
+@pytest.mark.xdist_group("stopped_hangs")
+def test_ddp_flight_recorder_pulls_are_kept_and_merge_with_fr(tmp_path, stopped_hang):
     """The C++ all_reduce is seen only through Flight Recorder: without the kept pulls replay
     cannot name it; given back through --fr, the same diagnosis."""
-    sup, live = _live(tmp_path, launch, 2, "ddp_uneven.py")
-    kept = sup.out_dir / "flight_recorder"
+    out = tmp_path / "out"  # the shared run's directory is left as it was
+    shutil.copytree(stopped_hang("ddp_uneven").sup.out_dir, out)
+    live = json.loads((out / "report.json").read_text())
+    kept = out / "flight_recorder"
     assert sorted(p.name for p in kept.iterdir()) == ["rank_0.json", "rank_1.json"]
     moved = tmp_path / "fr"
     shutil.move(str(kept), moved)
     # the analysis itself (the watchdog's record set aside): blind to the C++ all_reduce alone...
-    alone = analyze(replace(sources.load(sup.out_dir), watch=None))
+    alone = analyze(replace(sources.load(out), watch=None))
     assert not any(s["op"] == "all_reduce" for f in alone.findings
                    for s in f.evidence.get("sides", [])), alone.findings
     # ...and with the job's Flight Recorder dumps merged (--fr), it names it
-    merged = analyze(replace(sources.load(sup.out_dir, fr=moved), watch=None))
+    merged = analyze(replace(sources.load(out, fr=moved), watch=None))
     root = merged.root_cause
     assert root is not None and root.kind.value == "collective_mismatch", merged.findings
     assert {s["op"] for s in root.evidence["sides"]} == {"all_reduce", "barrier"}
     assert (root.group, root.seq) == (_root(live)["group"], _root(live)["seq"])
     # and through the CLI, with the record: the live story
-    assert _root(_replay(sup.out_dir, "--fr", str(moved))) == _root(live)
+    assert _root(_replay(out, "--fr", str(moved))) == _root(live)
 
 
 @pytest.mark.parametrize("on_timeout", ["raise", "retry"])

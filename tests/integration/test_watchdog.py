@@ -12,7 +12,7 @@ from pathlib import Path
 import psutil
 import pytest
 
-from nccl_doctor.capture.directory import capture_files
+from nccl_doctor.capture.names import capture_files
 from nccl_doctor.capture.reader import read_progress
 from nccl_doctor.diagnosis import FindingKind, Verdict
 from nccl_doctor.errors import ExitStatus
@@ -82,9 +82,10 @@ def _running(pid: int) -> bool:
         return False
 
 
-def test_skipped_broadcast_is_a_deadlock_blaming_the_skipper(supervise):
-    sup, messages = supervise(3, "skip_broadcast.py", {"SKIPPER": "1"})
-    result = sup.run()
+@pytest.mark.xdist_group("stopped_hangs")
+def test_skipped_broadcast_is_a_deadlock_blaming_the_skipper(stopped_hang):
+    run = stopped_hang("skip_broadcast")  # 3 ranks, rank 1 skips the broadcast
+    sup, messages, result = run.sup, run.messages, run.result
     d = result.diagnosis
     assert result.stopped_for_hang and result.exit_status == ExitStatus.HANG_STOPPED
     assert d.verdict is Verdict.HANG
@@ -102,6 +103,20 @@ def test_skipped_broadcast_is_a_deadlock_blaming_the_skipper(supervise):
     assert all(r["stack_summary"] for r in rep["ranks"])
     assert any(m.startswith("HANG") for m in messages)
     assert_job_gone(sup)
+
+
+@pytest.mark.xdist_group("stopped_hangs")
+@pytest.mark.parametrize("name", ["skip_broadcast", "ddp_uneven"])
+def test_the_supervisor_reads_back_nothing_it_wrote_and_writes_each_file_once(stopped_hang,
+                                                                              name):
+    """One hang, ring to report: the supervisor reads none of its own files back, opens no
+    capture once the job ended (its followers hold them), and writes each file only when what
+    it says changed (the manifest twice: at the start and at the end)."""
+    audit = stopped_hang(name).audit
+    audit.assert_once()
+    assert "stacks.json" in audit.writes
+    if name == "ddp_uneven":  # its C++ all_reduce came through Flight Recorder pulls
+        assert any(n.startswith("flight_recorder") for n in audit.writes), audit.writes
 
 
 def test_sharded_generate_with_uneven_lengths_deadlocks(supervise):
@@ -237,10 +252,11 @@ def test_without_pyspy_stacks_come_from_the_in_rank_agent(supervise, monkeypatch
     assert_job_gone(sup)
 
 
-def test_ddp_uneven_batches_is_a_desync_seen_through_flight_recorder(supervise):
+@pytest.mark.xdist_group("stopped_hangs")
+def test_ddp_uneven_batches_is_a_desync_seen_through_flight_recorder(stopped_hang):
     """Rank 0's extra backward all-reduces from C++; rank 1 waits in the barrier after its loop."""
-    sup, messages = supervise(2, "ddp_uneven.py")
-    result = sup.run()
+    run = stopped_hang("ddp_uneven")
+    sup, messages, result = run.sup, run.messages, run.result
     d = result.diagnosis
     assert d.verdict is Verdict.HANG and result.stopped_for_hang, messages
     root = d.root_cause
@@ -252,7 +268,7 @@ def test_ddp_uneven_batches_is_a_desync_seen_through_flight_recorder(supervise):
     assert sides["barrier"]["ranks"] == [1] and sides["barrier"]["callsite"].endswith("ddp_uneven.py:23")
     # the right sequence number: the one PyTorch gave rank 1's barrier (from its capture), which
     # rank 0's fifth gradient all_reduce took there
-    from nccl_doctor.capture.directory import load_capture_dir
+    from nccl_doctor.capture.loading import load_capture_dir
 
     barrier = [e for e in load_capture_dir(sup.out_dir).ranks[1].events if e.op == "barrier"]
     assert root.seq == barrier[-1].align_seq, root.title

@@ -10,12 +10,12 @@ from pathlib import Path
 
 import pytest
 
-from nccl_doctor.capture.directory import MANIFEST
+from nccl_doctor.capture.manifest import MANIFEST
 from nccl_doctor.errors import ExitStatus
 
 from .conftest import JOBS, doctor, torchrun
 
-pytestmark = pytest.mark.integration
+pytestmark = [pytest.mark.integration, pytest.mark.xdist_group("damaged_manifest")]
 
 
 @pytest.fixture(scope="module")

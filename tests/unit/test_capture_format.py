@@ -13,9 +13,9 @@ from pathlib import Path
 import pytest
 
 from nccl_doctor.capture import format as fmt
-from nccl_doctor.capture.directory import (
-    MANIFEST, MANIFEST_FORMAT, Manifest, load_capture_dir, read_manifest, remove_own_files,
-)
+from nccl_doctor.capture.loading import load_capture_dir
+from nccl_doctor.capture.manifest import MANIFEST, MANIFEST_FORMAT, Manifest, read_manifest
+from nccl_doctor.capture.names import remove_own_files
 from nccl_doctor.capture.follow import read_capture
 from nccl_doctor.capture.reader import parse_fault
 from nccl_doctor.capture.unrecorded import MAX_BYTES, UNKNOWN, write_unrecorded

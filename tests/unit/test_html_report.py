@@ -13,10 +13,12 @@ import html5lib
 import pytest
 
 from nccl_doctor.analysis import analyze
-from nccl_doctor.analysis.timeline import FOLD_ABOVE, rank_ranges, timeline
+from nccl_doctor.analysis.timeline import FOLD_ABOVE, timeline
+from nccl_doctor.page import rank_ranges
 from nccl_doctor.capture import sources
 from nccl_doctor.reporters import format_for, get_reporter
-from nccl_doctor.reporters.html import extras_for, render
+from nccl_doctor.analysis.page import page as page_of
+from nccl_doctor.reporters.html import render
 
 FIXTURES = Path(__file__).parents[1] / "fixtures"
 INJECTED = "/job/<script>alert(1)</script>.py"
@@ -25,7 +27,7 @@ INJECTED = "/job/<script>alert(1)</script>.py"
 def page(path: Path) -> tuple[str, object, object]:
     traces = sources.load_many([path], None)
     diagnosis = analyze(traces)
-    text = render(diagnosis, extras_for(traces, diagnosis))
+    text = render(diagnosis, page_of(traces, diagnosis))
     return text, diagnosis, html5lib.parse(text, namespaceHTMLElements=False)
 
 
@@ -175,7 +177,7 @@ def test_a_straggler_draws_its_skew_over_time_in_red(tb):
     ts = tb.traceset(traces)
     d = analyze(ts)
     assert [f.kind.value for f in d.findings] == ["straggler"]
-    tree = html5lib.parse(render(d, extras_for(ts, d)), namespaceHTMLElements=False)
+    tree = html5lib.parse(render(d, page_of(ts, d)), namespaceHTMLElements=False)
     chart = next(s for s in svgs(tree) if s.get("aria-label") == "arrival skew over time")
     dots = list(chart.iter(f"{SVG}circle"))
     assert len(dots) == 8 and all(c.get("class") == "late" for c in dots)

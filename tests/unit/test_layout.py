@@ -23,6 +23,7 @@ LAYERS = {
     "nccl_doctor.redact": "core", "nccl_doctor.processes": "core",
     "nccl_doctor.entry_points": "core", "nccl_doctor.model": "core",
     "nccl_doctor.diagnosis": "core", "nccl_doctor.live_view": "core", "nccl_doctor.watch_log": "core",
+    "nccl_doctor.page": "core",
     "nccl_doctor.agent_protocol": "core", "nccl_doctor.capture": "core",
     "nccl_doctor.analysis": "core", "nccl_doctor.gpu": "core", "nccl_doctor.stacks": "core",
     "nccl_doctor.reporters": "core",
@@ -134,6 +135,51 @@ def test_the_import_graph_has_no_cycle():
     g = graph()
     cycles = [c for c in _strongly_connected(g) if len(c) > 1]
     assert not cycles, "import cycles: " + "; ".join(" <-> ".join(sorted(c)) for c in cycles)
+
+
+#: What a reporter may import besides its own package: the data it renders (the model, the
+#: diagnosis, the page's drawings) and plain helpers. It computes nothing (docs/ARCHITECTURE.md).
+RENDERED = {"nccl_doctor.model", "nccl_doctor.diagnosis", "nccl_doctor.page",
+            "nccl_doctor.location", "nccl_doctor.gpu.readings", "nccl_doctor.live_view",
+            "nccl_doctor._version", "nccl_doctor.errors", "nccl_doctor.files"}
+
+
+def reporter_imports_beyond_the_model(g: dict[str, set[str]]) -> list[str]:
+    return [f"{m} imports {t}" for m, targets in sorted(g.items())
+            if m.startswith("nccl_doctor.reporters") for t in sorted(targets)
+            if not t.startswith("nccl_doctor.reporters") and t not in RENDERED]
+
+
+def supervisor_imports_of_reporters(g: dict[str, set[str]]) -> list[str]:
+    return [f"{m} imports {t}" for m, targets in sorted(g.items())
+            if m.startswith("nccl_doctor.supervisor") for t in sorted(targets)
+            if t.startswith("nccl_doctor.reporters")]
+
+
+def test_every_module_says_its_job():
+    """Each module's docstring says what it is for (docs/ARCHITECTURE.md's tree is their sum)."""
+    silent = sorted(m for m, path in modules().items()
+                    if not (ast.get_docstring(ast.parse(path.read_text())) or "").strip())
+    assert not silent, f"modules without a docstring: {silent}"
+
+
+def test_reporters_import_only_what_they_render():
+    wrong = reporter_imports_beyond_the_model(graph())
+    assert not wrong, "\n".join(wrong)
+
+
+def test_the_supervisor_imports_no_reporter():
+    wrong = supervisor_imports_of_reporters(graph())
+    assert not wrong, "\n".join(wrong)
+
+
+def test_the_reporter_rules_see_a_violation():
+    g = {"nccl_doctor.reporters.html": {"nccl_doctor.analysis.timeline", "nccl_doctor.page"},
+         "nccl_doctor.supervisor.supervisor": {"nccl_doctor.reporters.html"}}
+    assert reporter_imports_beyond_the_model(g) == [
+        "nccl_doctor.reporters.html imports nccl_doctor.analysis.timeline"]
+    assert supervisor_imports_of_reporters(g) == [
+        "nccl_doctor.supervisor.supervisor imports nccl_doctor.reporters.html"]
 
 
 def test_the_check_sees_a_violation_and_a_cycle(tmp_path):

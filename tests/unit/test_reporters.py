@@ -10,13 +10,13 @@ import html5lib
 import pytest
 
 from nccl_doctor.analysis import analyze
-from nccl_doctor.capture.directory import load_capture_dir
+from nccl_doctor.capture.loading import load_capture_dir
 from nccl_doctor.model import EventKind, EventState
 from nccl_doctor.capture.writer import CaptureWriter
 from nccl_doctor.diagnosis import SCHEMA_VERSION, Verdict
 from nccl_doctor.errors import UsageError
 from nccl_doctor.reporters import REPORTERS, format_for, get_reporter
-from nccl_doctor.reporters.html import extras_for
+from nccl_doctor.analysis.page import page as page_of
 
 RANK_KEYS = {"rank", "host", "pid", "state", "exit_code", "signal", "last_collective",
              "stack_summary"}
@@ -49,7 +49,7 @@ def test_every_reporter_renders_every_scenario(scenario, name, color) -> None:
         assert json.loads(text)["verdict"] == d.verdict.value
     elif name == "html":
         out = io.StringIO()
-        get_reporter(name, extras_for(ts, d)).render(d, out)  # with the timeline drawn
+        get_reporter(name, page_of(ts, d)).render(d, out)  # with the timeline drawn
         for page in (text, out.getvalue()):
             body = " ".join(" ".join(e.itertext()) for e in html5lib.parse(
                 page, namespaceHTMLElements=False).iter("body"))

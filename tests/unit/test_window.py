@@ -11,8 +11,11 @@ from pathlib import Path
 import pytest
 
 from nccl_doctor.analysis import analyze
-from nccl_doctor.capture import directory, format as fmt
-from nccl_doctor.capture.directory import Manifest, load_capture_dir
+from nccl_doctor.capture import format as fmt
+from nccl_doctor.capture.live_read import LiveCaptures
+from nccl_doctor.capture.window import Size
+from nccl_doctor.capture.loading import load_capture_dir
+from nccl_doctor.capture.manifest import Manifest
 from nccl_doctor.capture.writer import CaptureWriter
 from nccl_doctor.model import EventKind, EventState, Unrecorded
 
@@ -72,11 +75,9 @@ def write_job(root: Path, calls: int, *, change=None, stop_at: dict[int, int] | 
     return out
 
 
-def reports(out: Path, monkeypatch) -> tuple[dict, dict]:
+def reports(out: Path) -> tuple[dict, dict]:
     full = analyze(load_capture_dir(out)).to_json()
-    monkeypatch.setattr(directory, "WINDOW_TAILS", 0)
-    monkeypatch.setattr(directory, "TAIL", 6)
-    cut = analyze(load_capture_dir(out, window_above=0)).to_json()
+    cut = analyze(load_capture_dir(out, window=Size(above=0, tails=0, tail=6))).to_json()
     return full, cut
 
 
@@ -108,17 +109,17 @@ def _op(rank, i, call):
     (None, {r: 120 for r in range(WORLD) if r != 6}, {6: 120}, "missing_collective"),
     (None, {r: 299 for r in range(WORLD) if r != 2}, {2: 40}, "missing_collective"),
 ])
-def test_the_window_gives_the_report_every_record_gives(tmp_path, monkeypatch, change, stop,
+def test_the_window_gives_the_report_every_record_gives(tmp_path, change, stop,
                                                          exits, kind):
     out = write_job(tmp_path, 300, change=change, stop_at=stop, exits=exits)
-    full, cut = reports(out, monkeypatch)
+    full, cut = reports(out)
     assert kind in {f["kind"] for f in full["findings"]}
     same(full, cut)
 
 
-def test_a_healthy_job_stays_healthy_in_the_window(tmp_path, monkeypatch):
+def test_a_healthy_job_stays_healthy_in_the_window(tmp_path):
     out = write_job(tmp_path, 300, exits={r: 300 for r in range(WORLD)})
-    full, cut = reports(out, monkeypatch)
+    full, cut = reports(out)
     assert full["verdict"] == "ok"
     same(full, cut)
 
@@ -131,11 +132,9 @@ def test_small_replays_are_not_windowed(tmp_path):
 
 
 def test_a_running_job_past_the_window_is_looked_at_through_each_ranks_newest_records(
-        tmp_path, monkeypatch):
+        tmp_path):
     out = write_job(tmp_path, 300, stop_at={r: 299 for r in range(WORLD)})
-    monkeypatch.setattr(directory, "WINDOW_ABOVE", 1000)
-    monkeypatch.setattr(directory, "WINDOW_TAILS", 400)
-    live = directory.LiveCaptures(out)
+    live = LiveCaptures(out, window=Size(above=1000, tails=400))
     traces = live.load()
     assert live.load() is traces  # nothing new: the same object, analysed once
     for rank, trace in traces.ranks.items():
@@ -149,7 +148,7 @@ def test_a_rank_unrecorded_after_the_first_look_is_seen_at_the_next(tmp_path):
     that could not make its capture (capture/unrecorded.py) is news all the same."""
     from nccl_doctor.capture.unrecorded import write_unrecorded
     out = write_job(tmp_path, 30, stop_at={r: 29 for r in range(WORLD)})
-    live = directory.LiveCaptures(out)
+    live = LiveCaptures(out)
     first = live.load()
     assert live.load() is first and first.unrecorded == {}
     write_unrecorded(out, "rank00008.h.1", 8, WORLD + 1, "h", "cannot create its capture")

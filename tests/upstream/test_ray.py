@@ -16,7 +16,7 @@ import pytest
 JOBS = Path(__file__).parent / "ray_jobs"
 CLI = [sys.executable, "-m", "nccl_doctor"]
 
-pytestmark = pytest.mark.upstream
+pytestmark = [pytest.mark.upstream, pytest.mark.xdist_group("ray")]  # one Ray cluster at a time
 
 
 def run(job: str, out: Path, *args: str) -> tuple[subprocess.CompletedProcess, dict]:

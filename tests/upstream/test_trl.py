@@ -19,7 +19,8 @@ from envs import TRL_0_15_0, TRL_0_16_1, python_for
 JOBS = Path(__file__).parent / "trl_jobs"
 CLI = [sys.executable, "-m", "nccl_doctor"]
 
-pytestmark = [pytest.mark.upstream, pytest.mark.timeout(1500)]  # (an environment may be built)
+pytestmark = [pytest.mark.upstream, pytest.mark.timeout(1500),  # (an environment may be built)
+              pytest.mark.xdist_group("trl")]  # its module fixtures: one worker runs them
 
 
 def free_port() -> int:

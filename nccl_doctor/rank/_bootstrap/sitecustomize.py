@@ -1,6 +1,6 @@
-# nccl-doctor's bootstrap. `nccl-doctor run` puts this directory first on PYTHONPATH so that every
-# Python process of the job loads it. It arms the recorder, then loads the sitecustomize it shadows.
-# It must never fail the interpreter it runs in.
+"""nccl-doctor's bootstrap: `nccl-doctor run` puts this directory first on PYTHONPATH so that every
+Python process of the job loads it. It arms the recorder, then loads the sitecustomize it shadows.
+It must never fail the interpreter it runs in."""
 
 
 def _nccl_doctor_boot() -> None:

@@ -18,13 +18,38 @@ import functools
 import inspect
 import sys
 import threading
-from typing import TYPE_CHECKING, Any, Callable
+from typing import Any, Callable, Protocol
 
 from nccl_doctor.model import EventFlag, EventKind, EventState
 from nccl_doctor.rank.recorder.specs import Spec
 
-if TYPE_CHECKING:
-    from nccl_doctor.rank.recorder.core import Recorder
+
+class Recorder(Protocol):
+    """What the wrappers use of the rank's recorder (nccl_doctor/rank/recorder/core.py): its
+    state, the groups it knows, the calls in progress, and where a call's record goes."""
+
+    enabled: bool
+    writer: Any  # the capture's writer (None until the capture is open)
+    describer: Any  # the tensor and call-path describer
+    default_pg: Any
+    groups: dict[Any, Any]  # process group -> its GroupRecord
+    stacks: dict[int, list[int]]  # thread id -> indices of its calls in progress
+    pending: dict[int, Any]  # async works awaiting their wait()
+
+    def fail(self, err: BaseException, why: str | None = None) -> None: ...
+
+    def fast_wrapper(self, call: BoundCall, fn: Callable, python: Callable) -> Any: ...
+
+    def open(self) -> None: ...
+
+    def group(self, pg: Any) -> Any: ...
+
+    def finish(self, idx: int, grec: Any, seq: int, stack: list[int], flags: int,
+               measure: bool, is_p2p: bool, state: int, result: Any) -> None: ...
+
+    def wait_enter(self, work: Any, frame: Any) -> tuple | None: ...
+
+    def destroyed(self, pg: Any) -> None: ...
 
 _NOWHERE = (1 << 30, "")  # the position of a parameter the function does not have
 

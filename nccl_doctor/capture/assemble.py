@@ -1,0 +1,145 @@
+"""One ``TraceSet`` from what was read of a capture directory: each rank's trace (or why it could
+not be read), the manifest, the markers of unrecorded ranks, the GPU and stack samples beside
+them. Shared by the loader (replay) and the live reader (the supervisor)."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+from nccl_doctor.capture import format as fmt
+from nccl_doctor.capture.manifest import MANIFEST, DamagedManifest, Manifest, read_manifest
+from nccl_doctor.capture.names import capture_files
+from nccl_doctor.capture.unrecorded import read_unrecorded
+from nccl_doctor.errors import (
+    CaptureNotFound, CorruptCapture, DoctorError, NotACapture, UnsupportedVersion,
+)
+from nccl_doctor.gpu.readings import GpuTrace
+from nccl_doctor.gpu.series import read_gpu
+from nccl_doctor.model import GroupInfo, RankTrace, TraceSet, Unrecorded
+from nccl_doctor.stacks.samples import StackSample, read_samples
+
+
+def contents(path: Path) -> tuple[Manifest | None, list[Path], list[str]]:
+    """(the manifest, the capture files, notes) of a capture directory or file. A damaged
+    manifest beside captures is a note: the captures that read fine are replayed."""
+    if not path.exists():
+        raise CaptureNotFound(
+            f"{path} does not exist: pass the --out directory of an `nccl-doctor run`"
+        )
+    if path.is_file():
+        if path.suffix != fmt.CAPTURE_SUFFIX:
+            raise NotACapture(
+                f"{path} is not a capture: pass a capture directory or a {fmt.CAPTURE_SUFFIX} file"
+            )
+        return None, [path], []
+    if not any(path.iterdir()):
+        raise CaptureNotFound(f"{path} is empty: it holds no capture (was the job ever run?)")
+    files = capture_files(path)
+    try:
+        manifest = read_manifest(path)
+    except DamagedManifest as err:
+        if not files:
+            raise
+        # as if there were none (a job that may still run): the captures say the rest
+        return None, files, [f"{MANIFEST} is damaged ({err.why}): reconstructed from the "
+                             "captures; the command, exit status and end time are unknown"]
+    if manifest is None and not files:
+        raise NotACapture(
+            f"{path} is not an nccl-doctor capture directory "
+            f"(no {MANIFEST}, no *{fmt.CAPTURE_SUFFIX} files) nor a directory of PyTorch "
+            "Flight Recorder dumps"
+        )
+    return manifest, files, []
+
+
+def beside(path: Path) -> tuple[GpuTrace | None, tuple[StackSample, ...], list[str]]:
+    """The GPU samples and the stragglers' stack samples beside the captures."""
+    gpu, samples, problems = None, (), []
+    if path.is_dir():
+        try:
+            gpu = read_gpu(path)
+        except ValueError as err:
+            problems.append(f"GPU samples skipped: {err}")
+        samples = read_samples(path)
+    return gpu, samples, problems
+
+
+def assemble(path: Path, manifest: Manifest | None, files: list[Path],
+              read: list[RankTrace | DoctorError], gpu: GpuTrace | None,
+              samples: tuple[StackSample, ...], beside_problems: list[str]) -> TraceSet:
+    """The ``TraceSet`` of what was read from ``files`` (a trace, or why not, for each); each
+    rank's end as its capture says it (analysis/ends.py decides the rest)."""
+    traces: dict[int, RankTrace] = {}
+    problems: list[str] = []
+    errors: list[DoctorError] = []
+    for trace in read:
+        if isinstance(trace, DoctorError):
+            errors.append(trace)
+            problems.append(str(trace))
+            continue
+        previous = traces.get(trace.rank)
+        if previous is not None:
+            older, trace = sorted((previous, trace), key=lambda t: t.meta.started_ns)
+            problems.append(
+                f"rank {trace.rank} has several captures (a restarted job?): using "
+                f"{Path(trace.path).name}, ignoring {Path(older.path).name}"
+            )
+        traces[trace.rank] = trace
+    if files and not traces:
+        if all(isinstance(e, UnsupportedVersion) for e in errors):
+            raise errors[0]
+        if len(errors) == 1:
+            raise errors[0]
+        raise CorruptCapture(
+            f"none of the {len(files)} capture files in {path} can be read ({errors[0]})"
+        )
+    for rank, trace in sorted(traces.items()):
+        if not trace.integrity.complete:
+            problems.append(
+                f"rank {rank}'s capture is incomplete ({trace.integrity.describe()}): "
+                "its last events may be missing"
+            )
+    problems += beside_problems
+    markers: dict[int, tuple[Unrecorded, int]] = {}
+    if path.is_dir():
+        markers, bad = read_unrecorded(path)
+        problems += bad
+    unrecorded = {r: u for r, (u, _) in sorted(markers.items()) if r not in traces}
+    sizes = [t.meta.world_size for t in traces.values()]
+    sizes += [markers[r][1] for r in unrecorded]
+    if manifest is not None and manifest.world_size:
+        sizes.append(manifest.world_size)
+    world = max(sizes, default=0)
+    node = manifest.extra.get("node") if manifest is not None else None
+    partial = ""
+    if isinstance(node, dict) and len(traces) < world:
+        partial = (f"the captures of host {node.get('host', '?')} only (node "
+                   f"{node.get('node_rank', '?')} of a multi-node job; replay every node's "
+                   "directory together for the whole job)")
+    return TraceSet(
+        partial=partial, unrecorded=unrecorded,
+        ranks=traces, groups=groups_from_notes(traces.values()), world_size=world,
+        command=manifest.shown_command if manifest else (), problems=tuple(problems),
+        exit_status=manifest.exit_status if manifest else None, source=str(path), gpu=gpu,
+        stack_samples=samples,
+    )
+
+
+def groups_from_notes(traces: Any) -> dict[str, GroupInfo]:
+    groups: dict[str, GroupInfo] = {}
+    for trace in traces:
+        for note in trace.notes:
+            if note.get("note") != "group" or not isinstance(note.get("name"), str):
+                continue
+            ranks, name = note.get("ranks"), note["name"]
+            if not isinstance(ranks, list) or (name in groups and
+                                               len(ranks) <= len(groups[name].ranks)):
+                continue  # (every rank notes the world group: check each layout once)
+            if not all(isinstance(r, int) for r in ranks):
+                continue
+            if name not in groups or len(ranks) > len(groups[name].ranks):
+                groups[name] = GroupInfo(
+                    name, tuple(ranks), str(note.get("backend", "")), str(note.get("desc", ""))
+                )
+    return groups

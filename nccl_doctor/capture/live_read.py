@@ -1,0 +1,154 @@
+"""The captures of a running job, read as the job writes them: each look costs the records
+written since the previous one (capture/follow.py)."""
+
+from __future__ import annotations
+
+from dataclasses import replace
+from pathlib import Path
+from typing import Protocol
+
+from nccl_doctor.capture import format as fmt
+from nccl_doctor.capture.assemble import assemble, beside, contents
+from nccl_doctor.capture.follow import CaptureFollower, Scan
+from nccl_doctor.capture.loading import windowed
+from nccl_doctor.capture.manifest import Manifest
+from nccl_doctor.capture.names import capture_files
+from nccl_doctor.capture.window import DEFAULT, Size
+from nccl_doctor.errors import DoctorError
+from nccl_doctor.gpu.readings import GpuTrace
+from nccl_doctor.gpu.series import GPU_JSONL
+from nccl_doctor.model import RankTrace, TraceSet
+from nccl_doctor.stacks.samples import STRAGGLERS_JSONL, StackSample
+
+
+class Beside(Protocol):
+    """The GPU samples and the stragglers' stack samples beside the captures."""
+
+    def stamp(self) -> object:
+        """Changes whenever what ``read`` gives changes."""
+
+    def read(self) -> tuple[GpuTrace | None, tuple[StackSample, ...], list[str]]:
+        """(the GPU samples, the stack samples, problems reading them)."""
+
+
+class FilesBeside:
+    """Read from their files (``gpu.jsonl``, ``stragglers.jsonl``) when these change."""
+
+    def __init__(self, directory: Path) -> None:
+        self.directory = directory
+
+    def stamp(self) -> object:
+        return tuple(_stamp(self.directory / name) for name in (GPU_JSONL, STRAGGLERS_JSONL))
+
+    def read(self) -> tuple[GpuTrace | None, tuple[StackSample, ...], list[str]]:
+        return beside(self.directory)
+
+
+class LiveCaptures:
+    """The captures of a running job, followed (capture/follow.py): ``load()`` costs the records
+    written since the previous one, and returns the previous ``TraceSet`` itself when nothing
+    changed - the watches and the silent checks all share it, and may cache on its identity.
+    ``final()`` is the job at its end, from what the followers hold (the post mortem).
+
+    ``manifest``: the run's manifest as its writer holds it (None: read from the directory);
+    ``beside``: where the GPU and stack samples come from (default: their files)."""
+
+    def __init__(self, directory: Path, window: Size = DEFAULT, *,
+                 beside: Beside | None = None) -> None:
+        self.directory = directory
+        self.window = window
+        self.manifest: Manifest | None = None
+        self.beside: Beside = beside or FilesBeside(directory)
+        self._final: TraceSet | None = None
+        self._followers: dict[Path, CaptureFollower] = {}
+        self._read: list[RankTrace | DoctorError] = []
+        self._beside: tuple[tuple, tuple] = ((), ())  # (stamps, what) of gpu.jsonl & stragglers
+        self._cut: dict[int, tuple[RankTrace, RankTrace]] = {}  # id -> (trace, its newest part)
+        self._last: TraceSet | None = None
+
+    def load(self) -> TraceSet:
+        """The job as its captures show it now (ranks still running: no exit yet)."""
+        manifest, files, damage = self._contents()
+        read = [self._follow(f) for f in files]
+        stamps: tuple = (self.beside.stamp(),)
+        # a rank that could not make its capture is news too, though no capture moved
+        stamps += tuple((p.name, _stamp(p))
+                        for p in sorted(self.directory.glob(f"*{fmt.UNRECORDED_SUFFIX}")))
+        moved = stamps != self._beside[0]
+        if moved:
+            self._beside = (stamps, self.beside.read())
+        same = len(read) == len(self._read) and all(a is b for a, b in zip(read, self._read))
+        if same and not moved and self._last is not None:
+            return self._last
+        self._read = read
+        gpu, samples, problems = self._beside[1]
+        self._last = assemble(self.directory, manifest, files, self._tails(read), gpu, samples,
+                              damage + problems)
+        return self._last
+
+    def final(self) -> TraceSet:
+        """The job at its end (every rank gone; their ends decided by the caller: analysis/
+        ends.py), for the post mortem: each capture's last
+        records read, the rest taken from what the followers hold - nothing decoded again -
+        and past ``window.above`` records the window a replay sees (capture/window.py)."""
+        if self._final is None:
+            manifest, files, damage = self._contents()
+            scans = [self._columns(f) for f in files]
+            read, note = windowed(scans, manifest, self.window)
+            gpu, samples, problems = self.beside.read()
+            self._final = assemble(self.directory, manifest, files, read, gpu, samples,
+                                   damage + problems + note)
+        return self._final
+
+    def _contents(self) -> tuple[Manifest | None, list[Path], list[str]]:
+        if self.manifest is None:
+            return contents(self.directory)
+        return self.manifest, capture_files(self.directory), []
+
+    def _columns(self, path: Path) -> Scan | DoctorError:
+        follower = self._followers.get(path)
+        try:
+            if follower is None:  # a capture never looked at (made at the very end)
+                follower = self._followers[path] = CaptureFollower(path)
+            return follower.columns()
+        except DoctorError as err:
+            return err
+
+    def _tails(self, read: list[RankTrace | DoctorError]) -> list[RankTrace | DoctorError]:
+        """Past ``window.above`` records in all, each rank's newest ones only (``window.tails``
+        shared, at least ``window.tail`` each): a look at a running job is about how it stands now,
+        and full rings would make each look's analysis cost seconds. (A replay, and the
+        supervisor's own post mortem, see the window: ``final``.)"""
+        traces = [t for t in read if isinstance(t, RankTrace)]
+        if sum(len(t.events) for t in traces) <= self.window.above:
+            return read
+        tail = self.window.per_rank(len(traces))
+        cut = {}
+        for t in traces:
+            held = self._cut.get(id(t))
+            cut[id(t)] = held if held is not None and held[0] is t else (
+                t, replace(t, events=t.events[-tail:], recorded=t.records))
+        self._cut = cut
+        return [cut[id(t)][1] if isinstance(t, RankTrace) else t for t in read]
+
+    def _follow(self, path: Path) -> RankTrace | DoctorError:
+        follower = self._followers.get(path)
+        try:
+            if follower is None:  # (a file being created may not be readable yet: next time)
+                follower = self._followers[path] = CaptureFollower(path)
+            return follower.read()
+        except DoctorError as err:
+            return err
+
+    def close(self) -> None:
+        for follower in self._followers.values():
+            follower.close()
+        self._followers.clear()
+
+
+def _stamp(path: Path) -> tuple[int, int] | None:
+    try:
+        st = path.stat()
+    except OSError:
+        return None
+    return st.st_size, st.st_mtime_ns

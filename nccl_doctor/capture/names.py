@@ -1,0 +1,54 @@
+"""The names of a capture directory's files, and which of them are nccl-doctor's own (an --out
+holding only these is an earlier run's, to be replaced with --force).
+
+Each file has one writer: the recorder writes ``rank*.ndcap`` / ``.fault`` / ``.unrecorded``;
+the supervisor writes ``manifest.json`` (capture/manifest.py), the watchdog's record
+(capture/watch_record.py), ``gpu.jsonl`` (gpu/series.py), ``stragglers.jsonl``
+(stacks/samples.py) and ``report.json``; the CLI writes ``report.html``.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from nccl_doctor.capture import format as fmt, watch_record
+from nccl_doctor.capture.manifest import MANIFEST
+from nccl_doctor.diagnosis import Diagnosis
+from nccl_doctor.files import write_atomic
+from nccl_doctor.gpu.series import GPU_JSONL
+from nccl_doctor.stacks.samples import STRAGGLERS_JSONL
+
+REPORT_JSON = "report.json"
+REPORT_HTML = "report.html"  # the same diagnosis as a page (nccl_doctor/reporters/html.py)
+#: Every name nccl-doctor writes into a capture directory (an --out holding only these is ours).
+OWN_FILES = (f"*{fmt.CAPTURE_SUFFIX}", f"*{fmt.FAULT_SUFFIX}", f"*{fmt.UNRECORDED_SUFFIX}",
+             MANIFEST, REPORT_JSON, REPORT_HTML, GPU_JSONL,
+             STRAGGLERS_JSONL, watch_record.WATCH_JSON, watch_record.STACKS_JSON,
+             f"{watch_record.FR_DIR}/rank_*.json")
+
+
+def remove_own_files(directory: Path) -> None:
+    """Delete what an earlier run wrote into ``directory`` (never any other file)."""
+    for pattern in OWN_FILES:
+        for path in directory.glob(pattern):
+            if path.is_symlink() or not path.is_dir():  # a directory of that name is not ours
+                path.unlink()
+    folder = directory / watch_record.FR_DIR
+    if folder.is_dir() and not any(folder.iterdir()):
+        folder.rmdir()
+
+
+def capture_files(directory: Path) -> list[Path]:
+    return sorted(directory.glob(f"*{fmt.CAPTURE_SUFFIX}"))
+
+
+def report_path(directory: Path) -> Path:
+    return directory / REPORT_JSON
+
+
+def write_report(directory: Path, diagnosis: Diagnosis) -> Path:
+    """``report.json`` (its schema: docs), written atomically: a reader never sees half a
+    report."""
+    path = report_path(directory)
+    write_atomic(path, diagnosis.to_json_text())
+    return path

@@ -1,0 +1,155 @@
+"""A follower's part of the link: every ``every`` seconds a beat (its ranks' progress counters,
+notes counters, ranks whose process is gone, whether its job ended: O(its ranks) bytes) and, once
+its ranks have been still for ``quiet_for`` seconds (or ended, or wrote notes), its ranks in
+brief (capture/summary.py: bounded whatever the captures hold). It reads the leader's decisions
+and answers its requests (stacks, Flight Recorder pulls, a fresh summary) from its own host; its
+ranks that ran unrecorded go with its summary, with why."""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass
+from typing import Any
+
+from nccl_doctor.supervisor.federation import store as st
+from nccl_doctor.supervisor.federation.transport import LinkState, Role, Transport
+
+
+@dataclass(frozen=True)
+class Local:
+    """What this node's supervisor hands the link every tick."""
+
+    counts: dict[int, int]
+    notes: dict[int, int]
+    down: tuple[int, ...]  # ranks whose process is gone
+    ended: bool
+    node_rank: int | None
+
+
+class Follower(Transport):
+    def follow(self, local: Local) -> list[dict[str, Any]]:
+        """A follower's look: publish, then the leader's new decisions (in order)."""
+        now = self.clock()
+        if local.counts != self._last_counts:
+            self._last_counts, self._moved_at = dict(local.counts), now
+        if self.state is LinkState.CONNECTING:
+            if self._take_pending():
+                self.announce(f"joined the job's nodes at {self.rdzv.address} (leader: "
+                              f"{self.leader_host or '?'}); the leader diagnoses the job")
+            elif self._refused:
+                self._alone(self._error)
+                return []
+            elif now - self._started >= self.connect_within and not self._said_waiting:
+                self._said_waiting = True
+                self.problem = (f"cannot reach the coordinator at {self.rdzv.address} "
+                                f"({self._error or 'no answer'})")
+                self.announce(f"{self.problem}: diagnosing this node alone until it answers")
+                return []
+            else:
+                return []
+        if self.state is not LinkState.JOINED or now - self._last_beat < self.every:
+            return []
+        self._last_beat = now
+        try:
+            self._publish(local, now)
+            return self._read_leader()
+        except st.StoreError as err:
+            self._leader_lost(err)
+            self.announce(f"{self.problem}: diagnosing this node alone")
+            return []
+
+    def still_for(self) -> float:
+        """A follower: seconds since its ranks last recorded a call."""
+        return self.clock() - self._moved_at
+
+    def leader_ranks(self) -> dict[int, tuple[str, int | None]]:
+        """rank -> (host, node rank) of the leader's own ranks, as it last said."""
+        out = {}
+        for r, (host, node) in self._roster.items():
+            if host == self.leader_host:
+                out[int(r)] = (str(host), node if isinstance(node, int) else None)
+        return out
+
+    def _beat(self, counts: dict[int, int], notes: dict[int, int], down: tuple[int, ...],
+              ended: bool, node_rank: int | None) -> dict[str, Any]:
+        self._beat_n += 1
+        return {"n": self._beat_n, "t": time.time(), "host": self.host, "node_rank": node_rank,
+                "counts": {str(r): c for r, c in counts.items()},
+                "notes": {str(r): c for r, c in notes.items()}, "down": list(down),
+                "ended": ended, "summary": self._summary_v}
+
+    def _publish(self, local: Local, now: float) -> None:
+        key = (tuple(sorted(local.counts.items())), tuple(sorted(local.notes.items())),
+               local.down, local.ended)
+        notes_moved = self._summary_key is not None and key[1] != self._summary_key[1]
+        due = key != self._summary_key and (
+            now - self._moved_at >= self.quiet_for or local.ended
+            or (notes_moved and now - self._summary_at >= 2.0))
+        if due:
+            self.publish_summary(key)
+        st.put(self._store, st.beat_key(self.id), self._beat(
+            local.counts, local.notes, local.down, local.ended, local.node_rank))
+
+    def publish_summary(self, key: tuple | None = None, ended: bool = False) -> None:
+        brief = self.summaries(ended)
+        self._summary_v += 1
+        self._summary_key, self._summary_at = key, self.clock()
+        st.put(self._store, st.summary_key(self.id), {
+            "v": self._summary_v, "ranks": brief.get("ranks", []),
+            "unrecorded": brief.get("unrecorded", {}),
+            "counts": {str(r): c for r, c in self._last_counts.items()}})
+
+    def _read_leader(self) -> list[dict[str, Any]]:
+        n, req, roster = st.get_many(self._store, [st.DECISION_N, st.request_key(self.id),
+                                                   st.ROSTER])
+        if isinstance(roster, dict):
+            self._roster = roster
+        out = []
+        if isinstance(n, int) and n > self._decisions_seen:
+            out = [d for d in st.get_many(
+                self._store, [st.decision_key(k) for k in range(self._decisions_seen + 1, n + 1)])
+                if isinstance(d, dict)]
+            self._decisions_seen = n
+        if isinstance(req, dict) and isinstance(req.get("n"), int) and req["n"] > self._requests_done:
+            self._requests_done = req["n"]
+            what = str(req.get("what"))
+            ranks = [int(r) for r in req.get("ranks", [])]
+            if what == "summary":
+                self.publish_summary(None, ended=self._ended)
+                reply: dict[str, Any] = {"v": self._summary_v}
+            else:
+                reply = self.answer(what, ranks, float(req.get("timeout", 5.0)))
+            st.put(self._store, st.response_key(self.id, req["n"]), reply)
+        return out
+
+    def follower_finish(self, local: Local, wait: float) -> dict[str, Any] | None:
+        """A follower's job ended: publish its end, then wait (up to ``wait`` s, beating) for
+        the leader's final report; None if the leader is gone or never answered."""
+        # a job that ended before the nodes met: they still meet, for its report
+        while (self.state is LinkState.CONNECTING and self._pending is None and not self._refused
+               and self.clock() - self._started < self.connect_within):
+            time.sleep(0.2)
+        self._take_pending()
+        if self.role is Role.FOLLOWER and self.state is LinkState.CONNECTING:
+            self.state = LinkState.ALONE
+            self.problem = self.problem or (f"never reached the coordinator at "
+                                            f"{self.rdzv.address} ({self._error or 'no answer'})")
+        if self.role is not Role.FOLLOWER or self.state is not LinkState.JOINED:
+            return None
+        deadline = self.clock() + wait
+        try:
+            self._last_counts, self._ended = dict(local.counts), True
+            self.publish_summary(None, ended=True)
+            while self.clock() < deadline:
+                st.put(self._store, st.beat_key(self.id), self._beat(
+                    local.counts, local.notes, local.down, True, local.node_rank))
+                self._read_leader()  # answer requests while the leader finishes
+                if st.has(self._store, st.FINAL):
+                    final = st.get(self._store, st.FINAL)
+                    st.add(self._store, st.FINAL_ACKS, 1)
+                    return final if isinstance(final, dict) else None
+                time.sleep(min(self.every, 0.2))
+        except st.StoreError as err:
+            self._leader_lost(err)
+            self.announce(f"{self.problem}: this node's report covers it alone")
+        return None

@@ -1,0 +1,298 @@
+"""The leader's part of the link: it hosts the store, reads every beat once per look and the
+summaries only when its watches read the traces (while the job is quiet), asks the followers for
+stacks and Flight Recorder pulls, and hands them its decisions and the final report. A follower
+whose beat stops for ``lost_after`` seconds is lost (its ranks' ends: analysis/ends.py)."""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass, field
+from typing import Any
+
+from nccl_doctor.capture import summary
+from nccl_doctor.capture.unrecorded import MAX_WORLD, kept
+from nccl_doctor.model import ExitKind, Integrity, RankExit, RankMeta, RankTrace, Unrecorded
+from nccl_doctor.supervisor.federation import store as st
+from nccl_doctor.supervisor.federation.transport import LinkState, Role, Transport
+
+
+@dataclass(eq=False)  # one per follower: compared by identity
+class Remote:
+    """A follower as the leader knows it."""
+
+    id: str
+    host: str = ""
+    node_rank: int | None = None
+    beat: dict[str, Any] = field(default_factory=dict)
+    seen_at: float = 0.0  # the leader's clock when the beat last changed
+    moved_at: float = 0.0  # the leader's clock when its ranks' counters last moved
+    traces: dict[int, RankTrace] = field(default_factory=dict)  # from its latest summary
+    unrecorded: dict[int, Unrecorded] = field(default_factory=dict)  # from the same summary
+    version: int = 0  # the summary the traces come from
+    summary_counts: dict[str, Any] = field(default_factory=dict)  # the counters it shows
+    lost: bool = False
+    lost_at_wall: float = 0.0
+
+    @property
+    def ranks(self) -> list[int]:
+        """Its ranks that record (those of its beat)."""
+        return [int(r) for r in self.beat.get("counts", {})]
+
+    @property
+    def name(self) -> str:
+        return f"{self.host} (node {self.node_rank})" if self.node_rank is not None else self.host
+
+
+def _unrecorded(raw: Any, traces: dict[int, RankTrace]) -> dict[int, Unrecorded]:
+    """A summary's unrecorded ranks, believed only as far as they make sense (a rank number in
+    range, without a capture of its own, a reason in text, cut to a bounded length)."""
+    out: dict[int, Unrecorded] = {}
+    if not isinstance(raw, dict):
+        return out
+    for key, entry in raw.items():
+        rank = int(key) if isinstance(key, str) and key.isascii() and key.isdigit() else -1
+        why = entry.get("why") if isinstance(entry, dict) else None
+        host = entry.get("host") if isinstance(entry, dict) else None
+        if 0 <= rank < MAX_WORLD and rank not in traces and isinstance(why, str):
+            out[rank] = kept(why, host if isinstance(host, str) else "")
+    return out
+
+
+def unseen_rank(rank: int, host: str, node_rank: int | None, world_size: int = 0) -> RankTrace:
+    """A rank of which nothing but its host is known (its node was lost before it said more)."""
+    return RankTrace(
+        meta=RankMeta(rank=rank, world_size=world_size, local_rank=None, node_rank=node_rank, host=host,
+                      pid=0, started_ns=0),
+        events=(), exit=RankExit(ExitKind.RUNNING), integrity=Integrity(), path="")
+
+
+class Leader(Transport):
+    def wait_started(self, timeout: float) -> None:
+        """Until the leader's store is up or failed (a benchmark, a test)."""
+        if self._thread is not None:
+            self._thread.join(timeout)
+        self.gather()
+
+    def publish_roster(self, local: dict[int, tuple[str, int | None]]) -> None:
+        """The leader's word on which host runs each rank (when it changed)."""
+        roster = {str(r): list(v) for r, v in local.items()}
+        for remote in self.remotes.values():
+            for r in remote.ranks:
+                roster.setdefault(str(r), [remote.host, remote.node_rank])
+        if roster != self._roster and self.state is LinkState.JOINED:
+            self._roster = roster
+            try:
+                st.put(self._store, st.ROSTER, roster)
+            except st.StoreError:
+                pass
+
+    def gather(self) -> None:
+        """The leader's look: every follower's beat (new followers join here)."""
+        if self.role is not Role.LEADER or not self._hosted():
+            return
+        now = self.clock()
+        try:
+            registered = st.add(self._store, st.NODES, 0)
+            if registered > self._registered:
+                ids = st.get_many(self._store, [st.node_key(i) for i in
+                                                range(self._registered + 1, registered + 1)])
+                for node in ids:
+                    if isinstance(node, str) and node not in self.remotes:
+                        self.remotes[node] = Remote(node, seen_at=now)
+                self._registered = registered
+            remotes = list(self.remotes.values())
+            beats = st.get_many(self._store, [st.beat_key(r.id) for r in remotes])
+        except st.StoreError as err:  # the leader's own store: nothing to be done but say so
+            self._alone(f"the coordinator's store failed ({err})")
+            return
+        for remote, beat in zip(remotes, beats):
+            if not isinstance(beat, dict):
+                continue
+            if beat.get("n") != remote.beat.get("n"):
+                if beat.get("counts") != remote.beat.get("counts"):
+                    remote.moved_at = now
+                remote.beat, remote.seen_at = beat, now
+                remote.host = str(beat.get("host", remote.host))
+                if isinstance(beat.get("node_rank"), int):
+                    remote.node_rank = beat["node_rank"]
+                if remote.lost:
+                    remote.lost = False
+                    self.announce(f"{remote.name} answers again")
+            elif (not remote.lost and not beat.get("ended")
+                  and now - remote.seen_at >= self.lost_after):
+                remote.lost, remote.lost_at_wall = True, float(beat.get("t", time.time()))
+                self.announce(f"LOST: {remote.name} stopped answering for "
+                              f"{now - remote.seen_at:.0f} s (ranks "
+                              f"{', '.join(map(str, sorted(remote.ranks)))})")
+
+    def remote_counts(self) -> tuple[dict[int, int], dict[int, int]]:
+        """(rank -> calls recorded, rank -> notes bytes) of every follower's ranks."""
+        counts: dict[int, int] = {}
+        notes: dict[int, int] = {}
+        for remote in self.remotes.values():
+            counts.update({int(r): int(c) for r, c in remote.beat.get("counts", {}).items()})
+            notes.update({int(r): int(c) for r, c in remote.beat.get("notes", {}).items()})
+            if remote.lost:  # a lost node's ranks count as moved once: the watchdog looks again
+                for r in remote.ranks:
+                    counts[r] = counts.get(r, 0) + 1_000_000_000
+        return counts, notes
+
+    def remote_traces(self, fresh: bool = True) -> list[RankTrace]:
+        """Every follower's ranks from its latest summary; with ``fresh``, nodes whose summary
+        is older than their beat are asked for a new one first. A lost node's running ranks
+        read as lost with it."""
+        if self.role is not Role.LEADER or self.state is not LinkState.JOINED:
+            return []
+        want = [r for r in self.remotes.values()
+                if int(r.beat.get("summary", 0) or 0) > r.version]
+        # a node still recording calls is not asked: its summary would be old at once (and a
+        # silent-error look while the job runs must not make every node read its captures)
+        now = self.clock()
+        wanted = {r.id for r in want}
+        stale = [r for r in self.remotes.values()
+                 if not r.lost and r.id not in wanted and r.beat.get("counts") != r.summary_counts
+                 and now - r.moved_at >= self.quiet_for and self._answers(r, now)]
+        try:
+            if fresh and stale:
+                replies = self._request(stale, "summary", self.timeout)
+                want += [r for r, reply in zip(stale, replies) if isinstance(reply, dict)]
+            docs = st.get_many(self._store, [st.summary_key(r.id) for r in want])
+        except st.StoreError:
+            docs, want = [], []
+        for remote, doc in zip(want, docs):
+            if not isinstance(doc, dict) or not isinstance(doc.get("v"), int):
+                continue
+            traces = {}
+            for raw in doc.get("ranks", []):
+                try:
+                    t = summary.unsummarize(raw)
+                except ValueError:
+                    continue
+                traces[t.rank] = t
+            remote.traces, remote.version = traces, doc["v"]
+            remote.unrecorded = _unrecorded(doc.get("unrecorded"), traces)
+            remote.summary_counts = doc.get("counts") or {}
+        out = []
+        for remote in self.remotes.values():
+            out += remote.traces.values()
+            if remote.lost:  # ranks it never summarised (it was never still): named all the same
+                out += [unseen_rank(r, remote.host or remote.id, remote.node_rank)
+                        for r in sorted(remote.ranks) if r not in remote.traces]
+        return out
+
+    def lost_ranks(self) -> dict[int, tuple[str, int | None]]:
+        """rank -> (its host, when it was lost, ns) for the ranks of lost followers (their
+        ends: analysis/ends.py)."""
+        out = {}
+        for remote in self.remotes.values():
+            if remote.lost:
+                when = int(remote.lost_at_wall * 1e9) or None
+                for r in {*remote.ranks, *remote.traces}:
+                    out[r] = (remote.host or remote.id, when)
+        return out
+
+    def remote_unrecorded(self) -> dict[int, Unrecorded]:
+        """The followers' ranks that ran unrecorded, from their latest summaries."""
+        return {r: u for remote in self.remotes.values() for r, u in remote.unrecorded.items()}
+
+    def _answers(self, remote: Remote, now: float) -> bool:
+        """Worth asking: not lost, and beating (a node silent for a few beats may be being
+        lost: a request would only wait out its timeout)."""
+        return not remote.lost and now - remote.seen_at < 4 * self.every
+
+    def fading(self) -> list[Remote]:
+        """Followers silent for a few beats, not yet lost: what their ranks last said may be
+        stale (a node being killed), so nothing is concluded from it until they beat again or
+        are called lost."""
+        now = self.clock()
+        return [r for r in self.remotes.values() if not r.lost and not self._answers(r, now)]
+
+    def owners(self) -> dict[int, Remote]:
+        """rank -> the follower that runs it."""
+        return {r: remote for remote in self.remotes.values() for r in remote.ranks}
+
+    def request(self, what: str, ranks: list[int], timeout: float) -> dict[str, Any]:
+        """Ask the followers running ``ranks`` for ``what`` (``stacks``, ``procs``,
+        ``flight_recorder``); their answers merged (rank -> answer as JSON)."""
+        owners = self.owners()
+        by_node: dict[str, list[int]] = {}
+        now = self.clock()
+        for r in ranks:  # a node silent for a few beats is not asked (it may be being lost)
+            if r in owners and self._answers(owners[r], now):
+                by_node.setdefault(owners[r].id, []).append(r)
+        nodes = [self.remotes[n] for n in by_node]
+        if not nodes:
+            return {}
+        replies = self._request(nodes, what, timeout, by_node)
+        out: dict[str, Any] = {}
+        for reply in replies:
+            if isinstance(reply, dict):
+                out.update(reply.get("ranks", {}))
+        return out
+
+    def _request(self, nodes: list[Remote], what: str, timeout: float,
+                 by_node: dict[str, list[int]] | None = None) -> list[Any]:
+        """Ask each of ``nodes`` for ``what`` (about its ranks in ``by_node``); their replies
+        in order (None: no answer in time)."""
+        if self.state is not LinkState.JOINED:
+            return []
+        sent = []
+        try:
+            for node in nodes:
+                self._request_n += 1
+                st.put(self._store, st.request_key(node.id), {
+                    "n": self._request_n, "what": what, "timeout": timeout,
+                    "ranks": (by_node or {}).get(node.id, [])})
+                sent.append((node, self._request_n))
+            deadline = time.monotonic() + timeout + self.every + 1.0
+            replies = []
+            for node, n in sent:
+                left = max(0.05, deadline - time.monotonic())
+                key = st.response_key(node.id, n)
+                if st.wait(self._store, key, left):
+                    replies.append(st.get(self._store, key))
+                    st.delete(self._store, key)  # the store holds the latest state, no history
+                else:
+                    replies.append(None)
+            return replies
+        except st.StoreError:
+            return []
+
+    def publish(self, decision: dict[str, Any]) -> None:
+        """Hand every follower a decision of the leader's watches."""
+        if self.role is not Role.LEADER or self.state is not LinkState.JOINED:
+            return
+        try:
+            self._decision_n += 1
+            st.put(self._store, st.decision_key(self._decision_n), decision)
+            st.put(self._store, st.DECISION_N, self._decision_n)
+        except st.StoreError:
+            pass  # the leader's own store; gather() says so on the next look
+
+    def all_ended(self) -> bool:
+        """The leader: every follower expected has joined, and ended or was lost - or the ones
+        missing had ``connect_within`` seconds to join and did not."""
+        if self.role is not Role.LEADER:
+            return True
+        if self.state is LinkState.CONNECTING:  # its store is still coming up
+            return self.clock() - self._started >= self.connect_within
+        if self.state is not LinkState.JOINED:
+            return True
+        joined = len(self.remotes) + 1 >= self.rdzv.nnodes
+        if not joined and self.clock() - self._started < self.connect_within:
+            return False
+        return all(r.lost or r.beat.get("ended") for r in self.remotes.values())
+
+    def publish_final(self, report: dict[str, Any], wait: float) -> None:
+        """The final report for every node; waits (up to ``wait`` s) until the followers that
+        are still there read it, so the store outlives their last read."""
+        if self.role is not Role.LEADER or self.state is not LinkState.JOINED:
+            return
+        try:
+            st.put(self._store, st.FINAL, report)
+            alive = sum(1 for r in self.remotes.values() if not r.lost)
+            deadline = self.clock() + wait
+            while st.add(self._store, st.FINAL_ACKS, 0) < alive and self.clock() < deadline:
+                time.sleep(0.1)
+        except st.StoreError:
+            pass
