@@ -5,9 +5,11 @@ TrainingThread, the workers end without atexit, an exception is kept by Ray, not
 from __future__ import annotations
 
 import json
+import os
 import subprocess
 import sys
 import time
+import uuid
 from pathlib import Path
 
 import psutil
@@ -15,15 +17,17 @@ import pytest
 
 JOBS = Path(__file__).parent / "ray_jobs"
 CLI = [sys.executable, "-m", "nccl_doctor"]
+TAG = "NCCL_DOCTOR_TEST_JOB"  # names the processes of one test's job
 
 pytestmark = [pytest.mark.upstream, pytest.mark.xdist_group("ray")]  # one Ray cluster at a time
 
 
 def run(job: str, out: Path, *args: str) -> tuple[subprocess.CompletedProcess, dict]:
-    started = time.time()
+    tag = uuid.uuid4().hex  # in the environment of every process this job starts, Ray's too
     proc = subprocess.run([*CLI, "run", "--out", str(out), "--", sys.executable,
-                           str(JOBS / job), *args], capture_output=True, text=True, timeout=280)
-    assert_no_ray_left(started)
+                           str(JOBS / job), *args], capture_output=True, text=True, timeout=280,
+                          env=dict(os.environ, **{TAG: tag}))
+    assert_no_ray_left(tag)
     report = json.loads((out / "report.json").read_text())
     replay = subprocess.run([*CLI, "replay", "--format", "json", str(out)], capture_output=True,
                             text=True, timeout=120)
@@ -35,17 +39,17 @@ def run(job: str, out: Path, *args: str) -> tuple[subprocess.CompletedProcess, d
     return proc, report
 
 
-def assert_no_ray_left(since: float, wait: float = 15.0) -> None:
-    """No process of Ray's (raylet, gcs_server, workers) started by the job outlives it."""
+def assert_no_ray_left(tag: str, wait: float = 15.0) -> None:
+    """No process of Ray's (raylet, gcs_server, workers, whatever their titles say) started by
+    the job outlives it: the processes whose environment carries the job's ``tag``."""
     def ours() -> list[str]:
         found = []
-        for p in psutil.process_iter(["cmdline", "create_time"]):
-            cmd = " ".join(p.info["cmdline"] or [])
-            if p.info["create_time"] and p.info["create_time"] >= since - 1 and (
-                    "raylet" in cmd or "gcs_server" in cmd or "ray::" in cmd
-                    or "default_worker.py" in cmd):
-                if p.status() != psutil.STATUS_ZOMBIE:
-                    found.append(f"{p.pid} {cmd[:120]}")
+        for p in psutil.process_iter(["cmdline"]):
+            try:
+                if p.environ().get(TAG) == tag and p.status() != psutil.STATUS_ZOMBIE:
+                    found.append(f"{p.pid} {' '.join(p.info['cmdline'] or [])[:120]}")
+            except psutil.Error:  # gone meanwhile, or not ours to read
+                continue
         return found
 
     deadline = time.time() + wait
