@@ -11,6 +11,7 @@ from pathlib import Path
 import pytest
 
 from nccl_doctor.analysis import analyze
+from nccl_doctor.analysis.ends import Ending, decided
 from nccl_doctor.capture import format as fmt
 from nccl_doctor.capture.live_read import LiveCaptures
 from nccl_doctor.capture.window import Size
@@ -156,3 +157,26 @@ def test_a_rank_unrecorded_after_the_first_look_is_seen_at_the_next(tmp_path):
     assert now is not first and now.unrecorded == {8: Unrecorded("cannot create its capture", "h")}
     assert now.world_size == WORLD + 1 and live.load() is now
     live.close()
+
+
+@pytest.mark.parametrize("change, stop, exits", [
+    (_shape, {r: 299 for r in range(WORLD)}, None),
+    (None, {r: 120 for r in range(WORLD) if r != 6}, {6: 120}),
+])
+def test_the_supervisors_post_mortem_sees_what_a_replay_sees(tmp_path, change, stop, exits):
+    """The supervisor's post mortem (LiveCaptures.final: the followers' held records, a large
+    job's window picked on their columns, nothing decoded again) is the replay's job: the same
+    records, the same report - on every record and in a forced window."""
+    out = write_job(tmp_path, 300, change=change, stop_at=stop, exits=exits)
+    for size in (Size(), Size(above=0, tails=0, tail=6)):
+        live = LiveCaptures(out, window=size)
+        live.load()  # followed while the job ran: the post mortem reads only what came since
+        held = live.final()
+        assert live.final() is held
+        replay = load_capture_dir(out, window=size, evidence=False, job_ended=True)
+        assert {r: [e.idx for e in t.events] for r, t in held.ranks.items()} == \
+            {r: [e.idx for e in t.events] for r, t in replay.ranks.items()}
+        mine = analyze(decided(held, Ending(ended=True))).to_json()
+        theirs = analyze(replay).to_json()
+        assert json.dumps(mine, sort_keys=True) == json.dumps(theirs, sort_keys=True)
+        live.close()
