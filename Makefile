@@ -28,9 +28,8 @@ demo: $(STAMP)
 	@echo "The report as a page (open it in a browser): $(DEMO_OUT)/report.html"
 
 # Two pytest-xdist workers taking tests one by one (the suite is mostly real multi-process jobs,
-# each starting torch); a file whose tests share a module fixture's job is marked with an
-# xdist_group and stays on one worker, so that job runs once. TEST_WORKERS=0 runs it in one
-# process.
+# each starting torch); the files whose tests share one real job stay on one worker, so that
+# the job runs once (tests/conftest.py SHARED). TEST_WORKERS=0 runs it in one process.
 TEST_WORKERS ?= 2
 
 test: $(STAMP)

@@ -1,6 +1,7 @@
-"""The ``gpu`` tier: tests marked ``gpu`` run the reproducers and trainers on CUDA with NCCL. They
-need an NVIDIA GPU that torch sees; elsewhere each is skipped with the reason (``make test``
-prints skip reasons, and the session's header and last lines say whether the tier ran)."""
+"""The suite's shared set-up: the ``gpu`` tier (tests marked ``gpu`` run the reproducers and
+trainers on CUDA with NCCL; they need an NVIDIA GPU that torch sees, elsewhere each is skipped
+with the reason, and the session's header and last lines say whether the tier ran), and how
+``make test`` spreads the tests over its pytest-xdist workers (``SHARED``)."""
 
 from __future__ import annotations
 
@@ -15,6 +16,41 @@ from nccl_doctor.model import EventKind, EventState
 from nccl_doctor.trainers.placement import visible_gpus
 
 _GPUS = visible_gpus()
+
+#: Test files whose tests read one real job made once (a module fixture's, a session fixture's:
+#: tests/integration/conftest.py ``stopped_hang``, tests/e2e/conftest.py ``clean_capture``) ->
+#: the group that keeps them on one worker, so that the job runs once. Every other test is
+#: handed to whichever worker is free. (pytest-xdist's own ``xdist_group`` marks are ignored
+#: under pytest 9.2: pytest-xdist issue #1386.)
+SHARED = {
+    "tests/integration/test_watchdog.py": "stopped_hangs",
+    "tests/integration/test_replay_live.py": "stopped_hangs",
+    "tests/integration/test_nodes.py": "nodes",
+    "tests/e2e/test_cli.py": "clean_capture",
+    "tests/reliability/test_escaping.py": "escaping",
+    "tests/reliability/test_damaged_manifest.py": "damaged_manifest",
+    "tests/upstream/test_trl.py": "trl",
+    "tests/upstream/test_ray.py": "ray",  # one Ray cluster at a time
+}
+
+
+def shared_scope(nodeid: str) -> str:
+    """The unit of work a test goes to a worker in: its file's group, or itself."""
+    return SHARED.get(nodeid.split("::", 1)[0], nodeid)
+
+
+def pytest_xdist_make_scheduler(config, log):
+    """``--dist loadgroup`` (make test): whole groups of ``SHARED`` to one worker each, every
+    other test on its own."""
+    if config.getvalue("dist") != "loadgroup":
+        return None
+    from xdist.scheduler import LoadScopeScheduling
+
+    class SharedJobs(LoadScopeScheduling):
+        def _split_scope(self, nodeid: str) -> str:
+            return shared_scope(nodeid)
+
+    return SharedJobs(config, log)
 
 
 def _tier() -> str:

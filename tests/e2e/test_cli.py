@@ -19,8 +19,6 @@ from nccl_doctor.errors import ExitStatus
 
 from .conftest import CLI, doctor
 
-pytestmark = pytest.mark.xdist_group("clean_capture")  # the session's healthy capture: made once
-
 
 def one_error_line(proc: subprocess.CompletedProcess) -> str:
     lines = [ln for ln in proc.stderr.splitlines() if ln.strip()]

@@ -181,7 +181,8 @@ class StoppedHang:
 @pytest.fixture(scope="session")
 def stopped_hang(tmp_path_factory):
     """``stopped_hang(name)``: the run of ``STOPPED_HANGS[name]``, made once per session (a
-    test that changes its directory works on a copy). Tests using it share an xdist group."""
+    test that changes its directory works on a copy). The files of the tests using it share a
+    worker (tests/conftest.py ``SHARED``)."""
     runs: dict[str, StoppedHang] = {}
 
     def get(name: str) -> StoppedHang:

@@ -29,7 +29,6 @@ from nccl_doctor.supervisor.federation.rendezvous import doctor_port
 
 JOBS = Path(__file__).parent / "jobs"
 HOSTS = ("nodeA", "nodeB")
-pytestmark = pytest.mark.xdist_group("nodes")  # its module fixture's job: run once
 
 
 def nodes(out: Path, target: list[str], env: dict[str, str], *more: str,

@@ -41,7 +41,6 @@ def _replay(out: Path, *extra: str) -> dict:
     return json.loads(proc.stdout)
 
 
-@pytest.mark.xdist_group("stopped_hangs")
 @pytest.mark.parametrize("name", ["ddp_uneven", "skip_broadcast"])
 def test_replay_of_a_stopped_hang_equals_the_live_diagnosis(stopped_hang, name):
     sup = stopped_hang(name).sup
@@ -63,7 +62,6 @@ def test_replay_of_a_stopped_hang_equals_the_live_diagnosis(stopped_hang, name):
     assert replay["stack_classes"], "the stacks taken at the hang were not kept"
 
 
-@pytest.mark.xdist_group("stopped_hangs")
 def test_ddp_flight_recorder_pulls_are_kept_and_merge_with_fr(tmp_path, stopped_hang):
     """The C++ all_reduce is seen only through Flight Recorder: without the kept pulls replay
     cannot name it; given back through --fr, the same diagnosis."""

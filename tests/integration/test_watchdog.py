@@ -82,7 +82,6 @@ def _running(pid: int) -> bool:
         return False
 
 
-@pytest.mark.xdist_group("stopped_hangs")
 def test_skipped_broadcast_is_a_deadlock_blaming_the_skipper(stopped_hang):
     run = stopped_hang("skip_broadcast")  # 3 ranks, rank 1 skips the broadcast
     sup, messages, result = run.sup, run.messages, run.result
@@ -105,7 +104,6 @@ def test_skipped_broadcast_is_a_deadlock_blaming_the_skipper(stopped_hang):
     assert_job_gone(sup)
 
 
-@pytest.mark.xdist_group("stopped_hangs")
 @pytest.mark.parametrize("name", ["skip_broadcast", "ddp_uneven"])
 def test_the_supervisor_reads_back_nothing_it_wrote_and_writes_each_file_once(stopped_hang,
                                                                               name):
@@ -252,7 +250,6 @@ def test_without_pyspy_stacks_come_from_the_in_rank_agent(supervise, monkeypatch
     assert_job_gone(sup)
 
 
-@pytest.mark.xdist_group("stopped_hangs")
 def test_ddp_uneven_batches_is_a_desync_seen_through_flight_recorder(stopped_hang):
     """Rank 0's extra backward all-reduces from C++; rank 1 waits in the barrier after its loop."""
     run = stopped_hang("ddp_uneven")

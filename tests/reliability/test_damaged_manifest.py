@@ -15,7 +15,7 @@ from nccl_doctor.errors import ExitStatus
 
 from .conftest import JOBS, doctor, torchrun
 
-pytestmark = [pytest.mark.integration, pytest.mark.xdist_group("damaged_manifest")]
+pytestmark = pytest.mark.integration
 
 
 @pytest.fixture(scope="module")

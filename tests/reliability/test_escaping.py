@@ -22,7 +22,7 @@ from nccl_doctor.reporters.escape import visible
 
 from .conftest import doctor, os, torchrun
 
-pytestmark = [pytest.mark.integration, pytest.mark.xdist_group("escaping")]  # module fixture
+pytestmark = pytest.mark.integration
 
 JOB = Path(__file__).parent / "jobs" / "escapes.py"
 HOST = "node\x1b[5m7"  # the ranks' host name (NCCL_DOCTOR_HOSTNAME), a capture file's word too

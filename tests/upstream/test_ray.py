@@ -19,7 +19,7 @@ JOBS = Path(__file__).parent / "ray_jobs"
 CLI = [sys.executable, "-m", "nccl_doctor"]
 TAG = "NCCL_DOCTOR_TEST_JOB"  # names the processes of one test's job
 
-pytestmark = [pytest.mark.upstream, pytest.mark.xdist_group("ray")]  # one Ray cluster at a time
+pytestmark = pytest.mark.upstream  # one worker runs them (tests/conftest.py SHARED)
 
 
 def run(job: str, out: Path, *args: str) -> tuple[subprocess.CompletedProcess, dict]:

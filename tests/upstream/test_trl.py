@@ -19,8 +19,7 @@ from envs import TRL_0_15_0, TRL_0_16_1, python_for
 JOBS = Path(__file__).parent / "trl_jobs"
 CLI = [sys.executable, "-m", "nccl_doctor"]
 
-pytestmark = [pytest.mark.upstream, pytest.mark.timeout(1500),  # (an environment may be built)
-              pytest.mark.xdist_group("trl")]  # its module fixtures: one worker runs them
+pytestmark = [pytest.mark.upstream, pytest.mark.timeout(1500)]  # (an environment may be built)
 
 
 def free_port() -> int:
