@@ -15,6 +15,8 @@ from pathlib import Path
 from typing import Any
 
 from nccl_doctor.analysis.wording import ranks_text
+from nccl_doctor.capture.names import REPORT_HTML
+from nccl_doctor.cli.output import PageFile
 from nccl_doctor.diagnosis import Diagnosis, Verdict
 from nccl_doctor.reporters.console import ConsoleReporter
 from nccl_doctor.reporters.escape import visible
@@ -94,7 +96,8 @@ def run_distributed(*, module: str, qualname: str, kwargs: dict[str, Any], world
     policy = HangPolicy(hang_after=timeout, stuck_after=max(2.0, min(120.0, timeout / 3)))
     env = dict(os.environ)
     env.pop("PYTEST_XDIST_WORKER", None)
-    sup = Supervisor(command, out / "capture", environ=env, policy=policy)
+    sup = Supervisor(command, out / "capture", environ=env, policy=policy,
+                     on_report=PageFile(out / "capture" / REPORT_HTML))
     deadline = time.monotonic() + timeout
     state = {"timed_out": False}
 

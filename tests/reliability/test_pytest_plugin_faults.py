@@ -43,6 +43,7 @@ def test_an_assertion_on_one_rank_is_that_ranks_finding_and_its_capture_is_kept(
     assert out.count("ROOT CAUSE") == 1  # the diagnosis is printed once
     kept = tmp_path / ".pytest_cache" / "d" / "nccl-doctor" / "test_one_rank.py_test_rank_1_disagrees"
     assert (kept / "manifest.json").is_file() and list(kept.glob("rank*.ndcap")), out[-2000:]
+    assert "rank_exited" in (kept / "report.html").read_text()  # the page, as `run` writes it
     assert f"capture: {kept} (nccl-doctor replay it)" in out
     # the ini twin of --nccl-doctor-keep, relative to the rootdir
     (tmp_path / "pytest.ini").write_text("[pytest]\nnccl_doctor_keep = kept\n")
