@@ -29,7 +29,6 @@ class Kept:
         self._stacks: dict[int, RankStack] = {}
         self._fr: dict[int, dict[str, Any]] = {}
         self._written: dict[str, str] = {}  # file (relative) -> the text it holds
-        self.writes: dict[str, int] = {}  # file -> times written (the tests count them)
 
     def _write(self, name: str, text: str) -> bool:
         if self._written.get(name) == text:
@@ -38,7 +37,6 @@ class Kept:
         path.parent.mkdir(exist_ok=True)
         write_atomic(path, text)
         self._written[name] = text
-        self.writes[name] = self.writes.get(name, 0) + 1
         return True
 
     def write_manifest(self, manifest: Manifest) -> Path:

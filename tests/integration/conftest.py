@@ -178,6 +178,29 @@ class StoppedHang:
     messages: list[str] = field(default_factory=list)  # the watchdog's events, status changes
 
 
+def watch(command: list[str], out: Path, env: dict[str, str] | None = None,
+          policy: HangPolicy | None = None) -> tuple[Supervisor, list[str]]:
+    """A supervisor of ``command`` (the default hang policy unless ``policy``), and the list it
+    fills with the watchdog's events and each change of its status."""
+    messages: list[str] = []
+    sup = Supervisor(command, out, environ=dict(os.environ, **(env or {})),
+                     policy=policy or HangPolicy(), announce=messages.append)
+
+    def status(s: Supervisor) -> None:
+        message = s.view().message
+        if message and (not messages or messages[-1] != message):
+            messages.append(message)
+
+    sup.attach(status)
+    return sup, messages
+
+
+@pytest.fixture
+def watched():
+    """``watch`` for test files (a conftest is not imported)."""
+    return watch
+
+
 @pytest.fixture(scope="session")
 def stopped_hang(tmp_path_factory):
     """``stopped_hang(name)``: the run of ``STOPPED_HANGS[name]``, made once per session (a
@@ -188,18 +211,8 @@ def stopped_hang(tmp_path_factory):
     def get(name: str) -> StoppedHang:
         if name not in runs:
             nproc, script, env = STOPPED_HANGS[name]
-            messages: list[str] = []
-            sup = Supervisor(torchrun(nproc, str(JOBS / script)),
-                             tmp_path_factory.mktemp(name) / "out",
-                             environ=dict(os.environ, **env), policy=HangPolicy(),
-                             announce=messages.append)
-
-            def status(s: Supervisor) -> None:
-                message = s.view().message
-                if message and (not messages or messages[-1] != message):
-                    messages.append(message)
-
-            sup.attach(status)
+            sup, messages = watch(torchrun(nproc, str(JOBS / script)),
+                                  tmp_path_factory.mktemp(name) / "out", env)
             with DirectoryAudit(sup) as audit:
                 result = sup.run()
             runs[name] = StoppedHang(sup, result, audit, messages)

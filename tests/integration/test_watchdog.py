@@ -25,28 +25,12 @@ JOBS = Path(__file__).parent / "jobs"
 
 
 @pytest.fixture
-def supervise(tmp_path: Path, launch):
+def supervise(tmp_path: Path, launch, watched):
     def make(nproc: int, script: str, env: dict[str, str] | None = None,
              policy: HangPolicy | None = None) -> tuple[Supervisor, list[str]]:
-        return _supervisor(tmp_path, launch(nproc, str(JOBS / script)), env, policy)
+        return watched(launch(nproc, str(JOBS / script)), tmp_path / "out", env, policy)
 
     return make
-
-
-def _supervisor(tmp_path: Path, command: list[str], env: dict[str, str] | None,
-                policy: HangPolicy | None) -> tuple[Supervisor, list[str]]:
-    messages: list[str] = []  # the watchdog's events, and each change of its status
-    sup = Supervisor(command, tmp_path / "out",
-                     environ=dict(os.environ, **(env or {})), policy=policy or HangPolicy(),
-                     announce=messages.append)
-
-    def status(s: Supervisor) -> None:
-        message = s.view().message
-        if message and (not messages or messages[-1] != message):
-            messages.append(message)
-
-    sup.attach(status)
-    return sup, messages
 
 
 def report(sup: Supervisor) -> dict:
