@@ -14,8 +14,8 @@ after three runs) do not reach: ``--nccl-doctor-keep DIR`` (ini: ``nccl_doctor_k
 each test; without the cache plugin the temporary directory is named instead).
 
 ``@pytest.mark.distributed(world_size=2, timeout=120, backend="gloo")`` runs the test function
-in ``world_size`` processes with torch.distributed initialised (torchrun, a free port), under the
-recorder and the watchdog. A deadlock, a mismatch, a crash of any rank or the timeout fails the
+in ``world_size`` processes with torch.distributed initialised (testing/spawn.py, a free port),
+under the recorder and the watchdog. A deadlock, a mismatch, a crash of any rank or the timeout fails the
 test with the diagnosis as its failure text and an ``nccl-doctor`` report section; an assertion
 error on any rank shows that rank's traceback. A passing test passes quietly.
 """

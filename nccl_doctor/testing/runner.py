@@ -1,5 +1,6 @@
-"""Run a test function in ``world_size`` ranks (torchrun, standalone: a free port of its own)
-under the recorder and the watchdog, and say what happened."""
+"""Run a test function in ``world_size`` ranks (``spawn``: torch's environment contract on a free
+loopback port, without torchrun's agent) under the recorder and the watchdog, and say what
+happened."""
 
 from __future__ import annotations
 
@@ -88,9 +89,8 @@ def run_distributed(*, module: str, qualname: str, kwargs: dict[str, Any], world
         raise PayloadError(f"the test's arguments cannot be sent to its ranks ({err}); "
                            "distributed tests can only take picklable fixtures") from None
     (out / "payload.pkl").write_bytes(payload)
-    command = [sys.executable, "-m", "torch.distributed.run", "--standalone",
-               f"--nproc-per-node={world_size}", "-m", "nccl_doctor.testing.worker",
-               str(out / "payload.pkl")]
+    command = [sys.executable, "-m", "nccl_doctor.testing.spawn", "--nproc", str(world_size),
+               "-m", "nccl_doctor.testing.worker", str(out / "payload.pkl")]
     # within the test's timeout: a certain deadlock is called in seconds, an idle stuck rank
     # after a third of the timeout, any wait past it
     policy = HangPolicy(hang_after=timeout, stuck_after=max(2.0, min(120.0, timeout / 3)))

@@ -1,7 +1,8 @@
 """One rank of a distributed test: ``python -m nccl_doctor.testing.worker PAYLOAD`` under
-torchrun. Imports the test's module the way pytest did (its sys.path), joins the process group,
-calls the test function with its fixture values, and writes what happened to
-``rank<N>.result.json`` next to the payload. Exit status 0 when the test passed on this rank.
+``nccl_doctor.testing.spawn``. Imports the test's module the way pytest did (its sys.path),
+joins the process group, calls the test function with its fixture values, and writes what
+happened to ``rank<N>.result.json`` next to the payload. Exit status 0 when the test passed on
+this rank.
 
 A test that fails on this rank (an assertion, any exception) ends the rank with that exception,
 as a script would: the recorder keeps it (type, message, the test's line) and the diagnosis

@@ -1,5 +1,6 @@
-"""Run real multi-process gloo jobs under the doctor (torchrun, on CPU); the stopped hangs
-several test files look at, run once per test session (``stopped_hang``)."""
+"""Run real multi-process gloo jobs under the doctor (on CPU, launched by the pytest plugin's
+launcher nccl_doctor/testing/spawn.py, without torchrun's start-up cost, or by torchrun); the stopped hangs several test files
+look at, run once per test session (``stopped_hang``)."""
 
 from __future__ import annotations
 
@@ -30,6 +31,13 @@ def torchrun(nproc: int, *target: str) -> list[str]:
             f"--nproc-per-node={nproc}", *target]
 
 
+def spawn(nproc: int, *target: str) -> list[str]:
+    """The command starting ``nproc`` ranks of ``target`` as torchrun would, without torchrun's
+    own process (nccl_doctor/testing/spawn.py): for the tests whose subject is not the
+    launcher."""
+    return [sys.executable, "-m", "nccl_doctor.testing.spawn", "--nproc", str(nproc), *target]
+
+
 @pytest.fixture
 def run_job(tmp_path: Path):
     def run(nproc: int, *target: str, env: dict[str, str] | None = None) -> JobRun:
@@ -37,7 +45,7 @@ def run_job(tmp_path: Path):
 
         out = tmp_path / "capture"
         environ = dict(os.environ, **(env or {}))
-        result = Supervisor(torchrun(nproc, *target), out, environ=environ).run()
+        result = Supervisor(spawn(nproc, *target), out, environ=environ).run()
         assert result.analysis_error is None, result.analysis_error
         assert result.diagnosis is not None
         assert_window_agrees(out)
@@ -76,8 +84,8 @@ def assert_window_agrees(out: Path) -> None:
 
 @pytest.fixture
 def launch():
-    """``launch(nproc, *target)``: the torchrun command line for a job."""
-    return torchrun
+    """``launch(nproc, *target)``: the command line starting a job's ranks (``spawn``)."""
+    return spawn
 
 
 # -- what the supervisor reads and writes in its capture directory ------------------------------
@@ -160,10 +168,11 @@ sys.addaudithook(_audit_hook)
 
 
 #: The stopped hangs the watchdog's, the replay's and the audit's tests all look at:
-#: (ranks, job, environment).
+#: (launcher, ranks, job, environment); the skipped broadcast under torchrun, whose workers
+#: each run in a session of their own (the stop reaches them as ranks the supervisor adopted).
 STOPPED_HANGS = {
-    "skip_broadcast": (3, "skip_broadcast.py", {"SKIPPER": "1"}),
-    "ddp_uneven": (2, "ddp_uneven.py", {}),
+    "skip_broadcast": (torchrun, 3, "skip_broadcast.py", {"SKIPPER": "1"}),
+    "ddp_uneven": (spawn, 2, "ddp_uneven.py", {}),
 }
 
 
@@ -210,8 +219,8 @@ def stopped_hang(tmp_path_factory):
 
     def get(name: str) -> StoppedHang:
         if name not in runs:
-            nproc, script, env = STOPPED_HANGS[name]
-            sup, messages = watch(torchrun(nproc, str(JOBS / script)),
+            launcher, nproc, script, env = STOPPED_HANGS[name]
+            sup, messages = watch(launcher(nproc, str(JOBS / script)),
                                   tmp_path_factory.mktemp(name) / "out", env)
             with DirectoryAudit(sup) as audit:
                 result = sup.run()

@@ -27,9 +27,11 @@ def doctor_run(out: Path, command: list[str], env: dict[str, str], *extra: str):
                           env=dict(os.environ, **env))
 
 
-def torchrun(nproc: int, script: str) -> list[str]:
-    return [sys.executable, "-m", "torch.distributed.run", "--standalone",
-            f"--nproc-per-node={nproc}", str(JOBS / script)]
+def spawn(nproc: int, script: str) -> list[str]:
+    """The job's ranks started as torchrun would, without its process (the pytest plugin's
+    launcher, nccl_doctor/testing/spawn.py)."""
+    return [sys.executable, "-m", "nccl_doctor.testing.spawn", "--nproc", str(nproc),
+            str(JOBS / script)]
 
 
 def replay(out: Path):
@@ -44,7 +46,7 @@ def kinds(d, severity=Severity.WARNING) -> dict[FindingKind, object]:
 
 
 def test_identically_seeded_sampling_is_caught(tmp_path):
-    proc = doctor_run(tmp_path / "o", torchrun(4, "sampling.py"), {"SEED_MODE": "same"},
+    proc = doctor_run(tmp_path / "o", spawn(4, "sampling.py"), {"SEED_MODE": "same"},
                       "--fail-on", "suspect")
     assert proc.returncode == ExitStatus.VERDICT_FAILED, proc.stderr[-3000:]
     d = replay(tmp_path / "o")
@@ -61,7 +63,7 @@ def test_identically_seeded_sampling_is_caught(tmp_path):
 
 
 def test_per_rank_seeds_are_fine(tmp_path):
-    proc = doctor_run(tmp_path / "o", torchrun(4, "sampling.py"), {"SEED_MODE": "rank"},
+    proc = doctor_run(tmp_path / "o", spawn(4, "sampling.py"), {"SEED_MODE": "rank"},
                       "--fail-on", "suspect")
     assert proc.returncode == 0, proc.stderr[-3000:]
     d = replay(tmp_path / "o")
@@ -72,7 +74,7 @@ def test_per_rank_seeds_are_fine(tmp_path):
 
 
 def test_greedy_decoding_is_not_the_seed_bug(tmp_path):
-    proc = doctor_run(tmp_path / "o", torchrun(4, "sampling.py"), {"SEED_MODE": "greedy"})
+    proc = doctor_run(tmp_path / "o", spawn(4, "sampling.py"), {"SEED_MODE": "greedy"})
     assert proc.returncode == 0, proc.stderr[-3000:]
     d = replay(tmp_path / "o")
     assert d.verdict is Verdict.OK
@@ -100,8 +102,8 @@ def test_seeded_by_node_is_said_per_node(tmp_path):
 
 def test_grpo_forced_onto_one_seed(tmp_path):
     # long enough that the supervisor's live check runs while the trainer still trains
-    proc = doctor_run(tmp_path / "o", torchrun(2, "grpo_seed.py"),
-                      {"SEED_MODE": "same", "STEPS": "150"})
+    proc = doctor_run(tmp_path / "o", spawn(2, "grpo_seed.py"),
+                      {"SEED_MODE": "same", "STEPS": "30"})
     assert proc.returncode == 0, proc.stderr[-3000:]
     d = replay(tmp_path / "o")
     found = kinds(d)
@@ -117,7 +119,7 @@ def test_grpo_forced_onto_one_seed(tmp_path):
 
 
 def test_grpo_with_trls_own_seeding_is_fine(tmp_path):
-    proc = doctor_run(tmp_path / "o", torchrun(2, "grpo_seed.py"), {"SEED_MODE": "trl"})
+    proc = doctor_run(tmp_path / "o", spawn(2, "grpo_seed.py"), {"SEED_MODE": "trl"})
     assert proc.returncode == 0, proc.stderr[-3000:]
     d = replay(tmp_path / "o")
     assert d.verdict is Verdict.OK, [f.title for f in d.findings]
@@ -158,7 +160,7 @@ def test_vllm_generate_is_hooked(tmp_path, mode):
     standin = Path(__file__).parent.parent / "fixtures" / "vllm_standin"
     env = {"SEED_MODE": mode, "PYTHONPATH": f"{standin}{os.pathsep}" +
            os.environ.get("PYTHONPATH", "")}
-    proc = doctor_run(tmp_path / "o", torchrun(2, "vllm_sampling.py"), env)
+    proc = doctor_run(tmp_path / "o", spawn(2, "vllm_sampling.py"), env)
     assert proc.returncode == 0, proc.stderr[-3000:]
     gens = [n for n in _notes(tmp_path / "o") if n.get("note") == "gen"]
     assert len(gens) == 6 and {g["source"] for g in gens} == {"vllm"}
