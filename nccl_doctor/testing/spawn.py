@@ -58,7 +58,7 @@ def main(argv: list[str]) -> int:
     signal.signal(signal.SIGTERM, stop)
     signal.signal(signal.SIGINT, stop)
     failed: int | None = None
-    while any(p.poll() is None for p in ranks):
+    while [p.poll() for p in ranks].count(None):  # (every rank polled: its status is set)
         if failed is None:
             failed = next((p.returncode for p in ranks if p.returncode not in (None, 0)), None)
             if failed is not None:
