@@ -34,6 +34,9 @@ class Ending:
     signals: tuple[str, ...] = ()  # what stopped it
     # rank -> (its host, when the host was lost, ns): the ranks of nodes lost to the job
     lost: Mapping[int, tuple[str, int | None]] = field(default_factory=dict)
+    # the job was stopped by nccl-doctor (its manifest says so), but the record of when is lost
+    # (a damaged watchdog.json): a rank with no exit record was stopped, not vanished
+    stop_unknown: bool = False
 
     @classmethod
     def of(cls, watch: WatchLog | None, *, ended: bool,
@@ -67,6 +70,8 @@ def decided(traces: TraceSet, ending: Ending) -> TraceSet:
                     ex.kind is ExitKind.CLEAN and ex.time_ns is not None)):
             ranks[rank] = replace(trace, exit=RankExit(ExitKind.STOPPED, signal=sent,
                                                        time_ns=ex.time_ns))
+        elif stopped_at is None and ending.stop_unknown and ex.kind is ExitKind.RUNNING:
+            ranks[rank] = replace(trace, exit=RankExit(ExitKind.STOPPED))
         elif ending.ended and ex.kind is ExitKind.RUNNING:
             ranks[rank] = replace(trace, exit=RankExit(ExitKind.VANISHED))
     return replace(traces, ranks=ranks)

@@ -9,15 +9,15 @@ from typing import Any
 
 from nccl_doctor.capture import format as fmt
 from nccl_doctor.capture.manifest import MANIFEST, DamagedManifest, Manifest, read_manifest
-from nccl_doctor.capture.names import capture_files
+from nccl_doctor.capture.names import capture_files, named_rank
 from nccl_doctor.capture.unrecorded import read_unrecorded
 from nccl_doctor.errors import (
     CaptureNotFound, CorruptCapture, DoctorError, NotACapture, UnsupportedVersion,
 )
 from nccl_doctor.gpu.readings import GpuTrace
-from nccl_doctor.gpu.series import read_gpu
+from nccl_doctor.gpu.series import GPU_JSONL, read_gpu
 from nccl_doctor.model import GroupInfo, RankTrace, TraceSet, Unrecorded
-from nccl_doctor.stacks.samples import StackSample, read_samples
+from nccl_doctor.stacks.samples import STRAGGLERS_JSONL, StackSample, read_samples
 
 
 def contents(path: Path) -> tuple[Manifest | None, list[Path], list[str]]:
@@ -61,7 +61,11 @@ def beside(path: Path) -> tuple[GpuTrace | None, tuple[StackSample, ...], list[s
             gpu = read_gpu(path)
         except ValueError as err:
             problems.append(f"GPU samples skipped: {err}")
-        samples = read_samples(path)
+        if gpu is not None and gpu.damaged:
+            problems.append(f"{GPU_JSONL} is damaged: {gpu.damaged}; the other samples used")
+        samples, damaged = read_samples(path)
+        if damaged:
+            problems.append(f"{STRAGGLERS_JSONL} is damaged: {damaged}; the other samples used")
     return gpu, samples, problems
 
 
@@ -73,10 +77,17 @@ def assemble(path: Path, manifest: Manifest | None, files: list[Path],
     traces: dict[int, RankTrace] = {}
     problems: list[str] = []
     errors: list[DoctorError] = []
-    for trace in read:
+    unreadable: dict[int, Unrecorded] = {}  # rank -> its capture, which cannot be read
+    for file, trace in zip(files, read):
         if isinstance(trace, DoctorError):
             errors.append(trace)
-            problems.append(str(trace))
+            named = named_rank(file) if not isinstance(trace, UnsupportedVersion) else None
+            if named is None:
+                problems.append(str(trace))
+            else:
+                unreadable[named[0]] = Unrecorded(why=f"its capture {file.name} is damaged "
+                                                  f"({_why(trace, file)})", host=named[1],
+                                                  damaged=True)
             continue
         previous = traces.get(trace.rank)
         if previous is not None:
@@ -95,7 +106,12 @@ def assemble(path: Path, manifest: Manifest | None, files: list[Path],
             f"none of the {len(files)} capture files in {path} can be read ({errors[0]})"
         )
     for rank, trace in sorted(traces.items()):
-        if not trace.integrity.complete:
+        if trace.integrity.damaged:
+            problems.append(
+                f"rank {rank}'s capture {Path(trace.path).name} is damaged "
+                f"({trace.integrity.describe()}): what it still held was used, what it lost "
+                f"is not evidence against rank {rank}; the diagnosis is partial")
+        elif not trace.integrity.complete:
             problems.append(
                 f"rank {rank}'s capture is incomplete ({trace.integrity.describe()}): "
                 "its last events may be missing"
@@ -106,8 +122,10 @@ def assemble(path: Path, manifest: Manifest | None, files: list[Path],
         markers, bad = read_unrecorded(path)
         problems += bad
     unrecorded = {r: u for r, (u, _) in sorted(markers.items()) if r not in traces}
+    unrecorded.update((r, u) for r, u in sorted(unreadable.items()) if r not in traces)
     sizes = [t.meta.world_size for t in traces.values()]
-    sizes += [markers[r][1] for r in unrecorded]
+    sizes += [markers[r][1] for r in unrecorded if r in markers]
+    sizes += [r + 1 for r in unrecorded]
     if manifest is not None and manifest.world_size:
         sizes.append(manifest.world_size)
     world = max(sizes, default=0)
@@ -143,3 +161,20 @@ def groups_from_notes(traces: Any) -> dict[str, GroupInfo]:
                     name, tuple(ranks), str(note.get("backend", "")), str(note.get("desc", ""))
                 )
     return groups
+
+
+def _why(error: DoctorError, file: Path) -> str:
+    """What is wrong with an unreadable capture, in words that do not repeat its path."""
+    text = str(error).replace(str(file), "").strip(" :")
+    for lead in ("is ", "has "):
+        if text.startswith(lead):
+            text = text[len(lead):]
+    try:
+        size = file.stat().st_size
+    except OSError:
+        return text
+    if size == 0:
+        return "empty: 0 bytes"
+    if size < fmt.HEADER_SIZE and isinstance(error, CorruptCapture):
+        return f"truncated at {size:,} bytes, inside its {fmt.HEADER_SIZE:,}-byte header"
+    return f"{text}; {size:,} bytes"

@@ -60,7 +60,8 @@ class CaptureFollower:
         self._paths = version >= fmt.PATHS_SINCE  # its records name their call paths
         self._str_off, self._str_size = str_off, str_size
         self._available = max(0, size - ring_off) // fmt.RECORD_SIZE  # slots in the file
-        self._truncated = size < ring_off + capacity * fmt.RECORD_SIZE
+        self._size, self._expected = size, ring_off + capacity * fmt.RECORD_SIZE
+        self._truncated = size < self._expected
         # strings and notes, parsed up to ``_str_pos`` (the table only grows)
         self._strings: dict[int, str] = {0: ""}
         self._notes: list[dict[str, Any]] = []
@@ -102,8 +103,12 @@ class CaptureFollower:
         count = int(decoded.rows["idx"][-1]) if len(decoded.rows) else 0
         bad = self._bad_json + (1 if self._str_damaged else 0)
         return Scan(self.path, self._meta, dict(self._strings), tuple(self._notes), decoded,
-                    Integrity(decoded.torn, self._truncated, max(0, count - self.capacity), bad),
+                    self._integrity(decoded.torn, count, bad),
                     _exit_from(self._notes, self._fault_text), self._paths)
+
+    def _integrity(self, torn: int, count: int, bad: int) -> Integrity:
+        return Integrity(torn, self._truncated, max(0, count - self.capacity), bad,
+                         *((self._size, self._expected) if self._truncated else (0, 0)))
 
     def columns(self) -> Scan:
         """The capture as last read (``read``), its records as columns, from what this follower
@@ -264,8 +269,7 @@ class CaptureFollower:
         return RankTrace(
             meta=self._meta, events=tuple(e for _, e in held),
             exit=_exit_from(self._notes, self._fault_text),
-            integrity=Integrity(len(self._torn), self._truncated, max(0, count - self.capacity),
-                                bad),
+            integrity=self._integrity(len(self._torn), count, bad),
             path=str(self.path), notes=tuple(self._notes), paths_recorded=self._paths,
         )
 

@@ -2,16 +2,19 @@
 holding only these is an earlier run's, to be replaced with --force).
 
 Each file has one writer: the recorder writes ``rank*.ndcap`` / ``.fault`` / ``.unrecorded``;
-the supervisor writes ``manifest.json`` (capture/manifest.py), the watchdog's record
+the supervisor writes ``.nccl-doctor.lock`` while it runs (capture/claim.py), ``manifest.json``
+(capture/manifest.py), the watchdog's record
 (capture/watch_record.py), ``gpu.jsonl`` (gpu/series.py), ``stragglers.jsonl``
 (stacks/samples.py) and ``report.json``; the CLI writes ``report.html``.
 """
 
 from __future__ import annotations
 
+import re
 from pathlib import Path
 
 from nccl_doctor.capture import format as fmt, watch_record
+from nccl_doctor.capture.claim import LOCK
 from nccl_doctor.capture.manifest import MANIFEST
 from nccl_doctor.diagnosis import Diagnosis
 from nccl_doctor.files import write_atomic
@@ -24,7 +27,7 @@ REPORT_HTML = "report.html"  # the same diagnosis as a page (nccl_doctor/reporte
 OWN_FILES = (f"*{fmt.CAPTURE_SUFFIX}", f"*{fmt.FAULT_SUFFIX}", f"*{fmt.UNRECORDED_SUFFIX}",
              MANIFEST, REPORT_JSON, REPORT_HTML, GPU_JSONL,
              STRAGGLERS_JSONL, watch_record.WATCH_JSON, watch_record.STACKS_JSON,
-             f"{watch_record.FR_DIR}/rank_*.json")
+             f"{watch_record.FR_DIR}/rank_*.json", LOCK)
 
 
 def remove_own_files(directory: Path) -> None:
@@ -36,6 +39,17 @@ def remove_own_files(directory: Path) -> None:
     folder = directory / watch_record.FR_DIR
     if folder.is_dir() and not any(folder.iterdir()):
         folder.rmdir()
+
+
+#: A capture's name as the recorder makes it: rank (5 digits or more), host (sanitised), pid.
+_CAPTURE_NAME = re.compile(r"^rank(\d{5,})\.([A-Za-z0-9_-]*)\.(\d+)\b")
+
+
+def named_rank(path: Path) -> tuple[int, str] | None:
+    """(rank, host) a capture file's name gives (None for a name the recorder does not make):
+    whose capture it was, when the file itself cannot be read."""
+    m = _CAPTURE_NAME.match(path.name)
+    return (int(m.group(1)), m.group(2)) if m else None
 
 
 def capture_files(directory: Path) -> list[Path]:

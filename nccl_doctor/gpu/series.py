@@ -24,6 +24,7 @@ from dataclasses import asdict, fields
 from pathlib import Path
 from typing import Any, Iterable, Mapping
 
+from nccl_doctor import bounded_json
 from nccl_doctor.files import write_atomic
 from nccl_doctor.gpu.readings import GpuDevice, GpuSample, GpuTrace, RankGpu
 
@@ -155,9 +156,9 @@ def read_gpu(directory: Path) -> GpuTrace | None:
     devices = {d.index: d for d in map(_device, _list(header.get("devices"))) if d is not None}
     ranks: dict[int, RankGpu] = {}
     samples, stopped = [], ""
-    for line in raw.splitlines():
-        obj = _object(line)
-        if obj is None:
+    values, damaged = bounded_json.lines(raw)
+    for obj in values:
+        if not isinstance(obj, dict):
             continue
         if obj.get("kind") == "sample":
             s = _sample(obj)
@@ -170,13 +171,14 @@ def read_gpu(directory: Path) -> GpuTrace | None:
     samples.sort(key=lambda s: s.t)
     return GpuTrace(available=header.get("available") is True,
                     reason=str(header.get("reason", ""))[:500], host=str(header.get("host", "")),
-                    devices=devices, ranks=ranks, samples=tuple(samples), stopped=stopped)
+                    devices=devices, ranks=ranks, samples=tuple(samples), stopped=stopped,
+                    damaged=damaged)
 
 
 def _object(line: bytes) -> dict[str, Any] | None:
     try:
-        obj = json.loads(line)
-    except (ValueError, UnicodeDecodeError, RecursionError):
+        obj = bounded_json.loads(line)
+    except ValueError:
         return None
     return obj if isinstance(obj, dict) else None
 
