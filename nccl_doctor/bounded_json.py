@@ -14,6 +14,8 @@ import json
 from pathlib import Path
 from typing import Any
 
+from nccl_doctor.files import read_regular
+
 MAX_BYTES = 256 << 20  # 256 MiB: report.json of a 1,024-rank job is a few MiB
 MAX_DEPTH = 100  # nccl-doctor's own files nest under 12 levels; Flight Recorder's JSON under 10
 
@@ -66,9 +68,7 @@ def lines(raw: bytes) -> tuple[list[Any], str]:
 
 def load_file(path: Path, *, limit: int = MAX_BYTES) -> Any:
     """Read and parse the JSON file ``path`` within the bounds (``OSError`` if unreadable)."""
-    with path.open("rb") as fh:
-        data = fh.read(limit + 1)
-    return loads(data, limit=limit)
+    return loads(read_regular(path, limit + 1), limit=limit)
 
 
 def depth(value: Any) -> int:

@@ -254,25 +254,33 @@ class Integrity:
     bad_strings: int = 0  # string table entries that failed their CRC
     size: int = 0  # bytes in the file, and bytes its header says it has (when truncated)
     expected: int = 0
+    miscounted: bool = False  # its header's counters stop short of what it holds
+    blank_records: int = 0  # slots below its newest record found blank (zeroed)
 
     @property
     def complete(self) -> bool:
-        return not (self.torn_records or self.truncated or self.bad_strings)
+        return not (self.torn_records or self.truncated or self.bad_strings or self.miscounted
+                    or self.blank_records)
 
     @property
     def damaged(self) -> bool:
         """More is wrong than a kill leaves (the record or two each thread was writing): the
         file was cut short, its strings are corrupt, or records fail their check across the
         ring. What such a capture lacks is not evidence against its rank."""
-        return self.truncated or bool(self.bad_strings) or self.torn_records > TORN_BY_A_KILL
+        return (self.truncated or self.miscounted or bool(self.bad_strings)
+                or self.torn_records + self.blank_records > TORN_BY_A_KILL)
 
     def describe(self) -> str:
         parts = []
         if self.truncated:
             parts.append(f"truncated at {self.size:,} of {self.expected:,} bytes"
                          if self.expected else "file truncated")
+        if self.miscounted:
+            parts.append("its header's counters stop short of its records (all of them read)")
         if self.torn_records:
             parts.append(f"{self.torn_records} torn record(s)")
+        if self.blank_records:
+            parts.append(f"{self.blank_records} record(s) blanked")
         if self.bad_strings:
             parts.append(f"{self.bad_strings} corrupt string(s)")
         if self.overwritten:

@@ -79,12 +79,14 @@ def decided(traces: TraceSet, ending: Ending) -> TraceSet:
 
 def behind_peers(traces: TraceSet) -> dict[int, list[tuple[str, int]]]:
     """rank -> the (group, sequence number) of each collective its peers entered after its
-    last one in that group: what the rank would have been needed for."""
+    last one in that group: what the rank would have been needed for. A rank whose capture is
+    damaged is never behind: its file may have lost the calls its peers went on to."""
     needed: dict[int, list[tuple[str, int]]] = {}
+    damaged = traces.damaged_ranks()
     for name, timeline in timelines(traces).items():
         top = max(timeline.last_seq.values(), default=0)
         for rank, last in timeline.last_seq.items():
-            if last < top:
+            if last < top and rank not in damaged:
                 needed.setdefault(rank, []).append((name, last + 1))
     return needed
 

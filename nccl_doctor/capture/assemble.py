@@ -9,8 +9,8 @@ from typing import Any
 
 from nccl_doctor.capture import format as fmt
 from nccl_doctor.capture.manifest import MANIFEST, DamagedManifest, Manifest, read_manifest
-from nccl_doctor.capture.names import capture_files, named_rank
-from nccl_doctor.capture.unrecorded import read_unrecorded
+from nccl_doctor.capture.names import capture_files, named_rank, odd_captures
+from nccl_doctor.capture.unrecorded import MAX_WORLD, read_unrecorded
 from nccl_doctor.errors import (
     CaptureNotFound, CorruptCapture, DoctorError, NotACapture, UnsupportedVersion,
 )
@@ -27,6 +27,9 @@ def contents(path: Path) -> tuple[Manifest | None, list[Path], list[str]]:
         raise CaptureNotFound(
             f"{path} does not exist: pass the --out directory of an `nccl-doctor run`"
         )
+    if not path.is_file() and not path.is_dir():
+        raise NotACapture(f"{path} is neither a file nor a directory: pass a capture directory "
+                          f"or a {fmt.CAPTURE_SUFFIX} file")
     if path.is_file():
         if path.suffix != fmt.CAPTURE_SUFFIX:
             raise NotACapture(
@@ -35,7 +38,7 @@ def contents(path: Path) -> tuple[Manifest | None, list[Path], list[str]]:
         return None, [path], []
     if not any(path.iterdir()):
         raise CaptureNotFound(f"{path} is empty: it holds no capture (was the job ever run?)")
-    files = capture_files(path)
+    files, odd = capture_files(path), odd_captures(path)
     try:
         manifest = read_manifest(path)
     except DamagedManifest as err:
@@ -43,14 +46,15 @@ def contents(path: Path) -> tuple[Manifest | None, list[Path], list[str]]:
             raise
         # as if there were none (a job that may still run): the captures say the rest
         return None, files, [f"{MANIFEST} is damaged ({err.why}): reconstructed from the "
-                             "captures; the command, exit status and end time are unknown"]
+                             "captures; the command, exit status and end time are unknown",
+                             *odd]
     if manifest is None and not files:
         raise NotACapture(
             f"{path} is not an nccl-doctor capture directory "
             f"(no {MANIFEST}, no *{fmt.CAPTURE_SUFFIX} files) nor a directory of PyTorch "
             "Flight Recorder dumps"
         )
-    return manifest, files, []
+    return manifest, files, odd
 
 
 def beside(path: Path) -> tuple[GpuTrace | None, tuple[StackSample, ...], list[str]]:
@@ -81,7 +85,7 @@ def assemble(path: Path, manifest: Manifest | None, files: list[Path],
     for file, trace in zip(files, read):
         if isinstance(trace, DoctorError):
             errors.append(trace)
-            named = named_rank(file) if not isinstance(trace, UnsupportedVersion) else None
+            named = named_rank(file)  # (another version beside readable ones: damage too)
             if named is None:
                 problems.append(str(trace))
             else:
@@ -123,12 +127,21 @@ def assemble(path: Path, manifest: Manifest | None, files: list[Path],
         problems += bad
     unrecorded = {r: u for r, (u, _) in sorted(markers.items()) if r not in traces}
     unrecorded.update((r, u) for r, u in sorted(unreadable.items()) if r not in traces)
+    # a damaged file whose name is not its rank's (names swapped, another rank's capture read
+    # under it) may hold any rank that has no capture here: none of them is blamed
+    astray = [f for f, t in zip(files, read) if isinstance(t, DoctorError)
+              and (named_rank(f) is None or named_rank(f)[0] in traces)]
     sizes = [t.meta.world_size for t in traces.values()]
     sizes += [markers[r][1] for r in unrecorded if r in markers]
     sizes += [r + 1 for r in unrecorded]
     if manifest is not None and manifest.world_size:
         sizes.append(manifest.world_size)
-    world = max(sizes, default=0)
+    world = max((n for n in sizes if n <= MAX_WORLD), default=0)  # (a damaged file's not)
+    if astray:
+        why = (f"a capture that cannot be read ({', '.join(f.name for f in astray[:3])}) may be "
+               "its")
+        unrecorded.update((r, Unrecorded(why=why, damaged=True)) for r in range(world)
+                          if r not in traces and r not in unrecorded)
     node = manifest.extra.get("node") if manifest is not None else None
     partial = ""
     if isinstance(node, dict) and len(traces) < world:

@@ -24,6 +24,7 @@ from typing import Any, Mapping
 
 from nccl_doctor import bounded_json
 from nccl_doctor.capture import flight_recorder, fr_window
+from nccl_doctor.capture.unrecorded import MAX_WORLD
 from nccl_doctor.errors import (
     CaptureNotFound, CorruptCapture, NotACapture, RefusedInput, UnsupportedVersion,
 )
@@ -251,8 +252,9 @@ def groups_of(dumps: Mapping[int, Mapping[str, Any]]) -> dict[str, GroupInfo]:
                 except ValueError:
                     ranks = None
             if not isinstance(ranks, list) or not all(
-                    isinstance(r, int) and not isinstance(r, bool) for r in ranks):
-                continue
+                    isinstance(r, int) and not isinstance(r, bool) and 0 <= r < MAX_WORLD
+                    for r in ranks):
+                continue  # (a rank no process could have: a damaged dump's)
             name = str(pg.get("name", key))
             if name not in groups or len(ranks) > len(groups[name].ranks):
                 groups[name] = GroupInfo(name, tuple(ranks), "", str(pg.get("desc", "")))

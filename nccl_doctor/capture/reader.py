@@ -13,6 +13,7 @@ from pathlib import Path
 from typing import Any
 
 from nccl_doctor import bounded_json
+from nccl_doctor.files import read_regular
 from nccl_doctor import paths
 from nccl_doctor.capture import format as fmt
 from nccl_doctor.errors import CorruptCapture, NotACapture, UnsupportedVersion
@@ -200,9 +201,6 @@ def read_fault(path: Path) -> str | None:
     """The faulthandler output beside a capture file (bounded), if any."""
     fault_path = path.with_suffix(fmt.FAULT_SUFFIX)
     try:
-        with fault_path.open("rb") as fh:
-            return fh.read(4_000_000).decode("utf-8", "replace")[:1_000_000]
-    except FileNotFoundError:
-        return None
-    except OSError:
+        return read_regular(fault_path, 4_000_000).decode("utf-8", "replace")[:1_000_000]
+    except OSError:  # absent, unreadable, or not a regular file
         return None

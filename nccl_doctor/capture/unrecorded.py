@@ -22,6 +22,7 @@ from pathlib import Path
 from nccl_doctor.capture import format as fmt
 from nccl_doctor.model import Unrecorded
 from nccl_doctor import bounded_json
+from nccl_doctor.files import read_regular
 
 __all__ = ["MAX_BYTES", "MAX_HOST", "MAX_WHY", "MAX_WORLD", "kept", "read_unrecorded",
            "write_unrecorded"]
@@ -90,8 +91,7 @@ def read_unrecorded(directory: Path) -> tuple[dict[int, tuple[Unrecorded, int]],
 
 def _body(path: Path) -> dict:
     try:
-        with open(path, "rb") as fh:
-            raw = fh.read(MAX_BYTES + 1)
+        raw = read_regular(path, MAX_BYTES + 1)
         doc = bounded_json.loads(raw, limit=MAX_BYTES) if raw else {}
     except (OSError, ValueError):
         return {}

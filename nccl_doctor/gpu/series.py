@@ -16,7 +16,6 @@ from __future__ import annotations
 
 import json
 import math
-import os
 import threading
 import time
 from collections import deque
@@ -25,6 +24,7 @@ from pathlib import Path
 from typing import Any, Iterable, Mapping
 
 from nccl_doctor import bounded_json
+from nccl_doctor.files import read_regular
 from nccl_doctor.files import write_atomic
 from nccl_doctor.gpu.readings import GpuDevice, GpuSample, GpuTrace, RankGpu
 
@@ -136,13 +136,10 @@ def read_gpu(directory: Path) -> GpuTrace | None:
     reason) for a file that is not ours."""
     path = directory / GPU_JSONL
     try:
-        with open(path, "rb") as f:
-            size = os.fstat(f.fileno()).st_size
-            head = f.readline(1 << 20)
-            if size > MAX_READ:  # never read more than MAX_READ: the newest samples
-                f.seek(size - MAX_READ)
-                f.readline()  # a partial line
-            raw = f.read(MAX_READ)
+        head = read_regular(path, 1 << 20).split(b"\n", 1)[0]
+        raw = read_regular(path, MAX_READ + 1, tail=True)  # the newest samples at most
+        if len(raw) > MAX_READ:
+            raw = raw.split(b"\n", 1)[-1]  # (a partial line)
     except FileNotFoundError:
         return None
     except OSError as err:

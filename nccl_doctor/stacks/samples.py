@@ -14,6 +14,7 @@ from pathlib import Path
 from typing import Any
 
 from nccl_doctor import bounded_json
+from nccl_doctor.files import read_regular
 
 STRAGGLERS_JSONL = "stragglers.jsonl"
 MAX_PER_RANK = 60
@@ -55,8 +56,7 @@ def read_samples(directory: Path) -> tuple[tuple[StackSample, ...], str]:
     """The samples beside a capture (none when there is no file), and what was wrong with the
     lines that were skipped ("" when none was)."""
     try:
-        with open(directory / STRAGGLERS_JSONL, "rb") as f:
-            raw = f.read(MAX_READ)
+        raw = read_regular(directory / STRAGGLERS_JSONL, MAX_READ)
     except FileNotFoundError:
         return (), ""
     except OSError as err:
