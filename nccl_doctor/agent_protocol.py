@@ -15,6 +15,7 @@ from __future__ import annotations
 import json
 import socket
 import time
+from nccl_doctor import bounded_json
 from typing import Any
 
 __all__ = [
@@ -68,8 +69,8 @@ def encode_request(cmd: str, **fields: Any) -> bytes:
 def decode_request(data: bytes) -> dict[str, Any]:
     """The request object of one line (with or without its newline)."""
     try:
-        obj = json.loads(data.decode("utf-8"))
-    except (UnicodeDecodeError, json.JSONDecodeError) as err:
+        obj = bounded_json.loads(data)
+    except ValueError as err:
         raise ProtocolError(f"malformed request: not a line of JSON ({err})") from None
     if not isinstance(obj, dict):
         raise ProtocolError(f"malformed request: a JSON {type(obj).__name__}, expected an object")
@@ -85,8 +86,8 @@ def encode_response(obj: dict[str, Any]) -> bytes:
 def decode_response(data: bytes) -> dict[str, Any]:
     """The reply object; a reply that is not a JSON object with a boolean ``ok`` is malformed."""
     try:
-        obj = json.loads(data.decode("utf-8"))
-    except (UnicodeDecodeError, json.JSONDecodeError) as err:
+        obj = bounded_json.loads(data)
+    except ValueError as err:
         raise ProtocolError(f"malformed reply: not JSON ({err})") from None
     if not isinstance(obj, dict) or not isinstance(obj.get("ok"), bool):
         raise ProtocolError("malformed reply: expected a JSON object with a boolean 'ok'")

@@ -140,6 +140,8 @@ class Diagnosis:
     watchdog: Mapping[str, Any] = field(default_factory=dict)
     # Multi-node jobs: which node diagnosed the job, the nodes and what became of each
     nodes: Mapping[str, Any] = field(default_factory=dict)
+    # why the diagnosis is partial ("": it is not): ranks whose captures are damaged
+    partial: str = ""
 
     @property
     def root_cause(self) -> Finding | None:
@@ -156,6 +158,7 @@ class Diagnosis:
             "notes": list(self.notes), "source": self.source,
             "stack_classes": [dict(c) for c in self.stack_classes],
             "watchdog": dict(self.watchdog), **({"nodes": dict(self.nodes)} if self.nodes else {}),
+            **({"partial": self.partial} if self.partial else {}),
         }
 
     @classmethod
@@ -179,7 +182,8 @@ class Diagnosis:
                 groups={str(k): tuple(v) for k, v in (raw.get("groups") or {}).items()},
                 source=str(raw.get("source", "")),
                 stack_classes=tuple(raw.get("stack_classes") or ()),
-                watchdog=dict(raw.get("watchdog") or {}), nodes=dict(raw.get("nodes") or {}))
+                watchdog=dict(raw.get("watchdog") or {}), nodes=dict(raw.get("nodes") or {}),
+                partial=str(raw.get("partial") or ""))
         except (KeyError, TypeError, ValueError, AttributeError):
             return None
 

@@ -19,6 +19,7 @@ class ExitStatus:
     LAUNCH_FAILED = 8  # the job's command could not be started
     REFUSED = 9  # an input asks for something unsafe (a pickle naming code to run): not read
     UNWRITABLE = 10  # an output path cannot be created or written (--out, -o)
+    IN_USE = 11  # --out is the capture directory of a run that is still live
     INTERNAL = 70  # a bug in nccl-doctor (EX_SOFTWARE)
     # `run` otherwise exits with the job's own status; this one says nccl-doctor diagnosed a hang
     # and stopped the job (--on-hang kill). Like timeout(1)'s 124: "stopped, it would not finish".
@@ -68,6 +69,10 @@ class LaunchFailed(DoctorError):
 
 class Unwritable(DoctorError):
     exit_status = ExitStatus.UNWRITABLE
+
+
+class OutDirInUse(DoctorError):
+    exit_status = ExitStatus.IN_USE
 
 
 def unwritable(flag: str, path: object, err: OSError) -> Unwritable:

@@ -1,8 +1,11 @@
-"""Writing files that other processes read while they change (manifest, report, GPU series)."""
+"""Writing files that other processes read while they change (manifest, report, GPU series),
+and reading input files safely (a FIFO or a device named like one is never waited on)."""
 
 from __future__ import annotations
 
+import errno
 import os
+import stat
 from pathlib import Path
 
 
@@ -12,3 +15,26 @@ def write_atomic(path: Path, text: str) -> None:
     tmp = path.with_name(f".{path.name}.tmp")
     tmp.write_text(text, encoding="utf-8")
     os.replace(tmp, path)
+
+
+def read_regular(path: Path, limit: int, *, tail: bool = False) -> bytes:
+    """Up to ``limit`` bytes of the regular file ``path`` (its last ``limit`` with ``tail``).
+    Raises ``FileNotFoundError`` when it is absent and ``OSError`` when it is unreadable or not
+    a regular file: opened without blocking, so a FIFO named like an input never hangs."""
+    fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK | getattr(os, "O_NOCTTY", 0))
+    try:
+        st = os.fstat(fd)
+        if not stat.S_ISREG(st.st_mode):
+            raise OSError(errno.EINVAL, "not a regular file", str(path))
+        if tail and st.st_size > limit:
+            os.lseek(fd, st.st_size - limit, os.SEEK_SET)
+        chunks, left = [], limit
+        while left > 0:
+            chunk = os.read(fd, min(left, 1 << 20))
+            if not chunk:
+                break
+            chunks.append(chunk)
+            left -= len(chunk)
+        return b"".join(chunks)
+    finally:
+        os.close(fd)

@@ -240,6 +240,10 @@ class RankMeta:
     env: Mapping[str, str] = field(default_factory=dict)
 
 
+#: Torn records a killed rank may leave (one per thread that was inside a call); more is damage.
+TORN_BY_A_KILL = 4
+
+
 @dataclass(frozen=True)
 class Integrity:
     """What the reader could not trust in one capture file."""
@@ -248,17 +252,35 @@ class Integrity:
     truncated: bool = False  # the file is shorter than its header says
     overwritten: int = 0  # oldest records lost to the ring wrapping (bounded capture)
     bad_strings: int = 0  # string table entries that failed their CRC
+    size: int = 0  # bytes in the file, and bytes its header says it has (when truncated)
+    expected: int = 0
+    miscounted: bool = False  # its header's counters stop short of what it holds
+    blank_records: int = 0  # slots below its newest record found blank (zeroed)
 
     @property
     def complete(self) -> bool:
-        return not (self.torn_records or self.truncated or self.bad_strings)
+        return not (self.torn_records or self.truncated or self.bad_strings or self.miscounted
+                    or self.blank_records)
+
+    @property
+    def damaged(self) -> bool:
+        """More is wrong than a kill leaves (the record or two each thread was writing): the
+        file was cut short, its strings are corrupt, or records fail their check across the
+        ring. What such a capture lacks is not evidence against its rank."""
+        return (self.truncated or self.miscounted or bool(self.bad_strings)
+                or self.torn_records + self.blank_records > TORN_BY_A_KILL)
 
     def describe(self) -> str:
         parts = []
         if self.truncated:
-            parts.append("file truncated")
+            parts.append(f"truncated at {self.size:,} of {self.expected:,} bytes"
+                         if self.expected else "file truncated")
+        if self.miscounted:
+            parts.append("its header's counters stop short of its records (all of them read)")
         if self.torn_records:
             parts.append(f"{self.torn_records} torn record(s)")
+        if self.blank_records:
+            parts.append(f"{self.blank_records} record(s) blanked")
         if self.bad_strings:
             parts.append(f"{self.bad_strings} corrupt string(s)")
         if self.overwritten:
@@ -308,6 +330,7 @@ class Unrecorded:
 
     why: str
     host: str = ""
+    damaged: bool = False  # it made a capture, which cannot be read (``why`` says what is wrong)
 
 
 @dataclass(frozen=True)
@@ -339,6 +362,12 @@ class TraceSet:
     # why the job's end is unknown ("" : it ended, or nothing says otherwise): still running,
     # or its supervisor was lost; then ranks behind their peers are not missing, only behind
     unfinished: str = ""
+
+    def damaged_ranks(self) -> frozenset[int]:
+        """Ranks whose capture is damaged (unreadable, or read only in part): what it lacks
+        says nothing about them - never missing, crashed or a culprit for it."""
+        return frozenset([*(r for r, u in self.unrecorded.items() if u.damaged),
+                          *(r for r, t in self.ranks.items() if t.integrity.damaged)])
 
     def all_accounted_for(self) -> bool:
         """Every rank of the world has a capture here or ran unrecorded (never "missing")."""

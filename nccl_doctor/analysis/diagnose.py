@@ -76,6 +76,11 @@ def analyze(traces: TraceSet, passes: tuple[Pass, ...] = PASSES,
     findings = _on_hosts(findings, traces)
     for rank, u in traces.unrecorded.items():
         on = f" on {u.host}" if u.host else ""
+        if u.damaged:
+            notes.append(f"rank {rank}{on}: {u.why}: what it did is not seen; it is never blamed "
+                         "for what its file lost, and may be the rank others wait for; the "
+                         "diagnosis is partial")
+            continue
         notes.append(f"rank {rank}{on} was not recorded: {u.why}; what it did is not seen: it is "
                      "never counted as missing from a collective, and may be the rank others wait "
                      "for")
@@ -106,9 +111,20 @@ def analyze(traces: TraceSet, passes: tuple[Pass, ...] = PASSES,
         ranks=tuple(_summaries(traces)), world_size=traces.world_size, command=traces.command,
         exit_status=traces.exit_status, notes=tuple(notes),
         groups={name: g.ranks for name, g in sorted(traces.groups.items())}, source=traces.source,
+        partial=damage_partial(traces),
     ), annotators, annotate.versions_of(traces))
     # a hang the live watchdog called stands (its kept record: replay reaches the live verdict)
     return replayed.with_watch(diagnosis, traces, annotators)
+
+
+def damage_partial(traces: TraceSet) -> str:
+    """Why the diagnosis is partial, in a few words ("" when no capture is damaged)."""
+    damaged = sorted(traces.damaged_ranks())
+    if not damaged:
+        return ""
+    many = len(damaged) > 1
+    return (f"the capture{'s' if many else ''} of {ranks_text(damaged)} "
+            f"{'are' if many else 'is'} damaged")
 
 
 def _inside_a_mismatch(findings: list[Finding]) -> list[Finding]:
@@ -241,7 +257,8 @@ def _summaries(traces: TraceSet) -> list[RankSummary]:
             u = traces.unrecorded.get(rank)
             out.append(RankSummary(
                 rank=rank, host=u.host if u else "", pid=0, state="no_capture", exit_code=None,
-                signal=None, exit_detail="not recorded (see the note)" if u else unseen,
+                signal=None, exit_detail=("capture damaged (see the note)" if u and u.damaged
+                                          else "not recorded (see the note)" if u else unseen),
                 last_collective=None, stack_summary=None, capture={},
             ))
     return sorted(out, key=lambda s: s.rank)

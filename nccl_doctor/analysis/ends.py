@@ -34,6 +34,9 @@ class Ending:
     signals: tuple[str, ...] = ()  # what stopped it
     # rank -> (its host, when the host was lost, ns): the ranks of nodes lost to the job
     lost: Mapping[int, tuple[str, int | None]] = field(default_factory=dict)
+    # the job was stopped by nccl-doctor (its manifest says so), but the record of when is lost
+    # (a damaged watchdog.json): a rank with no exit record was stopped, not vanished
+    stop_unknown: bool = False
 
     @classmethod
     def of(cls, watch: WatchLog | None, *, ended: bool,
@@ -67,6 +70,8 @@ def decided(traces: TraceSet, ending: Ending) -> TraceSet:
                     ex.kind is ExitKind.CLEAN and ex.time_ns is not None)):
             ranks[rank] = replace(trace, exit=RankExit(ExitKind.STOPPED, signal=sent,
                                                        time_ns=ex.time_ns))
+        elif stopped_at is None and ending.stop_unknown and ex.kind is ExitKind.RUNNING:
+            ranks[rank] = replace(trace, exit=RankExit(ExitKind.STOPPED))
         elif ending.ended and ex.kind is ExitKind.RUNNING:
             ranks[rank] = replace(trace, exit=RankExit(ExitKind.VANISHED))
     return replace(traces, ranks=ranks)
@@ -74,12 +79,14 @@ def decided(traces: TraceSet, ending: Ending) -> TraceSet:
 
 def behind_peers(traces: TraceSet) -> dict[int, list[tuple[str, int]]]:
     """rank -> the (group, sequence number) of each collective its peers entered after its
-    last one in that group: what the rank would have been needed for."""
+    last one in that group: what the rank would have been needed for. A rank whose capture is
+    damaged is never behind: its file may have lost the calls its peers went on to."""
     needed: dict[int, list[tuple[str, int]]] = {}
+    damaged = traces.damaged_ranks()
     for name, timeline in timelines(traces).items():
         top = max(timeline.last_seq.values(), default=0)
         for rank, last in timeline.last_seq.items():
-            if last < top:
+            if last < top and rank not in damaged:
                 needed.setdefault(rank, []).append((name, last + 1))
     return needed
 

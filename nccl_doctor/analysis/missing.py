@@ -42,6 +42,7 @@ def instead(trace: RankTrace | None, rank: int) -> tuple[str, str]:
 
 def detect_missing_collective(traces: TraceSet) -> list[Finding]:
     findings = []
+    damaged = traces.damaged_ranks()
     for name, timeline in sorted(timelines(traces).items()):
         present = {r: s for r, s in timeline.last_seq.items()}
         for r in timeline.members:  # members that never recorded anything in this group
@@ -58,7 +59,8 @@ def detect_missing_collective(traces: TraceSet) -> list[Finding]:
         while seq not in timeline.calls and seq <= top:
             seq += 1  # a gap (ring overwrite): take the next collective seen
         waiting = timeline.calls.get(seq, {})
-        missing = sorted(r for r, s in present.items() if s < seq)
+        # a rank whose capture is damaged may have entered it in what the file lost
+        missing = sorted(r for r, s in present.items() if s < seq and r not in damaged)
         if not waiting or not missing:
             continue
         first = waiting[min(waiting)]

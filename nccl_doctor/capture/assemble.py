@@ -9,15 +9,15 @@ from typing import Any
 
 from nccl_doctor.capture import format as fmt
 from nccl_doctor.capture.manifest import MANIFEST, DamagedManifest, Manifest, read_manifest
-from nccl_doctor.capture.names import capture_files
-from nccl_doctor.capture.unrecorded import read_unrecorded
+from nccl_doctor.capture.names import capture_files, named_rank, odd_captures
+from nccl_doctor.capture.unrecorded import MAX_WORLD, read_unrecorded
 from nccl_doctor.errors import (
     CaptureNotFound, CorruptCapture, DoctorError, NotACapture, UnsupportedVersion,
 )
 from nccl_doctor.gpu.readings import GpuTrace
-from nccl_doctor.gpu.series import read_gpu
+from nccl_doctor.gpu.series import GPU_JSONL, read_gpu
 from nccl_doctor.model import GroupInfo, RankTrace, TraceSet, Unrecorded
-from nccl_doctor.stacks.samples import StackSample, read_samples
+from nccl_doctor.stacks.samples import STRAGGLERS_JSONL, StackSample, read_samples
 
 
 def contents(path: Path) -> tuple[Manifest | None, list[Path], list[str]]:
@@ -27,6 +27,9 @@ def contents(path: Path) -> tuple[Manifest | None, list[Path], list[str]]:
         raise CaptureNotFound(
             f"{path} does not exist: pass the --out directory of an `nccl-doctor run`"
         )
+    if not path.is_file() and not path.is_dir():
+        raise NotACapture(f"{path} is neither a file nor a directory: pass a capture directory "
+                          f"or a {fmt.CAPTURE_SUFFIX} file")
     if path.is_file():
         if path.suffix != fmt.CAPTURE_SUFFIX:
             raise NotACapture(
@@ -35,7 +38,7 @@ def contents(path: Path) -> tuple[Manifest | None, list[Path], list[str]]:
         return None, [path], []
     if not any(path.iterdir()):
         raise CaptureNotFound(f"{path} is empty: it holds no capture (was the job ever run?)")
-    files = capture_files(path)
+    files, odd = capture_files(path), odd_captures(path)
     try:
         manifest = read_manifest(path)
     except DamagedManifest as err:
@@ -43,14 +46,15 @@ def contents(path: Path) -> tuple[Manifest | None, list[Path], list[str]]:
             raise
         # as if there were none (a job that may still run): the captures say the rest
         return None, files, [f"{MANIFEST} is damaged ({err.why}): reconstructed from the "
-                             "captures; the command, exit status and end time are unknown"]
+                             "captures; the command, exit status and end time are unknown",
+                             *odd]
     if manifest is None and not files:
         raise NotACapture(
             f"{path} is not an nccl-doctor capture directory "
             f"(no {MANIFEST}, no *{fmt.CAPTURE_SUFFIX} files) nor a directory of PyTorch "
             "Flight Recorder dumps"
         )
-    return manifest, files, []
+    return manifest, files, odd
 
 
 def beside(path: Path) -> tuple[GpuTrace | None, tuple[StackSample, ...], list[str]]:
@@ -61,7 +65,11 @@ def beside(path: Path) -> tuple[GpuTrace | None, tuple[StackSample, ...], list[s
             gpu = read_gpu(path)
         except ValueError as err:
             problems.append(f"GPU samples skipped: {err}")
-        samples = read_samples(path)
+        if gpu is not None and gpu.damaged:
+            problems.append(f"{GPU_JSONL} is damaged: {gpu.damaged}; the other samples used")
+        samples, damaged = read_samples(path)
+        if damaged:
+            problems.append(f"{STRAGGLERS_JSONL} is damaged: {damaged}; the other samples used")
     return gpu, samples, problems
 
 
@@ -73,10 +81,17 @@ def assemble(path: Path, manifest: Manifest | None, files: list[Path],
     traces: dict[int, RankTrace] = {}
     problems: list[str] = []
     errors: list[DoctorError] = []
-    for trace in read:
+    unreadable: dict[int, Unrecorded] = {}  # rank -> its capture, which cannot be read
+    for file, trace in zip(files, read):
         if isinstance(trace, DoctorError):
             errors.append(trace)
-            problems.append(str(trace))
+            named = named_rank(file)  # (another version beside readable ones: damage too)
+            if named is None:
+                problems.append(str(trace))
+            else:
+                unreadable[named[0]] = Unrecorded(why=f"its capture {file.name} is damaged "
+                                                  f"({_why(trace, file)})", host=named[1],
+                                                  damaged=True)
             continue
         previous = traces.get(trace.rank)
         if previous is not None:
@@ -95,7 +110,12 @@ def assemble(path: Path, manifest: Manifest | None, files: list[Path],
             f"none of the {len(files)} capture files in {path} can be read ({errors[0]})"
         )
     for rank, trace in sorted(traces.items()):
-        if not trace.integrity.complete:
+        if trace.integrity.damaged:
+            problems.append(
+                f"rank {rank}'s capture {Path(trace.path).name} is damaged "
+                f"({trace.integrity.describe()}): what it still held was used, what it lost "
+                f"is not evidence against rank {rank}; the diagnosis is partial")
+        elif not trace.integrity.complete:
             problems.append(
                 f"rank {rank}'s capture is incomplete ({trace.integrity.describe()}): "
                 "its last events may be missing"
@@ -106,11 +126,22 @@ def assemble(path: Path, manifest: Manifest | None, files: list[Path],
         markers, bad = read_unrecorded(path)
         problems += bad
     unrecorded = {r: u for r, (u, _) in sorted(markers.items()) if r not in traces}
+    unrecorded.update((r, u) for r, u in sorted(unreadable.items()) if r not in traces)
+    # a damaged file whose name is not its rank's (names swapped, another rank's capture read
+    # under it) may hold any rank that has no capture here: none of them is blamed
+    astray = [f for f, t in zip(files, read) if isinstance(t, DoctorError)
+              and (named_rank(f) is None or named_rank(f)[0] in traces)]
     sizes = [t.meta.world_size for t in traces.values()]
-    sizes += [markers[r][1] for r in unrecorded]
+    sizes += [markers[r][1] for r in unrecorded if r in markers]
+    sizes += [r + 1 for r in unrecorded]
     if manifest is not None and manifest.world_size:
         sizes.append(manifest.world_size)
-    world = max(sizes, default=0)
+    world = max((n for n in sizes if n <= MAX_WORLD), default=0)  # (a damaged file's not)
+    if astray:
+        why = (f"a capture that cannot be read ({', '.join(f.name for f in astray[:3])}) may be "
+               "its")
+        unrecorded.update((r, Unrecorded(why=why, damaged=True)) for r in range(world)
+                          if r not in traces and r not in unrecorded)
     node = manifest.extra.get("node") if manifest is not None else None
     partial = ""
     if isinstance(node, dict) and len(traces) < world:
@@ -143,3 +174,20 @@ def groups_from_notes(traces: Any) -> dict[str, GroupInfo]:
                     name, tuple(ranks), str(note.get("backend", "")), str(note.get("desc", ""))
                 )
     return groups
+
+
+def _why(error: DoctorError, file: Path) -> str:
+    """What is wrong with an unreadable capture, in words that do not repeat its path."""
+    text = str(error).replace(str(file), "").strip(" :")
+    for lead in ("is ", "has "):
+        if text.startswith(lead):
+            text = text[len(lead):]
+    try:
+        size = file.stat().st_size
+    except OSError:
+        return text
+    if size == 0:
+        return "empty: 0 bytes"
+    if size < fmt.HEADER_SIZE and isinstance(error, CorruptCapture):
+        return f"truncated at {size:,} bytes, inside its {fmt.HEADER_SIZE:,}-byte header"
+    return f"{text}; {size:,} bytes"

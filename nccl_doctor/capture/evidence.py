@@ -26,17 +26,19 @@ class Evidence:
     # each rank's last Flight Recorder pull (Flight Recorder's JSON form, as kept on disk)
     flight_recorder: Mapping[int, Mapping[str, Any]] = field(default_factory=dict)
     problems: tuple[str, ...] = ()  # kept files that could not be read, and why
+    watch_damaged: bool = False  # watchdog.json is there but cannot be read
 
 
 def read_evidence(path: Path) -> Evidence:
     """The evidence kept in capture directory ``path`` (each file optional; a damaged one is a
     problem noted, never the end of the replay)."""
     problems: list[str] = []
-    watch, stacks, dumps = None, {}, {}
+    watch, stacks, dumps, damaged = None, {}, {}, False
     try:
         watch = watch_record.read_watch_log(path)
     except ValueError as err:
         problems.append(f"the watchdog's record skipped: {err}")
+        damaged = True
     try:
         stacks = watch_record.read_stacks(path)
     except ValueError as err:
@@ -49,7 +51,7 @@ def read_evidence(path: Path) -> Evidence:
             problems.extend(loaded.problems)
         except DoctorError as err:
             problems.append(f"the kept Flight Recorder pulls skipped: {err}")
-    return Evidence(watch, stacks, dumps, tuple(problems))
+    return Evidence(watch, stacks, dumps, tuple(problems), damaged)
 
 
 def with_evidence(traces: TraceSet, evidence: Evidence) -> TraceSet:

@@ -60,7 +60,8 @@ class CaptureFollower:
         self._paths = version >= fmt.PATHS_SINCE  # its records name their call paths
         self._str_off, self._str_size = str_off, str_size
         self._available = max(0, size - ring_off) // fmt.RECORD_SIZE  # slots in the file
-        self._truncated = size < ring_off + capacity * fmt.RECORD_SIZE
+        self._size, self._expected = size, ring_off + capacity * fmt.RECORD_SIZE
+        self._truncated = size < self._expected
         # strings and notes, parsed up to ``_str_pos`` (the table only grows)
         self._strings: dict[int, str] = {0: ""}
         self._notes: list[dict[str, Any]] = []
@@ -95,15 +96,42 @@ class CaptureFollower:
     def scan(self) -> Scan:
         """The whole capture now, read afresh, its records still columns (nothing kept)."""
         started, used = self._counters()
+        miscounted = False
+        if used < self._str_size and self._str_head_at(used):  # the counter stops short
+            used, miscounted = self._str_size, True
         self._read_strings(used)
+        blanked = self._str_pos < min(used, self._str_size)  # blank entries below the counter
         self._read_fault()
-        slots = np.arange(ring_slots(self.capacity, started, self._available))
+        end = ring_slots(self.capacity, started, self._available)
+        if end < self._available and len(self._valid(end)):  # records past the counter
+            end, miscounted = self._available, True
+        slots = np.arange(end)
         decoded = records.decode(self._rows(slots), slots, self.capacity)
         count = int(decoded.rows["idx"][-1]) if len(decoded.rows) else 0
-        bad = self._bad_json + (1 if self._str_damaged else 0)
+        bad = self._bad_json + (1 if self._str_damaged or blanked else 0)
+        # the slots below the newest record (or the counter) hold a record each: blank ones
+        # lost theirs (zeroed)
+        seen = len(np.union1d(decoded.slots, decoded.torn_slots))
+        blank = max(0, min(max(count, started), self.capacity, self._available) - seen)
         return Scan(self.path, self._meta, dict(self._strings), tuple(self._notes), decoded,
-                    Integrity(decoded.torn, self._truncated, max(0, count - self.capacity), bad),
+                    self._integrity(decoded.torn, count, bad, miscounted, blank),
                     _exit_from(self._notes, self._fault_text), self._paths)
+
+    def _str_head_at(self, used: int) -> bool:
+        """Whether an entry begins where the string table's counter says it ends."""
+        head = self._pread(fmt.STR_HEAD.size, self._str_off + used)
+        return len(head) == fmt.STR_HEAD.size and any(head)
+
+    def _valid(self, slot: int) -> np.ndarray:
+        """The records that pass their checks in the few slots from ``slot`` on."""
+        slots = np.arange(slot, min(slot + 8, self._available))
+        return records.decode(self._rows(slots), slots, self.capacity).rows
+
+    def _integrity(self, torn: int, count: int, bad: int, miscounted: bool = False,
+                   blank: int = 0) -> Integrity:
+        return Integrity(torn, self._truncated, max(0, count - self.capacity), bad,
+                         *((self._size, self._expected) if self._truncated else (0, 0)),
+                         miscounted=miscounted, blank_records=blank)
 
     def columns(self) -> Scan:
         """The capture as last read (``read``), its records as columns, from what this follower
@@ -264,8 +292,7 @@ class CaptureFollower:
         return RankTrace(
             meta=self._meta, events=tuple(e for _, e in held),
             exit=_exit_from(self._notes, self._fault_text),
-            integrity=Integrity(len(self._torn), self._truncated, max(0, count - self.capacity),
-                                bad),
+            integrity=self._integrity(len(self._torn), count, bad),
             path=str(self.path), notes=tuple(self._notes), paths_recorded=self._paths,
         )
 

@@ -16,14 +16,15 @@ from __future__ import annotations
 
 import gc
 import io
-import json
 import pickle
 import re
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Mapping
 
+from nccl_doctor import bounded_json
 from nccl_doctor.capture import flight_recorder, fr_window
+from nccl_doctor.capture.unrecorded import MAX_WORLD
 from nccl_doctor.errors import (
     CaptureNotFound, CorruptCapture, NotACapture, RefusedInput, UnsupportedVersion,
 )
@@ -64,9 +65,9 @@ def loads(data: bytes, name: str) -> dict[str, Any]:
     head = data[:64].lstrip()[:1]
     if head in (b"{", b"["):
         try:
-            raw = json.loads(data)
-        except (ValueError, UnicodeDecodeError) as err:
-            raise CorruptCapture(f"{name} is not valid JSON ({err}): the dump is damaged") from None
+            raw = bounded_json.loads(data)
+        except ValueError as err:
+            raise CorruptCapture(f"{name} is damaged: {err}") from None
     elif data[:1] == b"\x80":
         try:
             # a BufferedReader: the C unpickler prefetches through its peek(); on a bare
@@ -247,12 +248,13 @@ def groups_of(dumps: Mapping[int, Mapping[str, Any]]) -> dict[str, GroupInfo]:
             ranks = pg.get("ranks")
             if isinstance(ranks, str):
                 try:
-                    ranks = json.loads(ranks)
+                    ranks = bounded_json.loads(ranks)
                 except ValueError:
                     ranks = None
             if not isinstance(ranks, list) or not all(
-                    isinstance(r, int) and not isinstance(r, bool) for r in ranks):
-                continue
+                    isinstance(r, int) and not isinstance(r, bool) and 0 <= r < MAX_WORLD
+                    for r in ranks):
+                continue  # (a rank no process could have: a damaged dump's)
             name = str(pg.get("name", key))
             if name not in groups or len(ranks) > len(groups[name].ranks):
                 groups[name] = GroupInfo(name, tuple(ranks), "", str(pg.get("desc", "")))

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 from contextlib import contextmanager
 from contextvars import ContextVar
+from dataclasses import replace
 from pathlib import Path
 from typing import Callable, Iterator
 
@@ -16,7 +17,7 @@ from nccl_doctor.capture.evidence import read_evidence, with_evidence
 from nccl_doctor.capture.follow import Scan, scan_capture
 from nccl_doctor.capture.manifest import Manifest
 from nccl_doctor.capture.window import DEFAULT, Size
-from nccl_doctor.errors import DoctorError
+from nccl_doctor.errors import DoctorError, ExitStatus
 from nccl_doctor.model import RankTrace, TraceSet
 
 #: Told (captures read, captures in all) as load_capture_dir reads (replay's progress bar).
@@ -56,9 +57,14 @@ def load_capture_dir(path: Path, *, job_ended: bool | None = None,
     read, note = windowed(scans, manifest, window)
     gpu, samples, problems = beside(path)
     loaded = assemble(path, manifest, files, read, gpu, samples, damage + problems + note)
-    if evidence and path.is_dir():
-        loaded = with_evidence(loaded, read_evidence(path))
-    return decided(loaded, Ending.of(loaded.watch, ended=job_ended))
+    kept = read_evidence(path) if evidence and path.is_dir() else None
+    if kept is not None:
+        loaded = with_evidence(loaded, kept)
+    ending = Ending.of(loaded.watch, ended=job_ended)
+    stopped = manifest is not None and manifest.exit_status == ExitStatus.HANG_STOPPED
+    if stopped and kept is not None and kept.watch_damaged:  # when it stopped is lost
+        ending = replace(ending, stop_unknown=True)
+    return decided(loaded, ending)
 
 
 def windowed(scans: list[Scan | DoctorError], manifest: Manifest | None,

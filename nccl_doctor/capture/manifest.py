@@ -13,9 +13,11 @@ from nccl_doctor._version import __version__
 from nccl_doctor.capture import format as fmt
 from nccl_doctor.errors import CorruptCapture, NotACapture, UnsupportedVersion
 from nccl_doctor.files import write_atomic
+from nccl_doctor import bounded_json
 
 MANIFEST = "manifest.json"
 MANIFEST_FORMAT = "nccl-doctor-capture"
+MANIFEST_MAX = 16 << 20  # bytes: a manifest is a few KiB (the command, the node, the captures)
 
 
 @dataclass(frozen=True)
@@ -73,11 +75,11 @@ def read_manifest(directory: Path) -> Manifest | None:
     if not path.is_file():
         return None
     try:
-        raw = json.loads(path.read_text("utf-8"))
+        raw = bounded_json.load_file(path, limit=MANIFEST_MAX)
     except OSError as err:
         raise DamagedManifest(path, f"unreadable: {err.strerror}") from None
-    except ValueError as err:  # (a UnicodeDecodeError too)
-        raise DamagedManifest(path, f"not valid JSON: {err}") from None
+    except bounded_json.JsonDamaged as err:
+        raise DamagedManifest(path, str(err)) from None
     if not isinstance(raw, dict) or raw.get("format") != MANIFEST_FORMAT:
         raise NotACapture(f"{path} is not an nccl-doctor manifest (no \"format\": \"{MANIFEST_FORMAT}\")")
     version = raw.get("format_version")

@@ -2,17 +2,22 @@
 holding only these is an earlier run's, to be replaced with --force).
 
 Each file has one writer: the recorder writes ``rank*.ndcap`` / ``.fault`` / ``.unrecorded``;
-the supervisor writes ``manifest.json`` (capture/manifest.py), the watchdog's record
+the supervisor writes ``.nccl-doctor.lock`` while it runs (capture/claim.py), ``manifest.json``
+(capture/manifest.py), the watchdog's record
 (capture/watch_record.py), ``gpu.jsonl`` (gpu/series.py), ``stragglers.jsonl``
 (stacks/samples.py) and ``report.json``; the CLI writes ``report.html``.
 """
 
 from __future__ import annotations
 
+import re
+import stat
 from pathlib import Path
 
 from nccl_doctor.capture import format as fmt, watch_record
+from nccl_doctor.capture.claim import LOCK
 from nccl_doctor.capture.manifest import MANIFEST
+from nccl_doctor.capture.unrecorded import MAX_WORLD
 from nccl_doctor.diagnosis import Diagnosis
 from nccl_doctor.files import write_atomic
 from nccl_doctor.gpu.series import GPU_JSONL
@@ -24,7 +29,7 @@ REPORT_HTML = "report.html"  # the same diagnosis as a page (nccl_doctor/reporte
 OWN_FILES = (f"*{fmt.CAPTURE_SUFFIX}", f"*{fmt.FAULT_SUFFIX}", f"*{fmt.UNRECORDED_SUFFIX}",
              MANIFEST, REPORT_JSON, REPORT_HTML, GPU_JSONL,
              STRAGGLERS_JSONL, watch_record.WATCH_JSON, watch_record.STACKS_JSON,
-             f"{watch_record.FR_DIR}/rank_*.json")
+             f"{watch_record.FR_DIR}/rank_*.json", LOCK)
 
 
 def remove_own_files(directory: Path) -> None:
@@ -38,8 +43,48 @@ def remove_own_files(directory: Path) -> None:
         folder.rmdir()
 
 
+#: A capture's name as the recorder makes it: rank (5 digits or more), host (sanitised), pid.
+_CAPTURE_NAME = re.compile(r"^rank(\d{5,})\.([A-Za-z0-9_-]*)\.(\d+)\b")
+
+
+def named_rank(path: Path) -> tuple[int, str] | None:
+    """(rank, host) a capture file's name gives (None for a name the recorder does not make):
+    whose capture it was, when the file itself cannot be read."""
+    m = _CAPTURE_NAME.match(path.name)
+    return (int(m.group(1)), m.group(2)) if m and int(m.group(1)) < MAX_WORLD else None
+
+
 def capture_files(directory: Path) -> list[Path]:
-    return sorted(directory.glob(f"*{fmt.CAPTURE_SUFFIX}"))
+    """The capture files in ``directory``: regular files named ``*.ndcap`` (never a FIFO, a
+    device or a directory of that name, which ``odd_captures`` names)."""
+    return sorted(p for p in directory.glob(f"*{fmt.CAPTURE_SUFFIX}") if _regular(p))
+
+
+def odd_captures(directory: Path) -> list[str]:
+    """A note for each entry named like a capture that is not a regular file (skipped: opening
+    a FIFO would wait for a writer forever)."""
+    return [f"{p.name} is not a capture file but a {_kind(p)}: skipped"
+            for p in sorted(directory.glob(f"*{fmt.CAPTURE_SUFFIX}")) if not _regular(p)]
+
+
+def _regular(path: Path) -> bool:
+    try:
+        return stat.S_ISREG(path.stat().st_mode)
+    except OSError:  # gone, or a dangling link
+        return False
+
+
+def _kind(path: Path) -> str:
+    try:
+        mode = path.stat().st_mode
+    except OSError:
+        return "broken link"
+    for test, name in ((stat.S_ISDIR, "directory"), (stat.S_ISFIFO, "FIFO"),
+                       (stat.S_ISSOCK, "socket"), (stat.S_ISCHR, "character device"),
+                       (stat.S_ISBLK, "block device")):
+        if test(mode):
+            return name
+    return "special file"
 
 
 def report_path(directory: Path) -> Path:

@@ -8,11 +8,12 @@ that is only partly damaged loads, with the damage described in ``RankTrace.inte
 
 from __future__ import annotations
 
-import json
 import re
 from pathlib import Path
 from typing import Any
 
+from nccl_doctor import bounded_json
+from nccl_doctor.files import read_regular
 from nccl_doctor import paths
 from nccl_doctor.capture import format as fmt
 from nccl_doctor.errors import CorruptCapture, NotACapture, UnsupportedVersion
@@ -55,7 +56,7 @@ def read_meta(data: bytes, path: Path) -> dict[str, Any]:
     if length > fmt.META_MAX or fmt.crc32(raw) != crc:
         raise CorruptCapture(f"{path} has corrupt metadata (CRC mismatch): the file cannot be read")
     try:
-        meta = json.loads(raw)
+        meta = bounded_json.loads(raw)
     except ValueError:
         raise CorruptCapture(f"{path} has unreadable metadata: the file cannot be read") from None
     if not isinstance(meta, dict) or not isinstance(meta.get("rank"), int):
@@ -108,7 +109,7 @@ def parse_strings(data: bytes, pos: int, strings: dict[int, str],
             strings[sid] = payload
         elif kind == fmt.StrKind.NOTE:
             try:
-                note = json.loads(payload)
+                note = bounded_json.loads(payload)
             except ValueError:
                 bad_json += 1
                 continue
@@ -200,9 +201,6 @@ def read_fault(path: Path) -> str | None:
     """The faulthandler output beside a capture file (bounded), if any."""
     fault_path = path.with_suffix(fmt.FAULT_SUFFIX)
     try:
-        with fault_path.open("rb") as fh:
-            return fh.read(4_000_000).decode("utf-8", "replace")[:1_000_000]
-    except FileNotFoundError:
-        return None
-    except OSError:
+        return read_regular(fault_path, 4_000_000).decode("utf-8", "replace")[:1_000_000]
+    except OSError:  # absent, unreadable, or not a regular file
         return None

@@ -21,6 +21,8 @@ from pathlib import Path
 
 from nccl_doctor.capture import format as fmt
 from nccl_doctor.model import Unrecorded
+from nccl_doctor import bounded_json
+from nccl_doctor.files import read_regular
 
 __all__ = ["MAX_BYTES", "MAX_HOST", "MAX_WHY", "MAX_WORLD", "kept", "read_unrecorded",
            "write_unrecorded"]
@@ -89,9 +91,8 @@ def read_unrecorded(directory: Path) -> tuple[dict[int, tuple[Unrecorded, int]],
 
 def _body(path: Path) -> dict:
     try:
-        with open(path, "rb") as fh:
-            raw = fh.read(MAX_BYTES + 1)
-        doc = json.loads(raw) if 0 < len(raw) <= MAX_BYTES else {}
-    except (OSError, ValueError, RecursionError):
+        raw = read_regular(path, MAX_BYTES + 1)
+        doc = bounded_json.loads(raw, limit=MAX_BYTES) if raw else {}
+    except (OSError, ValueError):
         return {}
     return doc if isinstance(doc, dict) else {}

@@ -20,6 +20,7 @@ from typing import Any, Mapping, Sequence
 from nccl_doctor.files import write_atomic
 from nccl_doctor.stacks.rank_stack import RankStack, stack_from_json
 from nccl_doctor.watch_log import WatchLog
+from nccl_doctor import bounded_json
 
 WATCH_JSON = "watchdog.json"
 STACKS_JSON = "stacks.json"
@@ -52,9 +53,11 @@ def _read_doc(path: Path, fmt: str) -> dict[str, Any] | None:
     if not path.is_file():
         return None
     try:
-        doc = json.loads(path.read_text("utf-8"))
-    except (OSError, ValueError) as err:
-        raise ValueError(f"{path.name} is not valid JSON ({err})") from None
+        doc = bounded_json.load_file(path)
+    except OSError as err:
+        raise ValueError(f"{path.name} cannot be read ({err.strerror})") from None
+    except bounded_json.JsonDamaged as err:
+        raise ValueError(f"{path.name} is damaged: {err}") from None
     if not isinstance(doc, dict) or doc.get("format") != fmt:
         raise ValueError(f"{path.name} is not nccl-doctor's (no \"format\": \"{fmt}\")")
     if doc.get("version") != VERSION:

@@ -5,15 +5,15 @@ from __future__ import annotations
 import argparse
 import os
 import sys
-import time
 from pathlib import Path
 
 from nccl_doctor.cli.live import make_display
 from nccl_doctor.cli.output import PageFile, verdict_status
 from nccl_doctor.reporters.escape import visible
+from nccl_doctor.capture import claim
 from nccl_doctor.capture.names import REPORT_HTML, remove_own_files
 from nccl_doctor.env import COORDINATOR, NO_REDACT
-from nccl_doctor.errors import ExitStatus, OutputExists, UsageError
+from nccl_doctor.errors import ExitStatus, OutDirInUse, OutputExists, UsageError, unwritable
 from nccl_doctor.supervisor.federation import rendezvous
 from nccl_doctor.supervisor.gpu.nvml import Nvml
 from nccl_doctor.reporters.console import ConsoleReporter
@@ -43,7 +43,8 @@ def register(sub: argparse._SubParsersAction) -> None:
 def add_options(p: argparse.ArgumentParser) -> None:
     """The options of a supervised run (shared by ``run`` and ``demo``)."""
     p.add_argument("--out", type=Path, default=None, metavar="DIR",
-                   help="capture directory (default: nccl-doctor-out/run-YYYYmmdd-HHMMSS)")
+                   help="capture directory (default: a new nccl-doctor-out/run-YYYYmmdd-HHMMSS-HOST-PID; "
+                        "a directory another live run is using is refused)")
     p.add_argument("--force", action="store_true",
                    help="reuse a non-empty --out DIR (its earlier captures and reports are removed)")
     p.add_argument("--quiet", action="store_true",
@@ -113,10 +114,18 @@ def _seconds(text: str) -> float:
 
 
 def prepare_out_dir(out: Path | None, force: bool) -> Path:
+    """The run's capture directory: ``out`` (empty, or emptied of an earlier run's files with
+    ``force``; never a live run's), or a new one of its own."""
     if out is None:
-        return Path("nccl-doctor-out") / time.strftime("run-%Y%m%d-%H%M%S")
+        try:
+            return claim.default_out()
+        except OSError as err:
+            raise unwritable("--out", claim.DEFAULT_PARENT, err) from None
     if out.exists() and not out.is_dir():
         raise UsageError(f"--out {out} exists and is not a directory")
+    live = claim.held(out) if out.is_dir() else None
+    if live is not None:
+        raise OutDirInUse(live)
     if out.is_dir() and any(out.iterdir()):
         if not force:
             raise OutputExists(

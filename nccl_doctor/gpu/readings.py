@@ -51,6 +51,7 @@ class GpuTrace:
     ranks: Mapping[int, RankGpu] = field(default_factory=dict)
     samples: tuple[GpuSample, ...] = ()
     stopped: str = ""  # why sampling stopped early, if it did
+    damaged: str = ""  # what of the file could not be read (lines skipped), if anything
 
     def series(self, index: int, since: float = 0.0,
                until: float = float("inf")) -> tuple[GpuSample, ...]:

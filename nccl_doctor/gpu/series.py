@@ -16,7 +16,6 @@ from __future__ import annotations
 
 import json
 import math
-import os
 import threading
 import time
 from collections import deque
@@ -24,6 +23,8 @@ from dataclasses import asdict, fields
 from pathlib import Path
 from typing import Any, Iterable, Mapping
 
+from nccl_doctor import bounded_json
+from nccl_doctor.files import read_regular
 from nccl_doctor.files import write_atomic
 from nccl_doctor.gpu.readings import GpuDevice, GpuSample, GpuTrace, RankGpu
 
@@ -135,13 +136,10 @@ def read_gpu(directory: Path) -> GpuTrace | None:
     reason) for a file that is not ours."""
     path = directory / GPU_JSONL
     try:
-        with open(path, "rb") as f:
-            size = os.fstat(f.fileno()).st_size
-            head = f.readline(1 << 20)
-            if size > MAX_READ:  # never read more than MAX_READ: the newest samples
-                f.seek(size - MAX_READ)
-                f.readline()  # a partial line
-            raw = f.read(MAX_READ)
+        head = read_regular(path, 1 << 20).split(b"\n", 1)[0]
+        raw = read_regular(path, MAX_READ + 1, tail=True)  # the newest samples at most
+        if len(raw) > MAX_READ:
+            raw = raw.split(b"\n", 1)[-1]  # (a partial line)
     except FileNotFoundError:
         return None
     except OSError as err:
@@ -155,9 +153,9 @@ def read_gpu(directory: Path) -> GpuTrace | None:
     devices = {d.index: d for d in map(_device, _list(header.get("devices"))) if d is not None}
     ranks: dict[int, RankGpu] = {}
     samples, stopped = [], ""
-    for line in raw.splitlines():
-        obj = _object(line)
-        if obj is None:
+    values, damaged = bounded_json.lines(raw)
+    for obj in values:
+        if not isinstance(obj, dict):
             continue
         if obj.get("kind") == "sample":
             s = _sample(obj)
@@ -170,13 +168,14 @@ def read_gpu(directory: Path) -> GpuTrace | None:
     samples.sort(key=lambda s: s.t)
     return GpuTrace(available=header.get("available") is True,
                     reason=str(header.get("reason", ""))[:500], host=str(header.get("host", "")),
-                    devices=devices, ranks=ranks, samples=tuple(samples), stopped=stopped)
+                    devices=devices, ranks=ranks, samples=tuple(samples), stopped=stopped,
+                    damaged=damaged)
 
 
 def _object(line: bytes) -> dict[str, Any] | None:
     try:
-        obj = json.loads(line)
-    except (ValueError, UnicodeDecodeError, RecursionError):
+        obj = bounded_json.loads(line)
+    except ValueError:
         return None
     return obj if isinstance(obj, dict) else None
 

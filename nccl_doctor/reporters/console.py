@@ -40,6 +40,7 @@ class ConsoleReporter:
         console.print(
             f"[{style}]nccl-doctor: {d.verdict.value.upper()}[/] - {_VERDICT_WORDS[d.verdict]} "
             f"({_text(d.world_size)} rank{'s' if d.world_size != 1 else ''}{status})"
+            + (f" - partial: {_text(d.partial)}" if d.partial else "")
         )
         for f in d.findings:
             self._finding(console, f)

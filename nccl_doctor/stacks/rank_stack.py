@@ -10,13 +10,13 @@ sits in the recorder's wrapper, and its stack must end at the user's line, not a
 
 from __future__ import annotations
 
-import json
 import re
 from dataclasses import dataclass, replace
 from typing import Any, Iterable
 
 from nccl_doctor import paths
 from nccl_doctor.location import Location
+from nccl_doctor import bounded_json
 
 __all__ = ["SOURCES", "ThreadStack", "RankStack", "parse_stack_json"]
 
@@ -148,8 +148,9 @@ def parse_stack_json(
     data: Any = text_or_obj
     if isinstance(text_or_obj, (str, bytes, bytearray)):
         try:
-            data = json.loads(text_or_obj)
-        except (json.JSONDecodeError, UnicodeDecodeError) as err:
+            data = bounded_json.loads(bytes(text_or_obj) if isinstance(text_or_obj, bytearray)
+                                      else text_or_obj)
+        except ValueError as err:
             raise ValueError(f"stack dump of rank {rank} is not JSON: {err}") from None
     if not isinstance(data, list):
         raise ValueError(

@@ -13,6 +13,9 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from nccl_doctor import bounded_json
+from nccl_doctor.files import read_regular
+
 STRAGGLERS_JSONL = "stragglers.jsonl"
 MAX_PER_RANK = 60
 MAX_READ = 1 << 20
@@ -49,23 +52,22 @@ class SampleLog:
             f.write(line + "\n")
 
 
-def read_samples(directory: Path) -> tuple[StackSample, ...]:
-    """The samples beside a capture (none when there is no file; odd lines skipped)."""
+def read_samples(directory: Path) -> tuple[tuple[StackSample, ...], str]:
+    """The samples beside a capture (none when there is no file), and what was wrong with the
+    lines that were skipped ("" when none was)."""
     try:
-        with open(directory / STRAGGLERS_JSONL, "rb") as f:
-            raw = f.read(MAX_READ)
-    except OSError:
-        return ()
+        raw = read_regular(directory / STRAGGLERS_JSONL, MAX_READ)
+    except FileNotFoundError:
+        return (), ""
+    except OSError as err:
+        return (), f"cannot be read ({err.strerror})"
+    values, damaged = bounded_json.lines(raw)
     out = []
-    for line in raw.splitlines():
-        try:
-            obj = json.loads(line)
-        except (ValueError, UnicodeDecodeError, RecursionError):
-            continue
+    for obj in values:
         sample = _sample(obj) if isinstance(obj, dict) else None
         if sample is not None:
             out.append(sample)
-    return tuple(out)
+    return tuple(out), damaged
 
 
 def _sample(obj: dict[str, Any]) -> StackSample | None:

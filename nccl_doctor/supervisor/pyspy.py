@@ -8,7 +8,6 @@ exactly when ranks are not busy. Failures come back as one-line reasons, never a
 
 from __future__ import annotations
 
-import json
 import os
 import re
 import shutil
@@ -22,6 +21,7 @@ from typing import Any
 import psutil
 
 from nccl_doctor.stacks.rank_stack import RankStack, parse_stack_json
+from nccl_doctor import bounded_json
 
 __all__ = ["PYSPY_ENV", "find_pyspy", "dump", "collect"]
 
@@ -91,8 +91,8 @@ def dump(
     if proc.returncode != 0:
         return None, _failure_reason(err_bytes.decode("utf-8", "replace"), proc.returncode, pid)
     try:
-        threads = json.loads(out)
-    except (json.JSONDecodeError, UnicodeDecodeError):
+        threads = bounded_json.loads(out)
+    except ValueError:
         return None, f"py-spy printed unreadable output for pid {pid}: {_clip(repr(out[:80]))}"
     if not isinstance(threads, list):
         return None, f"py-spy printed a JSON {type(threads).__name__} for pid {pid}, not a list"

@@ -22,12 +22,13 @@ from nccl_doctor import redact
 from nccl_doctor.analysis import analyze
 from nccl_doctor.analysis.annotate import Annotator
 from nccl_doctor.capture import watch_record
+from nccl_doctor.capture.claim import Claim
 from nccl_doctor.capture.fault_files import drop_empty_fault_files
 from nccl_doctor.capture.manifest import Manifest
 from nccl_doctor.capture.names import capture_files, report_path
 from nccl_doctor.diagnosis import Diagnosis, Verdict
 from nccl_doctor.env import host_name
-from nccl_doctor.errors import DoctorError, ExitStatus, LaunchFailed, unwritable
+from nccl_doctor.errors import DoctorError, ExitStatus, LaunchFailed, OutDirInUse, unwritable
 from nccl_doctor.live_view import LiveView
 from nccl_doctor.model import TraceSet
 from nccl_doctor.processes import started
@@ -166,11 +167,35 @@ class Supervisor:
         self.state = new
 
     def run(self) -> RunResult:
+        """Run the job under supervision to its end and analyse it, holding ``out_dir`` for
+        this run alone (capture/claim.py: another live run's directory is refused)."""
+        try:
+            created = _make_dir(self.out_dir)
+        except OSError as err:  # before anything started: the user picks another --out
+            raise unwritable("--out", self.out_dir, err) from None
+        try:
+            held = Claim(self.out_dir, self.command)
+        except OutDirInUse:
+            for folder in reversed(created):
+                _remove_if_empty(folder)
+            raise
+        except OSError as err:
+            raise unwritable("--out", self.out_dir, err) from None
+        try:
+            return self._run()
+        except LaunchFailed:  # nothing ran: nothing is left behind to block --out
+            held.release()
+            for folder in reversed(created):
+                _remove_if_empty(folder)
+            raise
+        finally:
+            held.release()
+
+    def _run(self) -> RunResult:
         manifest = Manifest(command=self.command, started_at=time.time(), run_id=self.run_id,
                             extra=self._node_extra(), redacted=redact.wanted(self.environ))
         kept = self.live.kept
         try:
-            created = _make_dir(self.out_dir)
             kept.write_manifest(manifest)
             self.live.captures.manifest = manifest  # held: the captures' reader never reads it
         except OSError as err:  # before anything started: the user picks another --out
@@ -184,8 +209,6 @@ class Supervisor:
                 self.job = Job(self.command, environment, self.out_dir)
             except LaunchFailed:  # nothing ran: nothing is left behind to block --out
                 kept.forget_manifest()
-                for folder in reversed(created):
-                    _remove_if_empty(folder)
                 raise
             self._to(State.RUNNING)
             while (code := self.job.poll()) is None:

@@ -8,7 +8,6 @@ the job stopped in seconds, and the test then fails with the diagnosis read from
 
 from __future__ import annotations
 
-import json
 import os
 import shlex
 import subprocess
@@ -17,6 +16,7 @@ from pathlib import Path
 from typing import Any, Sequence
 
 from nccl_doctor.reporters.callpath import path_lines
+from nccl_doctor import bounded_json
 
 _MODULES = ("torch.distributed.run", "torch.distributed.launch", "accelerate.commands.launch",
             "deepspeed.launcher.runner")
@@ -77,7 +77,7 @@ class Launches:
         out = []
         for run in self.runs:
             try:
-                report = json.loads((run / "report.json").read_text())
+                report = bounded_json.load_file(run / "report.json")
             except (OSError, ValueError):
                 continue
             if report.get("verdict") == "hang":

@@ -12,6 +12,7 @@ from pathlib import Path
 
 import pytest
 
+from nccl_doctor.analysis import analyze
 from nccl_doctor.capture import format as fmt
 from nccl_doctor.capture.loading import load_capture_dir
 from nccl_doctor.capture.manifest import MANIFEST, MANIFEST_FORMAT, Manifest, read_manifest
@@ -440,11 +441,18 @@ def test_truncated_in_the_ring(tmp_path: Path) -> None:
     os.truncate(w.path, cut)
     trace = read_capture(w.path)
     assert trace.integrity.truncated and not trace.integrity.complete
-    assert "file truncated" in trace.integrity.describe()
+    full = w.ring_offset + w.capacity * fmt.RECORD_SIZE  # what the header says
+    said = f"truncated at {cut:,} of {full:,} bytes"
+    assert trace.integrity.describe() == said
     assert [e.idx for e in trace.events] == list(range(1, 11))
     assert trace.exit.kind is ExitKind.CLEAN  # notes live before the ring: intact
     ts = load_capture_dir(tmp_path)
-    assert any("incomplete" in p and "file truncated" in p for p in ts.problems)
+    # a damaged capture: said once, with what was used, and the diagnosis partial
+    name = Path(trace.path).name
+    assert [p for p in ts.problems if said in p] == [
+        f"rank 0's capture {name} is damaged ({said}): what it still held was used, what it "
+        "lost is not evidence against rank 0; the diagnosis is partial"]
+    assert ts.damaged_ranks() == {0}
 
 
 def test_truncated_in_the_string_table(tmp_path: Path) -> None:
@@ -625,7 +633,8 @@ def test_manifest_invalid_json(tmp_path: Path) -> None:
     ts = load_capture_dir(tmp_path)  # the capture beside it is read: as if it had no manifest
     assert list(ts.ranks) == [0] and ts.command == () and ts.exit_status is None
     assert ts.ranks[0].exit.kind is ExitKind.RUNNING  # no end time: the job may still run
-    assert any(p.startswith(f"{MANIFEST} is damaged (not valid JSON") for p in ts.problems)
+    assert any(p.startswith(f"{MANIFEST} is damaged (invalid JSON at line 1 column 35")
+               for p in ts.problems)
 
 
 def test_manifest_round_trip_and_fields_used(tmp_path: Path) -> None:
@@ -672,7 +681,19 @@ def test_unreadable_captures_are_reported_as_problems(tmp_path: Path) -> None:
     bad.write_bytes(b"garbage" * 100)
     ts = load_capture_dir(tmp_path)
     assert list(ts.ranks) == [0]
-    assert any(bad.name in p and "not an nccl-doctor capture" in p for p in ts.problems)
+    # rank 1 (its file's name says so) made a capture that cannot be read: damaged, never
+    # "missing"; said once, as a note of the diagnosis, which is partial
+    damaged = ts.unrecorded[1]
+    assert damaged.damaged and damaged.host == "node0" and ts.world_size == 2
+    assert damaged.why == (f"its capture {bad.name} is damaged (not an nccl-doctor capture file "
+                           "(no capture header); 700 bytes)")
+    assert ts.damaged_ranks() == {1} and not any(bad.name in p for p in ts.problems)
+    d = analyze(ts)
+    assert d.partial == "the capture of rank 1 is damaged"
+    assert [n for n in d.notes if bad.name in n] == [
+        f"rank 1 on node0: {damaged.why}: what it did is not seen; it is never blamed for what "
+        "its file lost, and may be the rank others wait for; the diagnosis is partial"]
+    assert not any(1 in f.ranks for f in d.findings)
 
 
 def test_all_captures_unreadable_raises(tmp_path: Path) -> None:

@@ -21,6 +21,7 @@ LAYERS = {
     "nccl_doctor._version": "core", "nccl_doctor.errors": "core", "nccl_doctor.env": "core",
     "nccl_doctor.paths": "core", "nccl_doctor.location": "core", "nccl_doctor.files": "core",
     "nccl_doctor.redact": "core", "nccl_doctor.processes": "core",
+    "nccl_doctor.bounded_json": "core",
     "nccl_doctor.entry_points": "core", "nccl_doctor.model": "core",
     "nccl_doctor.diagnosis": "core", "nccl_doctor.live_view": "core", "nccl_doctor.watch_log": "core",
     "nccl_doctor.page": "core",

@@ -493,7 +493,7 @@ def test_straggler_samples_file_is_bounded_and_read_defensively(tmp_path):
         MAX_PER_RANK, STRAGGLERS_JSONL, SampleLog, StackSample, read_samples,
     )
 
-    assert read_samples(tmp_path) == ()
+    assert read_samples(tmp_path) == ((), "")
     log = SampleLog(tmp_path)
     for k in range(MAX_PER_RANK + 5):
         log.add(StackSample(float(k), 1, ("train.py:3 in f",), (0,), "py-spy"))
@@ -501,6 +501,9 @@ def test_straggler_samples_file_is_bounded_and_read_defensively(tmp_path):
     with open(tmp_path / STRAGGLERS_JSONL, "a") as f:
         f.write('junk\n{"t": 1, "rank": -1, "frames": [], "waiting": []}\n'
                 '{"t": 1, "rank": 3, "frames": [7], "waiting": []}\n[]\n')
-    got = read_samples(tmp_path)
+    got, damaged = read_samples(tmp_path)
+    n = MAX_PER_RANK + 1 + 4  # the samples kept, then the four lines appended
+    assert damaged.startswith(f"1 of {n} lines skipped as damaged (the first, line "
+                              f"{MAX_PER_RANK + 2}: invalid JSON at line 1 column 1")
     assert [s.rank for s in got].count(1) == MAX_PER_RANK
     assert got[-1] == StackSample(1.0, 2, ("train.py:9 in g",), (0, 1), "agent")

@@ -22,6 +22,7 @@ from __future__ import annotations
 
 import datetime
 import json
+from nccl_doctor import bounded_json
 from typing import Any
 
 FORMAT = "nccl-doctor-federation"
@@ -90,7 +91,7 @@ def put(store: Any, key: str, value: Any) -> None:
 
 def get(store: Any, key: str) -> Any:
     try:
-        return json.loads(store.get(key))
+        return bounded_json.loads(store.get(key))
     except ValueError as err:
         raise StoreError(f"{key} is not JSON ({err})") from None
     except Exception as err:
@@ -108,7 +109,7 @@ def get_many(store: Any, keys: list[str]) -> list[Any]:
     out = []
     for value in raw:
         try:
-            out.append(json.loads(value))
+            out.append(bounded_json.loads(value))
         except ValueError:
             out.append(None)
     return out
