@@ -256,11 +256,13 @@ class Integrity:
     expected: int = 0
     miscounted: bool = False  # its header's counters stop short of what it holds
     blank_records: int = 0  # slots below its newest record found blank (zeroed)
+    unnamed_records: int = 0  # records naming strings its table does not hold (skipped)
+    deep_damage: int = 0  # torn or blank records further from the ring's head than a kill leaves
 
     @property
     def complete(self) -> bool:
         return not (self.torn_records or self.truncated or self.bad_strings or self.miscounted
-                    or self.blank_records)
+                    or self.blank_records or self.unnamed_records)
 
     @property
     def damaged(self) -> bool:
@@ -268,6 +270,7 @@ class Integrity:
         file was cut short, its strings are corrupt, or records fail their check across the
         ring. What such a capture lacks is not evidence against its rank."""
         return (self.truncated or self.miscounted or bool(self.bad_strings)
+                or bool(self.unnamed_records) or bool(self.deep_damage)
                 or self.torn_records + self.blank_records > TORN_BY_A_KILL)
 
     def describe(self) -> str:
@@ -276,11 +279,13 @@ class Integrity:
             parts.append(f"truncated at {self.size:,} of {self.expected:,} bytes"
                          if self.expected else "file truncated")
         if self.miscounted:
-            parts.append("its header's counters stop short of its records (all of them read)")
+            parts.append("its header disagrees with what the file holds (every record read)")
         if self.torn_records:
             parts.append(f"{self.torn_records} torn record(s)")
         if self.blank_records:
             parts.append(f"{self.blank_records} record(s) blanked")
+        if self.unnamed_records:
+            parts.append(f"{self.unnamed_records} record(s) naming lost strings, skipped")
         if self.bad_strings:
             parts.append(f"{self.bad_strings} corrupt string(s)")
         if self.overwritten:

@@ -126,17 +126,24 @@ def assemble(path: Path, manifest: Manifest | None, files: list[Path],
         markers, bad = read_unrecorded(path)
         problems += bad
     unrecorded = {r: u for r, (u, _) in sorted(markers.items()) if r not in traces}
-    unrecorded.update((r, u) for r, u in sorted(unreadable.items()) if r not in traces)
+    sizes = [t.meta.world_size for t in traces.values()]
+    sizes += [markers[r][1] for r in unrecorded]
+    if manifest is not None and manifest.world_size:
+        sizes.append(manifest.world_size)
+    known = max((n for n in sizes if n <= MAX_WORLD), default=0)
+    for rank, u in sorted(unreadable.items()):
+        if rank in traces:
+            continue
+        if known and rank >= known:  # a name past the job's ranks: not a rank of this job
+            problems.append(f"{u.why.removeprefix('its capture ')}; its name gives rank {rank}, "
+                            f"past the job's {known} ranks: skipped")
+            continue
+        unrecorded[rank] = u
     # a damaged file whose name is not its rank's (names swapped, another rank's capture read
     # under it) may hold any rank that has no capture here: none of them is blamed
     astray = [f for f, t in zip(files, read) if isinstance(t, DoctorError)
               and (named_rank(f) is None or named_rank(f)[0] in traces)]
-    sizes = [t.meta.world_size for t in traces.values()]
-    sizes += [markers[r][1] for r in unrecorded if r in markers]
-    sizes += [r + 1 for r in unrecorded]
-    if manifest is not None and manifest.world_size:
-        sizes.append(manifest.world_size)
-    world = max((n for n in sizes if n <= MAX_WORLD), default=0)  # (a damaged file's not)
+    world = max([known, *(r + 1 for r in unrecorded)])
     if astray:
         why = (f"a capture that cannot be read ({', '.join(f.name for f in astray[:3])}) may be "
                "its")

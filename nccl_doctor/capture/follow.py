@@ -28,10 +28,11 @@ from nccl_doctor.capture.reader import (
     LOOKAHEAD, _exit_from, _meta, parse_strings, read_fault, read_header, read_meta, ring_slots,
 )
 from nccl_doctor.errors import CorruptCapture
-from nccl_doctor.model import Event, Integrity, RankExit, RankMeta, RankTrace
+from nccl_doctor.model import Event, ExitKind, Integrity, RankExit, RankMeta, RankTrace
 
 #: Records the frontier may trail the counter by before a slot still not written there is taken
 #: for torn (re-read on each read until the ring laps it) and the frontier moves on.
+RECENT = 16  # records from the ring's head a kill may leave torn or blank (the calls in flight)
 _PATIENCE = 4 * LOOKAHEAD
 
 
@@ -107,15 +108,35 @@ class CaptureFollower:
             end, miscounted = self._available, True
         slots = np.arange(end)
         decoded = records.decode(self._rows(slots), slots, self.capacity)
+        # a record naming strings the table does not hold (its entries lost) cannot be told
+        # from another call: it is skipped, and counted
+        ids = np.fromiter(self._strings, dtype=np.int64, count=len(self._strings))
+        rows = decoded.rows
+        named = (np.isin(rows["op"], ids) & np.isin(rows["group"], ids)
+                 & np.isin(rows["input"], ids) & np.isin(rows["output"], ids))
+        unnamed = int(len(named) - named.sum())
+        if unnamed:
+            decoded = records.Decoded(decoded.rows[named], decoded.exited[named],
+                                      decoded.slots[named], decoded.torn_slots)
         count = int(decoded.rows["idx"][-1]) if len(decoded.rows) else 0
         bad = self._bad_json + (1 if self._str_damaged or blanked else 0)
         # the slots below the newest record (or the counter) hold a record each: blank ones
         # lost theirs (zeroed)
-        seen = len(np.union1d(decoded.slots, decoded.torn_slots))
-        blank = max(0, min(max(count, started), self.capacity, self._available) - seen)
+        seen_slots = np.union1d(decoded.slots, decoded.torn_slots)
+        filled = min(max(count, started), self.capacity, self._available)
+        blank = max(0, filled - len(seen_slots))
+        # a kill leaves its torn or blank records at the head of the ring (the calls in flight);
+        # one further back was damaged later
+        head = (count - 1) % self.capacity if count else 0
+        blank_slots = np.setdiff1d(np.arange(min(filled, self._available)), seen_slots)
+        odd = np.concatenate([decoded.torn_slots, blank_slots]).astype(np.int64)
+        deep = int(((head - odd) % self.capacity > RECENT).sum()) if count else 0
+        ended = _exit_from(self._notes, self._fault_text)
+        if ended.kind in (ExitKind.CLEAN, ExitKind.EXCEPTION):
+            deep = len(odd)  # it ended by itself, no call in flight: none was cut by a kill
         return Scan(self.path, self._meta, dict(self._strings), tuple(self._notes), decoded,
-                    self._integrity(decoded.torn, count, bad, miscounted, blank),
-                    _exit_from(self._notes, self._fault_text), self._paths)
+                    self._integrity(decoded.torn, count, bad, miscounted, blank, unnamed, deep),
+                    ended, self._paths)
 
     def _str_head_at(self, used: int) -> bool:
         """Whether an entry begins where the string table's counter says it ends."""
@@ -128,10 +149,11 @@ class CaptureFollower:
         return records.decode(self._rows(slots), slots, self.capacity).rows
 
     def _integrity(self, torn: int, count: int, bad: int, miscounted: bool = False,
-                   blank: int = 0) -> Integrity:
+                   blank: int = 0, unnamed: int = 0, deep: int = 0) -> Integrity:
         return Integrity(torn, self._truncated, max(0, count - self.capacity), bad,
                          *((self._size, self._expected) if self._truncated else (0, 0)),
-                         miscounted=miscounted, blank_records=blank)
+                         miscounted=miscounted or self._size > self._expected,
+                         blank_records=blank, unnamed_records=unnamed, deep_damage=deep)
 
     def columns(self) -> Scan:
         """The capture as last read (``read``), its records as columns, from what this follower

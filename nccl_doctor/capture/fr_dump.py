@@ -18,7 +18,7 @@ import gc
 import io
 import pickle
 import re
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Mapping
 
@@ -29,7 +29,7 @@ from nccl_doctor.errors import (
     CaptureNotFound, CorruptCapture, NotACapture, RefusedInput, UnsupportedVersion,
 )
 from nccl_doctor.model import (
-    ExitKind, GroupInfo, Integrity, RankExit, RankMeta, RankTrace, TraceSet,
+    ExitKind, GroupInfo, Integrity, RankExit, RankMeta, RankTrace, TraceSet, Unrecorded,
 )
 
 #: Flight Recorder's format versions this reader knows ("2.0" .. "2.10" so far). A newer minor
@@ -149,6 +149,7 @@ class Dumps:
     notes: tuple[str, ...] = ()
     compared: int = 0  # entries compared across the ranks, when cut to a window (fr_window)
     kept: int = 0  # of which kept
+    damaged: Mapping[int, str] = field(default_factory=dict)  # rank -> its unreadable dump
 
 
 def candidates(path: Path) -> list[Path]:
@@ -192,12 +193,13 @@ def load_dumps(path: Path) -> Dumps:
     problems: list[str] = []
     notes: list[str] = []
     errors = []
+    damaged: dict[int, str] = {}  # rank (its file's name says) -> its damaged dump's name
     # Millions of plain, acyclic containers: the cycle collector would rescan all that were
     # already read after every few thousand new ones (minutes at 1,024 ranks, for nothing).
     collecting = gc.isenabled()
     gc.disable()
     try:
-        _read_all(files, by_rank, problems, notes, errors)
+        _read_all(files, by_rank, problems, notes, errors, damaged)
     finally:
         if collecting:
             gc.enable()
@@ -206,11 +208,12 @@ def load_dumps(path: Path) -> Dumps:
             raise errors[0]
         raise CorruptCapture(f"none of the {len(files)} files in {path} is a readable Flight "
                              f"Recorder dump ({problems[0]})")
-    return Dumps(by_rank, tuple(problems), tuple(notes))
+    return Dumps(by_rank, tuple(problems), tuple(notes),
+                 damaged={r: n for r, n in damaged.items() if r not in by_rank})
 
 
 def _read_all(files: list[Path], by_rank: dict[int, dict[str, Any]], problems: list[str],
-              notes: list[str], errors: list) -> None:
+              notes: list[str], errors: list, damaged: dict[int, str]) -> None:
     for f in files:
         try:
             dump = read_dump(f)
@@ -219,6 +222,9 @@ def _read_all(files: list[Path], by_rank: dict[int, dict[str, Any]], problems: l
         except (CorruptCapture, NotACapture, UnsupportedVersion, CaptureNotFound) as err:
             errors.append(err)
             problems.append(f"{f.name} skipped: {err}")
+            named = _RANK_IN_NAME.search(f.name)
+            if named and isinstance(err, CorruptCapture) and int(named.group(1)) < MAX_WORLD:
+                damaged.setdefault(int(named.group(1)), f.name)
             continue
         rank = rank_of(f, dump)
         if rank is None:
@@ -276,6 +282,9 @@ def traces_from_dumps(dumps: Dumps, source: str) -> TraceSet:
     backend = {"nccl" if flight_recorder.has_nccl(by_rank) else "gloo"}
     groups = {n: GroupInfo(g.name, g.ranks, next(iter(backend)), g.desc) for n, g in groups.items()}
     members = {r for g in groups.values() for r in g.ranks}
+    stray = sorted(r for r in by_rank if members and r > max(members))
+    if stray:  # (a copy named rank_0_copy827354: the job's groups end at their last member)
+        by_rank = {r: d for r, d in by_rank.items() if r not in stray}
     world = max(members | set(by_rank), default=-1) + 1
     ranks = {}
     for rank, dump in sorted(by_rank.items()):
@@ -287,16 +296,23 @@ def traces_from_dumps(dumps: Dumps, source: str) -> TraceSet:
         ranks[rank] = RankTrace(meta, events, RankExit(ExitKind.RUNNING), Integrity(),
                                 path=f"{source}#rank{rank}")
     notes = list(dumps.notes)
+    if stray:
+        notes.append(f"dump(s) of rank(s) {_ranges(stray)} skipped: past every process group "
+                     f"of the job (its ranks end at {world - 1}): a stray or damaged file")
     total, kept = max(total, dumps.compared), kept if not dumps.compared else dumps.kept
     if kept < total:
         notes.append(f"Flight Recorder: {total} entries compared across the ranks; the "
                      f"{kept} from just before the first divergence on are analysed")
-    missing = sorted(set(range(world)) - set(by_rank))
+    believed = {r: n for r, n in dumps.damaged.items() if not members or r <= max(members)}
+    world = max([world, *(r + 1 for r in believed)])
+    unseen = {r: Unrecorded(why=f"its Flight Recorder dump {name} is damaged", damaged=True)
+              for r, name in sorted(believed.items())}
+    missing = sorted(set(range(world)) - set(by_rank) - set(unseen))
     if missing:
         notes.append(f"no Flight Recorder dump for rank(s) {_ranges(missing)}: what they did is "
                      "unknown (their peers' entries still say which collectives they missed)")
     return TraceSet(ranks=ranks, groups=groups, world_size=world, source=source,
-                    problems=tuple(dumps.problems) + tuple(notes))
+                    problems=tuple(dumps.problems) + tuple(notes), unrecorded=unseen)
 
 
 def _ranges(ranks: list[int]) -> str:

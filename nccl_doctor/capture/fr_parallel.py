@@ -85,7 +85,8 @@ def _serial(path: Path) -> fr_dump.Dumps:
     finally:
         if collecting:
             gc.enable()
-    return fr_dump.Dumps(by_rank, dumps.problems, dumps.notes, compared=total, kept=kept)
+    return fr_dump.Dumps(by_rank, dumps.problems, dumps.notes, compared=total, kept=kept,
+                         damaged=dumps.damaged)
 
 
 def _parallel(path: Path, files: list[Path], cores: int) -> fr_dump.Dumps:
