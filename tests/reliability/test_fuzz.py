@@ -244,7 +244,9 @@ def duplicate_rank(rng: random.Random, d: Path) -> str:
 def odd_entry(rng: random.Random, d: Path) -> str:
     name = rng.choice(["rank00002.vm.1.ndcap", "rank00000.vm.2.ndcap", "rank_2.json"])
     target = d / name
-    if target.exists():
+    if target.is_dir() and not target.is_symlink():
+        shutil.rmtree(target)
+    elif target.exists() or target.is_symlink():
         target.unlink()
     if rng.random() < 0.5:
         os.mkfifo(target)

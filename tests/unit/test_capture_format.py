@@ -404,9 +404,12 @@ def test_torn_enter_part(tmp_path: Path) -> None:
     write_calls(b, 5)
     ts = load_capture_dir(tmp_path)
     assert sorted(ts.ranks) == [0, 1]
-    incomplete = [p for p in ts.problems if "incomplete" in p]
-    assert len(incomplete) == 1 and "rank 0" in incomplete[0]
-    assert "1 torn record(s)" in incomplete[0]
+    # a record torn in a rank that exited by itself: no kill cut it, so the file is damaged
+    damaged = [p for p in ts.problems if "damaged" in p]
+    assert damaged == [f"rank 0's capture {w.path.name} is damaged (1 torn record(s)): what it "
+                       "still held was used, what it lost is not evidence against rank 0; the "
+                       "diagnosis is partial"]
+    assert ts.damaged_ranks() == {0}
 
 
 def test_torn_exit_part(tmp_path: Path) -> None:

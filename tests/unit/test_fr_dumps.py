@@ -141,8 +141,12 @@ def test_one_damaged_dump_among_good_ones_is_skipped_with_a_note(tmp_path):
     shutil.copy(H100["skip_broadcast"] / "rank_0", tmp_path / "rank_0")
     (tmp_path / "rank_1").write_bytes(b"\x80\x04garbage")
     d = diagnose(tmp_path)
-    assert any("rank_1 skipped" in n for n in d.notes) and any(
-        "no Flight Recorder dump for rank(s) 1" in n for n in d.notes)
+    assert any("rank_1 skipped" in n for n in d.notes)
+    # its name says whose it was: rank 1's dump is damaged - unseen, never missing or blamed
+    assert "rank 1: its Flight Recorder dump rank_1 is damaged: what it did is not seen" in \
+        "\n".join(d.notes)
+    assert d.partial == "the capture of rank 1 is damaged"
+    assert not any(1 in f.ranks for f in d.findings)
 
 
 # -- JSON and pickle dumps of real gloo jobs recorded here (tests/fixtures/fr_dumps/record_gloo.py)
