@@ -19,8 +19,10 @@ import time
 from pathlib import Path
 from typing import Sequence
 
+from nccl_doctor import bounded_json
 from nccl_doctor.env import host_name
 from nccl_doctor.errors import OutDirInUse
+from nccl_doctor.files import read_regular
 
 LOCK = ".nccl-doctor.lock"
 DEFAULT_PARENT = Path("nccl-doctor-out")
@@ -61,7 +63,7 @@ def held(directory: Path) -> str | None:
     """Who holds ``directory`` (the one line refusing it), or None when no live run does."""
     path = directory / LOCK
     try:
-        fd = os.open(path, os.O_RDONLY)
+        fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK)  # (a FIFO of that name never waits)
     except OSError:
         return None
     try:
@@ -78,9 +80,8 @@ def held(directory: Path) -> str | None:
 def holder(path: Path) -> dict:
     """What the claim's file says of its holder (empty if it cannot be read)."""
     try:
-        with path.open("rb") as fh:
-            data = json.loads(fh.read(16384))
-    except (OSError, ValueError, RecursionError):
+        data = bounded_json.loads(read_regular(path, 16384))
+    except (OSError, ValueError):
         return {}
     return data if isinstance(data, dict) else {}
 

@@ -136,10 +136,12 @@ def read_gpu(directory: Path) -> GpuTrace | None:
     reason) for a file that is not ours."""
     path = directory / GPU_JSONL
     try:
-        head = read_regular(path, 1 << 20).split(b"\n", 1)[0]
         raw = read_regular(path, MAX_READ + 1, tail=True)  # the newest samples at most
-        if len(raw) > MAX_READ:
-            raw = raw.split(b"\n", 1)[-1]  # (a partial line)
+        if len(raw) > MAX_READ:  # (the header is then read apart; a partial line dropped)
+            head = read_regular(path, 1 << 20).split(b"\n", 1)[0]
+            raw = raw.split(b"\n", 1)[-1]
+        else:
+            head = raw.split(b"\n", 1)[0]
     except FileNotFoundError:
         return None
     except OSError as err:

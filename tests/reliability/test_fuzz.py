@@ -176,12 +176,17 @@ SIDE_FILES = ("manifest.json", "watchdog.json", "stacks.json", "report.json", "g
               "stragglers.jsonl", "rank_0.json", "rank_1.json", "*.json")
 
 
-def bad_json(rng: random.Random, d: Path) -> str:
-    f = None
+def _side_file(rng: random.Random, d: Path) -> Path | None:
+    """One of the JSON files beside the captures (or of the dumps), picked at random."""
     for pattern in rng.sample(SIDE_FILES, len(SIDE_FILES)):
         f = _pick(rng, d, pattern)
         if f is not None:
-            break
+            return f
+    return None
+
+
+def bad_json(rng: random.Random, d: Path) -> str:
+    f = _side_file(rng, d)
     if f is None:
         return truncate(rng, d)
     text = f.read_bytes()
@@ -201,12 +206,7 @@ def bad_json(rng: random.Random, d: Path) -> str:
 
 
 def deep_json(rng: random.Random, d: Path) -> str:
-    f = None
-    for pattern in rng.sample(SIDE_FILES, len(SIDE_FILES)):
-        f = _pick(rng, d, pattern)
-        if f is not None:
-            break
-    f = f or d / "manifest.json"
+    f = _side_file(rng, d) or d / "manifest.json"
     depth = rng.choice([101, 1000, 100_000])
     opener, closer = rng.choice([(b"[", b"]"), (b'{"a":', b"}")])
     f.write_bytes(opener * depth + b"1" + closer * depth)
