@@ -142,6 +142,9 @@ class Diagnosis:
     nodes: Mapping[str, Any] = field(default_factory=dict)
     # why the diagnosis is partial ("": it is not): ranks whose captures are damaged
     partial: str = ""
+    # A job of Ray actors: which actor holds each rank, and what each group is between them
+    # ({"actors": {rank: {class, id, name, host}}, "groups": {name: {ranks, role}}})
+    ray: Mapping[str, Any] = field(default_factory=dict)
 
     @property
     def root_cause(self) -> Finding | None:
@@ -159,6 +162,7 @@ class Diagnosis:
             "stack_classes": [dict(c) for c in self.stack_classes],
             "watchdog": dict(self.watchdog), **({"nodes": dict(self.nodes)} if self.nodes else {}),
             **({"partial": self.partial} if self.partial else {}),
+            **({"ray": dict(self.ray)} if self.ray else {}),
         }
 
     @classmethod
@@ -183,6 +187,7 @@ class Diagnosis:
                 source=str(raw.get("source", "")),
                 stack_classes=tuple(raw.get("stack_classes") or ()),
                 watchdog=dict(raw.get("watchdog") or {}), nodes=dict(raw.get("nodes") or {}),
+                ray=dict(raw.get("ray") or {}),
                 partial=str(raw.get("partial") or ""))
         except (KeyError, TypeError, ValueError, AttributeError):
             return None

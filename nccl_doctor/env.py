@@ -52,3 +52,19 @@ COORDINATOR = "NCCL_DOCTOR_COORDINATOR"
 #: the manifest and in each rank's capture (by default its secrets are ``***``:
 #: nccl_doctor/redact.py).
 NO_REDACT = "NCCL_DOCTOR_NO_REDACT"
+
+# -- Ray clusters (``nccl-doctor run --ray``: docs/ray.md) ------------------------------------
+#: Ray's own variable: a function Ray calls at the driver's ``ray.init`` to amend the job's
+#: runtime_env (nccl_doctor/rank/ray_env.py adds the doctor's settings and worker setup hook).
+RAY_RUNTIME_ENV_HOOK = "RAY_RUNTIME_ENV_HOOK"
+#: The user's own RAY_RUNTIME_ENV_HOOK, kept while the doctor's is set (it is called first).
+RAY_USER_HOOK = "NCCL_DOCTOR_RAY_USER_HOOK"
+#: The host of the supervisor that launched the driver: Ray workers there write into
+#: NCCL_DOCTOR_DIR, those of every other host into that host's node directory
+#: (``capture.names.node_dir``), read by the node doctor Ray runs there.
+RAY_LEADER_HOST = "NCCL_DOCTOR_RAY_LEADER_HOST"
+#: What the runtime_env hook never passes on to the workers (it names this host, not theirs).
+RAY_NOT_PASSED = (HOSTNAME, RAY_USER_HOOK)
+#: What a node doctor's supervisor checks the coordinator serves (set by ``--ray``'s keeper; no
+#: launcher names the job's rendezvous there).
+COORDINATOR_JOB = "NCCL_DOCTOR_COORDINATOR_JOB"

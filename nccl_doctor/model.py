@@ -238,6 +238,8 @@ class RankMeta:
     argv: tuple[str, ...] = ()
     versions: Mapping[str, str] = field(default_factory=dict)
     env: Mapping[str, str] = field(default_factory=dict)
+    # a Ray actor's rank: actor_class, actor_id, actor_name, node_id, job_id (rank/ray_actor.py)
+    ray: Mapping[str, str] = field(default_factory=dict)
 
 
 #: Torn records a killed rank may leave (one per thread that was inside a call); more is damage.

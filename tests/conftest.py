@@ -31,6 +31,7 @@ SHARED = {
     "tests/reliability/test_damaged_manifest.py": "damaged_manifest",
     "tests/upstream/test_trl.py": "trl",
     "tests/upstream/test_ray.py": "ray",  # one Ray cluster at a time
+    "tests/upstream/test_ray_cluster.py": "ray",
 }
 
 

@@ -6,7 +6,7 @@ from dataclasses import replace
 from pathlib import Path
 from typing import Callable, Sequence
 
-from nccl_doctor.analysis import annotate, ends, replayed, straggler
+from nccl_doctor.analysis import actors, annotate, ends, replayed, straggler
 from nccl_doctor.analysis.align import blocked_event, last_leaf
 from nccl_doctor.analysis.wording import call_name, call_site, ranks_text
 from nccl_doctor.analysis.desync import DESYNC, first_divergence_per_group
@@ -20,7 +20,7 @@ from nccl_doctor.analysis.degenerate import detect_degenerate_signal
 from nccl_doctor.analysis.straggler import detect_straggler
 from nccl_doctor.capture.format import CAPTURE_SUFFIX
 from nccl_doctor.diagnosis import Diagnosis, Finding, FindingKind, RankSummary, Severity, Verdict
-from nccl_doctor.model import ExitKind, RankTrace, TraceSet
+from nccl_doctor.model import EventKind, EventState, ExitKind, RankTrace, TraceSet
 
 Pass = Callable[[TraceSet], list[Finding]]
 
@@ -111,7 +111,7 @@ def analyze(traces: TraceSet, passes: tuple[Pass, ...] = PASSES,
         ranks=tuple(_summaries(traces)), world_size=traces.world_size, command=traces.command,
         exit_status=traces.exit_status, notes=tuple(notes),
         groups={name: g.ranks for name, g in sorted(traces.groups.items())}, source=traces.source,
-        partial=damage_partial(traces),
+        partial=damage_partial(traces), ray=actors.summary(traces),
     ), annotators, annotate.versions_of(traces))
     # a hang the live watchdog called stands (its kept record: replay reaches the live verdict)
     return replayed.with_watch(diagnosis, traces, annotators)
@@ -173,6 +173,9 @@ def _rank_findings(findings: list[Finding], traces: TraceSet) -> list[Finding]:
         )
         if not explained:
             candidates.append(f)
+    # Ranks missing from a collective of one group because they wait, in their own order, in
+    # another group's: that wait is another finding's (the rank that broke its order skipped)
+    candidates = [f for f in candidates if not _waiting_in_order(f, traces)] or candidates
     candidates = candidates or errors
     # spinning GPUs are the symptom of whatever keeps the peers away
     candidates = [f for f in candidates if f.kind is not FindingKind.GPU_BUSY_HANG] or candidates
@@ -182,29 +185,76 @@ def _rank_findings(findings: list[Finding], traces: TraceSet) -> list[Finding]:
     return [replace(first, root_cause=True, **_consequences(first, traces))] + rest
 
 
+def _waiting_in_order(f: Finding, traces: TraceSet) -> bool:
+    """Every rank ``f`` says is missing from its collective (group A) is blocked in a call of
+    another group B, and did its last call of A *after* its last call of B: it keeps the order
+    it kept before (B, A, B, ...), so it will come once B completes - it waits, it did not skip
+    A. (The rank that skipped shows the other pattern: A, B, and now B again.)"""
+    if f.kind is not FindingKind.MISSING_COLLECTIVE or f.group is None or not f.ranks:
+        return False
+    for rank in f.ranks:
+        trace = traces.ranks.get(rank)
+        blocked = blocked_event(trace) if trace is not None else None
+        if blocked is None or blocked.group == f.group:
+            return False
+        last: dict[str, int] = {}
+        for i, e in enumerate(trace.events):
+            if e.idx != blocked.idx and e.state is not EventState.ENTERED and e.kind in (
+                    EventKind.COLLECTIVE, EventKind.P2P):
+                last[e.group] = i
+        if not (f.group in last and blocked.group in last and last[f.group] > last[blocked.group]):
+            return False
+    return True
+
+
 def _on_hosts(findings: list[Finding], traces: TraceSet) -> list[Finding]:
-    """A job across several hosts: each finding says where its ranks run ("rank 3 on nodeB"),
-    in its title and as ``evidence.hosts``."""
+    """A job across several hosts, or of Ray actors: each finding says where its ranks run
+    ("rank 3 on nodeB"), which actors hold them ("rank 3 (Engine 1a2b3c4d)") and what its group
+    is between the actors ("group 2: weight-sync group (Trainer rank 0 -> Engine ranks 2, 3)"),
+    in its title and as ``evidence.hosts`` / ``actors`` / ``group_role``."""
     hosts = {r: t.meta.host for r, t in traces.ranks.items() if t.meta.host}
-    if len(set(hosts.values())) < 2:
+    several = len(set(hosts.values())) >= 2
+    held = actors.actors(traces)
+    if not several and not held:
         return findings
+    roles = actors.group_roles(traces, held)
     out = []
     for f in findings:
-        mine = {r: hosts[r] for r in f.ranks if r in hosts}
-        if not mine:
+        mine = {r: hosts.get(r, "") for r in f.ranks if (several and r in hosts) or r in held}
+        role = roles.get(str(f.group)) if f.group is not None else None
+        if not mine and role is None:
             out.append(f)
             continue
         by_host: dict[str, list[int]] = {}
         for r, h in sorted(mine.items()):
-            by_host.setdefault(h, []).append(r)
-        shown = [f"{ranks_text(rs)} on {h}" for h, rs in by_host.items()]
+            by_host.setdefault(h if several else "", []).append(r)
+        shown = [_who(rs, held) + (f" on {h}" if h else "") for h, rs in by_host.items()]
         if len(shown) > 4:  # the full map is in the evidence
             shown = shown[:3] + [f"... {len(shown) - 3} more hosts"]
+        if role is not None:
+            shown.append(f"group {f.group}: {role}")
         where = "; ".join(shown)
         title = f.title if f.kind is FindingKind.NODE_LOST else f"{f.title} [{where}]"
-        out.append(replace(f, title=title, evidence={
-            **f.evidence, "hosts": {str(r): h for r, h in sorted(mine.items())}}))
+        evidence = dict(f.evidence)
+        if several:
+            evidence["hosts"] = {str(r): h for r, h in sorted(mine.items()) if h}
+        if held:
+            evidence["actors"] = {str(r): held[r].label for r in sorted(mine) if r in held}
+        if role is not None:
+            evidence["group_role"] = role
+        out.append(replace(f, title=title, evidence=evidence))
     return out
+
+
+def _who(ranks: list[int], held: dict[int, actors.Actor]) -> str:
+    """"rank 3 (Engine 1a2b3c4d)", or the ranks and their actors' classes when there are many."""
+    if not any(r in held for r in ranks):
+        return ranks_text(ranks)
+    if len(ranks) <= 3:
+        return ", ".join(f"rank {r} ({held[r].label})" if r in held else f"rank {r}"
+                         for r in ranks)
+    classes = sorted({held[r].cls for r in ranks if r in held})
+    return f"{ranks_text(ranks)} ({', '.join(classes)})"
 
 
 def _consequences(root: Finding, traces: TraceSet) -> dict:

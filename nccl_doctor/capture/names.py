@@ -54,6 +54,13 @@ def named_rank(path: Path) -> tuple[int, str] | None:
     return (int(m.group(1)), m.group(2)) if m and int(m.group(1)) < MAX_WORLD else None
 
 
+def node_dir(out: Path, host: str) -> Path:
+    """The capture directory of another host's ranks in a Ray job whose driver's run writes
+    ``out`` (``nccl-doctor run --ray``): ``out``'s sibling named after the host, on that host's
+    own disk, where Ray's workers there write and that host's node doctor reads."""
+    return out.parent / f"{out.name}.{re.sub(r'[^A-Za-z0-9_-]', '_', host)[:64]}"
+
+
 def capture_files(directory: Path) -> list[Path]:
     """The capture files in ``directory``: regular files named ``*.ndcap`` (never a FIFO, a
     device or a directory of that name, which ``odd_captures`` names)."""

@@ -194,7 +194,15 @@ def _meta(meta: dict[str, Any]) -> RankMeta:
         argv=tuple(str(a) for a in meta.get("argv", ()) or ()),
         versions={str(k): str(v) for k, v in (meta.get("versions") or {}).items()},
         env={str(k): str(v) for k, v in (meta.get("env") or {}).items()},
+        ray=_strings(meta.get("ray")),
     )
+
+
+def _strings(raw: Any) -> dict[str, str]:
+    """A small str -> str mapping of the metadata ({} for anything else)."""
+    if not isinstance(raw, dict):
+        return {}
+    return {str(k)[:64]: str(v)[:200] for k, v in list(raw.items())[:16]}
 
 
 def read_fault(path: Path) -> str | None:

@@ -162,7 +162,7 @@ def summarize(trace: RankTrace, tail: int = TAIL) -> dict[str, Any]:
         "meta": {"rank": m.rank, "world_size": m.world_size, "local_rank": m.local_rank,
                  "node_rank": m.node_rank, "host": m.host, "pid": m.pid,
                  "started_ns": m.started_ns, "run_id": m.run_id, "argv": list(m.argv)[:8],
-                 "versions": dict(m.versions), "env": dict(m.env)},
+                 "versions": dict(m.versions), "env": dict(m.env), "ray": dict(m.ray)},
         "sites": site.rows, "events": packed,
         "dropped": len(trace.events) - len(events),
         "exit": {"kind": ex.kind.value, "code": ex.code, "signal": ex.signal,
@@ -184,7 +184,8 @@ def unsummarize(raw: Mapping[str, Any]) -> RankTrace:
             started_ns=int(m.get("started_ns") or 0), run_id=str(m.get("run_id", "")),
             argv=tuple(str(a) for a in m.get("argv", ())),
             versions={str(k): str(v) for k, v in (m.get("versions") or {}).items()},
-            env={str(k): str(v) for k, v in (m.get("env") or {}).items()})
+            env={str(k): str(v) for k, v in (m.get("env") or {}).items()},
+            ray={str(k): str(v) for k, v in (m.get("ray") or {}).items()})
         exit_ = RankExit(ExitKind(ex["kind"]), ex.get("code"), ex.get("signal"),
                          ex.get("exception"), _unloc(ex.get("callsite")), ex.get("time_ns"))
         torn, truncated, overwritten, bad = raw.get("integrity") or (0, False, 0, 0)

@@ -5,6 +5,7 @@ from __future__ import annotations
 import argparse
 import os
 import sys
+from dataclasses import replace
 from pathlib import Path
 
 from nccl_doctor.cli.live import make_display
@@ -12,10 +13,13 @@ from nccl_doctor.cli.output import PageFile, verdict_status
 from nccl_doctor.reporters.escape import visible
 from nccl_doctor.capture import claim
 from nccl_doctor.capture.names import REPORT_HTML, remove_own_files
-from nccl_doctor.env import COORDINATOR, NO_REDACT
+from nccl_doctor.env import COORDINATOR, COORDINATOR_JOB, NO_REDACT, host_name
 from nccl_doctor.errors import ExitStatus, OutDirInUse, OutputExists, UsageError, unwritable
 from nccl_doctor.supervisor.federation import rendezvous
 from nccl_doctor.supervisor.gpu.nvml import Nvml
+from nccl_doctor.supervisor.ray.fleet import (
+    RayCluster, RayFleet, free_port, job_environment as ray_job_environment, leader_rendezvous,
+)
 from nccl_doctor.reporters.console import ConsoleReporter
 from nccl_doctor.supervisor.supervisor import Supervisor
 from nccl_doctor.supervisor.policy import (
@@ -32,7 +36,7 @@ def register(sub: argparse._SubParsersAction) -> None:
         usage="nccl-doctor run [--out DIR] [--force] [--quiet] [--on-hang report|kill] "
               "[--hang-after SECONDS] [--stuck-after SECONDS] [--fail-on suspect] [--no-watch] "
               "[--no-gpu] [--no-redact] [--coordinator HOST:PORT] [--node-rank N] [--nnodes N] "
-              "-- COMMAND [ARGS...]",
+              "[--ray [ADDRESS]] -- COMMAND [ARGS...]",
     )
     add_options(p)
     p.add_argument("command", nargs=argparse.REMAINDER, metavar="COMMAND",
@@ -89,6 +93,12 @@ def add_options(p: argparse.ArgumentParser) -> None:
                        help="this node's rank (default: the launcher's --node-rank)")
     nodes.add_argument("--nnodes", type=_count(1), default=None, metavar="N",
                        help="how many nodes the job has (default: the launcher's --nnodes)")
+    p.add_argument("--ray", nargs="?", const="auto", default=None, metavar="ADDRESS",
+                   help="the command is the driver of a Ray job on a cluster started beforehand "
+                        "(ray start) at ADDRESS (default: RAY_ADDRESS, else Ray's 'auto'): "
+                        "every Ray worker of the job is recorded on every node, and Ray runs a "
+                        "node doctor on each other node; their reports are this one's "
+                        "(docs/ray.md)")
 
 
 def _count(low: int):
@@ -153,16 +163,22 @@ def supervise(args: argparse.Namespace, command: list[str]) -> int:
     policy = None if args.no_watch else HangPolicy(on_hang=OnHang(args.on_hang),
                                                    hang_after=args.hang_after,
                                                    stuck_after=args.stuck_after)
-    meeting = _meeting(args, command, err)
     environ = dict(os.environ)  # the job's: what follows is for this process only
+    cluster = _ray_cluster(args, environ)
+    meeting = (leader_rendezvous(cluster) if cluster is not None and not args.coordinator
+               else _meeting(args, command, err))
     if args.no_redact:  # the ranks (their argv) and the supervisor (the manifest) read it
         environ[NO_REDACT] = "1"
+    fleet = None
+    if cluster is not None:
+        environ = ray_job_environment(environ, host_name())
+        fleet = RayFleet(cluster, out, host_name(), environ)
     if meeting is not None:
         # torch's C++ log would print every retry of a store connection on the user's terminal
         os.environ.setdefault("TORCH_CPP_LOG_LEVEL", "FATAL")
     supervisor = Supervisor(command, out, policy=policy, gpu=None if args.no_gpu else Nvml.open,
                             environ=environ, rendezvous=meeting,
-                            on_report=PageFile(out / REPORT_HTML))
+                            on_report=PageFile(out / REPORT_HTML), cluster=fleet)
     display = None
     if not args.quiet:
         display = make_display(err, supervisor.watchdog.view if supervisor.watchdog else None)
@@ -187,6 +203,23 @@ def supervise(args: argparse.Namespace, command: list[str]) -> int:
     return verdict_status(result.diagnosis, result.exit_status, args.fail_on)
 
 
+def _ray_cluster(args: argparse.Namespace, environ: dict[str, str]) -> RayCluster | None:
+    """``--ray``: the cluster, and the options each node doctor runs with (this run's own)."""
+    if args.ray is None:
+        return None
+    address = args.ray if args.ray != "auto" else environ.get("RAY_ADDRESS") or "auto"
+    if address.startswith("ray://"):
+        raise UsageError(f"--ray {address}: a Ray Client address; run the driver on a node of "
+                         "the cluster (give the cluster's HOST:PORT, or nothing for 'auto')")
+    follower = ["--force", "--quiet", "--on-hang", args.on_hang,
+                "--hang-after", str(args.hang_after), "--stuck-after", str(args.stuck_after)]
+    follower += [flag for flag, on in (("--no-gpu", args.no_gpu), ("--no-redact", args.no_redact),
+                                       ("--no-watch", args.no_watch)) if on]
+    port = rendezvous.split_address(args.coordinator, "--coordinator")[1] \
+        if args.coordinator else free_port()
+    return RayCluster(address, port, tuple(follower))
+
+
 def _meeting(args: argparse.Namespace, command: list[str], err) -> rendezvous.Rendezvous | None:
     """Where this node meets the job's other nodes (None: one node, or nowhere to meet)."""
     explicit = args.coordinator
@@ -199,6 +232,9 @@ def _meeting(args: argparse.Namespace, command: list[str], err) -> rendezvous.Re
         err.write(f"nccl-doctor: cannot tell where the nodes meet ({visible(str(e))}); "
                   "diagnosing this node alone: pass --coordinator HOST:PORT\n")
         return None
+    job = os.environ.get(COORDINATOR_JOB)
+    if found is not None and explicit and job:  # a node doctor of a --ray run
+        found = replace(found, job=job)
     if found is None and rendezvous.several_nodes(command, os.environ, args.nnodes):
         err.write("nccl-doctor: a multi-node job, but the command names no rendezvous address; "
                   "diagnosing this node alone: pass --coordinator HOST:PORT\n")

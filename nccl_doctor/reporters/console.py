@@ -46,6 +46,8 @@ class ConsoleReporter:
             self._finding(console, f)
         if d.ranks:
             console.print(self._ranks_table(d))
+        if d.ray:
+            self._ray(console, d.ray)
         if d.stack_classes:
             console.print("\n[bold]stacks[/] (the threads making the collectives, ranks with the same stack together)")
             for c in d.stack_classes:
@@ -85,6 +87,20 @@ class ConsoleReporter:
                           f", {_text(known.get('mechanism'))}): {_text(where)}")
         if f.hint and (f.root_cause or f.severity is Severity.WARNING):
             console.print(f"    [green]fix:[/] {_text(f.hint)}")
+
+    def _ray(self, console: Console, ray: dict) -> None:
+        """Which Ray actor holds each rank, and the groups between them."""
+        held: dict[str, list[str]] = {}
+        for rank, a in (ray.get("actors") or {}).items():
+            if isinstance(a, dict):
+                key = f"{a.get('class')} {a.get('name') or str(a.get('id', ''))[:8]}"
+                held.setdefault(f"{key} on {a.get('host')}" if a.get("host") else key,
+                                []).append(str(rank))
+        console.print("\n[bold]Ray actors[/] " + _text("; ".join(
+            f"rank {', '.join(ranks)}: {who}" for who, ranks in held.items())))
+        for name, g in (ray.get("groups") or {}).items():
+            if isinstance(g, dict):
+                console.print(f"    group {_text(name)}: {_text(g.get('role'))}")
 
     def _ranks_table(self, d: Diagnosis) -> Table:
         table = Table(title=None, show_edge=False, pad_edge=False, box=None, header_style="bold")

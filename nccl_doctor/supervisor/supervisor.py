@@ -40,6 +40,7 @@ from nccl_doctor.supervisor.agent_client import request_many
 from nccl_doctor.supervisor.launch import Job, exit_status, job_environment
 from nccl_doctor.supervisor.live import Decision, HeldBeside, LiveJob, Report, Watch
 from nccl_doctor.supervisor.policy import HangPolicy
+from nccl_doctor.supervisor.ray.fleet import RayFleet
 from nccl_doctor.supervisor.silent_watch import SilentWatch
 from nccl_doctor.supervisor.straggler_watch import StragglerWatch
 from nccl_doctor.supervisor.watchdog import Watchdog
@@ -80,7 +81,8 @@ class Supervisor:
                  gpu: Callable[[], GpuSource] | None = Nvml.open,
                  annotators: Sequence[Annotator] | None = None,
                  rendezvous: Rendezvous | None = None, final_wait: float = 300.0,
-                 on_report: Callable[[Diagnosis, TraceSet | None], None] | None = None) -> None:
+                 on_report: Callable[[Diagnosis, TraceSet | None], None] | None = None,
+                 cluster: RayFleet | None = None) -> None:
         """``policy`` None runs no watches (post-mortem only); ``announce`` receives the watches'
         events (a hang called, the job stopped) as one-line messages; ``gpu`` opens the GPUs'
         NVML (None: no GPU sampling); ``annotators`` recognise known issues (default: the
@@ -88,7 +90,8 @@ class Supervisor:
         job (nccl_doctor/supervisor/federation/); ``final_wait``: how long a node whose job
         ended waits for the others' ends (the leader) or the leader's final report;
         ``on_report``: told each report written, with the captures it was drawn from (the CLI
-        draws report.html from them)."""
+        draws report.html from them); ``cluster``: the node doctors of a Ray cluster
+        (``--ray``: started with the job, ended with it, followers of this supervisor)."""
         self.command = tuple(command)
         self.out_dir = out_dir
         self.poll_interval = poll_interval
@@ -106,6 +109,7 @@ class Supervisor:
             assert isinstance(live, FederatedJob)
             live.federation = self.federation
         self.job: Job | None = None
+        self.cluster = cluster
         self._signals = 0
         self._interrupt: dict | None = None  # the user's first signal, until it is kept
         self._term_at: float | None = None  # when a job whose ranks were asked to exit gets SIGTERM
@@ -116,6 +120,8 @@ class Supervisor:
         self.stopped_for_hang = False
         self.watches: list[Watch] = []  # handed the snapshot every tick
         self.listeners: list[Callable[[Supervisor], None]] = []  # called every tick after them
+        if cluster is not None:
+            self.listeners.append(cluster)
         self.watchdog: Watchdog | None = None
         self.silent: SilentWatch | None = None
         self.straggler: StragglerWatch | None = None
@@ -211,11 +217,15 @@ class Supervisor:
                 kept.forget_manifest()
                 raise
             self._to(State.RUNNING)
+            if self.cluster is not None:
+                self.cluster.start()
             while (code := self.job.poll()) is None:
                 self._keep_interrupt()
                 self.tick()
                 time.sleep(self.poll_interval)
             self._keep_interrupt()
+            if self.cluster is not None:
+                self.cluster.end()  # the node doctors end their nodes' jobs, then report
             self._wait_for_nodes()
         except DoctorError:
             self.state = State.DONE
@@ -239,6 +249,8 @@ class Supervisor:
             diagnosis, report, error = self._analyse(manifest)
         finally:
             self.live.captures.close()
+            if self.cluster is not None:
+                self.cluster.close(self.final_wait)
         self._to(State.DONE)
         return RunResult(status, diagnosis, report, error, stopped, stopped_for_hang)
 

@@ -170,6 +170,12 @@ class Recorder:
             "versions": _versions(),
             "env": {k: os.environ[k][:200] for k in env.RECORDED_ENV if k in os.environ},
         }
+        if "ray" in sys.modules:  # a Ray actor: which one (rank/ray_actor.py)
+            from nccl_doctor.rank.ray_actor import actor_meta
+
+            actor = actor_meta()
+            if actor:
+                meta["ray"] = actor
         try:
             self.directory.mkdir(parents=True, exist_ok=True)
             n = 0

@@ -1,0 +1,140 @@
+"""The supervisor's side of a ``--ray`` run: it starts the node doctors' keeper
+(``fleet_main``, a process of its own: Ray's threads and signals stay out of the supervisor),
+reads what it says and hands it on - each doctor that started raises the number of nodes the
+leader waits for; each error is announced - and ends the doctors' node jobs once the driver's
+job ended."""
+
+from __future__ import annotations
+
+import json
+import queue
+import socket
+import subprocess
+import sys
+import threading
+from dataclasses import dataclass, replace
+from pathlib import Path
+from typing import Any
+
+from nccl_doctor import env
+
+
+@dataclass(frozen=True)
+class RayCluster:
+    """Where the job's Ray cluster is and how its node doctors run."""
+
+    address: str  # Ray's: "auto", "HOST:PORT"
+    port: int  # the coordinator's, on this host
+    follower_args: tuple[str, ...]  # the options of each node doctor's `nccl-doctor run`
+
+    @property
+    def job(self) -> str:
+        """What both sides of the coordinator check they serve (no launcher names it)."""
+        return f"ray:{self.address}:{self.port}"
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("", 0))
+        return int(s.getsockname()[1])
+
+
+def job_environment(environ: dict[str, str], leader_host: str) -> dict[str, str]:
+    """The driver's environment: Ray's runtime-env hook set to the doctor's (a user's own is
+    kept and called first)."""
+    out = dict(environ)
+    theirs = out.get(env.RAY_RUNTIME_ENV_HOOK)
+    if theirs and theirs != RUNTIME_ENV_HOOK:
+        out[env.RAY_USER_HOOK] = theirs
+    out[env.RAY_RUNTIME_ENV_HOOK] = RUNTIME_ENV_HOOK
+    out[env.RAY_LEADER_HOST] = leader_host
+    return out
+
+
+RUNTIME_ENV_HOOK = "nccl_doctor.rank.ray_env.runtime_env_hook"
+
+
+class RayFleet:
+    """The node doctors of one run, as the supervisor sees them (a listener: called every
+    tick, it says what the keeper said and raises the nodes the leader waits for)."""
+
+    def __init__(self, cluster: RayCluster, out: Path, leader_host: str,
+                 environ: dict[str, str]) -> None:
+        self.cluster, self.out, self.leader_host = cluster, out, leader_host
+        self.environ = environ
+        self.proc: subprocess.Popen | None = None
+        self.nodes: dict[str, int] = {}  # host -> node rank
+        self._said: queue.Queue[dict[str, Any]] = queue.Queue()
+        self._errors: list[str] = []
+
+    def start(self) -> None:
+        command = [sys.executable, "-m", "nccl_doctor.supervisor.ray.fleet_main",
+                   "--address", self.cluster.address, "--leader-host", self.leader_host,
+                   "--out", str(self.out.absolute()), "--port", str(self.cluster.port), "--",
+                   *self.cluster.follower_args]
+        child = {k: v for k, v in self.environ.items() if k != env.RAY_RUNTIME_ENV_HOOK}
+        child[env.COORDINATOR_JOB] = self.cluster.job
+        try:
+            self.proc = subprocess.Popen(command, env=child, stdin=subprocess.PIPE,
+                                         stdout=subprocess.PIPE, stderr=subprocess.DEVNULL,
+                                         text=True, start_new_session=True)
+        except OSError as err:
+            self._said.put({"error": f"cannot start the node doctors ({err.strerror})"})
+            return
+        threading.Thread(target=self._read, name="nccl-doctor-ray", daemon=True).start()
+
+    def _read(self) -> None:
+        assert self.proc is not None and self.proc.stdout is not None
+        for line in self.proc.stdout:
+            try:
+                said = json.loads(line)
+            except ValueError:
+                continue
+            if isinstance(said, dict):
+                self._said.put(said)
+
+    def __call__(self, supervisor: Any) -> None:
+        """Each tick: what the keeper said since, announced; the leader's count of nodes."""
+        while True:
+            try:
+                said = self._said.get_nowait()
+            except queue.Empty:
+                return
+            live = supervisor.live
+            if "error" in said:
+                self._errors.append(str(said["error"]))
+                live.announce(f"Ray: {said['error']}")
+            elif "node" in said:
+                self.nodes[str(said["node"])] = int(said["node_rank"])
+                live.announce(f"Ray: a node doctor runs on {said['node']} (node "
+                              f"{said['node_rank']})")
+                fed = supervisor.federation
+                if fed is not None:  # the leader waits for this node too
+                    wanted = max(fed.rdzv.nnodes, len(self.nodes) + 1)
+                    fed.rdzv = fed.link.rdzv = replace(fed.rdzv, nnodes=wanted)
+
+    def end(self) -> None:
+        """The driver's job ended: every node doctor ends its node's job (then reports)."""
+        if self.proc is not None and self.proc.stdin is not None:
+            try:
+                self.proc.stdin.close()
+            except OSError:
+                pass
+
+    def close(self, wait: float) -> None:
+        """Wait (up to ``wait`` s) for the keeper to leave the cluster; stop it after that."""
+        if self.proc is None:
+            return
+        self.end()
+        try:
+            self.proc.wait(wait)
+        except subprocess.TimeoutExpired:
+            self.proc.kill()
+            self.proc.wait()
+
+
+def leader_rendezvous(cluster: RayCluster):
+    """Where this supervisor, the leader, hosts the coordinator for the node doctors."""
+    from nccl_doctor.supervisor.federation.rendezvous import Rendezvous
+
+    return Rendezvous("127.0.0.1", cluster.port, 0, 0, "--ray", cluster.job)  # nodes: as found
