@@ -17,13 +17,22 @@ def actor_meta() -> dict[str, str]:
         actor = ctx.get_actor_id()
         if not actor:
             return {}  # a task, or the driver
-        task = ctx.get_task_name() or _title()  # "Engine.setup" (empty in a thread of its own)
-        out = {"actor_class": task.split(".")[0], "actor_id": str(actor),
+        out = {"actor_class": _class_of(ctx), "actor_id": str(actor),
                "actor_name": str(ctx.get_actor_name() or ""), "node_id": str(ctx.get_node_id()),
                "job_id": str(ctx.get_job_id())}
         return {k: v[:200] for k, v in out.items() if v}
     except Exception:  # noqa: BLE001 - a capture without it is still a capture
         return {}
+
+
+def _class_of(ctx) -> str:
+    """The actor's class: from the method it runs ("module.Engine.setup"), else from the process
+    title Ray sets ("ray::Engine.setup"; a thread of the actor's own has no current task)."""
+    for name in (ctx.get_task_function_name(), _title()):
+        parts = str(name or "").split(".")
+        if len(parts) >= 2 and parts[-2]:
+            return parts[-2]
+    return "actor"
 
 
 def _title() -> str:

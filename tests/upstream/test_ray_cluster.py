@@ -24,7 +24,8 @@ import pytest
 from nccl_doctor.capture.names import node_dir
 from nccl_doctor.reproducers.nodes import free_port, namespaces_work
 
-JOB = Path(__file__).parent / "ray_jobs" / "ray_cluster_job.py"
+JOBS = Path(__file__).parent / "ray_jobs"
+JOB = JOBS / "ray_cluster_job.py"
 RAY = Path(sys.executable).with_name("ray")
 QUIET = {"RAY_AUTH_MODE": "disabled", "RAY_USAGE_STATS_ENABLED": "0", "RAY_DEDUP_LOGS": "0"}
 
@@ -126,10 +127,10 @@ class Cluster:
                 "".join((self.tmp / f"{h}.log").read_text()[-2000:] for h in self.nodes)
             time.sleep(1)
 
-    def run(self, out: Path, *args: str, wait: bool = True):
+    def run(self, out: Path, *args: str, wait: bool = True, job: Path = JOB):
         """`nccl-doctor run --ray` around the driver, on nodeA (where the driver runs)."""
         doctor = [sys.executable, "-m", "nccl_doctor", "run", "--ray", self.address, "--out",
-                  str(out), "--no-gpu", "--", sys.executable, str(JOB), *args]
+                  str(out), "--no-gpu", "--", sys.executable, str(job), *args]
         env = dict(os.environ, **QUIET)
         if self.uts:
             command = ["unshare", "-u", "sh", "-c", 'hostname nodeA && exec "$@"', "sh", *doctor]
@@ -259,6 +260,32 @@ def test_a_shape_mismatch_inside_the_weight_sync_group(cluster, tmp_path):
         "weight-sync group (Trainer rank 0 -> Engine ranks 2, 3)"
     assert cause["evidence"]["hosts"]["3"] == "nodeB"
     assert root(replayed(out, "nodeB"))["kind"] == "collective_mismatch"
+
+
+def test_ray_train_on_two_nodes_names_the_rank_its_host_and_the_training_thread(
+        cluster, tmp_path):
+    """A TorchTrainer whose two workers Ray spreads over the nodes; world rank 1 skips a
+    broadcast. The collective runs on Ray Train's TrainingThread, not the actor's main one."""
+    out = tmp_path / "out"
+    proc = cluster.run(out, "--address", cluster.address, "--spread",
+                       job=JOBS / "ray_train_skip_broadcast.py")
+    assert proc.returncode == 124, proc.stderr[-3000:]
+    leader = json.loads((out / "report.json").read_text())
+    hosts = {r["rank"]: r["host"] for r in leader["ranks"]}
+    assert sorted(hosts.values()) == ["nodeA", "nodeB"], hosts  # one worker on each node
+    other = [h for h in hosts.values() if h != "nodeA"][0]
+    assert json.loads((node_dir(out, other) / "report.json").read_text()) == leader
+    cause = root(leader)
+    assert cause["kind"] == "collective_mismatch", cause["title"]
+    sides = {tuple(s["ranks"]): s for s in cause["evidence"]["sides"]}
+    assert sides[(0,)]["op"] == "broadcast" and sides[(1,)]["op"] == "barrier"
+    assert all("ray_train_skip_broadcast.py:" in s["callsite"] for s in sides.values())
+    assert f"on {hosts[1]}" in cause["title"] and "RayTrainWorker" in cause["title"]
+    for r in leader["ranks"]:  # each rank's stack: the collective's thread, sampled on its node
+        assert "on thread 'TrainingThread" in r["stack_summary"], r
+        assert "ray_train_skip_broadcast.py" in r["stack_summary"], r
+    assert leader["watchdog"]["waited_s"] < 10, leader["watchdog"]
+    assert not no_doctor_left()
 
 
 def test_a_node_killed_mid_run_is_the_root_cause(cluster, tmp_path):

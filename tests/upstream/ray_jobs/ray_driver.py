@@ -38,9 +38,11 @@ def start_ray(address: str | None = None, **kwargs: Any) -> None:
 
 
 def fit(train_func: Callable[[dict], None], name: str, config: dict, *, workers: int = 2,
-        timeout_s: int = 1800, address: str | None = None) -> BaseException | None:
-    """``train_func`` on a TorchTrainer of ``workers`` CPU workers (gloo, no retry); Ray is
-    started and shut down around it. Returns the error the fit ended with (None: success)."""
+        timeout_s: int = 1800, address: str | None = None,
+        spread: bool = False) -> BaseException | None:
+    """``train_func`` on a TorchTrainer of ``workers`` CPU workers (gloo, no retry; ``spread``:
+    on as many nodes); Ray is started and shut down around it. Returns the error the fit ended
+    with (None: success)."""
     import ray
     from ray.train import FailureConfig, RunConfig, ScalingConfig
     from ray.train.torch import TorchConfig, TorchTrainer
@@ -50,7 +52,8 @@ def fit(train_func: Callable[[dict], None], name: str, config: dict, *, workers:
     t_init = time.time()
     trainer = TorchTrainer(
         train_func, train_loop_config=config,
-        scaling_config=ScalingConfig(num_workers=workers, use_gpu=False),
+        scaling_config=ScalingConfig(num_workers=workers, use_gpu=False,
+                                     placement_strategy="SPREAD" if spread else "PACK"),
         torch_config=TorchConfig(backend="gloo", timeout_s=timeout_s),
         run_config=RunConfig(name=name, failure_config=FailureConfig(max_failures=0),
                              storage_path=os.path.join(tempfile.gettempdir(), "ray-results")))

@@ -52,9 +52,10 @@ def main() -> int:
     p.add_argument("--steps", type=int, default=3)
     p.add_argument("--timeout-s", type=int, default=1800, help="TorchConfig(timeout_s=...)")
     p.add_argument("--address", default=None)
+    p.add_argument("--spread", action="store_true", help="one worker per node (a cluster)")
     args = p.parse_args()
     error = fit(train_func, "ray_train_skip_broadcast", {"steps": args.steps},
-                timeout_s=args.timeout_s, address=args.address)
+                timeout_s=args.timeout_s, address=args.address, spread=args.spread)
     return 0 if error is None else 1
 
 
