@@ -218,7 +218,7 @@ class Supervisor:
                 raise
             self._to(State.RUNNING)
             if self.cluster is not None:
-                self.cluster.start()
+                self.cluster.start(self)
             while (code := self.job.poll()) is None:
                 self._keep_interrupt()
                 self.tick()

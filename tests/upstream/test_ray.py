@@ -112,4 +112,8 @@ def test_healthy_ray_actors_read_ok(tmp_path):
     proc, report = run("ray_actors.py", tmp_path / "out")
     assert proc.returncode == 0, proc.stderr[-3000:]
     assert report["verdict"] == "ok" and report["findings"] == []
-    assert {r["state"] for r in report["ranks"]} == {"finished"}
+    # Ray ends an actor's worker either way: killed after its work (no exit record: finished)
+    # or, under load, by its own exit (atexit ran: exited cleanly); both are healthy ends
+    assert {r["state"] for r in report["ranks"]} <= {"finished", "exited"}, report["ranks"]
+    assert all(r["exit_detail"] in ("finished (no exit record)", "exited cleanly")
+               for r in report["ranks"]), report["ranks"]

@@ -6,7 +6,7 @@ whose beat stops for ``lost_after`` seconds is lost (its ranks' ends: analysis/e
 from __future__ import annotations
 
 import time
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any
 
 from nccl_doctor.capture import summary
@@ -72,6 +72,13 @@ class Leader(Transport):
         if self._thread is not None:
             self._thread.join(timeout)
         self.gather()
+
+    def expect(self, nnodes: int) -> None:
+        """More nodes are coming than the leader knew (Ray node doctors just started): it waits
+        for them to join, ``connect_within`` seconds from now."""
+        if nnodes > self.rdzv.nnodes:
+            self.rdzv = replace(self.rdzv, nnodes=nnodes)
+            self._join_by = self.clock() + self.connect_within
 
     def publish_roster(self, local: dict[int, tuple[str, int | None]]) -> None:
         """The leader's word on which host runs each rank (when it changed)."""
@@ -279,7 +286,7 @@ class Leader(Transport):
         if self.state is not LinkState.JOINED:
             return True
         joined = len(self.remotes) + 1 >= self.rdzv.nnodes
-        if not joined and self.clock() - self._started < self.connect_within:
+        if not joined and self.clock() < self._join_by:
             return False
         return all(r.lost or r.beat.get("ended") for r in self.remotes.values())
 

@@ -55,6 +55,7 @@ class Transport:
         self._thread: threading.Thread | None = None
         self._stop = threading.Event()
         self._started = clock()
+        self._join_by = self._started + connect_within  # the leader: until then nodes may join
         self._said_waiting = False
         # follower
         self._last_beat = -1e9

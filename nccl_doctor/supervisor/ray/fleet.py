@@ -12,6 +12,7 @@ import socket
 import subprocess
 import sys
 import threading
+import time
 from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
@@ -66,8 +67,12 @@ class RayFleet:
         self.nodes: dict[str, int] = {}  # host -> node rank
         self._said: queue.Queue[dict[str, Any]] = queue.Queue()
         self._errors: list[str] = []
+        self.surveyed = False  # the keeper said which nodes get a doctor (or could not)
+        self._supervisor: Any = None
 
-    def start(self) -> None:
+    def start(self, supervisor: Any) -> None:
+        """Start the keeper (``supervisor``: whose federation waits for the node doctors)."""
+        self._supervisor = supervisor
         command = [sys.executable, "-m", "nccl_doctor.supervisor.ray.fleet_main",
                    "--address", self.cluster.address, "--leader-host", self.leader_host,
                    "--out", str(self.out.absolute()), "--port", str(self.cluster.port), "--",
@@ -100,21 +105,36 @@ class RayFleet:
                 said = self._said.get_nowait()
             except queue.Empty:
                 return
-            live = supervisor.live
+            live, fed = supervisor.live, supervisor.federation
             if "error" in said:
                 self._errors.append(str(said["error"]))
                 live.announce(f"Ray: {said['error']}")
+                self.surveyed = self.surveyed or "cannot reach" in str(said["error"])
+            elif "expect" in said:
+                self.surveyed = True
+                if fed is not None:  # the leader waits for these nodes too
+                    fed.link.expect(1 + int(said["expect"]))
+                    fed.rdzv = replace(fed.rdzv, nnodes=fed.link.rdzv.nnodes)
             elif "node" in said:
                 self.nodes[str(said["node"])] = int(said["node_rank"])
                 live.announce(f"Ray: a node doctor runs on {said['node']} (node "
                               f"{said['node_rank']})")
-                fed = supervisor.federation
-                if fed is not None:  # the leader waits for this node too
-                    wanted = max(fed.rdzv.nnodes, len(self.nodes) + 1)
-                    fed.rdzv = fed.link.rdzv = replace(fed.rdzv, nnodes=wanted)
 
-    def end(self) -> None:
-        """The driver's job ended: every node doctor ends its node's job (then reports)."""
+    def end(self, survey_within: float = 60.0) -> None:
+        """The driver's job ended: every node doctor ends its node's job (then reports). A job
+        shorter than the keeper's start-up first waits (up to ``survey_within`` s) for it to say
+        which nodes get a doctor, so that the leader waits for their reports."""
+        deadline = time.monotonic() + survey_within
+        while (self.proc is not None and not self.surveyed and self.proc.poll() is None
+               and self._supervisor is not None and time.monotonic() < deadline):
+            self(self._supervisor)
+            time.sleep(0.1)
+        if self._supervisor is not None:
+            self(self._supervisor)
+        self._hang_up()
+
+    def _hang_up(self) -> None:
+        """Close the keeper's standard input: its signal to end the node doctors' jobs."""
         if self.proc is not None and self.proc.stdin is not None:
             try:
                 self.proc.stdin.close()
@@ -125,7 +145,7 @@ class RayFleet:
         """Wait (up to ``wait`` s) for the keeper to leave the cluster; stop it after that."""
         if self.proc is None:
             return
-        self.end()
+        self._hang_up()
         try:
             self.proc.wait(wait)
         except subprocess.TimeoutExpired:

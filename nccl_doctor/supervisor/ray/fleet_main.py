@@ -6,6 +6,7 @@ supervisor's, pinned there with node-affinity scheduling, and follows the nodes 
 A node doctor is an actor (``NodeDoctor``, no CPU reserved) that runs ``nccl-doctor run`` on its
 node as a follower of the supervisor's coordinator, around ``node_ranks`` (the node's ranks as a
 job). Its lines on stdout, one JSON object each, tell the supervisor what happened:
+``{"expect": N}`` how many node doctors there are or are starting (each pass over the nodes),
 ``{"node": HOST, "node_rank": K, "node_id": ID}`` when a doctor started there,
 ``{"error": TEXT}`` when the cluster cannot be reached. Standard input's end (the supervisor's job
 ended, or the supervisor is gone) ends every doctor's node job; the doctors' supervisors then
@@ -124,29 +125,35 @@ def main(argv: list[str] | None = None) -> int:
             nodes = [n for n in ray.nodes() if n.get("Alive") and n["NodeID"] not in doctors]
         except Exception:  # noqa: BLE001 - the cluster is going: keep what runs
             nodes = []
+        # the new nodes' hosts first (the leader waits for every node doctor it is told of)
+        handles, hosts = {}, {}
         for node in nodes:
             node_id = node["NodeID"]
-            handle = actor.options(scheduling_strategy=NodeAffinitySchedulingStrategy(
-                node_id, soft=False)).remote()
             doctors[node_id] = None
+            handles[node_id] = actor.options(scheduling_strategy=NodeAffinitySchedulingStrategy(
+                node_id, soft=False)).remote()
+        for node_id, handle in handles.items():
             try:  # the host as the node names itself (NCCL_DOCTOR_HOSTNAME, else its own)
-                host = ray.get(handle.host.remote(), timeout=60)
+                hosts[node_id] = ray.get(handle.host.remote(), timeout=60)
             except Exception as err:  # noqa: BLE001 - that node goes undoctored, said
-                say({"error": f"no node doctor on {node.get('NodeManagerHostname')}: {err}"})
-                continue
+                say({"error": f"no node doctor on node {node_id[:8]}: {err}"})
+        for node_id, host in list(hosts.items()):
             if host == args.leader_host:  # the supervisor's own node: it reads it itself
-                ray.kill(handle)
-                continue
+                ray.kill(handles[node_id])
+                del hosts[node_id]
+        started = sum(1 for h in doctors.values() if h is not None)
+        say({"expect": started + len(hosts)})  # the nodes the leader waits for, with itself
+        for node_id, host in hosts.items():
             rank = 1 + sum(1 for h in doctors.values() if h is not None)
             options = [*follower, "--coordinator", f"{ip}:{args.port}", "--node-rank", str(rank)]
             try:
-                started = ray.get(handle.start.remote(
+                info = ray.get(handles[node_id].start.remote(
                     options, str(node_dir(Path(args.out), host)), job), timeout=60)
             except Exception as err:  # noqa: BLE001
                 say({"error": f"no node doctor on {host}: {err}"})
                 continue
-            doctors[node_id] = handle
-            say({"node": host, "node_rank": rank, "node_id": node_id, **started})
+            doctors[node_id] = handles[node_id]
+            say({"node": host, "node_rank": rank, "node_id": node_id, **info})
         if select.select([sys.stdin], [], [], EVERY)[0] and not sys.stdin.readline():
             break  # the supervisor's job ended (or the supervisor is gone)
     ends = [h.end.remote(args.wait) for h in doctors.values() if h is not None]
