@@ -57,9 +57,8 @@ class NodeDoctor:
         child[env.COORDINATOR_JOB] = job
         command = [sys.executable, "-m", "nccl_doctor", "run", "--out", out, *argv, "--",
                    sys.executable, "-m", "nccl_doctor.supervisor.ray.node_ranks", out,
-                   self.end_file]
-        self.proc = subprocess.Popen(command, env=child, stdin=subprocess.DEVNULL,
-                                     preexec_fn=_die_with_parent)
+                   self.end_file, str(os.getpid())]
+        self.proc = subprocess.Popen(command, env=child, stdin=subprocess.DEVNULL)
         return {"pid": self.proc.pid}
 
     def end(self, wait: float) -> int | None:
@@ -76,17 +75,10 @@ class NodeDoctor:
         except Exception:  # noqa: BLE001 - out of time: stopped, never left behind
             self.proc.kill()
             return self.proc.wait()
+        finally:
+            import shutil
 
-
-def _die_with_parent() -> None:
-    """The node doctor's supervisor ends with its actor (a node killed, the actor killed)."""
-    try:
-        import ctypes
-        import signal
-
-        ctypes.CDLL(None).prctl(1, signal.SIGTERM)  # PR_SET_PDEATHSIG
-    except Exception:  # noqa: BLE001 - not Linux: the actor's end() still stops it
-        pass
+            shutil.rmtree(os.path.dirname(self.end_file), ignore_errors=True)
 
 
 def main(argv: list[str] | None = None) -> int:

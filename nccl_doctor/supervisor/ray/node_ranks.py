@@ -1,9 +1,11 @@
 """A Ray node's ranks as a job its node doctor's supervisor can watch
-(``python -m nccl_doctor.supervisor.ray.node_ranks OUT END_FILE``): Ray's raylet started those
-ranks, not this process, so it only stands for them. It ends (exit 0) when END_FILE appears
-(the driver's job ended) and, when the supervisor stops it (SIGTERM: a hang under
-``--on-hang kill``), stops the node's ranks first: the processes whose captures OUT holds, each
-checked to be the same process that wrote it (its start time) and never the doctor's own."""
+(``python -m nccl_doctor.supervisor.ray.node_ranks OUT END_FILE ACTOR_PID``): Ray's raylet
+started those ranks, not this process, so it only stands for them. It ends (exit 0) when
+END_FILE appears (the driver's job ended) or its node doctor's actor is gone (the doctor's
+keeper ended: the ranks are left alone), and, when the supervisor stops it (SIGTERM: a hang
+under ``--on-hang kill``), stops the node's ranks first: the processes whose captures OUT holds,
+each checked to be the same process that wrote it (its start time) and never the doctor's
+own."""
 
 from __future__ import annotations
 
@@ -58,7 +60,10 @@ def _alive(pid: int) -> bool:
 
 
 def main(argv: list[str]) -> int:
-    out, end = Path(argv[0]), Path(argv[1])
+    from nccl_doctor.processes import started
+
+    out, end, actor = Path(argv[0]), Path(argv[1]), int(argv[2])
+    actor_started = started(actor)
 
     def stopped(signum: int, _frame: object) -> None:
         stop_ranks(out)
@@ -66,7 +71,11 @@ def main(argv: list[str]) -> int:
 
     signal.signal(signal.SIGTERM, stopped)
     signal.signal(signal.SIGINT, stopped)
-    while not end.exists():
+
+    def doctor_alive() -> bool:  # the same process (its start time), not a later one of its pid
+        return actor_started is not None and started(actor) == actor_started
+
+    while not end.exists() and doctor_alive():
         time.sleep(0.2)
     return 0
 
