@@ -162,3 +162,27 @@ def test_the_cli_refuses_a_ray_client_address(tmp_path):
                           text=True, timeout=60)
     assert proc.returncode == 2 and proc.stderr.count("\n") == 1, proc.stderr
     assert "Ray Client address" in proc.stderr and not Path(tmp_path / "o").exists()
+
+
+def test_every_report_says_which_actor_holds_each_rank(tb):
+    """The console and the page render the ``ray`` section the analysis computed."""
+    import io
+
+    import html5lib
+
+    from nccl_doctor.analysis.page import page as page_of
+    from nccl_doctor.reporters.console import ConsoleReporter
+    from nccl_doctor.reporters.html import render
+
+    traces = weight_sync_skipped(tb)
+    d = analyze(traces)
+    out = io.StringIO()
+    ConsoleReporter().render(d, out)
+    text = out.getvalue()
+    assert "Ray actors rank 0: Trainer 0a0b0c0d on nodeA;" in text
+    assert "group 2: weight-sync group (Trainer rank 0 -> Engine ranks 2, 3)" in text
+    tree = html5lib.parse(render(d, page_of(traces, d)), namespaceHTMLElements=False)
+    rows = [[td.text or "" for td in tr.findall("td")] for tr in tree.iter("tr")]
+    assert ["3", "nodeB", "Engine 3a3b3c3d"] == next(r for r in rows if r[:1] == ["3"])[:3]
+    groups = [li.text for li in tree.iter("li") if (li.text or "").startswith("group ")]
+    assert "group 1: Trainer group (ranks 0, 1)" in groups

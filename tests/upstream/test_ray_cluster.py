@@ -288,6 +288,30 @@ def test_ray_train_on_two_nodes_names_the_rank_its_host_and_the_training_thread(
     assert not no_doctor_left()
 
 
+def test_a_node_doctor_refused_its_directory_is_said_and_the_job_goes_on(cluster, tmp_path):
+    """nodeB's directory is held by another live run: nodeB's doctor is refused (exit 11); the
+    leader says so and the job runs to its end, nodeB's ranks unseen, never blamed."""
+    out = tmp_path / "out"
+    holder = subprocess.Popen([sys.executable, "-m", "nccl_doctor", "run", "--quiet", "--no-gpu",
+                               "--out", str(node_dir(out, "nodeB")), "--", "sleep", "300"])
+    try:
+        deadline = time.monotonic() + 60
+        while not (node_dir(out, "nodeB") / ".nccl-doctor.lock").exists():
+            assert time.monotonic() < deadline and holder.poll() is None, "the holder's lock"
+            time.sleep(0.2)
+        proc = cluster.run(out)
+    finally:
+        holder.terminate()
+        holder.wait(60)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    assert "the node doctor on nodeB ended early (exit 11" in proc.stderr, proc.stderr[-3000:]
+    leader = json.loads((out / "report.json").read_text())
+    assert leader["verdict"] == "ok" and leader["findings"] == [], leader["findings"]
+    assert {r["rank"]: r["exit_detail"] for r in leader["ranks"] if r["host"] != "nodeA"} == {
+        2: "on another host, not seen here", 3: "on another host, not seen here"}
+    assert not no_doctor_left()
+
+
 def test_a_node_killed_mid_run_is_the_root_cause(cluster, tmp_path):
     node = cluster.add("nodeC", [f"--address={cluster.address}"], count=3)
     out = tmp_path / "out"

@@ -61,6 +61,10 @@ class NodeDoctor:
         self.proc = subprocess.Popen(command, env=child, stdin=subprocess.DEVNULL)
         return {"pid": self.proc.pid}
 
+    def poll(self) -> int | None:
+        """The doctor's exit status if it ended (before the job did: it was refused)."""
+        return self.proc.poll() if self.proc is not None else None
+
     def end(self, wait: float) -> int | None:
         """The job ended: end the node's job, wait for its supervisor (its report)."""
         if self.proc is None:
@@ -111,6 +115,8 @@ def main(argv: list[str] | None = None) -> int:
 
     actor = ray.remote(num_cpus=0, max_restarts=0)(NodeDoctor)
     doctors: dict[str, Any] = {}  # Ray node id -> its doctor (None: the leader's, or failed)
+    names: dict[str, str] = {}  # Ray node id -> its host
+    ended: set[str] = set()  # node doctors that ended before the job
     say({"coordinator": f"{ip}:{args.port}"})
     while True:
         try:
@@ -134,7 +140,9 @@ def main(argv: list[str] | None = None) -> int:
                 ray.kill(handles[node_id])
                 del hosts[node_id]
         started = sum(1 for h in doctors.values() if h is not None)
-        say({"expect": started + len(hosts)})  # the nodes the leader waits for, with itself
+        # the node doctors the leader waits for (one that fails below is said; the leader then
+        # waits its join window for it)
+        say({"expect": started + len(hosts)})
         for node_id, host in hosts.items():
             rank = 1 + sum(1 for h in doctors.values() if h is not None)
             options = [*follower, "--coordinator", f"{ip}:{args.port}", "--node-rank", str(rank)]
@@ -145,7 +153,17 @@ def main(argv: list[str] | None = None) -> int:
                 say({"error": f"no node doctor on {host}: {err}"})
                 continue
             doctors[node_id] = handles[node_id]
+            names[node_id] = host
             say({"node": host, "node_rank": rank, "node_id": node_id, **info})
+        for node_id in [n for n, h in doctors.items() if h is not None and n not in ended]:
+            try:  # a doctor that ended before the job: refused (its directory held, ...)
+                status = ray.get(doctors[node_id].poll.remote(), timeout=10)
+            except Exception:  # noqa: BLE001 - lost with its node: the leader says so
+                continue
+            if status is not None:
+                ended.add(node_id)
+                say({"error": f"the node doctor on {names[node_id]} ended early (exit {status}: "
+                              "see docs/exit-status.md); that node's ranks go unseen"})
         if select.select([sys.stdin], [], [], EVERY)[0] and not sys.stdin.readline():
             break  # the supervisor's job ended (or the supervisor is gone)
     ends = [h.end.remote(args.wait) for h in doctors.values() if h is not None]
