@@ -165,8 +165,8 @@ def supervise(args: argparse.Namespace, command: list[str]) -> int:
                                                    stuck_after=args.stuck_after)
     environ = dict(os.environ)  # the job's: what follows is for this process only
     cluster = _ray_cluster(args, environ)
-    meeting = (leader_rendezvous(cluster) if cluster is not None and not args.coordinator
-               else _meeting(args, command, err))
+    # --ray: this supervisor hosts the node doctors' coordinator (--coordinator gives its port)
+    meeting = leader_rendezvous(cluster) if cluster is not None else _meeting(args, command, err)
     if args.no_redact:  # the ranks (their argv) and the supervisor (the manifest) read it
         environ[NO_REDACT] = "1"
     fleet = None

@@ -37,9 +37,15 @@ class Federation:
 
     def __init__(self, rdzv: Rendezvous, live: LiveJob, host: str, *,
                  announce: Callable[[str], None], **link_options: Any) -> None:
-        self.rdzv, self.live, self.host = rdzv, live, host
+        self.live, self.host = live, host
         self.link = Link(rdzv, host, announce=announce, answer=self._answer,
                          summaries=self._summaries, clock=live.clock, **link_options)
+
+    @property
+    def rdzv(self) -> Rendezvous:
+        """Where the nodes meet, as the link holds it (a Ray run's leader learns its node count
+        as the node doctors start: Leader.expect)."""
+        return self.link.rdzv
 
     def start(self) -> None:
         rank = self.rdzv.node_rank

@@ -13,7 +13,7 @@ import subprocess
 import sys
 import threading
 import time
-from dataclasses import dataclass, replace
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -64,9 +64,7 @@ class RayFleet:
         self.cluster, self.out, self.leader_host = cluster, out, leader_host
         self.environ = environ
         self.proc: subprocess.Popen | None = None
-        self.nodes: dict[str, int] = {}  # host -> node rank
         self._said: queue.Queue[dict[str, Any]] = queue.Queue()
-        self._errors: list[str] = []
         self.surveyed = False  # the keeper said which nodes get a doctor (or could not)
         self._supervisor: Any = None
 
@@ -107,23 +105,20 @@ class RayFleet:
                 return
             live, fed = supervisor.live, supervisor.federation
             if "error" in said:
-                self._errors.append(str(said["error"]))
                 live.announce(f"Ray: {said['error']}")
-                self.surveyed = self.surveyed or "cannot reach" in str(said["error"])
             elif "expect" in said:
                 self.surveyed = True
                 if fed is not None:  # the leader waits for these nodes too
                     fed.link.expect(1 + int(said["expect"]))
-                    fed.rdzv = replace(fed.rdzv, nnodes=fed.link.rdzv.nnodes)
             elif "node" in said:
-                self.nodes[str(said["node"])] = int(said["node_rank"])
                 live.announce(f"Ray: a node doctor runs on {said['node']} (node "
                               f"{said['node_rank']})")
 
     def end(self, survey_within: float = 60.0) -> None:
         """The driver's job ended: every node doctor ends its node's job (then reports). A job
         shorter than the keeper's start-up first waits (up to ``survey_within`` s) for it to say
-        which nodes get a doctor, so that the leader waits for their reports."""
+        which nodes get a doctor, so that the leader waits for their reports (a keeper that
+        could not reach the cluster has said so and exited)."""
         deadline = time.monotonic() + survey_within
         while (self.proc is not None and not self.surveyed and self.proc.poll() is None
                and self._supervisor is not None and time.monotonic() < deadline):

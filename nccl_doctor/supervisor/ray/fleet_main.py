@@ -56,7 +56,7 @@ class NodeDoctor:
                  if k not in (env.RAY_RUNTIME_ENV_HOOK, env.CAPTURE_DIR)}
         child[env.COORDINATOR_JOB] = job
         command = [sys.executable, "-m", "nccl_doctor", "run", "--out", out, *argv, "--",
-                   sys.executable, "-m", "nccl_doctor.supervisor.ray.node_ranks", out,
+                   sys.executable, "-m", "nccl_doctor.supervisor.ray.node_ranks",
                    self.end_file, str(os.getpid())]
         self.proc = subprocess.Popen(command, env=child, stdin=subprocess.DEVNULL)
         return {"pid": self.proc.pid}
@@ -117,7 +117,6 @@ def main(argv: list[str] | None = None) -> int:
     doctors: dict[str, Any] = {}  # Ray node id -> its doctor (None: the leader's, or failed)
     names: dict[str, str] = {}  # Ray node id -> its host
     ended: set[str] = set()  # node doctors that ended before the job
-    say({"coordinator": f"{ip}:{args.port}"})
     while True:
         try:
             nodes = [n for n in ray.nodes() if n.get("Alive") and n["NodeID"] not in doctors]
