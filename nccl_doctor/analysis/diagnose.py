@@ -176,6 +176,8 @@ def _rank_findings(findings: list[Finding], traces: TraceSet) -> list[Finding]:
     # Ranks missing from a collective of one group because they wait, in their own order, in
     # another group's: that wait is another finding's (the rank that broke its order skipped)
     candidates = [f for f in candidates if not _waiting_in_order(f, traces)] or candidates
+    if lost:  # a rank gone unrecorded beside a lost node: when it went is unknown
+        candidates = [f for f in candidates if not _vanished_beside(f, lost)] or candidates
     candidates = candidates or errors
     # spinning GPUs are the symptom of whatever keeps the peers away
     candidates = [f for f in candidates if f.kind is not FindingKind.GPU_BUSY_HANG] or candidates
@@ -183,6 +185,17 @@ def _rank_findings(findings: list[Finding], traces: TraceSet) -> list[Finding]:
     rest = [f for f in findings if f is not first]
     rest.sort(key=lambda f: (f.severity is not Severity.ERROR, f.time_ns or 0))
     return [replace(first, root_cause=True, **_consequences(first, traces))] + rest
+
+
+def _vanished_beside(f: Finding, lost: set[int]) -> bool:
+    """Ranks on a host that kept answering that ended with no exit record, in a job that lost a
+    node. Their finding's time is their last call's, not their end's, which is unknown; and a
+    rank gone on one host cannot silence another host's supervisor, while a lost node is what
+    makes Ray end the job's other actors (its driver fails) or a launcher kill the ranks left.
+    The lost node is the cause (a rank that raised or was signalled, its end time known, still
+    competes by time)."""
+    return (f.kind is FindingKind.RANK_EXITED and not set(f.ranks) & lost
+            and f.evidence.get("exit") == ExitKind.VANISHED.value)
 
 
 def _waiting_in_order(f: Finding, traces: TraceSet) -> bool:

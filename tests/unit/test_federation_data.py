@@ -134,6 +134,35 @@ def test_a_lost_node_is_the_root_cause_not_its_stale_calls(tb):
     assert {s.rank: s.state for s in d.ranks}[1] == "lost"
 
 
+def test_ranks_gone_unrecorded_beside_a_lost_node_follow_its_loss(tb):
+    """Ray ends a job's actors when its driver fails on the lost node's actors: the ranks on the
+    surviving host vanish (no exit record) inside the collective the lost node's rank never
+    entered, their last call before the node's last beat.
+    The loss is the cause; a rank that raised before the loss still is."""
+    lost = RankExit(ExitKind.LOST, exception="nodeC", time_ns=tb.T0 + 10**12)
+    vanished = RankExit(ExitKind.VANISHED)
+
+    def job(first: RankExit, calls: int = 4):
+        return tb.traceset([
+            tb.trace(0, tb.collectives(calls, last_state=tb.ENTERED if calls == 4 else tb.RETURNED),
+                     first, host="nodeA", world_size=4),
+            tb.trace(1, tb.collectives(4, last_state=tb.ENTERED), vanished, host="nodeA",
+                     world_size=4),
+            tb.trace(2, tb.collectives(4, last_state=tb.ENTERED), lost, host="nodeC",
+                     world_size=4),
+            tb.trace(3, tb.collectives(3), lost, host="nodeC", world_size=4)],
+            groups={"0": (0, 1, 2, 3)})
+
+    d = analyze(job(vanished), annotators=())
+    assert d.root_cause.kind is FindingKind.NODE_LOST and d.root_cause.ranks == (2, 3)
+    assert any(f.kind is FindingKind.RANK_EXITED and f.ranks == (0, 1) for f in d.findings)
+    # rank 0 killed by a signal before the collective, at a known time before the loss
+    killed = RankExit(ExitKind.SIGNAL, signal="SIGKILL", time_ns=tb.T0 + 10)
+    d = analyze(job(killed, calls=3), annotators=())
+    assert d.root_cause.kind is FindingKind.RANK_EXITED and d.root_cause.ranks == (0,), [
+        (f.kind, f.ranks, f.time_ns) for f in d.findings]
+
+
 def test_a_partial_job_never_blames_the_ranks_it_cannot_see(tb):
     from dataclasses import replace
     traces = tb.traceset(
