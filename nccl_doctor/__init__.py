@@ -7,10 +7,35 @@ from __future__ import annotations
 
 import os
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from nccl_doctor._version import __version__
 
-__all__ = ["__version__", "install", "mark_step", "observe_completions", "observe_metrics"]
+if TYPE_CHECKING:
+    from nccl_doctor.data.job import Job
+
+__all__ = ["__version__", "Job", "install", "mark_step", "observe_completions", "observe_metrics",
+           "open"]
+
+
+def open(*paths: str | os.PathLike[str], fr: str | os.PathLike[str] | None = None) -> Job:
+    """Open a recorded job for analysis in Python: ``nccl_doctor.open("nccl-doctor-out/run")``.
+
+    ``paths``: a run's ``--out`` directory, every node's directories (or one directory holding
+    them), one ``.ndcap`` capture, or a directory of PyTorch Flight Recorder dumps; ``fr``: the
+    job's own Flight Recorder dumps to merge (as ``replay --fr``). The ``Job`` has ``calls`` (a
+    pandas DataFrame, one row per recorded collective), ``ranks``, ``groups``, ``notes`` and
+    ``diagnose()`` (the diagnosis ``nccl-doctor replay`` gives). docs/python-api.md.
+    """
+    from nccl_doctor.data.job import Job
+    return Job(*paths, fr=fr)
+
+
+def __getattr__(name: str) -> object:
+    if name == "Job":  # pandas is imported only when asked for
+        from nccl_doctor.data.job import Job
+        return Job
+    raise AttributeError(f"module 'nccl_doctor' has no attribute {name!r}")
 
 
 def install(directory: str | os.PathLike[str] | None = None) -> Path:

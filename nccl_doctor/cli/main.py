@@ -9,11 +9,11 @@ import traceback
 from typing import Sequence
 
 from nccl_doctor._version import __version__
-from nccl_doctor.cli import demo, replay, run
+from nccl_doctor.cli import demo, export, replay, run
 from nccl_doctor.errors import DoctorError, ExitStatus
 from nccl_doctor.reporters.escape import visible
 
-COMMANDS = (run, replay, demo)
+COMMANDS = (run, replay, export, demo)
 
 
 class _Parser(argparse.ArgumentParser):

@@ -1,0 +1,246 @@
+"""Recorded calls as columns (pure): one row per collective or point-to-point call a rank made.
+
+Two sources make the same columns:
+
+- ``scan_columns``: a capture read as columns (capture/follow.py ``Scan``). Every field comes
+  from the numpy record rows in bulk; a string (op, group, a callsite) is looked up once per
+  distinct id of the rank, never once per record - no Python object per call.
+- ``trace_columns``: a rank's typed events (Flight Recorder dumps, or calls merged from them),
+  one Python step per event: what has no capture.
+
+Text columns are categorical: each ``Categories`` interns its strings across every rank, so the
+ranks' columns concatenate as integer codes and one ``pandas.Categorical`` holds them all.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Iterable, Mapping
+
+import numpy as np
+import pandas as pd
+
+from nccl_doctor import paths
+from nccl_doctor.capture.follow import Scan
+from nccl_doctor.capture.records import _call_path
+from nccl_doctor.location import Location
+from nccl_doctor.model import Event, EventFlag, EventKind, EventSource, EventState, RankTrace
+
+#: The columns of ``calls``, in order, and what each holds (docs/python-api.md says the same).
+COLUMNS: dict[str, str] = {
+    "rank": "global rank that made the call",
+    "host": "host the rank ran on",
+    "pid": "the rank's process id",
+    "group": "process group name (PyTorch's group_name; '0' is the default group)",
+    "seq": "the call's number among its group's collectives, as reports say it (#N); -1 unknown",
+    "torch_seq": "PyTorch's own per-group sequence number (p2p calls bump it too); -1 unknown",
+    "op": "all_reduce, all_gather_into_tensor, broadcast, send, ...",
+    "kind": "collective or p2p",
+    "input": "input tensor description, e.g. float32[2,7,32] (4*... for a uniform list)",
+    "output": "output tensor description",
+    "nbytes": "bytes of the call's input tensors",
+    "peer": "root of a rooted collective or a p2p peer, as a global rank; -1 none",
+    "group_size": "members of the group",
+    "t_enter": "when the rank entered the call (UTC)",
+    "t_exit": "when it returned (UTC); NaT: no exit recorded (still inside, or died there)",
+    "duration_s": "t_exit - t_enter in seconds; NaN without an exit",
+    "state": "returned, entered (no exit), failed (raised) or issued (async: see its wait)",
+    "async": "called with async_op=True (or isend/irecv)",
+    "composite": "a wrapper around other recorded calls (object collectives)",
+    "callsite": "the user's line (first frame outside torch and the libraries that wrap it)",
+    "function": "the function of that line",
+    "api_callsite": "the direct caller of the torch.distributed API",
+    "issuing": "the line that decided to make the call (a library's, else the user's)",
+    "thread": "the calling thread's id",
+    "idx": "the record's number in the rank's capture (1-based)",
+    "parent": "idx of the enclosing recorded call (object collective, async op); 0 none",
+    "source": "recorder (the capture) or flight_recorder (PyTorch's Flight Recorder)",
+}
+
+#: Categorical columns (their values interned across ranks).
+TEXT = ("host", "group", "op", "kind", "input", "output", "state", "callsite", "function",
+        "api_callsite", "issuing", "source")
+_KIND_NAME = {int(EventKind.COLLECTIVE): "collective", int(EventKind.P2P): "p2p"}
+_STATE_NAME = {int(s): s.name.lower() for s in EventState}
+_CALLS = np.array(sorted(_KIND_NAME), dtype=np.uint8)
+_NAT = np.iinfo(np.int64).min  # numpy's NaT as int64
+
+
+@dataclass
+class Categories:
+    """A text column's values, interned: value -> code, and the values by code."""
+
+    values: list[str] = field(default_factory=list)
+    _codes: dict[str, int] = field(default_factory=dict)
+
+    def code(self, value: str | None) -> int:
+        if value is None:
+            return -1
+        code = self._codes.get(value)
+        if code is None:
+            code = self._codes[value] = len(self.values)
+            self.values.append(value)
+        return code
+
+    def lookup(self, ids: np.ndarray, text: Mapping[int, str],
+               missing: str | None = None) -> np.ndarray:
+        """Codes for ``ids`` (one rank's string ids; an id ``text`` lacks reads ``missing``),
+        each distinct id looked up once."""
+        if not len(ids):
+            return np.zeros(0, dtype=np.int32)
+        uniq, inverse = np.unique(ids, return_inverse=True)
+        table = np.array([self.code(text.get(int(i), missing)) for i in uniq], dtype=np.int32)
+        return table[inverse.reshape(-1)]
+
+
+def categories() -> dict[str, Categories]:
+    """A fresh set of interners, one per text column: share it across the ranks of one table."""
+    return {name: Categories() for name in TEXT}
+
+
+Columns = dict[str, np.ndarray]
+
+
+def scan_columns(scan: Scan, cats: Mapping[str, Categories]) -> Columns:
+    """The calls of one capture read as columns (text columns as codes into ``cats``)."""
+    d = scan.decoded
+    keep = np.isin(d.rows["kind"], _CALLS)
+    rows, exited = d.rows[keep], d.exited[keep]
+    n = len(rows)
+    strings = scan.strings
+    get = strings.get
+    meta = scan.meta
+    seq = rows["seq"].astype(np.int64)
+    t_enter = rows["t_enter"].astype(np.int64)
+    t_exit = np.where(exited, rows["t_exit"].astype(np.int64), _NAT)
+    duration = np.where(exited, (t_exit - t_enter) / 1e9, np.nan)
+    flags = rows["flags"]
+    out: Columns = {
+        "rank": np.full(n, meta.rank, dtype=np.int32),
+        "host": np.full(n, cats["host"].code(meta.host), dtype=np.int32),
+        "pid": np.full(n, meta.pid, dtype=np.int64),
+        "group": cats["group"].lookup(rows["group"], strings, "<?>"),
+        "seq": np.where(seq >= 0, seq - rows["seq_offset"].astype(np.int64), -1),
+        "torch_seq": seq,
+        "op": cats["op"].lookup(rows["op"], strings, "<?>"),
+        "kind": cats["kind"].lookup(rows["kind"], _KIND_NAME),
+        "input": cats["input"].lookup(rows["input"], strings, ""),
+        "output": cats["output"].lookup(rows["output"], strings, ""),
+        "nbytes": rows["nbytes"].astype(np.int64),
+        "peer": rows["peer"].astype(np.int32),
+        "group_size": rows["group_size"].astype(np.int32),
+        "t_enter": t_enter,
+        "t_exit": t_exit,
+        "duration_s": duration,
+        "state": cats["state"].lookup(np.where(exited, rows["state"], int(EventState.ENTERED)),
+                                      _STATE_NAME),
+        "async": (flags & int(EventFlag.ASYNC)) != 0,
+        "composite": (flags & int(EventFlag.COMPOSITE)) != 0,
+        "thread": rows["thread"].astype(np.int64),
+        "idx": rows["idx"].astype(np.int64),
+        "parent": rows["parent"].astype(np.int64),
+        "source": np.full(n, cats["source"].code(EventSource.RECORDER.value), dtype=np.int32),
+    }
+    ufile, uline, ufunc = rows["ufile"], rows["uline"], rows["ufunc"]
+    afile, aline = rows["afile"], rows["aline"]
+    path = rows["path"] if scan.paths else np.zeros(n, dtype=np.uint32)
+    # the places, each distinct (file, line[, path]) made once
+    places = np.stack([ufile, uline, ufunc, afile, aline, path], axis=1).astype(np.int64)
+    uniq, inverse = np.unique(places, axis=0, return_inverse=True) if n else (places, places[:, 0])
+    inverse = inverse.reshape(-1)
+    made = {"callsite": [], "function": [], "api_callsite": [], "issuing": []}
+    for uf, ul, ufn, af, al, p in uniq.tolist():
+        user = Location(get(uf, "<?>"), ul, get(ufn, "")) if uf else None
+        api = Location(get(af, "<?>"), al) if af else None
+        frames = _call_path(get(p), get) if p else ()
+        made["callsite"].append(cats["callsite"].code(str(user) if user else None))
+        made["function"].append(cats["function"].code(user.function if user else None))
+        made["api_callsite"].append(cats["api_callsite"].code(str(api) if api else None))
+        made["issuing"].append(cats["issuing"].code(_issuing(frames, user, api)))
+    for name, codes in made.items():
+        out[name] = np.array(codes, dtype=np.int32)[inverse] if n else np.zeros(0, np.int32)
+    return out
+
+
+def _issuing(frames: Iterable[Location], user: Location | None,
+             api: Location | None) -> str | None:
+    """``Event.issuing`` as text: the innermost frame of the call path outside thin wrappers,
+    else the user's line, else the API's caller."""
+    for loc in frames:
+        if not paths.is_thin_wrapper(loc.path):
+            return str(loc)
+    place = user or api
+    return str(place) if place else None
+
+
+def trace_columns(trace: RankTrace, cats: Mapping[str, Categories]) -> Columns:
+    """The calls among one rank's typed events, as the same columns."""
+    calls = [e for e in trace.events if e.kind in (EventKind.COLLECTIVE, EventKind.P2P)]
+    meta = trace.meta
+    n = len(calls)
+
+    def text(name: str, values: Iterable[str | None]) -> np.ndarray:
+        return np.fromiter((cats[name].code(v) for v in values), dtype=np.int32, count=n)
+
+    def ints(values: Iterable[int], dtype: type = np.int64) -> np.ndarray:
+        return np.fromiter(values, dtype=dtype, count=n)
+
+    t_exit = ints(e.t_exit_ns if e.t_exit_ns is not None else _NAT for e in calls)
+    t_enter = ints(e.t_enter_ns for e in calls)
+    return {
+        "rank": np.full(n, meta.rank, dtype=np.int32),
+        "host": np.full(n, cats["host"].code(meta.host), dtype=np.int32),
+        "pid": np.full(n, meta.pid, dtype=np.int64),
+        "group": text("group", (e.group for e in calls)),
+        "seq": ints(e.align_seq for e in calls),
+        "torch_seq": ints(e.seq for e in calls),
+        "op": text("op", (e.op for e in calls)),
+        "kind": text("kind", (_KIND_NAME[int(e.kind)] for e in calls)),
+        "input": text("input", (e.input for e in calls)),
+        "output": text("output", (e.output for e in calls)),
+        "nbytes": ints(e.nbytes for e in calls),
+        "peer": ints((e.peer for e in calls), np.int32),
+        "group_size": ints((e.group_size for e in calls), np.int32),
+        "t_enter": t_enter,
+        "t_exit": t_exit,
+        "duration_s": np.where(t_exit != _NAT, (t_exit - t_enter) / 1e9, np.nan),
+        "state": text("state", (_STATE_NAME[int(e.state)] for e in calls)),
+        "async": np.fromiter((bool(e.flags & EventFlag.ASYNC) for e in calls), bool, n),
+        "composite": np.fromiter((e.is_composite for e in calls), bool, n),
+        "callsite": text("callsite", (str(e.callsite) if e.callsite else None for e in calls)),
+        "function": text("function", (e.callsite.function if e.callsite else None
+                                      for e in calls)),
+        "api_callsite": text("api_callsite", (str(e.api_callsite) if e.api_callsite else None
+                                              for e in calls)),
+        "issuing": text("issuing", (str(e.issuing) if e.issuing else None for e in calls)),
+        "thread": ints(e.thread for e in calls),
+        "idx": ints(e.idx for e in calls),
+        "parent": ints(e.parent for e in calls),
+        "source": text("source", (e.source.value for e in calls)),
+    }
+
+
+def frame(parts: list[Columns], cats: Mapping[str, Categories]) -> pd.DataFrame:
+    """One DataFrame of the ranks' columns (each column concatenated once), sorted by rank and
+    record number."""
+    if parts:
+        cols = {name: np.concatenate([p[name] for p in parts]) for name in COLUMNS}
+    else:
+        cols = {name: np.zeros(0, dtype=np.int32) for name in COLUMNS}
+    order = np.lexsort((cols["idx"], cols["rank"]))
+    if len(order) and not (np.diff(order) == 1).all():
+        cols = {name: c[order] for name, c in cols.items()}
+    data: dict[str, object] = {}
+    for name in COLUMNS:
+        c = cols[name]
+        if name in TEXT:
+            data[name] = pd.Categorical.from_codes(c.astype(np.int32),
+                                                   categories=pd.Index(cats[name].values,
+                                                                       dtype=object))
+        elif name in ("t_enter", "t_exit"):
+            data[name] = pd.DatetimeIndex(c.astype("datetime64[ns]"), tz="UTC")
+        elif name in ("async", "composite"):
+            data[name] = c.astype(bool)
+        else:
+            data[name] = c
+    return pd.DataFrame(data, copy=False)

@@ -1,0 +1,97 @@
+"""Writing a job's calls table to a file (``nccl-doctor export``): Parquet through pyarrow, or
+CSV, the columns of ``Job.calls``.
+
+The table is written a few ranks at a time (``Job.iter_calls``): a large job is never held
+whole, let alone twice. The file is written beside its name and moved there once complete, so
+an interrupted export leaves no half-written table under the name asked for.
+"""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+from typing import Iterable
+
+import pandas as pd
+
+from nccl_doctor.data.columns import TEXT
+from nccl_doctor.errors import UsageError
+
+FORMATS = ("parquet", "csv")
+_SUFFIXES = {".parquet": "parquet", ".pq": "parquet", ".csv": "csv"}
+
+
+def format_for(path: Path, fmt: str | None) -> str:
+    """The format asked for, else the one ``path``'s suffix names."""
+    if fmt is not None:
+        return fmt
+    found = _SUFFIXES.get(path.suffix.lower())
+    if found is None:
+        raise UsageError(f"-o {path}: its suffix names no format; end it in .parquet or .csv, "
+                         "or pass --format parquet|csv")
+    return found
+
+
+def write(chunks: Iterable[pd.DataFrame], path: Path, fmt: str) -> int:
+    """Write ``chunks`` (frames of the same columns) to ``path`` as ``fmt``; rows written.
+    Raises OSError as the filesystem does, ImportError when Parquet lacks pyarrow."""
+    part = path.with_name(f".{path.name}.part")
+    try:
+        rows = (_parquet if fmt == "parquet" else _csv)(chunks, part)
+        os.replace(part, path)
+    finally:
+        if part.exists():
+            part.unlink()
+    return rows
+
+
+def _csv(chunks: Iterable[pd.DataFrame], part: Path) -> int:
+    rows, first = 0, True
+    with part.open("w", newline="") as fh:
+        for chunk in chunks:
+            chunk.to_csv(fh, header=first, index=False)
+            rows, first = rows + len(chunk), False
+    if first:  # no call recorded: the header alone
+        from nccl_doctor.data.columns import COLUMNS
+        part.write_text(",".join(COLUMNS) + "\n")
+    return rows
+
+
+def _parquet(chunks: Iterable[pd.DataFrame], part: Path) -> int:
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    writer: pq.ParquetWriter | None = None
+    schema: pa.Schema | None = None
+    rows = 0
+    try:
+        for chunk in chunks:
+            table = pa.Table.from_pandas(chunk, preserve_index=False)
+            if schema is None:
+                schema = _schema(table.schema)
+                writer = pq.ParquetWriter(part, schema)
+            assert writer is not None
+            writer.write_table(table.cast(schema))
+            rows += len(chunk)
+        if writer is None:  # no call recorded: an empty table of the same columns
+            from nccl_doctor.data import columns
+            cats = columns.categories()
+            empty = pa.Table.from_pandas(columns.frame([], cats), preserve_index=False)
+            pq.write_table(empty.cast(_schema(empty.schema)), part)
+    finally:
+        if writer is not None:
+            writer.close()
+    return rows
+
+
+def _schema(schema: "pa.Schema") -> "pa.Schema":  # noqa: F821 - pyarrow imported lazily
+    """One schema for every chunk: text columns as dictionaries of 32-bit indices (a chunk's
+    pandas codes may be narrower), without pandas' per-chunk metadata."""
+    import pyarrow as pa
+
+    fields = []
+    for f in schema:
+        if f.name in TEXT:
+            f = pa.field(f.name, pa.dictionary(pa.int32(), pa.string()))
+        fields.append(f)
+    return pa.schema(fields)

@@ -1,0 +1,193 @@
+"""``nccl_doctor.open(...)``: a recorded job as pandas tables, and the diagnosis replay gives.
+
+``Job.calls`` is built from the captures read as columns (nccl_doctor/data/columns.py): every
+record of every rank, no Python object per record. ``ranks``, ``groups``, ``notes`` and
+``diagnose()`` come from the job as ``nccl-doctor replay`` loads it (capture/sources.py), so
+what they say is what replay says.
+"""
+
+from __future__ import annotations
+
+import os
+from dataclasses import replace
+from functools import cached_property
+from pathlib import Path
+from typing import Iterator, Sequence
+
+import pandas as pd
+
+from nccl_doctor.capture import metrics_log, sources
+from nccl_doctor.capture.assemble import contents
+from nccl_doctor.capture.follow import Scan, scan_capture
+from nccl_doctor.capture.fr_dump import is_dump_dir
+from nccl_doctor.data import columns
+from nccl_doctor.diagnosis import Diagnosis
+from nccl_doctor.errors import CaptureNotFound, DoctorError
+from nccl_doctor.model import EventSource, TraceSet
+
+PathLike = str | os.PathLike[str]
+
+
+class Job:
+    """A recorded job: a run's ``--out`` directory, every node's directories (or one directory
+    holding them), one ``.ndcap`` capture, or a directory of Flight Recorder dumps. ``fr``: the
+    job's own Flight Recorder dumps, merged as ``replay --fr`` merges them. Nothing is read
+    until a table or the diagnosis is asked for; each is read once."""
+
+    def __init__(self, *paths: PathLike, fr: PathLike | None = None) -> None:
+        if not paths:
+            raise TypeError("nccl_doctor.open() needs at least one path")
+        self.paths = tuple(Path(p) for p in paths)
+        self.fr = Path(fr) if fr is not None else None
+        for p in (*self.paths, *((self.fr,) if self.fr else ())):
+            if not p.exists():
+                raise CaptureNotFound(f"{p} does not exist: pass the --out directory of an "
+                                      "`nccl-doctor run`, a capture file or Flight Recorder dumps")
+
+    def __repr__(self) -> str:
+        where = ", ".join(map(str, self.paths))
+        return f"<nccl_doctor.Job {where}>"
+
+    # -- what replay reads -------------------------------------------------------------------
+    @cached_property
+    def traces(self) -> TraceSet:
+        """The job as ``nccl-doctor replay`` loads it (the typed model of nccl_doctor.model)."""
+        return sources.load_many(list(self.paths), self.fr)
+
+    def diagnose(self, log: PathLike | None = None) -> Diagnosis:
+        """The diagnosis ``nccl-doctor replay`` gives (``log``: as its ``--log``)."""
+        from nccl_doctor.analysis import analyze
+        traces = self.traces
+        if log is not None:
+            if not Path(log).is_file():
+                raise CaptureNotFound(f"log {log} does not exist or is not a file")
+            traces = replace(traces, metrics_log=tuple(metrics_log.parse_file(Path(log))))
+        return analyze(traces)
+
+    # -- tables --------------------------------------------------------------------------------
+    @cached_property
+    def calls(self) -> pd.DataFrame:
+        """One row per recorded collective or point-to-point call, every rank, sorted by rank
+        and record number (columns: ``nccl_doctor.data.columns.COLUMNS``)."""
+        cats = columns.categories()
+        return columns.frame(list(self._call_parts(cats)), cats)
+
+    def iter_calls(self, ranks_per_chunk: int = 64) -> Iterator[pd.DataFrame]:
+        """``calls`` in pieces of ``ranks_per_chunk`` ranks, for a table too large to hold twice
+        (``nccl-doctor export``): the same rows and columns, in the same order."""
+        cats = columns.categories()
+        chunk: list[columns.Columns] = []
+        for part in self._call_parts(cats):
+            chunk.append(part)
+            if len(chunk) >= ranks_per_chunk:
+                yield columns.frame(chunk, cats)
+                chunk = []
+        if chunk:
+            yield columns.frame(chunk, cats)
+
+    @cached_property
+    def ranks(self) -> pd.DataFrame:
+        """One row per rank: where it ran, how it ended (as the report says), its capture."""
+        from nccl_doctor.analysis.ends import judged
+        traces = judged(self.traces)
+        rows = []
+        for rank, t in sorted(traces.ranks.items()):
+            m, ex = t.meta, t.exit
+            rows.append({
+                "rank": rank, "host": m.host, "pid": m.pid, "local_rank": m.local_rank,
+                "node_rank": m.node_rank, "world_size": m.world_size,
+                "started": pd.Timestamp(m.started_ns, unit="ns", tz="UTC"),
+                "exit": ex.kind.value, "exit_detail": ex.describe(), "exit_code": ex.code,
+                "signal": ex.signal, "exception": ex.exception, "records": t.records,
+                "integrity": t.integrity.describe(), "damaged": t.integrity.damaged,
+                "actor_class": m.ray.get("actor_class"), "actor_id": m.ray.get("actor_id"),
+                "capture": t.path,
+            })
+        for rank, u in sorted(traces.unrecorded.items()):
+            rows.append({"rank": rank, "host": u.host, "exit": "unrecorded",
+                         "exit_detail": u.why, "damaged": u.damaged})
+        return pd.DataFrame(rows, columns=list(_RANK_COLUMNS)).sort_values(
+            "rank", kind="stable", ignore_index=True)
+
+    @cached_property
+    def groups(self) -> pd.DataFrame:
+        """One row per process group: its name, global ranks, size, backend and description."""
+        rows = [{"group": name, "ranks": tuple(g.ranks), "size": len(g.ranks),
+                 "backend": g.backend, "desc": g.desc}
+                for name, g in sorted(self.traces.groups.items())]
+        return pd.DataFrame(rows, columns=["group", "ranks", "size", "backend", "desc"])
+
+    @cached_property
+    def notes(self) -> pd.DataFrame:
+        """Every note the ranks recorded (process groups, RNG seeding, generations' hashes,
+        metrics, ...): rank, note, time, and the rest of the note as a dict."""
+        rows = []
+        for rank, t in sorted(self.traces.ranks.items()):
+            for n in t.notes:
+                when = n.get("time_ns")
+                rows.append({
+                    "rank": rank, "note": str(n.get("note", "")),
+                    "time": pd.Timestamp(when, unit="ns", tz="UTC")
+                    if isinstance(when, int) else pd.NaT,
+                    "data": {k: v for k, v in n.items() if k not in ("note", "time_ns")},
+                })
+        return pd.DataFrame(rows, columns=["rank", "note", "time", "data"])
+
+    @property
+    def problems(self) -> tuple[str, ...]:
+        """What could not be read, or only in part (as replay's notes say)."""
+        return self.traces.problems
+
+    # -- reading -------------------------------------------------------------------------------
+    def _call_parts(self, cats: dict[str, columns.Categories]) -> Iterator[columns.Columns]:
+        """Each rank's columns, in rank order: from its capture read as columns, or from its
+        events where only Flight Recorder saw the job (dumps, or calls merged from ``fr``)."""
+        dirs = [d for p in self.paths for d in (sources.node_dirs(p) or [p])]
+        captures = [d for d in dict.fromkeys(dirs)
+                    if sources.is_capture(d) or not is_dump_dir(d)]
+        scans = _latest(captures)
+        merged = self.traces if (self.fr is not None or len(captures) < len(dirs)) else None
+        fr_only = {}
+        if merged is not None:
+            for rank, t in merged.ranks.items():
+                if rank not in scans or any(e.source is EventSource.FLIGHT_RECORDER
+                                            for e in t.events):
+                    fr_only[rank] = t
+        for rank in sorted({*scans, *fr_only}):
+            if rank in scans:
+                yield columns.scan_columns(scans[rank], cats)
+            if rank in fr_only:
+                trace = fr_only[rank]
+                if rank in scans:  # only what Flight Recorder added
+                    trace = replace(trace, events=tuple(
+                        e for e in trace.events if e.source is EventSource.FLIGHT_RECORDER))
+                yield columns.trace_columns(trace, cats)
+
+
+_RANK_COLUMNS = ("rank", "host", "pid", "local_rank", "node_rank", "world_size", "started",
+                 "exit", "exit_detail", "exit_code", "signal", "exception", "records",
+                 "integrity", "damaged", "actor_class", "actor_id", "capture")
+
+
+def _latest(dirs: Sequence[Path]) -> dict[int, Scan]:
+    """rank -> its capture as columns: the newest capture of each rank (a restarted rank's
+    latest, as replay picks). A capture that cannot be read is left out (replay's notes, in
+    ``Job.problems``, say why)."""
+    out: dict[int, Scan] = {}
+    for d in dirs:
+        _, files, _ = contents(d)
+        for f in files:
+            try:
+                scan = scan_capture(f)
+            except DoctorError:
+                continue
+            held = out.get(scan.meta.rank)
+            if held is None or held.meta.started_ns <= scan.meta.started_ns:
+                out[scan.meta.rank] = scan
+    return out
+
+
+def open(*paths: PathLike, fr: PathLike | None = None) -> Job:  # noqa: A001 - the API's name
+    """Open a recorded job (see ``Job``)."""
+    return Job(*paths, fr=fr)
+
