@@ -24,7 +24,7 @@ from nccl_doctor import paths
 from nccl_doctor.capture.follow import Scan
 from nccl_doctor.capture.records import _call_path
 from nccl_doctor.location import Location
-from nccl_doctor.model import Event, EventFlag, EventKind, EventSource, EventState, RankTrace
+from nccl_doctor.model import EventFlag, EventKind, EventSource, EventState, RankTrace
 
 #: The columns of ``calls``, in order, and what each holds (docs/python-api.md says the same).
 COLUMNS: dict[str, str] = {

@@ -10,12 +10,15 @@ from __future__ import annotations
 
 import os
 from pathlib import Path
-from typing import Iterable
+from typing import TYPE_CHECKING, Iterable
 
 import pandas as pd
 
 from nccl_doctor.data.columns import TEXT
 from nccl_doctor.errors import UsageError
+
+if TYPE_CHECKING:
+    import pyarrow as pa
 
 FORMATS = ("parquet", "csv")
 _SUFFIXES = {".parquet": "parquet", ".pq": "parquet", ".csv": "csv"}
@@ -84,7 +87,7 @@ def _parquet(chunks: Iterable[pd.DataFrame], part: Path) -> int:
     return rows
 
 
-def _schema(schema: "pa.Schema") -> "pa.Schema":  # noqa: F821 - pyarrow imported lazily
+def _schema(schema: pa.Schema) -> pa.Schema:
     """One schema for every chunk: text columns as dictionaries of 32-bit indices (a chunk's
     pandas codes may be narrower), without pandas' per-chunk metadata."""
     import pyarrow as pa
