@@ -41,6 +41,11 @@ class PageFile:
         self.path = path
         self._text: str | None = None
 
+    @property
+    def text(self) -> str:
+        """The page as last drawn ("" before the first report)."""
+        return self._text or ""
+
     def __call__(self, diagnosis: Diagnosis, traces: TraceSet | None) -> None:
         text = html.render(diagnosis, page(traces, diagnosis))
         if text != self._text:

@@ -8,6 +8,7 @@ import sys
 from dataclasses import replace
 from pathlib import Path
 
+from nccl_doctor.cli import serving
 from nccl_doctor.cli.live import make_display
 from nccl_doctor.cli.output import PageFile, verdict_status
 from nccl_doctor.reporters.escape import visible
@@ -99,6 +100,7 @@ def add_options(p: argparse.ArgumentParser) -> None:
                         "every Ray worker of the job is recorded on every node, and Ray runs a "
                         "node doctor on each other node; their reports are this one's "
                         "(docs/ray.md)")
+    serving.add_options(p)
 
 
 def _count(low: int):
@@ -176,18 +178,20 @@ def supervise(args: argparse.Namespace, command: list[str]) -> int:
     if meeting is not None:
         # torch's C++ log would print every retry of a store connection on the user's terminal
         os.environ.setdefault("TORCH_CPP_LOG_LEVEL", "FATAL")
+    page_file = PageFile(out / REPORT_HTML)
     supervisor = Supervisor(command, out, policy=policy, gpu=None if args.no_gpu else Nvml.open,
-                            environ=environ, rendezvous=meeting,
-                            on_report=PageFile(out / REPORT_HTML), cluster=fleet)
-    display = None
-    if not args.quiet:
-        display = make_display(err, supervisor.watchdog.view if supervisor.watchdog else None)
-        supervisor.attach(display, announce=display.announce)
-    try:
-        result = supervisor.run()
-    finally:
-        if display is not None:
-            display.close()
+                            environ=environ, rendezvous=meeting, on_report=page_file,
+                            cluster=fleet)
+    with serving.serving(args, supervisor, lambda: page_file.text, err):
+        display = None
+        if not args.quiet:
+            display = make_display(err, supervisor.watchdog.view if supervisor.watchdog else None)
+            supervisor.attach(display, announce=display.announce)
+        try:
+            result = supervisor.run()
+        finally:
+            if display is not None:
+                display.close()
     if result.stopped_orphans:
         err.write("nccl-doctor: processes of the job outlived its launcher; they were stopped\n")
     if result.analysis_error is not None:

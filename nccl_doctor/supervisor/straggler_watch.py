@@ -43,6 +43,7 @@ class StragglerWatch:
         self._last = job.clock()
         self._cost = 0.0  # how long the last look took
         self._seen: dict[int, int] = {}
+        self.skew: dict[int, float] = {}  # the late ranks of the last look, their median skew
 
     def look(self, snap: Snapshot) -> None:
         now = self.job.clock()
@@ -63,7 +64,11 @@ class StragglerWatch:
         if traces is None:
             return
         before = snap.read_counts  # polled right before the read that says who waits
-        late = sorted({r for f in detect_straggler(traces) for r in f.ranks})
+        found = detect_straggler(traces)
+        # rank -> its median lateness, s (what ``run --serve`` shows)
+        self.skew = {r: float(f.evidence.get("median_ms", 0.0)) / 1e3
+                     for f in found for r in f.ranks}
+        late = sorted({r for f in found for r in f.ranks})
         local = {r: p.pid for r, p in self.job.local().items()}
         targets, waiting = {}, {}
         for rank in late:

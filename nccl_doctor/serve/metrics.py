@@ -1,0 +1,107 @@
+"""``/metrics``: a ``Published`` look in Prometheus's text format, through prometheus_client.
+
+Per rank: ``nccl_doctor_rank_calls_total`` (the capture's progress counter),
+``nccl_doctor_rank_seconds_since_progress``, ``nccl_doctor_rank_state`` (1 for its state).
+Per job: ``nccl_doctor_phase`` and ``nccl_doctor_verdict`` (1 for the current one),
+``nccl_doctor_findings`` by kind, ``nccl_doctor_root_cause`` (1 per culprit rank of the root
+cause, labelled with the finding's kind, the rank's host and the call site),
+``nccl_doctor_straggler_skew_seconds``, ``nccl_doctor_nodes`` (joined, lost, expected),
+``nccl_doctor_quiet_seconds``. docs/serve.md lists them with example queries.
+"""
+
+from __future__ import annotations
+
+from collections import Counter
+from typing import Iterator
+
+from prometheus_client import CollectorRegistry, generate_latest
+from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
+
+from nccl_doctor.serve.state import Published
+
+PREFIX = "nccl_doctor"
+
+
+def render(pub: Published) -> bytes:
+    """The exposition text of ``pub``."""
+    registry = CollectorRegistry(auto_describe=False)
+    registry.register(_Collector(pub))
+    return generate_latest(registry)
+
+
+class _Collector:
+    def __init__(self, pub: Published) -> None:
+        self.pub = pub
+
+    def collect(self) -> Iterator[Metric]:
+        yield from families(self.pub)
+
+
+def families(pub: Published) -> Iterator[Metric]:
+    view = pub.view
+    calls = CounterMetricFamily(f"{PREFIX}_rank_calls", "calls the rank has recorded so far "
+                                "(its capture's progress counter)", labels=["rank", "host"])
+    since = GaugeMetricFamily(f"{PREFIX}_rank_seconds_since_progress",
+                              "seconds since the rank last recorded a call",
+                              labels=["rank", "host"])
+    state = GaugeMetricFamily(f"{PREFIX}_rank_state", "1 for the rank's state as the watchdog "
+                              "last saw it (running, computing, waiting, awaited, stopped, "
+                              "ended)", labels=["rank", "host", "state"])
+    hosts = {}
+    for r in view.ranks if view is not None else ():
+        labels = [str(r.rank), r.host]
+        hosts[r.rank] = r.host
+        calls.add_metric(labels, r.calls)
+        since.add_metric(labels, pub.since_progress.get(r.rank, 0.0))
+        state.add_metric([*labels, r.state.value], 1)
+    yield from (calls, since, state)
+
+    phase = GaugeMetricFamily(f"{PREFIX}_phase", "1 for the job's phase (starting, running, "
+                              "computing, waiting_on_peers, hang, ended, analysing, done)",
+                              labels=["phase"])
+    phase.add_metric([pub.phase], 1)
+    verdict = GaugeMetricFamily(f"{PREFIX}_verdict", "1 for the newest report's verdict "
+                                "(none before the first report)", labels=["verdict"])
+    verdict.add_metric([pub.verdict], 1)
+    yield from (phase, verdict)
+
+    findings = GaugeMetricFamily(f"{PREFIX}_findings", "findings of the newest report, by kind",
+                                 labels=["kind"])
+    by_kind = Counter(f.kind.value for f in (pub.report.findings if pub.report else ()))
+    for kind, n in sorted(by_kind.items()):
+        findings.add_metric([kind], n)
+    yield findings
+
+    cause = pub.root_cause
+    root = GaugeMetricFamily(f"{PREFIX}_root_cause", "1 for each culprit rank of the newest "
+                             "report's root cause", labels=["rank", "host", "kind", "callsite"])
+    if cause is not None:
+        for rank in cause.ranks:
+            host = hosts.get(rank) or _host_of(pub, rank)
+            root.add_metric([str(rank), host, cause.kind.value, cause.callsite or ""], 1)
+    yield root
+
+    skew = GaugeMetricFamily(f"{PREFIX}_straggler_skew_seconds", "a late rank's median lateness "
+                             "at the collectives it was last to (the straggler watch's latest)",
+                             labels=["rank"])
+    for rank, seconds in sorted(pub.skew_s.items()):
+        skew.add_metric([str(rank)], seconds)
+    yield skew
+
+    nodes = GaugeMetricFamily(f"{PREFIX}_nodes", "nodes of the job: joined, lost, expected "
+                              "(multi-node and Ray jobs; 1 joined otherwise)", labels=["state"])
+    for key, n in sorted(pub.nodes.items()):
+        nodes.add_metric([key], n)
+    yield nodes
+
+    if view is not None:
+        yield GaugeMetricFamily(f"{PREFIX}_quiet_seconds", "seconds since any rank recorded a "
+                                "call", value=view.quiet_s)
+
+
+def _host_of(pub: Published, rank: int) -> str:
+    if pub.report is not None:
+        for r in pub.report.ranks:
+            if r.rank == rank:
+                return r.host or ""
+    return ""

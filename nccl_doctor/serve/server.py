@@ -1,0 +1,173 @@
+"""The HTTP endpoint of ``run --serve`` (a thread of the supervisor's process).
+
+Every answer is drawn from the ``Published`` look the supervisor swapped in last, at most once
+per look (``_Drawn``), so a request never waits on the watchdog and a flood of them costs the
+supervisor's loop only the GIL slices of copying bytes out. Bounded: a few requests at a time
+(more are answered 503 at once), a socket timeout, GET and HEAD only, nothing written to the
+job's terminal.
+"""
+
+from __future__ import annotations
+
+import socket
+import threading
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from typing import Callable
+
+from nccl_doctor.errors import UsageError
+from nccl_doctor.serve import metrics, page
+from nccl_doctor.serve.state import Published
+
+#: Requests answered at once; more get 503 (a scraper or a browser needs one or two).
+CONCURRENT = 8
+TIMEOUT_S = 5.0
+
+_TYPES = {
+    "/metrics": "text/plain; version=0.0.4; charset=utf-8",
+    "/report.json": "application/json",
+    "/status.json": "application/json",
+    "/report.html": "text/html; charset=utf-8",
+    "/": "text/html; charset=utf-8",
+}
+
+
+def parse_address(text: str) -> tuple[str, int]:
+    """``[HOST:]PORT`` -> (host, port); the host defaults to loopback."""
+    host, sep, port = text.rpartition(":")
+    if not sep:
+        host, port = "127.0.0.1", text
+    host = host.strip("[]") or "127.0.0.1"
+    try:
+        number = int(port)
+    except ValueError:
+        number = -1
+    if not 0 <= number <= 65535:
+        raise UsageError(f"--serve {text}: give [HOST:]PORT, e.g. 9400 or 0.0.0.0:9400")
+    return host, number
+
+
+class _Drawn:
+    """The answers of one look, each drawn on first request."""
+
+    def __init__(self, pub: Published) -> None:
+        self.pub = pub
+        self._lock = threading.Lock()
+        self._bodies: dict[str, bytes | None] = {}
+
+    def body(self, path: str) -> bytes | None:
+        with self._lock:  # (a look's requests draw it once; the supervisor never takes this)
+            if path not in self._bodies:
+                self._bodies[path] = self._draw(path)
+            return self._bodies[path]
+
+    def _draw(self, path: str) -> bytes | None:
+        pub = self.pub
+        if path == "/metrics":
+            return metrics.render(pub)
+        if path == "/report.json":
+            return pub.report_json.encode() if pub.report_json else None
+        if path == "/status.json":
+            return pub.status_json().encode()
+        if path == "/report.html":
+            return pub.report_html.encode() if pub.report_html else None
+        return page.render(pub).encode()
+
+
+class Endpoint:
+    """Serves ``current()`` (the publisher's newest look) at ``host:port`` until ``close``."""
+
+    def __init__(self, host: str, port: int, current: Callable[[], Published]) -> None:
+        self.current = current
+        self._drawn: _Drawn | None = None
+        self._slots = threading.BoundedSemaphore(CONCURRENT)
+        self.served = 0  # requests answered (200 or 404)
+        handler = _handler(self)
+        try:
+            self.server = _Server((host, port), handler)
+        except OSError as err:
+            raise UsageError(f"--serve {host}:{port}: cannot listen there "
+                             f"({err.strerror or err}); choose another port") from None
+        self.host, self.port = self.server.server_address[:2]
+        self._thread = threading.Thread(target=self.server.serve_forever, args=(0.5,),
+                                        name="nccl-doctor-serve", daemon=True)
+        self._thread.start()
+
+    @property
+    def url(self) -> str:
+        host = f"[{self.host}]" if ":" in str(self.host) else self.host
+        return f"http://{host}:{self.port}/"
+
+    def drawn(self) -> _Drawn:
+        pub = self.current()
+        held = self._drawn
+        if held is None or held.pub is not pub:
+            held = self._drawn = _Drawn(pub)
+        return held
+
+    def close(self) -> None:
+        self.server.shutdown()
+        self.server.server_close()
+        self._thread.join(5)
+
+
+class _Server(ThreadingHTTPServer):
+    daemon_threads = True
+    request_queue_size = 32
+
+    def server_bind(self) -> None:
+        if ":" in self.server_address[0]:
+            self.address_family = socket.AF_INET6
+            self.socket = socket.socket(self.address_family, self.socket_type)
+        super().server_bind()
+
+
+def _handler(endpoint: Endpoint) -> type[BaseHTTPRequestHandler]:
+    class Handler(BaseHTTPRequestHandler):
+        timeout = TIMEOUT_S
+        server_version = "nccl-doctor"
+        sys_version = ""
+
+        def do_GET(self) -> None:  # noqa: N802 - http.server's name
+            self._answer(head=False)
+
+        def do_HEAD(self) -> None:  # noqa: N802
+            self._answer(head=True)
+
+        def _answer(self, head: bool) -> None:
+            if not endpoint._slots.acquire(blocking=False):
+                self._send(503, b"busy: too many requests at once\n", "text/plain", head)
+                return
+            try:
+                path = self.path.split("?", 1)[0]
+                if path == "/index.html":
+                    path = "/"
+                if path not in _TYPES:
+                    self._send(404, b"not found: / /metrics /report.json /status.json "
+                                    b"/report.html\n", "text/plain", head)
+                    return
+                body = endpoint.drawn().body(path)
+                if body is None:
+                    self._send(404, b"no report yet: the job is being watched\n", "text/plain",
+                               head)
+                else:
+                    self._send(200, body, _TYPES[path], head)
+                endpoint.served += 1
+            finally:
+                endpoint._slots.release()
+
+        def _send(self, code: int, body: bytes, kind: str, head: bool) -> None:
+            self.send_response(code)
+            self.send_header("Content-Type", kind)
+            self.send_header("Content-Length", str(len(body)))
+            self.send_header("Cache-Control", "no-store")
+            self.send_header("X-Content-Type-Options", "nosniff")
+            self.send_header("Content-Security-Policy",
+                             "default-src 'none'; style-src 'unsafe-inline'; img-src data:")
+            self.end_headers()
+            if not head:
+                self.wfile.write(body)
+
+        def log_message(self, format: str, *args: object) -> None:  # noqa: A002
+            pass  # the job's terminal is the job's
+
+    return Handler
