@@ -122,13 +122,16 @@ class CaptureFollower:
         bad = self._bad_json + (1 if self._str_damaged or blanked else 0)
         # the slots below the newest record (or the counter) hold a record each: blank ones
         # lost theirs (zeroed)
-        seen_slots = np.union1d(decoded.slots, decoded.torn_slots)
+        seen = np.zeros(max(self._available, 1), dtype=bool)  # (a mask: no sort of the slots)
+        seen[decoded.slots] = True
+        seen[decoded.torn_slots] = True
+        seen_count = int(seen.sum())
         filled = min(max(count, started), self.capacity, self._available)
-        blank = max(0, filled - len(seen_slots))
+        blank = max(0, filled - seen_count)
         # a kill leaves its torn or blank records at the head of the ring (the calls in flight);
         # one further back was damaged later
         head = (count - 1) % self.capacity if count else 0
-        blank_slots = np.setdiff1d(np.arange(min(filled, self._available)), seen_slots)
+        blank_slots = np.flatnonzero(~seen[:min(filled, self._available)])
         odd = np.concatenate([decoded.torn_slots, blank_slots]).astype(np.int64)
         deep = int(((head - odd) % self.capacity > RECENT).sum()) if count else 0
         ended = _exit_from(self._notes, self._fault_text)

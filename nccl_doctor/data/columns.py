@@ -88,9 +88,9 @@ class Categories:
         each distinct id looked up once."""
         if not len(ids):
             return np.zeros(0, dtype=np.int32)
-        uniq, inverse = np.unique(ids, return_inverse=True)
+        inverse, uniq = pd.factorize(ids)  # hashed, not sorted: O(rows)
         table = np.array([self.code(text.get(int(i), missing)) for i in uniq], dtype=np.int32)
-        return table[inverse.reshape(-1)]
+        return table[inverse]
 
 
 def categories() -> dict[str, Categories]:
@@ -145,11 +145,10 @@ def scan_columns(scan: Scan, cats: Mapping[str, Categories]) -> Columns:
     afile, aline = rows["afile"], rows["aline"]
     path = rows["path"] if scan.paths else np.zeros(n, dtype=np.uint32)
     # the places, each distinct (file, line[, path]) made once
-    places = np.stack([ufile, uline, ufunc, afile, aline, path], axis=1).astype(np.int64)
-    uniq, inverse = np.unique(places, axis=0, return_inverse=True) if n else (places, places[:, 0])
-    inverse = inverse.reshape(-1)
-    made = {"callsite": [], "function": [], "api_callsite": [], "issuing": []}
-    for uf, ul, ufn, af, al, p in uniq.tolist():
+    inverse, uniq = _distinct([ufile, uline, ufunc, afile, aline, path])
+    made: dict[str, list[int]] = {"callsite": [], "function": [], "api_callsite": [],
+                                  "issuing": []}
+    for uf, ul, ufn, af, al, p in uniq:
         user = Location(get(uf, "<?>"), ul, get(ufn, "")) if uf else None
         api = Location(get(af, "<?>"), al) if af else None
         frames = _call_path(get(p), get) if p else ()
@@ -160,6 +159,27 @@ def scan_columns(scan: Scan, cats: Mapping[str, Categories]) -> Columns:
     for name, codes in made.items():
         out[name] = np.array(codes, dtype=np.int32)[inverse] if n else np.zeros(0, np.int32)
     return out
+
+
+def _distinct(cols: list[np.ndarray]) -> tuple[np.ndarray, list[tuple[int, ...]]]:
+    """(row -> the number of its distinct tuple, the distinct tuples) of the columns' rows, by
+    hashing (no sort): each column factorised, the codes mixed into one key, factorised."""
+    if not len(cols[0]):
+        return np.zeros(0, dtype=np.int64), []
+    key = np.zeros(len(cols[0]), dtype=np.int64)
+    span = 1
+    for col in cols:
+        codes, values = pd.factorize(col)
+        span *= max(len(values), 1)
+        if span >= 1 << 62:  # (never in practice: a rank's distinct places are few)
+            rows = np.stack(cols, axis=1).astype(np.int64)
+            uniq, inverse = np.unique(rows, axis=0, return_inverse=True)
+            return inverse.reshape(-1), [tuple(r) for r in uniq.tolist()]
+        key = key * max(len(values), 1) + codes
+    inverse, keys = pd.factorize(key)
+    at = np.zeros(len(keys), dtype=np.int64)
+    at[inverse] = np.arange(len(inverse))  # a row of each distinct tuple
+    return inverse, [tuple(int(c[i]) for c in cols) for i in at.tolist()]
 
 
 def _issuing(frames: Iterable[Location], user: Location | None,
@@ -227,8 +247,9 @@ def frame(parts: list[Columns], cats: Mapping[str, Categories]) -> pd.DataFrame:
         cols = {name: np.concatenate([p[name] for p in parts]) for name in COLUMNS}
     else:
         cols = {name: np.zeros(0, dtype=np.int32) for name in COLUMNS}
-    order = np.lexsort((cols["idx"], cols["rank"]))
-    if len(order) and not (np.diff(order) == 1).all():
+    ranks = [int(p["rank"][0]) for p in parts if len(p["rank"])]
+    if ranks != sorted(set(ranks)):  # a rank's parts apart (its FR-only calls), or out of order
+        order = np.lexsort((cols["idx"], cols["rank"]))
         cols = {name: c[order] for name, c in cols.items()}
     data: dict[str, object] = {}
     for name in COLUMNS:

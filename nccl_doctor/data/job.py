@@ -18,7 +18,8 @@ import pandas as pd
 
 from nccl_doctor.capture import metrics_log, sources
 from nccl_doctor.capture.assemble import contents
-from nccl_doctor.capture.follow import Scan, scan_capture
+from nccl_doctor.capture.follow import scan_capture
+from nccl_doctor.capture.reader import read_counters
 from nccl_doctor.capture.fr_dump import is_dump_dir
 from nccl_doctor.data import columns
 from nccl_doctor.diagnosis import Diagnosis
@@ -154,8 +155,13 @@ class Job:
                                             for e in t.events):
                     fr_only[rank] = t
         for rank in sorted({*scans, *fr_only}):
-            if rank in scans:
-                yield columns.scan_columns(scans[rank], cats)
+            if rank in scans:  # one capture at a time: its records are dropped once columns
+                try:
+                    scan = scan_capture(scans[rank])
+                except DoctorError:
+                    scan = None
+                if scan is not None:
+                    yield columns.scan_columns(scan, cats)
             if rank in fr_only:
                 trace = fr_only[rank]
                 if rank in scans:  # only what Flight Recorder added
@@ -169,22 +175,23 @@ _RANK_COLUMNS = ("rank", "host", "pid", "local_rank", "node_rank", "world_size",
                  "integrity", "damaged", "actor_class", "actor_id", "capture")
 
 
-def _latest(dirs: Sequence[Path]) -> dict[int, Scan]:
-    """rank -> its capture as columns: the newest capture of each rank (a restarted rank's
-    latest, as replay picks). A capture that cannot be read is left out (replay's notes, in
-    ``Job.problems``, say why)."""
-    out: dict[int, Scan] = {}
+def _latest(dirs: Sequence[Path]) -> dict[int, Path]:
+    """rank -> its capture file: the newest of each rank (a restarted rank's latest, as replay
+    picks), told by the headers alone. A capture that cannot be read is left out (replay's
+    notes, in ``Job.problems``, say why)."""
+    out: dict[int, tuple[int, Path]] = {}
     for d in dirs:
         _, files, _ = contents(d)
         for f in files:
             try:
-                scan = scan_capture(f)
-            except DoctorError:
+                meta, _, _ = read_counters(f)
+                rank, started = int(meta["rank"]), int(meta.get("started_ns", 0))
+            except (DoctorError, KeyError, TypeError, ValueError):
                 continue
-            held = out.get(scan.meta.rank)
-            if held is None or held.meta.started_ns <= scan.meta.started_ns:
-                out[scan.meta.rank] = scan
-    return out
+            held = out.get(rank)
+            if held is None or held[0] <= started:
+                out[rank] = (started, f)
+    return {rank: f for rank, (_, f) in out.items()}
 
 
 def open(*paths: PathLike, fr: PathLike | None = None) -> Job:  # noqa: A001 - the API's name

@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import os
 import sys
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 
 import pytest
@@ -49,6 +49,7 @@ def run_job(tmp_path: Path):
         assert result.analysis_error is None, result.analysis_error
         assert result.diagnosis is not None
         assert_window_agrees(out)
+        assert_data_agrees(out, tmp_path / "export")
         return JobRun(result.exit_status, result.diagnosis, out)
 
     return run
@@ -80,6 +81,55 @@ def assert_window_agrees(out: Path) -> None:
         windowed.pop("verdict", None)
         windowed.pop("root_cause", None)
     assert windowed == full
+
+
+def replay_calls(out: Path):
+    """The calls table made from what ``replay`` reads (each rank's typed events, one Python
+    step per call): the reference ``nccl_doctor.open(out).calls`` (made from the captures as
+    columns) must equal row for row."""
+    from nccl_doctor.capture import sources
+    from nccl_doctor.data import columns
+    from nccl_doctor.model import EventSource
+
+    traces = sources.load_many([out])
+    cats = columns.categories()
+    parts = []
+    for _, trace in sorted(traces.ranks.items()):
+        recorded = tuple(e for e in trace.events if e.source is EventSource.RECORDER)
+        parts.append(columns.trace_columns(replace(trace, events=recorded), cats))
+    return columns.frame(parts, cats)
+
+
+def plain(frame):
+    """``frame`` with its categorical columns as plain values (categories' order aside)."""
+    from nccl_doctor.data.columns import TEXT
+    return frame.astype({c: object for c in TEXT if c in frame})
+
+
+def assert_data_agrees(out: Path, scratch: Path) -> None:
+    """``nccl_doctor.open(out).calls`` equals what replay reads, row for row; ``export`` of it
+    (Parquet a rank per row group, and CSV) reads back the same."""
+    import pandas as pd
+    import pyarrow.parquet as pq
+
+    import nccl_doctor
+    from nccl_doctor.data import export
+
+    job = nccl_doctor.open(out)
+    calls = job.calls
+    pd.testing.assert_frame_equal(plain(calls), plain(replay_calls(out)))
+    assert set(calls["rank"]) <= set(job.traces.ranks)
+    scratch.mkdir(parents=True, exist_ok=True)
+    table = scratch / "calls.parquet"
+    assert export.write(job.iter_calls(ranks_per_chunk=1), table, "parquet") == len(calls)
+    back = pq.read_table(table)
+    assert back.num_rows == len(calls) and back.column_names == list(calls.columns)
+    pd.testing.assert_frame_equal(plain(back.to_pandas()), plain(calls))
+    csv = scratch / "calls.csv"
+    assert export.write(job.iter_calls(), csv, "csv") == len(calls)
+    read = pd.read_csv(csv)
+    assert list(read.columns) == list(calls.columns) and len(read) == len(calls)
+    assert read["seq"].tolist() == calls["seq"].tolist()
 
 
 @pytest.fixture
