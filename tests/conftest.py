@@ -25,6 +25,7 @@ _GPUS = visible_gpus()
 SHARED = {
     "tests/integration/test_watchdog.py": "stopped_hangs",
     "tests/integration/test_replay_live.py": "stopped_hangs",
+    "tests/integration/test_data_api.py": "stopped_hangs",
     "tests/integration/test_nodes.py": "nodes",
     "tests/e2e/test_cli.py": "clean_capture",
     "tests/reliability/test_escaping.py": "escaping",
