@@ -8,7 +8,7 @@ BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
 DEMO_OUT ?= nccl-doctor-out/demo
 
-.PHONY: demo test install bench clean
+.PHONY: demo test install tools bench clean
 
 $(STAMP): pyproject.toml setup.py constraints.txt nccl_doctor/capture/_ring.c
 	$(PYTHON) -m venv $(VENV)
@@ -32,7 +32,23 @@ demo: $(STAMP)
 # the job runs once (tests/conftest.py SHARED). TEST_WORKERS=0 runs it in one process.
 TEST_WORKERS ?= 2
 
-test: $(STAMP)
+# The servers tests/e2e/test_serve.py drives for real: Debian's Prometheus and Chromium,
+# installed when missing (as root with apt-get, as on CI); elsewhere it says what to install.
+TOOLS := prometheus chromium
+
+tools:
+	@missing=""; for t in $(TOOLS); do command -v $$t >/dev/null 2>&1 || missing="$$missing $$t"; done; \
+	if [ -n "$$missing" ]; then \
+	  if command -v apt-get >/dev/null 2>&1 && [ "$$(id -u)" = 0 ]; then \
+	    export DEBIAN_FRONTEND=noninteractive; \
+	    apt-get install -y -q $$missing >/dev/null || \
+	      { apt-get update -q >/dev/null && apt-get install -y -q $$missing >/dev/null; }; \
+	  else \
+	    echo "make test: install the Debian packages$$missing (tests/e2e/test_serve.py)" >&2; \
+	  fi; \
+	fi
+
+test: $(STAMP) tools
 	$(BIN)/python -m pytest -q -rs --durations=30 -n $(TEST_WORKERS) --dist loadgroup
 
 bench: $(STAMP)

@@ -1,0 +1,156 @@
+"""``run --serve``'s parts that need no job: the address, what one published look draws (the
+page, escaped; the metrics), and the endpoint over real HTTP on loopback."""
+
+from __future__ import annotations
+
+import threading
+import urllib.error
+import urllib.request
+from dataclasses import replace
+
+import pytest
+from prometheus_client.parser import text_string_to_metric_families
+
+from nccl_doctor.analysis import analyze
+from nccl_doctor.errors import UsageError
+from nccl_doctor.live_view import LiveView, RankState, RankView
+from nccl_doctor.serve import metrics, page
+from nccl_doctor.serve.server import CONCURRENT, Endpoint, parse_address
+from nccl_doctor.serve.state import Published
+
+HOSTILE = "<script>alert('x')</script>&\"q\""
+
+
+def _hang(tb):
+    traces = tb.traceset(
+        [tb.trace(0, tb.collectives(4, group_size=2, last_state=tb.ENTERED), world_size=2),
+         tb.trace(1, tb.collectives(3, group_size=2), world_size=2)], groups={"0": (0, 1)},
+        world_size=2)
+    d = analyze(traces, annotators=())
+    assert d.root_cause is not None and d.root_cause.ranks == (1,)
+    return d
+
+
+def _published(tb, **kw) -> Published:
+    report = _hang(tb)
+    view = LiveView((RankView(0, "nodeA", 4, RankState.WAITING, "all_reduce #4 (group 0)"),
+                     RankView(1, "nodeA", 3, RankState.AWAITED)), "waiting_on_peers",
+                    "rank 1 awaited", 7.5, 20.0)
+    return Published(at=1.7e9, state="running", view=view, since_progress={0: 7.5, 1: 9.0},
+                     report=report, report_json=report.to_json_text(), nodes={"joined": 1},
+                     skew_s={1: 0.25}, **kw)
+
+
+@pytest.mark.parametrize("text, want", [("9400", ("127.0.0.1", 9400)),
+                                        ("0.0.0.0:9400", ("0.0.0.0", 9400)),
+                                        ("[::1]:0", ("::1", 0)), (":81", ("127.0.0.1", 81))])
+def test_an_address_defaults_to_loopback(text, want):
+    assert parse_address(text) == want
+
+
+@pytest.mark.parametrize("text", ["", "host:", "host:http", "70000", "-1"])
+def test_a_bad_address_is_one_usage_line(text):
+    with pytest.raises(UsageError, match=r"--serve .*\[HOST:\]PORT"):
+        parse_address(text)
+
+
+def test_the_metrics_say_the_phase_verdict_culprit_and_ranks(tb):
+    pub = _published(tb)
+    families = {f.name: f for f in text_string_to_metric_families(metrics.render(pub).decode())}
+    samples = {(s.name, tuple(sorted(s.labels.items()))): s.value
+               for f in families.values() for s in f.samples}
+    assert samples[("nccl_doctor_phase", (("phase", "hang"),))] == 1
+    assert samples[("nccl_doctor_verdict", (("verdict", "hang"),))] == 1
+    cause = [s for f in families.values() for s in f.samples if s.name == "nccl_doctor_root_cause"]
+    assert [(s.labels["rank"], s.labels["host"], s.labels["kind"]) for s in cause] == [
+        ("1", "nodeA", pub.report.root_cause.kind.value)]
+    assert samples[("nccl_doctor_rank_calls_total", (("host", "nodeA"), ("rank", "0")))] == 4
+    assert samples[("nccl_doctor_rank_state", (("host", "nodeA"), ("rank", "1"),
+                                               ("state", "awaited")))] == 1
+    assert samples[("nccl_doctor_rank_seconds_since_progress",
+                    (("host", "nodeA"), ("rank", "1")))] == 9.0
+    assert samples[("nccl_doctor_straggler_skew_seconds", (("rank", "1"),))] == 0.25
+    assert samples[("nccl_doctor_quiet_seconds", ())] == 7.5
+    kinds = {s.labels["kind"]: s.value for s in families["nccl_doctor_findings"].samples}
+    assert kinds == {k: sum(f.kind.value == k for f in pub.report.findings) for k in kinds}
+    # before any report: running, verdict none, no culprit
+    early = replace(pub, report=None, report_json="")
+    text = metrics.render(early).decode()
+    assert 'nccl_doctor_phase{phase="waiting_on_peers"} 1.0' in text
+    assert 'nccl_doctor_verdict{verdict="none"} 1.0' in text
+    assert "nccl_doctor_root_cause{" not in text
+
+
+def test_the_page_escapes_what_the_job_wrote(tb):
+    pub = _published(tb)
+    cause = replace(pub.report.root_cause, title=f"title {HOSTILE}", callsite=f"{HOSTILE}:3",
+                    hint=HOSTILE)
+    report = replace(pub.report, findings=(cause,))
+    view = replace(pub.view, message=HOSTILE, ranks=(
+        RankView(0, HOSTILE, 4, RankState.WAITING, HOSTILE),))
+    text = page.render(replace(pub, report=report, view=view))
+    assert "<script" not in text and "alert('x')" not in text
+    assert text.count("&lt;script&gt;") >= 5
+    assert "<h1 id='verdict'>HANG</h1>" in text and "<b id='culprit'>1</b>" in text
+    assert text.count("<script") == 0 and "http-equiv='refresh'" in text
+    # metrics keep the text as label values, escaped by the exposition format
+    hostile = replace(pub, report=report, view=view)
+    parsed = list(text_string_to_metric_families(metrics.render(hostile).decode()))
+    hosts = {s.labels.get("host") for f in parsed for s in f.samples if "host" in s.labels}
+    assert HOSTILE in hosts
+
+
+def _get(url: str, method: str = "GET") -> tuple[int, bytes, dict]:
+    req = urllib.request.Request(url, method=method)
+    try:
+        with urllib.request.urlopen(req, timeout=10) as r:
+            return r.status, r.read(), dict(r.headers)
+    except urllib.error.HTTPError as err:
+        return err.code, err.read(), dict(err.headers)
+
+
+def test_the_endpoint_answers_from_the_newest_look(tb):
+    looks = [Published(at=1.7e9, state="starting", view=None)]
+    endpoint = Endpoint("127.0.0.1", 0, lambda: looks[-1])
+    try:
+        base = endpoint.url
+        status, body, _ = _get(base + "report.json")
+        assert status == 404 and b"no report yet" in body
+        status, body, headers = _get(base)
+        assert status == 200 and b"STARTING" in body
+        assert headers["Content-Security-Policy"].startswith("default-src 'none'")
+        looks.append(_published(tb, report_html="<html>the report</html>"))
+        status, body, _ = _get(base + "report.json")
+        assert status == 200 and body.decode() == looks[-1].report_json
+        assert _get(base + "report.html")[1] == b"<html>the report</html>"
+        status, body, headers = _get(base + "metrics")
+        assert status == 200 and headers["Content-Type"].startswith("text/plain; version=0.0.4")
+        assert b'nccl_doctor_phase{phase="hang"} 1.0' in body
+        status, body, _ = _get(base + "status.json?x=1")
+        assert status == 200 and b'"culprit"' not in body and b'"ranks": [1]' in body
+        assert _get(base + "nope")[0] == 404
+        status, body, _ = _get(base + "metrics", "HEAD")
+        assert status == 200 and body == b""
+        assert _get(base + "metrics", "POST")[0] == 501
+        # every slot taken: answered 503 at once, never queued behind the busy ones
+        taken = [endpoint._slots.acquire(blocking=False) for _ in range(CONCURRENT)]
+        assert all(taken)
+        try:
+            assert _get(base + "metrics")[0] == 503
+        finally:
+            for _ in taken:
+                endpoint._slots.release()
+        assert _get(base + "metrics")[0] == 200
+    finally:
+        endpoint.close()
+    assert not any(t.name == "nccl-doctor-serve" and t.is_alive() for t in threading.enumerate())
+
+
+def test_a_taken_port_is_one_usage_line():
+    first = Endpoint("127.0.0.1", 0, lambda: Published(at=0.0, state="starting", view=None))
+    try:
+        with pytest.raises(UsageError, match=f"--serve 127.0.0.1:{first.port}: cannot listen "
+                                             "there .*choose another port"):
+            Endpoint("127.0.0.1", first.port, lambda: Published(at=0.0, state="x", view=None))
+    finally:
+        first.close()
