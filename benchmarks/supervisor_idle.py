@@ -26,6 +26,7 @@ import sys
 import tempfile
 import time
 from pathlib import Path
+from typing import Callable
 
 import psutil
 
@@ -64,13 +65,16 @@ def cpu(proc: psutil.Process) -> tuple[float, float]:
     return t.user + t.system, t.children_user + t.children_system
 
 
-def measure(ranks: int, pause: float, calls: int, settle: float) -> dict:
+def measure(ranks: int, pause: float, calls: int, settle: float,
+            extra: tuple[str, ...] = (), during: Callable[[], object] | None = None) -> dict:
+    """One run; ``extra``: more options of ``nccl-doctor run``; ``during``: started when the
+    measured span starts, its result's ``close()`` called when it ends (a scraper)."""
     work = Path(tempfile.mkdtemp(prefix="ncd-idle-"))
     try:
         job, marker, out = work / "job.py", work / "paused", work / "out"
         job.write_text(JOB)
         doctor = Path(sys.executable).with_name("nccl-doctor")
-        command = [str(doctor), "run", "--quiet", "--out", str(out), "--",
+        command = [str(doctor), "run", "--quiet", *extra, "--out", str(out), "--",
                    sys.executable, "-m", "torch.distributed.run", "--nnodes", "1",
                    "--nproc-per-node", str(ranks), "--master-port", str(free_port()),
                    str(job), str(calls), str(pause), str(marker)]
@@ -87,8 +91,11 @@ def measure(ranks: int, pause: float, calls: int, settle: float) -> dict:
         time.sleep(settle)  # the watchdog notices the quiet and starts looking
         own0, kids0 = cpu(supervisor)
         t0 = time.monotonic()
+        running = during() if during is not None else None
         time.sleep(max(1.0, pause - settle - 2.0))
         own1, kids1 = cpu(supervisor)
+        if running is not None:
+            running.close()
         span = time.monotonic() - t0
         _, err = proc.communicate(timeout=pause + 300)
         report = json.loads((out / "report.json").read_text())

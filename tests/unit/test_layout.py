@@ -28,10 +28,13 @@ LAYERS = {
     "nccl_doctor.agent_protocol": "core", "nccl_doctor.capture": "core",
     "nccl_doctor.analysis": "core", "nccl_doctor.gpu": "core", "nccl_doctor.stacks": "core",
     "nccl_doctor.reporters": "core",
+    # a recorded job as pandas tables and files (nccl_doctor.open, export): reads, pure
+    "nccl_doctor.data": "core",
     # inside each rank of the job
     "nccl_doctor.rank": "rank",
     # the supervisor process, outside the job
     "nccl_doctor.supervisor": "supervisor",
+    "nccl_doctor.serve": "supervisor",  # run --serve: the supervisor's HTTP endpoint
     # integrations with other libraries (rank side) and known-issue rules (pure)
     "nccl_doctor.plugins": "plugins",
     # programs users run: reference trainers, examples, reproducers of upstream bugs
