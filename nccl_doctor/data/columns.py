@@ -15,14 +15,16 @@ ranks' columns concatenate as integer codes and one ``pandas.Categorical`` holds
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Iterable, Mapping
 
 import numpy as np
 import pandas as pd
 
 from nccl_doctor import paths
-from nccl_doctor.capture.follow import Scan
+from nccl_doctor.capture.follow import Scan, scan_capture
 from nccl_doctor.capture.records import _call_path
+from nccl_doctor.errors import DoctorError
 from nccl_doctor.location import Location
 from nccl_doctor.model import EventFlag, EventKind, EventSource, EventState, RankTrace
 
@@ -96,6 +98,27 @@ class Categories:
 def categories() -> dict[str, Categories]:
     """A fresh set of interners, one per text column: share it across the ranks of one table."""
     return {name: Categories() for name in TEXT}
+
+
+def capture_columns(path: Path) -> tuple[Columns, dict[str, Categories]] | None:
+    """One capture file's calls, its text columns coded into interners of its own (made
+    anywhere: a worker; ``recoded`` puts them into the table's). None: it cannot be read."""
+    try:
+        scan = scan_capture(path)
+    except DoctorError:
+        return None
+    own = categories()
+    return scan_columns(scan, own), own
+
+
+def recoded(part: Columns, own: Mapping[str, Categories],
+            cats: Mapping[str, Categories]) -> Columns:
+    """``part`` with its text codes (into ``own``) made codes into ``cats``."""
+    out = dict(part)
+    for name in TEXT:
+        table = np.array([cats[name].code(v) for v in own[name].values] + [-1], dtype=np.int32)
+        out[name] = table[part[name]]  # (-1, no value, picks the -1 appended)
+    return out
 
 
 Columns = dict[str, np.ndarray]
@@ -241,13 +264,13 @@ def trace_columns(trace: RankTrace, cats: Mapping[str, Categories]) -> Columns:
 
 
 def frame(parts: list[Columns], cats: Mapping[str, Categories]) -> pd.DataFrame:
-    """One DataFrame of the ranks' columns (each column concatenated once), sorted by rank and
-    record number."""
-    if parts:
-        cols = {name: np.concatenate([p[name] for p in parts]) for name in COLUMNS}
-    else:
-        cols = {name: np.zeros(0, dtype=np.int32) for name in COLUMNS}
+    """One DataFrame of the ranks' columns (each column concatenated once; ``parts`` is emptied
+    on the way), sorted by rank and record number."""
     ranks = [int(p["rank"][0]) for p in parts if len(p["rank"])]
+    cols = {}
+    for name in COLUMNS:  # a column's parts let go as it is joined: the table is held ~once
+        cols[name] = np.concatenate([p.pop(name) for p in parts]) if parts else \
+            np.zeros(0, dtype=np.int32)
     if ranks != sorted(set(ranks)):  # a rank's parts apart (its FR-only calls), or out of order
         order = np.lexsort((cols["idx"], cols["rank"]))
         cols = {name: c[order] for name, c in cols.items()}

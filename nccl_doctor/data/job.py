@@ -10,6 +10,8 @@ from __future__ import annotations
 
 import os
 from dataclasses import replace
+from collections import deque
+from concurrent.futures import Future, ThreadPoolExecutor
 from functools import cached_property
 from pathlib import Path
 from typing import Iterator, Sequence
@@ -18,7 +20,6 @@ import pandas as pd
 
 from nccl_doctor.capture import metrics_log, sources
 from nccl_doctor.capture.assemble import contents
-from nccl_doctor.capture.follow import scan_capture
 from nccl_doctor.capture.reader import read_counters
 from nccl_doctor.capture.fr_dump import is_dump_dir
 from nccl_doctor.data import columns
@@ -154,14 +155,13 @@ class Job:
                 if rank not in scans or any(e.source is EventSource.FLIGHT_RECORDER
                                             for e in t.events):
                     fr_only[rank] = t
-        for rank in sorted({*scans, *fr_only}):
-            if rank in scans:  # one capture at a time: its records are dropped once columns
-                try:
-                    scan = scan_capture(scans[rank])
-                except DoctorError:
-                    scan = None
-                if scan is not None:
-                    yield columns.scan_columns(scan, cats)
+        order = sorted({*scans, *fr_only})
+        read = _read_ahead([scans[r] for r in order if r in scans])
+        for rank in order:
+            if rank in scans:
+                made = next(read)
+                if made is not None:
+                    yield columns.recoded(*made, cats)
             if rank in fr_only:
                 trace = fr_only[rank]
                 if rank in scans:  # only what Flight Recorder added
@@ -173,6 +173,32 @@ class Job:
 _RANK_COLUMNS = ("rank", "host", "pid", "local_rank", "node_rank", "world_size", "started",
                  "exit", "exit_detail", "exit_code", "signal", "exception", "records",
                  "integrity", "damaged", "actor_class", "actor_id", "capture")
+
+
+#: Captures read at once: each a worker's (numpy releases the GIL in the bulk of the work).
+WORKERS = min(4, os.cpu_count() or 1)
+
+
+def _read_ahead(paths: list[Path]) -> Iterator[tuple[columns.Columns,
+                                                  dict[str, columns.Categories]] | None]:
+    """Each capture's columns (``columns.capture_columns``), in order, read by ``WORKERS``
+    threads a few files ahead of the consumer: memory holds a few captures, never all."""
+    if WORKERS <= 1 or len(paths) <= 1:
+        yield from map(columns.capture_columns, paths)
+        return
+    with ThreadPoolExecutor(WORKERS, thread_name_prefix="nccl-doctor-read") as pool:
+        ahead: deque[Future] = deque()
+        todo = iter(paths)
+        for path in todo:
+            ahead.append(pool.submit(columns.capture_columns, path))
+            if len(ahead) >= 2 * WORKERS:
+                break
+        while ahead:
+            done = ahead.popleft().result()
+            nxt = next(todo, None)
+            if nxt is not None:
+                ahead.append(pool.submit(columns.capture_columns, nxt))
+            yield done
 
 
 def _latest(dirs: Sequence[Path]) -> dict[int, Path]:

@@ -132,6 +132,12 @@ def assert_data_agrees(out: Path, scratch: Path) -> None:
     assert read["seq"].tolist() == calls["seq"].tolist()
 
 
+@pytest.fixture(name="data_check")
+def _data_check():
+    """(``replay_calls``, ``plain``) for test files (a conftest is not imported)."""
+    return replay_calls, plain
+
+
 @pytest.fixture
 def launch():
     """``launch(nproc, *target)``: the command line starting a job's ranks (``spawn``)."""

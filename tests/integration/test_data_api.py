@@ -16,8 +16,6 @@ import pytest
 import nccl_doctor
 from nccl_doctor.errors import CaptureNotFound, ExitStatus
 
-from conftest import plain, replay_calls
-
 pytestmark = pytest.mark.integration
 
 FIXTURES = Path(__file__).resolve().parents[1] / "fixtures"
@@ -28,7 +26,8 @@ def _cli(*args: str) -> subprocess.CompletedProcess:
                           text=True, timeout=120)
 
 
-def test_a_job_opened_is_what_replay_reads_and_says(stopped_hang):
+def test_a_job_opened_is_what_replay_reads_and_says(stopped_hang, data_check):
+    replay_calls, plain = data_check
     out = stopped_hang("skip_broadcast").sup.out_dir
     job = nccl_doctor.open(out)
     replayed = _cli("replay", str(out), "--format", "json")
@@ -59,9 +58,10 @@ def test_a_job_opened_is_what_replay_reads_and_says(stopped_hang):
     assert (job.notes.groupby("rank")["note"].apply(lambda s: (s == "group").sum()) >= 1).all()
 
 
-def test_flight_recorder_calls_join_the_table(tmp_path, stopped_hang):
+def test_flight_recorder_calls_join_the_table(tmp_path, stopped_hang, data_check):
     """DDP's gradient all_reduce is issued from C++: no rank recorded it, Flight Recorder saw
     it. Given the job's dumps (``fr=``), the table holds those calls too, marked so."""
+    _, plain = data_check
     out = tmp_path / "out"
     shutil.copytree(stopped_hang("ddp_uneven").sup.out_dir, out)
     fr = tmp_path / "fr"
@@ -98,7 +98,8 @@ def test_flight_recorder_dumps_alone_open_as_a_job(dumps):
     assert json.loads(job.diagnose().to_json_text()) == json.loads(replayed.stdout)
 
 
-def test_several_nodes_one_capture_file_and_bad_paths(tmp_path, stopped_hang):
+def test_several_nodes_one_capture_file_and_bad_paths(tmp_path, stopped_hang, data_check):
+    _, plain = data_check
     out = stopped_hang("skip_broadcast").sup.out_dir
     whole = nccl_doctor.open(out).calls
     # one directory holding the nodes' directories (after an rsync)
@@ -137,3 +138,18 @@ def test_export_says_what_is_wrong_in_one_line(tmp_path, stopped_hang):
         lines = proc.stderr.strip().splitlines()
         assert len(lines) == 1 and said in lines[0] and "Traceback" not in proc.stderr, lines
     assert not list(tmp_path.glob(".*.part")) and not (tmp_path / "calls.txt").exists()
+
+
+def test_the_documented_plotting_example_runs_on_a_real_job(tmp_path, stopped_hang):
+    """docs/examples/durations.py (the notebook-style example of docs/python-api.md) opens a
+    run and writes its figure."""
+    out = stopped_hang("skip_broadcast").sup.out_dir
+    example = Path(__file__).resolve().parents[2] / "docs" / "examples" / "durations.py"
+    png = tmp_path / "durations.png"
+    proc = subprocess.run([sys.executable, str(example), str(out), str(png)],
+                          capture_output=True, text=True, timeout=120)
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    assert proc.stdout.startswith(f"wrote {png}: per-rank medians (ms) {{0: ")
+    from PIL import Image
+    with Image.open(png) as img:
+        assert img.format == "PNG" and img.size[0] > 600 and len(img.getcolors(1 << 16)) > 10
