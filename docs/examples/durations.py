@@ -43,7 +43,7 @@ right.set_xlabel("seconds into the run")
 right.set_ylabel("arrival skew (ms)")
 right.set_title("arrival skew per collective")
 right.legend(fontsize="small")
-fig.suptitle(f"{len(done)} collectives of {len(ranks)} ranks; "
+fig.suptitle(f"{len(skew_ms)} collectives, {len(done)} calls of {len(ranks)} ranks; "
              f"median skew {skew_ms.median():.1f} ms")
 fig.savefig(sys.argv[2], dpi=90)
 print(f"wrote {sys.argv[2]}: per-rank medians (ms) "
