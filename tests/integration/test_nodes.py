@@ -278,3 +278,35 @@ def test_a_taken_coordinator_port_leaves_each_node_alone_and_the_job_unharmed(tm
         assert rep["verdict"] == "ok", [f["title"] for f in rep["findings"]]
         assert any("this report covers this node's ranks only" in n for n in rep["notes"])
         assert {r["host"] for r in rep["ranks"] if r["state"] != "no_capture"} == {host}
+
+
+def test_the_leader_serves_the_whole_job(tmp_path):
+    """``run --serve`` on each node: the leader's endpoint holds every node's ranks, the nodes
+    joined and the culprit on the other host, and keeps the final report up for a scrape."""
+    import urllib.request
+
+    out = tmp_path / "nodes"
+    proc = nodes(out, ["--script", str(JOBS / "skip_broadcast.py")], {"SKIPPER": "3"},
+                 "--doctor-args", "--serve 127.0.0.1:0 --serve-linger 15", wait=False)
+    statuses = {}
+    try:
+        for _ in HOSTS:
+            m = _lines_until(proc.stderr, r"serving the final report at (http://\S+/)", 180)
+            with urllib.request.urlopen(m.group(1) + "status.json", timeout=10) as r:
+                status = json.loads(r.read())
+            with urllib.request.urlopen(m.group(1) + "metrics", timeout=10) as r:
+                metrics = r.read().decode()
+            statuses[status["nodes"].get("joined")] = (status, metrics)
+        proc.communicate(timeout=120)  # the endpoints end after their linger
+    finally:
+        if proc.poll() is None:
+            _kill_tree(proc.pid)
+    leader, metrics = statuses[2]  # the follower's says only its own node
+    assert leader["phase"] == "done" and leader["verdict"] == "hang"
+    assert leader["nodes"] == {"joined": 2, "lost": 0, "expected": 2}
+    assert {r["rank"]: r["host"] for r in leader["ranks"]} == {
+        0: "nodeA", 1: "nodeA", 2: "nodeB", 3: "nodeB"}
+    assert leader["root_cause"]["ranks"] == [3]
+    assert 'nccl_doctor_root_cause{callsite=' in metrics and 'host="nodeB"' in metrics
+    assert 'nccl_doctor_nodes{state="joined"} 2.0' in metrics
+    assert json.loads((out / "nodeA" / "report.json").read_text())["verdict"] == "hang"
