@@ -80,7 +80,6 @@ class Endpoint:
         self.current = current
         self._drawn: _Drawn | None = None
         self._slots = threading.BoundedSemaphore(CONCURRENT)
-        self.served = 0  # requests answered (200 or 404)
         handler = _handler(self)
         try:
             self.server = _Server((host, port), handler)
@@ -151,7 +150,6 @@ def _handler(endpoint: Endpoint) -> type[BaseHTTPRequestHandler]:
                                head)
                 else:
                     self._send(200, body, _TYPES[path], head)
-                endpoint.served += 1
             finally:
                 endpoint._slots.release()
 
