@@ -160,6 +160,16 @@ def run(args: argparse.Namespace) -> int:
 
 def supervise(args: argparse.Namespace, command: list[str]) -> int:
     """Run ``command`` under the doctor with the options of ``add_options``; the exit status."""
+    served = serving.Serving.listen(args, sys.stderr)  # first: a taken port touches nothing
+    try:
+        return _supervise(args, command, served)
+    finally:
+        if served is not None:
+            served.close()
+
+
+def _supervise(args: argparse.Namespace, command: list[str],
+               served: serving.Serving | None) -> int:
     out = prepare_out_dir(args.out, args.force)
     err = sys.stderr
     policy = None if args.no_watch else HangPolicy(on_hang=OnHang(args.on_hang),
@@ -182,16 +192,17 @@ def supervise(args: argparse.Namespace, command: list[str]) -> int:
     supervisor = Supervisor(command, out, policy=policy, gpu=None if args.no_gpu else Nvml.open,
                             environ=environ, rendezvous=meeting, on_report=page_file,
                             cluster=fleet)
-    with serving.serving(args, supervisor, lambda: page_file.text, err):
-        display = None
-        if not args.quiet:
-            display = make_display(err, supervisor.watchdog.view if supervisor.watchdog else None)
-            supervisor.attach(display, announce=display.announce)
-        try:
-            result = supervisor.run()
-        finally:
-            if display is not None:
-                display.close()
+    if served is not None:
+        served.watch(supervisor, lambda: page_file.text)
+    display = None
+    if not args.quiet:
+        display = make_display(err, supervisor.watchdog.view if supervisor.watchdog else None)
+        supervisor.attach(display, announce=display.announce)
+    try:
+        result = supervisor.run()
+    finally:
+        if display is not None:
+            display.close()
     if result.stopped_orphans:
         err.write("nccl-doctor: processes of the job outlived its launcher; they were stopped\n")
     if result.analysis_error is not None:
@@ -204,6 +215,8 @@ def supervise(args: argparse.Namespace, command: list[str]) -> int:
         page = result.report_path.with_name(REPORT_HTML)
         err.write(f"Wrote {result.report_path}" + (f" and {page}" if page.is_file() else "")
                   + "\n")
+    if served is not None:  # the report is on the terminal first
+        served.linger()
     return verdict_status(result.diagnosis, result.exit_status, args.fail_on)
 
 

@@ -44,9 +44,12 @@ COLUMNS: dict[str, str] = {
     "peer": "root of a rooted collective or a p2p peer, as a global rank; -1 none",
     "group_size": "members of the group",
     "t_enter": "when the rank entered the call (UTC)",
-    "t_exit": "when it returned (UTC); NaT: no exit recorded (still inside, or died there)",
+    "t_exit": "when it returned (UTC); NaT: no exit (still inside, died there, or a Flight "
+              "Recorder entry whose work did not complete)",
     "duration_s": "t_exit - t_enter in seconds; NaN without an exit",
     "state": "returned, entered (no exit), failed (raised) or issued (async: see its wait)",
+    "in_flight": "returned on the CPU, but Flight Recorder shows its work not completed: the "
+                 "rank waits in it (state reads entered; with fr= or the watchdog's pulls)",
     "async": "called with async_op=True (or isend/irecv)",
     "composite": "a wrapper around other recorded calls (object collectives)",
     "callsite": "the user's line (first frame outside torch and the libraries that wrap it)",
@@ -54,7 +57,8 @@ COLUMNS: dict[str, str] = {
     "api_callsite": "the direct caller of the torch.distributed API",
     "issuing": "the line that decided to make the call (a library's, else the user's)",
     "thread": "the calling thread's id",
-    "idx": "the record's number in the rank's capture (1-based)",
+    "idx": "the record's number in the rank's capture (1-based); a Flight Recorder entry "
+           "no rank recorded: 10**12 + its record_id",
     "parent": "idx of the enclosing recorded call (object collective, async op); 0 none",
     "source": "recorder (the capture) or flight_recorder (PyTorch's Flight Recorder)",
 }
@@ -66,6 +70,11 @@ _KIND_NAME = {int(EventKind.COLLECTIVE): "collective", int(EventKind.P2P): "p2p"
 _STATE_NAME = {int(s): s.name.lower() for s in EventState}
 _CALLS = np.array(sorted(_KIND_NAME), dtype=np.uint8)
 _NAT = np.iinfo(np.int64).min  # numpy's NaT as int64
+#: the dtype of each column that is not int32, for a table of no call (the same schema)
+_EMPTY = {"pid": np.int64, "seq": np.int64, "torch_seq": np.int64, "nbytes": np.int64,
+          "t_enter": np.int64, "t_exit": np.int64, "duration_s": np.float64, "in_flight": bool,
+          "async": bool, "composite": bool, "thread": np.int64, "idx": np.int64,
+          "parent": np.int64}
 
 
 @dataclass
@@ -109,6 +118,20 @@ def capture_columns(path: Path) -> tuple[Columns, dict[str, Categories]] | None:
         return None
     own = categories()
     return scan_columns(scan, own), own
+
+
+def in_flight(part: Columns, idx: set[int], cats: Mapping[str, Categories]) -> Columns:
+    """``part`` (in ``cats``' codes) with the calls numbered ``idx`` made what Flight Recorder
+    says they are: still in flight, the rank inside them (capture/flight_recorder.py)."""
+    if not idx or not len(part["idx"]):
+        return part
+    at = np.isin(part["idx"], np.fromiter(idx, dtype=np.int64, count=len(idx)))
+    out = dict(part)
+    out["state"] = np.where(at, cats["state"].code("entered"), part["state"]).astype(np.int32)
+    out["in_flight"] = part["in_flight"] | at
+    out["t_exit"] = np.where(at, _NAT, part["t_exit"])
+    out["duration_s"] = np.where(at, np.nan, part["duration_s"])
+    return out
 
 
 def recoded(part: Columns, own: Mapping[str, Categories],
@@ -157,6 +180,7 @@ def scan_columns(scan: Scan, cats: Mapping[str, Categories]) -> Columns:
         "duration_s": duration,
         "state": cats["state"].lookup(np.where(exited, rows["state"], int(EventState.ENTERED)),
                                       _STATE_NAME),
+        "in_flight": np.zeros(n, dtype=bool),
         "async": (flags & int(EventFlag.ASYNC)) != 0,
         "composite": (flags & int(EventFlag.COMPOSITE)) != 0,
         "thread": rows["thread"].astype(np.int64),
@@ -228,7 +252,7 @@ def trace_columns(trace: RankTrace, cats: Mapping[str, Categories]) -> Columns:
     def ints(values: Iterable[int], dtype: type = np.int64) -> np.ndarray:
         return np.fromiter(values, dtype=dtype, count=n)
 
-    t_exit = ints(e.t_exit_ns if e.t_exit_ns is not None else _NAT for e in calls)
+    t_exit = ints(e.t_exit_ns if e.done and e.t_exit_ns is not None else _NAT for e in calls)
     t_enter = ints(e.t_enter_ns for e in calls)
     return {
         "rank": np.full(n, meta.rank, dtype=np.int32),
@@ -248,6 +272,7 @@ def trace_columns(trace: RankTrace, cats: Mapping[str, Categories]) -> Columns:
         "t_exit": t_exit,
         "duration_s": np.where(t_exit != _NAT, (t_exit - t_enter) / 1e9, np.nan),
         "state": text("state", (_STATE_NAME[int(e.state)] for e in calls)),
+        "in_flight": np.fromiter((e.in_flight for e in calls), bool, n),
         "async": np.fromiter((bool(e.flags & EventFlag.ASYNC) for e in calls), bool, n),
         "composite": np.fromiter((e.is_composite for e in calls), bool, n),
         "callsite": text("callsite", (str(e.callsite) if e.callsite else None for e in calls)),
@@ -267,10 +292,10 @@ def frame(parts: list[Columns], cats: Mapping[str, Categories]) -> pd.DataFrame:
     """One DataFrame of the ranks' columns (each column concatenated once; ``parts`` is emptied
     on the way), sorted by rank and record number."""
     ranks = [int(p["rank"][0]) for p in parts if len(p["rank"])]
-    cols = {}
+    cols: dict[str, np.ndarray] = {}
     for name in COLUMNS:  # a column's parts let go as it is joined: the table is held ~once
         cols[name] = np.concatenate([p.pop(name) for p in parts]) if parts else \
-            np.zeros(0, dtype=np.int32)
+            np.zeros(0, dtype=_EMPTY.get(name, np.int32))
     if ranks != sorted(set(ranks)):  # a rank's parts apart (its FR-only calls), or out of order
         order = np.lexsort((cols["idx"], cols["rank"]))
         cols = {name: c[order] for name, c in cols.items()}
@@ -283,7 +308,7 @@ def frame(parts: list[Columns], cats: Mapping[str, Categories]) -> pd.DataFrame:
                                                                        dtype=object))
         elif name in ("t_enter", "t_exit"):
             data[name] = pd.DatetimeIndex(c.astype("datetime64[ns]"), tz="UTC")
-        elif name in ("async", "composite"):
+        elif name in ("in_flight", "async", "composite"):
             data[name] = c.astype(bool)
         else:
             data[name] = c

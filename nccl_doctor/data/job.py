@@ -18,7 +18,7 @@ from typing import Iterator, Sequence
 
 import pandas as pd
 
-from nccl_doctor.capture import metrics_log, sources
+from nccl_doctor.capture import metrics_log, sources, watch_record
 from nccl_doctor.capture.assemble import contents
 from nccl_doctor.capture.reader import read_counters
 from nccl_doctor.capture.fr_dump import is_dump_dir
@@ -98,7 +98,8 @@ class Job:
             rows.append({
                 "rank": rank, "host": m.host, "pid": m.pid, "local_rank": m.local_rank,
                 "node_rank": m.node_rank, "world_size": m.world_size,
-                "started": pd.Timestamp(m.started_ns, unit="ns", tz="UTC"),
+                "started": pd.Timestamp(m.started_ns, unit="ns", tz="UTC")
+                if m.started_ns else pd.NaT,  # (a rank only Flight Recorder saw: unknown)
                 "exit": ex.kind.value, "exit_detail": ex.describe(), "exit_code": ex.code,
                 "signal": ex.signal, "exception": ex.exception, "records": t.records,
                 "integrity": t.integrity.describe(), "damaged": t.integrity.damaged,
@@ -148,20 +149,27 @@ class Job:
         captures = [d for d in dict.fromkeys(dirs)
                     if sources.is_capture(d) or not is_dump_dir(d)]
         scans = _latest(captures)
-        merged = self.traces if (self.fr is not None or len(captures) < len(dirs)) else None
-        fr_only = {}
+        # Flight Recorder's view (dumps given, or the pulls the watchdog kept): replay's
+        # merge says which calls it saw alone, and which returned calls are still in flight
+        pulled = any((d / watch_record.FR_DIR).is_dir() for d in captures if d.is_dir())
+        merged = self.traces if (self.fr is not None or pulled
+                                 or len(captures) < len(dirs)) else None
+        fr_only, flying = {}, {}
         if merged is not None:
             for rank, t in merged.ranks.items():
                 if rank not in scans or any(e.source is EventSource.FLIGHT_RECORDER
                                             for e in t.events):
                     fr_only[rank] = t
+                flying[rank] = {e.idx for e in t.events
+                                if e.in_flight and e.source is EventSource.RECORDER}
         order = sorted({*scans, *fr_only})
         read = _read_ahead([scans[r] for r in order if r in scans])
         for rank in order:
             if rank in scans:
                 made = next(read)
                 if made is not None:
-                    yield columns.recoded(*made, cats)
+                    yield columns.in_flight(columns.recoded(*made, cats), flying.get(rank, set()),
+                                            cats)
             if rank in fr_only:
                 trace = fr_only[rank]
                 if rank in scans:  # only what Flight Recorder added

@@ -2,9 +2,9 @@
 
 Every answer is drawn from the ``Published`` look the supervisor swapped in last, at most once
 per look (``_Drawn``), so a request never waits on the watchdog and a flood of them costs the
-supervisor's loop only the GIL slices of copying bytes out. Bounded: a few requests at a time
-(more are answered 503 at once), a socket timeout, GET and HEAD only, nothing written to the
-job's terminal.
+supervisor's loop only the GIL slices of copying bytes out. Bounded: at most ``CONCURRENT``
+connections at once (one more is answered 503 by the accepting thread and closed), a socket
+timeout, GET and HEAD only, nothing written to the job's terminal.
 """
 
 from __future__ import annotations
@@ -18,7 +18,7 @@ from nccl_doctor.errors import UsageError
 from nccl_doctor.serve import metrics, page
 from nccl_doctor.serve.state import Published
 
-#: Requests answered at once; more get 503 (a scraper or a browser needs one or two).
+#: Connections served at once; more get 503 (a scraper or a browser needs one or two).
 CONCURRENT = 8
 TIMEOUT_S = 5.0
 
@@ -32,17 +32,19 @@ _TYPES = {
 
 
 def parse_address(text: str) -> tuple[str, int]:
-    """``[HOST:]PORT`` -> (host, port); the host defaults to loopback."""
+    """``[HOST:]PORT`` -> (host, port); the host defaults to loopback, an IPv6 one is written
+    in brackets (``[::1]:9400``). ValueError says what is wrong."""
     host, sep, port = text.rpartition(":")
     if not sep:
         host, port = "127.0.0.1", text
-    host = host.strip("[]") or "127.0.0.1"
-    try:
-        number = int(port)
-    except ValueError:
-        number = -1
+    elif host.startswith("[") and host.endswith("]"):
+        host = host[1:-1]
+    elif ":" in host:
+        raise ValueError(f"{text!r}: write an IPv6 address in brackets, e.g. [::1]:9400")
+    host = host or "127.0.0.1"
+    number = int(port) if port.isdigit() else -1
     if not 0 <= number <= 65535:
-        raise UsageError(f"--serve {text}: give [HOST:]PORT, e.g. 9400 or 0.0.0.0:9400")
+        raise ValueError(f"{text!r}: give [HOST:]PORT, e.g. 9400 or 0.0.0.0:9400")
     return host, number
 
 
@@ -79,12 +81,13 @@ class Endpoint:
     def __init__(self, host: str, port: int, current: Callable[[], Published]) -> None:
         self.current = current
         self._drawn: _Drawn | None = None
-        self._slots = threading.BoundedSemaphore(CONCURRENT)
         handler = _handler(self)
+        kind = _Server6 if ":" in host else _Server
         try:
-            self.server = _Server((host, port), handler)
+            self.server = kind((host, port), handler)
         except OSError as err:
-            raise UsageError(f"--serve {host}:{port}: cannot listen there "
+            shown = f"[{host}]" if ":" in host else host
+            raise UsageError(f"--serve {shown}:{port}: cannot listen there "
                              f"({err.strerror or err}); choose another port") from None
         self.host, self.port = self.server.server_address[:2]
         self._thread = threading.Thread(target=self.server.serve_forever, args=(0.5,),
@@ -110,14 +113,48 @@ class Endpoint:
 
 
 class _Server(ThreadingHTTPServer):
+    """At most ``CONCURRENT`` connections at once: one more is answered 503 and closed by the
+    accepting thread itself, no thread made for it; errors (a client gone mid-answer) are
+    nobody's business but the client's: nothing is printed."""
+
     daemon_threads = True
     request_queue_size = 32
 
-    def server_bind(self) -> None:
-        if ":" in self.server_address[0]:
-            self.address_family = socket.AF_INET6
-            self.socket = socket.socket(self.address_family, self.socket_type)
-        super().server_bind()
+    def __init__(self, *args: object) -> None:
+        self.slots = threading.BoundedSemaphore(CONCURRENT)
+        super().__init__(*args)  # type: ignore[arg-type]
+
+    def process_request(self, request, client_address) -> None:  # type: ignore[no-untyped-def]
+        if not self.slots.acquire(blocking=False):
+            try:
+                request.settimeout(1.0)
+                request.sendall(_BUSY)
+            except OSError:
+                pass
+            self.shutdown_request(request)
+            return
+        try:
+            super().process_request(request, client_address)
+        except Exception:
+            self.slots.release()
+            raise
+
+    def process_request_thread(self, request, client_address) -> None:  # type: ignore[no-untyped-def]
+        try:
+            super().process_request_thread(request, client_address)
+        finally:
+            self.slots.release()
+
+    def handle_error(self, request, client_address) -> None:  # type: ignore[no-untyped-def]
+        pass  # the job's terminal is the job's
+
+
+class _Server6(_Server):
+    address_family = socket.AF_INET6
+
+
+_BUSY = (b"HTTP/1.0 503 Service Unavailable\r\nContent-Type: text/plain\r\n"
+         b"Content-Length: 32\r\nConnection: close\r\n\r\nbusy: too many requests at once\n")
 
 
 def _handler(endpoint: Endpoint) -> type[BaseHTTPRequestHandler]:
@@ -133,25 +170,19 @@ def _handler(endpoint: Endpoint) -> type[BaseHTTPRequestHandler]:
             self._answer(head=True)
 
         def _answer(self, head: bool) -> None:
-            if not endpoint._slots.acquire(blocking=False):
-                self._send(503, b"busy: too many requests at once\n", "text/plain", head)
+            path = self.path.split("?", 1)[0]
+            if path == "/index.html":
+                path = "/"
+            if path not in _TYPES:
+                self._send(404, b"not found: / /metrics /report.json /status.json "
+                                b"/report.html\n", "text/plain", head)
                 return
-            try:
-                path = self.path.split("?", 1)[0]
-                if path == "/index.html":
-                    path = "/"
-                if path not in _TYPES:
-                    self._send(404, b"not found: / /metrics /report.json /status.json "
-                                    b"/report.html\n", "text/plain", head)
-                    return
-                body = endpoint.drawn().body(path)
-                if body is None:
-                    self._send(404, b"no report yet: the job is being watched\n", "text/plain",
-                               head)
-                else:
-                    self._send(200, body, _TYPES[path], head)
-            finally:
-                endpoint._slots.release()
+            body = endpoint.drawn().body(path)
+            if body is None:
+                self._send(404, b"no report yet: the job is being watched\n", "text/plain",
+                           head)
+            else:
+                self._send(200, body, _TYPES[path], head)
 
         def _send(self, code: int, body: bytes, kind: str, head: bool) -> None:
             self.send_response(code)

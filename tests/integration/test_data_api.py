@@ -153,3 +153,45 @@ def test_the_documented_plotting_example_runs_on_a_real_job(tmp_path, stopped_ha
     from PIL import Image
     with Image.open(png) as img:
         assert img.format == "PNG" and img.size[0] > 600 and len(img.getcolors(1 << 16)) > 10
+
+
+def test_a_call_flight_recorder_saw_unfinished_reads_in_flight(tmp_path, stopped_hang,
+                                                                data_check):
+    """On NCCL a call returns once enqueued; Flight Recorder says whether its work completed.
+    Rank 0's dump (NCCL's entry states, written for this real gloo capture) says its last
+    returned collective never completed: with ``fr=``, that row reads entered and in flight,
+    as replay's merged read says - row for row."""
+    replay_calls, plain = data_check
+    out = stopped_hang("skip_broadcast").sup.out_dir
+    calls = nccl_doctor.open(out).calls
+    mine = calls[(calls["rank"] == 0) & (calls["group"] == "0")]
+    returned = mine[mine["state"] == "returned"]
+    last = int(returned["seq"].iloc[-1])
+    entries = [{
+        "record_id": i, "pg_id": 0, "process_group": ["0", "default_pg"],
+        "collective_seq_id": int(row.seq), "p2p_seq_id": 0, "op_id": int(row.seq),
+        "profiling_name": f"nccl:{row.op}", "is_p2p": False,
+        "input_sizes": [[16]], "input_dtypes": ["Float"], "output_sizes": [[16]],
+        "output_dtypes": ["Float"], "state": "started" if row.seq == last else "completed",
+        "retired": row.seq != last, "time_created_ns": int(row.t_enter.value),
+        "time_discovered_started_ns": int(row.t_enter.value),
+        "time_discovered_completed_ns": 0, "thread_id": "1", "thread_name": "python",
+        "timeout_ms": 600000} for i, row in enumerate(returned.itertuples())]
+    fr = tmp_path / "fr"
+    fr.mkdir()
+    (fr / "rank_0.json").write_text(json.dumps({"version": "2.10", "entries": entries}))
+    job = nccl_doctor.open(out, fr=fr)
+    merged = job.calls
+    flying = merged[merged["in_flight"]]
+    assert [(int(r.rank), int(r.seq)) for r in flying.itertuples()] == [(0, last)], flying
+    assert flying["state"].tolist() == ["entered"] and flying["t_exit"].isna().all()
+    assert flying["duration_s"].isna().all()
+    # every row as replay's merged read has it
+    from nccl_doctor.data import columns
+    cats = columns.categories()
+    reference = columns.frame([columns.trace_columns(t, cats)
+                               for _, t in sorted(job.traces.ranks.items())], cats)
+    pd.testing.assert_frame_equal(plain(merged), plain(reference))
+    # without the dump, the same row is what the rank recorded: returned
+    row = calls[(calls["rank"] == 0) & (calls["group"] == "0") & (calls["seq"] == last)]
+    assert row["state"].tolist() == ["returned"] and not row["in_flight"].any()

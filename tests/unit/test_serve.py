@@ -3,7 +3,12 @@ page, escaped; the metrics), and the endpoint over real HTTP on loopback."""
 
 from __future__ import annotations
 
+import json
+import re
+import socket
+import sys
 import threading
+import time
 import urllib.error
 import urllib.request
 from dataclasses import replace
@@ -12,7 +17,8 @@ import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
 from nccl_doctor.analysis import analyze
-from nccl_doctor.errors import UsageError
+from nccl_doctor.cli.main import main
+from nccl_doctor.errors import ExitStatus, UsageError
 from nccl_doctor.live_view import LiveView, RankState, RankView
 from nccl_doctor.serve import metrics, page
 from nccl_doctor.serve.server import CONCURRENT, Endpoint, parse_address
@@ -48,10 +54,33 @@ def test_an_address_defaults_to_loopback(text, want):
     assert parse_address(text) == want
 
 
-@pytest.mark.parametrize("text", ["", "host:", "host:http", "70000", "-1"])
-def test_a_bad_address_is_one_usage_line(text):
-    with pytest.raises(UsageError, match=r"--serve .*\[HOST:\]PORT"):
+@pytest.mark.parametrize("text, said", [("", "[HOST:]PORT"), ("host:", "[HOST:]PORT"),
+                                        ("host:http", "[HOST:]PORT"), ("70000", "[HOST:]PORT"),
+                                        ("-1", "[HOST:]PORT"), ("::1:80", "in brackets")])
+def test_a_bad_address_says_what_to_write(text, said):
+    with pytest.raises(ValueError, match=re.escape(said)):
         parse_address(text)
+
+
+def test_run_refuses_a_bad_or_taken_address_before_touching_anything(tmp_path, capsys):
+    """One line and exit 2, before --out is prepared: an earlier run's files stay."""
+    out = tmp_path / "out"
+    out.mkdir()
+    (out / "manifest.json").write_text("{}")
+    with socket.socket() as taken:
+        taken.bind(("127.0.0.1", 0))
+        taken.listen(1)
+        port = taken.getsockname()[1]
+        for address, said in ((f"127.0.0.1:{port}", "cannot listen there"),
+                              ("nowhere:port", "give [HOST:]PORT")):
+            with pytest.raises(SystemExit) as exited:
+                status = main(["run", "--serve", address, "--force", "--out", str(out),
+                               "--", sys.executable, "-c", "pass"])
+                raise SystemExit(status)
+            assert exited.value.code == ExitStatus.USAGE
+            lines = capsys.readouterr().err.strip().splitlines()
+            assert len(lines) == 1 and said in lines[0], lines
+    assert (out / "manifest.json").read_text() == "{}"
 
 
 def test_the_metrics_say_the_phase_verdict_culprit_and_ranks(tb):
@@ -91,8 +120,8 @@ def test_the_page_escapes_what_the_job_wrote(tb):
     text = page.render(replace(pub, report=report, view=view))
     assert "<script" not in text and "alert('x')" not in text
     assert text.count("&lt;script&gt;") >= 5
-    assert "<h1 id='verdict'>HANG</h1>" in text and "<b id='culprit'>1</b>" in text
-    assert text.count("<script") == 0 and "http-equiv='refresh'" in text
+    assert '<h1 id="verdict">HANG</h1>' in text and '<b id="culprit">1</b>' in text
+    assert 'http-equiv="refresh"' in text and "<b>" not in text.replace("<b id=", "")
     # metrics keep the text as label values, escaped by the exposition format
     hostile = replace(pub, report=report, view=view)
     parsed = list(text_string_to_metric_families(metrics.render(hostile).decode()))
@@ -127,20 +156,26 @@ def test_the_endpoint_answers_from_the_newest_look(tb):
         assert status == 200 and headers["Content-Type"].startswith("text/plain; version=0.0.4")
         assert b'nccl_doctor_phase{phase="hang"} 1.0' in body
         status, body, _ = _get(base + "status.json?x=1")
-        assert status == 200 and b'"culprit"' not in body and b'"ranks": [1]' in body
+        assert status == 200 and json.loads(body)["root_cause"]["ranks"] == [1]
         assert _get(base + "nope")[0] == 404
         status, body, _ = _get(base + "metrics", "HEAD")
         assert status == 200 and body == b""
         assert _get(base + "metrics", "POST")[0] == 501
-        # every slot taken: answered 503 at once, never queued behind the busy ones
-        taken = [endpoint._slots.acquire(blocking=False) for _ in range(CONCURRENT)]
-        assert all(taken)
+        # as many connections as it serves at once, saying nothing (slow clients): one more
+        # is answered 503 at once, never queued behind them; once they go, it is served
+        idle = [socket.create_connection(("127.0.0.1", endpoint.port)) for _ in range(CONCURRENT)]
         try:
-            assert _get(base + "metrics")[0] == 503
+            deadline = time.monotonic() + 10
+            while _get(base + "metrics")[0] != 503:
+                assert time.monotonic() < deadline, "never busy"
+                time.sleep(0.05)
         finally:
-            for _ in taken:
-                endpoint._slots.release()
-        assert _get(base + "metrics")[0] == 200
+            for conn in idle:
+                conn.close()
+        deadline = time.monotonic() + 10
+        while _get(base + "metrics")[0] != 200:
+            assert time.monotonic() < deadline, "busy after the clients left"
+            time.sleep(0.05)
     finally:
         endpoint.close()
     assert not any(t.name == "nccl-doctor-serve" and t.is_alive() for t in threading.enumerate())
