@@ -5,8 +5,11 @@ its watches already hold, never a capture)."""
 from __future__ import annotations
 
 import time
+from dataclasses import replace
 from typing import TYPE_CHECKING, Callable
 
+from nccl_doctor.diagnosis import Diagnosis
+from nccl_doctor.live_view import LiveView, RankState, RankView
 from nccl_doctor.serve.state import Published
 
 if TYPE_CHECKING:
@@ -21,27 +24,49 @@ class Publisher:
         self.current = Published(at=time.time(), state="starting", view=None)
         self._counts: dict[int, tuple[int, float]] = {}  # rank -> (calls, when they moved)
         self._report: tuple[object, str] = (None, "")
+        self._seen: dict[int, RankView] = {}  # every rank's last line
 
     def __call__(self, supervisor: Supervisor) -> None:
         self.current = self.look(supervisor)
 
     def look(self, supervisor: Supervisor) -> Published:
         now = time.time()
+        report = supervisor.live.kept.report
+        if report is not self._report[0]:  # drawn once per report, as report.json is
+            self._report = (report, report.to_json_text() if report is not None else "")
         view = supervisor.view()
+        if view is not None:
+            view = self._every_rank(view, supervisor.state.value, report)
         since = {}
         for r in view.ranks if view is not None else ():
             held = self._counts.get(r.rank)
             if held is None or held[0] != r.calls:
                 held = self._counts[r.rank] = (r.calls, now)
             since[r.rank] = now - held[1]
-        report = supervisor.live.kept.report
-        if report is not self._report[0]:  # drawn once per report, as report.json is
-            self._report = (report, report.to_json_text() if report is not None else "")
         straggler = supervisor.straggler
         return Published(
             at=now, state=supervisor.state.value, view=view, since_progress=since,
             report=report, report_json=self._report[1], report_html=self.page(),
             nodes=_nodes(supervisor), skew_s=dict(straggler.skew) if straggler else {})
+
+
+    def _every_rank(self, view: LiveView, state: str, report: Diagnosis | None) -> LiveView:
+        """``view`` with every rank seen so far: a rank the watchdog no longer counts (another
+        node's, once that node ended) keeps its last line; once the job is over, every rank has
+        ended, as the report says."""
+        for r in view.ranks:
+            self._seen[r.rank] = r
+        ranks = [self._seen[k] for k in sorted(self._seen)]
+        if state in ("analysing", "done"):
+            told = {s.rank: s for s in report.ranks} if report is not None else {}
+            for rank, s in told.items():  # (a rank no look ever counted: a job too short)
+                if rank not in self._seen:
+                    calls = s.capture.get("events", 0) if isinstance(s.capture, dict) else 0
+                    self._seen[rank] = RankView(rank, s.host, int(calls or 0), RankState.ENDED)
+            ranks = [replace(r, state=RankState.ENDED,
+                             detail=told[r.rank].state if r.rank in told else "")
+                     for r in (self._seen[k] for k in sorted(self._seen))]
+        return replace(view, ranks=tuple(ranks))
 
 
 def _nodes(supervisor: Supervisor) -> dict[str, int]:

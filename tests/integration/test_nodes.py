@@ -304,8 +304,9 @@ def test_the_leader_serves_the_whole_job(tmp_path):
     leader, metrics = statuses[2]  # the follower's says only its own node
     assert leader["phase"] == "done" and leader["verdict"] == "hang"
     assert leader["nodes"] == {"joined": 2, "lost": 0, "expected": 2}
-    assert {r["rank"]: r["host"] for r in leader["ranks"]} == {
-        0: "nodeA", 1: "nodeA", 2: "nodeB", 3: "nodeB"}
+    assert {r["rank"]: (r["host"], r["state"], r["detail"]) for r in leader["ranks"]} == {
+        0: ("nodeA", "ended", "stopped"), 1: ("nodeA", "ended", "stopped"),
+        2: ("nodeB", "ended", "stopped"), 3: ("nodeB", "ended", "stopped")}
     assert leader["root_cause"]["ranks"] == [3]
     assert 'nccl_doctor_root_cause{callsite=' in metrics and 'host="nodeB"' in metrics
     assert 'nccl_doctor_nodes{state="joined"} 2.0' in metrics
