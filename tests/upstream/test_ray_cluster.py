@@ -16,6 +16,7 @@ import subprocess
 import sys
 import tempfile
 import time
+import urllib.request
 from pathlib import Path
 
 import psutil
@@ -127,10 +128,11 @@ class Cluster:
                 "".join((self.tmp / f"{h}.log").read_text()[-2000:] for h in self.nodes)
             time.sleep(1)
 
-    def run(self, out: Path, *args: str, wait: bool = True, job: Path = JOB):
+    def run(self, out: Path, *args: str, wait: bool = True, job: Path = JOB,
+            doctor_args: tuple[str, ...] = ()):
         """`nccl-doctor run --ray` around the driver, on nodeA (where the driver runs)."""
         doctor = [sys.executable, "-m", "nccl_doctor", "run", "--ray", self.address, "--out",
-                  str(out), "--no-gpu", "--", sys.executable, str(job), *args]
+                  str(out), "--no-gpu", *doctor_args, "--", sys.executable, str(job), *args]
         env = dict(os.environ, **QUIET)
         if self.uts:
             command = ["unshare", "-u", "sh", "-c", 'hostname nodeA && exec "$@"', "sh", *doctor]
@@ -312,14 +314,26 @@ def test_a_node_doctor_refused_its_directory_is_said_and_the_job_goes_on(cluster
     assert not no_doctor_left()
 
 
+def _joined(port: int) -> int:
+    """The nodes the leader counts as joined (its ``--serve`` endpoint; 0 while it is not up)."""
+    try:
+        with urllib.request.urlopen(f"http://127.0.0.1:{port}/status.json", timeout=2) as r:
+            return int(json.loads(r.read())["nodes"].get("joined", 0))
+    except (OSError, ValueError):
+        return 0
+
+
 def test_a_node_killed_mid_run_is_the_root_cause(cluster, tmp_path):
     node = cluster.add("nodeC", [f"--address={cluster.address}"], count=3)
     out = tmp_path / "out"
-    proc = cluster.run(out, "--fault", "stall", "--engines", "nodeC,nodeC", wait=False)
+    port = free_port()  # the leader's endpoint says when nodeC's doctor has joined
+    proc = cluster.run(out, "--fault", "stall", "--engines", "nodeC,nodeC", wait=False,
+                       doctor_args=("--serve", f"127.0.0.1:{port}", "--serve-linger", "0"))
     try:
         deadline = time.monotonic() + 180
-        while len(list(node_dir(out, "nodeC").glob("rank*.ndcap"))) < 2:
-            assert time.monotonic() < deadline and proc.poll() is None, "nodeC's ranks"
+        while len(list(node_dir(out, "nodeC").glob("rank*.ndcap"))) < 2 or \
+                _joined(port) < 3:
+            assert time.monotonic() < deadline and proc.poll() is None, "nodeC's ranks and doctor"
             time.sleep(0.5)
         time.sleep(3)  # the ranks meet the barrier, rank 3 sleeps
         node.kill()
