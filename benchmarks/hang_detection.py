@@ -33,12 +33,19 @@ def one_run(nproc: int, out: Path) -> float:
                         policy=HangPolicy()).run()
     if not result.stopped_for_hang:
         raise SystemExit(f"run in {out}: the hang was not diagnosed (exit {result.exit_status})")
+    return deadlock_to_report(out)
+
+
+def deadlock_to_report(out: Path) -> float:
+    """Seconds from the last rank blocking (the latest enter time among the calls the ranks
+    are stuck in) to report.json written, in the run directory ``out`` of a called hang."""
     traces = load_capture_dir(out)
     blocked = [blocked_event(t) for t in traces.ranks.values()]
     deadlock_ns = max(e.t_enter_ns for e in blocked if e is not None)
     written_ns = (out / REPORT_JSON).stat().st_mtime_ns
-    report = json.loads((out / REPORT_JSON).read_text())
-    assert report["verdict"] == "hang"
+    verdict = json.loads((out / REPORT_JSON).read_text())["verdict"]
+    if verdict != "hang":
+        raise SystemExit(f"run in {out}: the hang was not called (verdict {verdict})")
     return (written_ns - deadlock_ns) / 1e9
 
 

@@ -21,7 +21,6 @@ line is
 from __future__ import annotations
 
 import argparse
-import json
 import os
 import statistics
 import subprocess
@@ -33,13 +32,8 @@ import urllib.request
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
+from hang_detection import JOB, deadlock_to_report  # noqa: E402
 from supervisor_idle import free_port, measure  # noqa: E402
-
-from nccl_doctor.analysis.align import blocked_event  # noqa: E402
-from nccl_doctor.capture.loading import load_capture_dir  # noqa: E402
-from nccl_doctor.capture.names import REPORT_JSON  # noqa: E402
-
-JOB = Path(__file__).resolve().parent.parent / "tests" / "integration" / "jobs" / "skip_broadcast.py"
 
 FLOOD = r"""
 import sys, threading, time, urllib.request
@@ -131,14 +125,7 @@ def call(flood: int) -> tuple[float, float]:
         if flooder is not None:
             n, span = flooder.communicate(timeout=120)[0].split()
             made = int(n) / max(float(span), 1e-3)  # requests answered per second
-        traces = load_capture_dir(out)
-        blocked = [blocked_event(t) for t in traces.ranks.values()]
-        deadlock_ns = max(e.t_enter_ns for e in blocked if e is not None)
-        written_ns = (out / REPORT_JSON).stat().st_mtime_ns
-        verdict = json.loads((out / REPORT_JSON).read_text())["verdict"]
-        if verdict != "hang":
-            raise SystemExit(f"the hang was not called (verdict {verdict})")
-        return (written_ns - deadlock_ns) / 1e9, made
+        return deadlock_to_report(out), made
 
 
 def main() -> int:
