@@ -14,7 +14,8 @@ from typing import TYPE_CHECKING, Iterable
 
 import pandas as pd
 
-from nccl_doctor.data.columns import TEXT
+from nccl_doctor.data import columns
+from nccl_doctor.data.columns import COLUMNS, TEXT
 from nccl_doctor.errors import UsageError
 
 if TYPE_CHECKING:
@@ -55,7 +56,6 @@ def _csv(chunks: Iterable[pd.DataFrame], part: Path) -> int:
             chunk.to_csv(fh, header=first, index=False)
             rows, first = rows + len(chunk), False
     if first:  # no call recorded: the header alone
-        from nccl_doctor.data.columns import COLUMNS
         part.write_text(",".join(COLUMNS) + "\n")
     return rows
 
@@ -77,9 +77,8 @@ def _parquet(chunks: Iterable[pd.DataFrame], part: Path) -> int:
             writer.write_table(table.cast(schema))
             rows += len(chunk)
         if writer is None:  # no call recorded: an empty table of the same columns
-            from nccl_doctor.data import columns
-            cats = columns.categories()
-            empty = pa.Table.from_pandas(columns.frame([], cats), preserve_index=False)
+            empty = pa.Table.from_pandas(columns.frame([], columns.categories()),
+                                         preserve_index=False)
             pq.write_table(empty.cast(_schema(empty.schema)), part)
     finally:
         if writer is not None:

@@ -226,9 +226,3 @@ def _latest(dirs: Sequence[Path]) -> dict[int, Path]:
             if held is None or held[0] <= started:
                 out[rank] = (started, f)
     return {rank: f for rank, (_, f) in out.items()}
-
-
-def open(*paths: PathLike, fr: PathLike | None = None) -> Job:  # noqa: A001 - the API's name
-    """Open a recorded job (see ``Job``)."""
-    return Job(*paths, fr=fr)
-
