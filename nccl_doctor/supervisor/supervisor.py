@@ -433,8 +433,8 @@ class Supervisor:
     def _from_leader(self) -> Diagnosis | None:
         """A follower's final report: the leader's, once it has every node's end."""
         fed = self.federation
-        if fed is None or not fed.following:
-            return None
+        if fed is None or fed.link.role is not Role.FOLLOWER:
+            return None  # (one still reaching the leader tries on: follower_finish)
         counts = self.live.registry.poll()
         final = fed.link.follower_finish(fed.local(counts, ended=True), self.final_wait)
         return Diagnosis.from_json(final) if final is not None else None

@@ -146,7 +146,78 @@ def test_the_final_report_reaches_a_follower_that_ended():
         "final", follower.follower_finish(Local({2: 6}, {}, (), True, 1), 30.0)))
     t.start()
     assert until(lambda: (leader.gather(), leader.all_ended())[1])
-    leader.publish_final({"verdict": "ok"}, wait=10.0)
+    final = {"verdict": "ok", "ranks": [{"rank": 2, "host": "nodeB", "state": "exited"}]}
+    leader.publish_final(final, wait=10.0)
     t.join(30)
-    assert got["final"] == {"verdict": "ok"}
+    assert got["final"] == final
+    leader.close()
+
+
+def test_a_final_report_blind_to_the_followers_ranks_is_not_taken():
+    """A leader that gave up on this node before it joined reports its ranks unseen: the
+    follower keeps its own report (it sees them), and says why."""
+    said: list[str] = []
+    leader, follower, _ = leader_and_follower(free_port(), said)
+    local = Local({2: 5, 3: 5}, {}, (), False, 1)
+    assert until(lambda: (follower.follow(local), leader.gather(), leader.remotes)[2])
+    got = {}
+    t = threading.Thread(target=lambda: got.setdefault(
+        "final", follower.follower_finish(Local({2: 6, 3: 6}, {}, (), True, 1), 30.0)))
+    t.start()
+    assert until(lambda: (leader.gather(), leader.all_ended())[1])
+    leader.publish_final({"verdict": "crash", "ranks": [
+        {"rank": 2, "host": "nodeB", "state": "exited"},
+        {"rank": 3, "host": "", "state": "no_capture"}]}, wait=10.0)
+    t.join(30)
+    assert got["final"] is None
+    assert "made before this node joined" in follower.problem
+    leader.close()
+
+
+def test_a_follower_still_loading_torch_at_its_jobs_end_still_joins():
+    """On a host so loaded that its link has not made one attempt when its node's job ends
+    (loading torch.distributed took longer than the join window), the follower waits on, and
+    the leader, told by Ray's keeper that this node's doctor runs, waits for it past the
+    window: the final report sees every node."""
+    said: list[str] = []
+    port = free_port()
+    leader = Link(rdzv(port, 0), "nodeA", announce=said.append, answer=lambda *a: {},
+                  summaries=lambda ended: {"ranks": []}, every=0.05, connect_within=0.3)
+    leader.start(True)
+    leader.wait_started(60)
+    follower = Link(rdzv(port, 1), "nodeB", announce=said.append, answer=lambda *a: {},
+                    summaries=lambda ended: {"ranks": []}, every=0.05, quiet_for=0.05,
+                    connect_within=0.3)  # its link thread not started yet: still "loading"
+    leader.coming("nodeB")
+    time.sleep(0.5)  # both join windows are over
+    assert not (leader.gather(), leader.all_ended())[1], "gave up on a node doctor that runs"
+    got = {}
+    ended = Local({2: 6}, {}, (), True, 1)
+    t = threading.Thread(target=lambda: got.setdefault(
+        "final", follower.follower_finish(ended, 30.0)))
+    t.start()
+    time.sleep(1.0)
+    assert t.is_alive(), "the follower gave up before it had tried"
+    follower.start(False)  # torch loaded at last: it reaches the leader
+    assert until(lambda: (leader.gather(), leader.all_ended())[1])
+    assert [r.host for r in leader.remotes.values()] == ["nodeB"]
+    final = {"verdict": "ok", "ranks": [{"rank": 2, "host": "nodeB", "state": "exited"}]}
+    leader.publish_final(final, wait=10.0)
+    t.join(30)
+    assert got["final"] == final
+    leader.close()
+    follower.close()
+
+
+def test_the_leader_stops_waiting_for_a_node_doctor_that_ended_unjoined():
+    said: list[str] = []
+    leader = Link(rdzv(free_port(), 0), "nodeA", announce=said.append, answer=lambda *a: {},
+                  summaries=lambda ended: {"ranks": []}, every=0.05, connect_within=0.3)
+    leader.start(True)
+    leader.wait_started(60)
+    leader.coming("nodeB")
+    time.sleep(0.5)
+    assert not (leader.gather(), leader.all_ended())[1]
+    leader.gone("nodeB")  # its doctor exited (refused, lost with its node): nothing to wait for
+    assert leader.all_ended()
     leader.close()

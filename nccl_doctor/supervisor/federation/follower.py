@@ -42,7 +42,7 @@ class Follower(Transport):
             elif now - self._started >= self.connect_within and not self._said_waiting:
                 self._said_waiting = True
                 self.problem = (f"cannot reach the coordinator at {self.rdzv.address} "
-                                f"({self._error or 'no answer'})")
+                                f"({self._why_not()})")
                 self.announce(f"{self.problem}: diagnosing this node alone until it answers")
                 return []
             else:
@@ -125,15 +125,18 @@ class Follower(Transport):
     def follower_finish(self, local: Local, wait: float) -> dict[str, Any] | None:
         """A follower's job ended: publish its end, then wait (up to ``wait`` s, beating) for
         the leader's final report; None if the leader is gone or never answered."""
-        # a job that ended before the nodes met: they still meet, for its report
+        # a job that ended before the nodes met: they still meet, for its report - within the
+        # join window, which opens once torch.distributed is loaded (minutes, on a host the job
+        # keeps busy: waited for as long as ``wait`` allows)
+        give_up = self.clock() + wait
         while (self.state is LinkState.CONNECTING and self._pending is None and not self._refused
-               and self.clock() - self._started < self.connect_within):
+               and self._still_coming(give_up)):
             time.sleep(0.2)
         self._take_pending()
         if self.role is Role.FOLLOWER and self.state is LinkState.CONNECTING:
             self.state = LinkState.ALONE
-            self.problem = self.problem or (f"never reached the coordinator at "
-                                            f"{self.rdzv.address} ({self._error or 'no answer'})")
+            self.problem = (f"never reached the coordinator at {self.rdzv.address} "
+                            f"({self._why_not()})")
         if self.role is not Role.FOLLOWER or self.state is not LinkState.JOINED:
             return None
         deadline = self.clock() + wait
@@ -147,9 +150,29 @@ class Follower(Transport):
                 if st.has(self._store, st.FINAL):
                     final = st.get(self._store, st.FINAL)
                     st.add(self._store, st.FINAL_ACKS, 1)
-                    return final if isinstance(final, dict) else None
+                    return final if self._covers(final, local) else None
                 time.sleep(min(self.every, 0.2))
         except st.StoreError as err:
             self._leader_lost(err)
             self.announce(f"{self.problem}: this node's report covers it alone")
         return None
+
+    def _still_coming(self, give_up: float) -> bool:
+        loaded, now = self._loaded_at, self.clock()
+        if loaded is None:
+            return now < give_up
+        return now < max(self._started, loaded) + self.connect_within
+
+    def _covers(self, final: Any, local: Local) -> bool:
+        """The leader's final report sees this node's ranks (one made before this node joined
+        does not: this node's own report says more, and why)."""
+        if not isinstance(final, dict):
+            return False
+        seen = {r.get("rank") for r in final.get("ranks", []) if isinstance(r, dict)
+                and r.get("state") != "no_capture"}
+        if all(rank in seen for rank in local.counts):
+            return True
+        self.problem = ("the leader's report was made before this node joined and does not "
+                        "see its ranks")
+        self.announce(f"{self.problem}: this node's report covers it alone")
+        return False

@@ -80,6 +80,16 @@ class Leader(Transport):
             self.rdzv = replace(self.rdzv, nnodes=nnodes)
             self._join_by = self.clock() + self.connect_within
 
+    def coming(self, host: str) -> None:
+        """A node doctor started on ``host`` (Ray's keeper says so): the leader waits for it to
+        join while it runs, however long loading torch takes it on a loaded host - not only for
+        its join window - until it joins, or ``gone`` says it ended."""
+        self._coming.add(host)
+
+    def gone(self, host: str) -> None:
+        """The node doctor on ``host`` ended (its report is written, or it failed)."""
+        self._coming.discard(host)
+
     def publish_roster(self, local: dict[int, tuple[str, int | None]]) -> None:
         """The leader's word on which host runs each rank (when it changed)."""
         roster = {str(r): list(v) for r, v in local.items()}
@@ -278,7 +288,8 @@ class Leader(Transport):
 
     def all_ended(self) -> bool:
         """The leader: every follower expected has joined, and ended or was lost - or the ones
-        missing had ``connect_within`` seconds to join and did not."""
+        missing had ``connect_within`` seconds to join and did not, and no node doctor said to
+        be running (``coming``) is still on its way."""
         if self.role is not Role.LEADER:
             return True
         if self.state is LinkState.CONNECTING:  # its store is still coming up
@@ -286,7 +297,8 @@ class Leader(Transport):
         if self.state is not LinkState.JOINED:
             return True
         joined = len(self.remotes) + 1 >= self.rdzv.nnodes
-        if not joined and self.clock() < self._join_by:
+        hosts = {r.host for r in self.remotes.values()}
+        if not joined and (self.clock() < self._join_by or self._coming - hosts):
             return False
         return all(r.lost or r.beat.get("ended") for r in self.remotes.values())
 

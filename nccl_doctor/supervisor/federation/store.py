@@ -69,12 +69,19 @@ def _first_line(err: BaseException) -> str:
     return text[0] if text else type(err).__name__
 
 
-def open_store(host: str, port: int, *, leader: bool, timeout: float) -> Any:
-    """Host (``leader``) or reach the TCPStore at ``host:port``; ``StoreError`` if it fails."""
+def load() -> Any:
+    """``torch.distributed.TCPStore``, loaded (seconds of CPU: minutes on a host the job keeps
+    busy); ``StoreError`` if torch cannot give it."""
     try:
         from torch.distributed import TCPStore  # noqa: PLC0415 (loaded only for multi-node)
     except ImportError as err:  # torch is a dependency; a broken install still must not crash
         raise StoreError(f"torch.distributed is not available ({err})") from None
+    return TCPStore
+
+
+def open_store(host: str, port: int, *, leader: bool, timeout: float) -> Any:
+    """Host (``leader``) or reach the TCPStore at ``host:port``; ``StoreError`` if it fails."""
+    TCPStore = load()
     try:
         return TCPStore(host, port, is_master=leader, wait_for_workers=False,
                         timeout=datetime.timedelta(seconds=timeout))

@@ -51,6 +51,7 @@ class Transport:
         self._store: Any = None
         self._pending: Any = None  # a store the connecting thread reached
         self._error = ""
+        self._loaded_at: float | None = None  # when the connecting thread had torch loaded
         self._refused = False  # what listens there is not this job's coordinator: stop trying
         self._thread: threading.Thread | None = None
         self._stop = threading.Event()
@@ -73,6 +74,7 @@ class Transport:
         self._registered = 0
         self._decision_n = 0
         self._request_n = 0
+        self._coming: set[str] = set()  # hosts whose node doctor runs but has not joined yet
         self._roster: dict[str, Any] = {}  # rank -> [host, node rank]: the leader's last word
         self.lost_at_wall = 0.0  # a follower: when the leader was lost
 
@@ -120,6 +122,11 @@ class Transport:
 
     def _connect(self) -> None:
         """Reach the leader's store (in a thread: a follower may start first)."""
+        try:
+            st.load()
+        except st.StoreError as err:
+            self._error = str(err)
+        self._loaded_at = self.clock()
         while not self._stop.is_set():
             try:
                 store = st.open_store(self.rdzv.host, self.rdzv.port, leader=False,
@@ -145,6 +152,14 @@ class Transport:
             except st.StoreError as err:
                 self._error = str(err)
                 self._stop.wait(1.0)
+
+    def _why_not(self) -> str:
+        """Why this node has not reached the coordinator yet (its last attempt's error)."""
+        if self._error:
+            return self._error
+        if self._loaded_at is None:
+            return "not tried yet: still loading torch.distributed"
+        return "no answer"
 
     def _alone(self, why: str) -> None:
         self.state = LinkState.ALONE

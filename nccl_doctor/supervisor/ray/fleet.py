@@ -104,6 +104,8 @@ class RayFleet:
             except queue.Empty:
                 return
             live, fed = supervisor.live, supervisor.federation
+            if "gone" in said and fed is not None:  # ended: its report written, or it failed
+                fed.link.gone(str(said["gone"]))
             if "error" in said:
                 live.announce(f"Ray: {said['error']}")
             elif "expect" in said:
@@ -111,6 +113,8 @@ class RayFleet:
                 if fed is not None:  # the leader waits for these nodes too
                     fed.link.expect(1 + int(said["expect"]))
             elif "node" in said:
+                if fed is not None:  # waited for while it runs, however slow its start
+                    fed.link.coming(str(said["node"]))
                 live.announce(f"Ray: a node doctor runs on {said['node']} (node "
                               f"{said['node_rank']})")
 

@@ -162,16 +162,22 @@ def main(argv: list[str] | None = None) -> int:
             if status is not None:
                 ended.add(node_id)
                 say({"error": f"the node doctor on {names[node_id]} ended early (exit {status}: "
-                              "see docs/exit-status.md); that node's ranks go unseen"})
+                              "see docs/exit-status.md); that node's ranks go unseen",
+                     "gone": names[node_id]})
         if select.select([sys.stdin], [], [], EVERY)[0] and not sys.stdin.readline():
             break  # the supervisor's job ended (or the supervisor is gone)
-    ends = [h.end.remote(args.wait) for h in doctors.values() if h is not None]
+    ends = {names[n]: h.end.remote(args.wait) for n, h in doctors.items()
+            if h is not None and n not in ended}
     deadline = time.time() + args.wait + 10
-    for ref in ends:
-        try:
-            ray.get(ref, timeout=max(1.0, deadline - time.time()))
-        except Exception:  # noqa: BLE001 - a doctor lost with its node
-            pass
+    while ends:  # each doctor's end said as it comes (the leader waits for those still on)
+        done, _ = ray.wait(list(ends.values()), num_returns=1,
+                           timeout=max(1.0, deadline - time.time()))
+        for host in [h for h, ref in ends.items() if not done or ref in done]:
+            try:
+                ray.get(ends.pop(host), timeout=1.0)
+            except Exception:  # noqa: BLE001 - a doctor lost with its node, or out of time
+                pass
+            say({"gone": host})
     ray.shutdown()
     return 0
 
