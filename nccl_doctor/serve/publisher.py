@@ -49,7 +49,6 @@ class Publisher:
             report=report, report_json=self._report[1], report_html=self.page(),
             nodes=_nodes(supervisor), skew_s=dict(straggler.skew) if straggler else {})
 
-
     def _every_rank(self, view: LiveView, state: str, report: Diagnosis | None) -> LiveView:
         """``view`` with every rank seen so far: a rank the watchdog no longer counts (another
         node's, once that node ended) keeps its last line; once the job is over, every rank has

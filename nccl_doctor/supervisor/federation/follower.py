@@ -161,7 +161,7 @@ class Follower(Transport):
         loaded, now = self._loaded_at, self.clock()
         if loaded is None:
             return now < give_up
-        return now < max(self._started, loaded) + self.connect_within
+        return now < loaded + self.connect_within
 
     def _covers(self, final: Any, local: Local) -> bool:
         """The leader's final report sees this node's ranks (one made before this node joined
