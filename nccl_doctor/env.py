@@ -30,6 +30,7 @@ RECORDED_ENV = (
     "MASTER_ADDR", "MASTER_PORT", "NODE_RANK", "GROUP_RANK", "LOCAL_WORLD_SIZE",
     "TORCHELASTIC_RESTART_COUNT", "TORCHELASTIC_RUN_ID", "CUDA_VISIBLE_DEVICES",
     "TORCH_DISTRIBUTED_DEBUG", "NCCL_DEBUG", "ACCELERATE_MIXED_PRECISION", "SLURM_JOB_ID",
+    "NCCL_DOCTOR_USER_CODE", "NCCL_DOCTOR_LIBRARY_CODE",  # paths.py: which code is the user's
 )
 
 #: This host's name as nccl-doctor reports it, instead of the system's (tests that simulate

@@ -6,7 +6,7 @@ One type, one formatter (``Location.text``) for the ways the reports name a plac
 from __future__ import annotations
 
 import os
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 from nccl_doctor import paths
@@ -19,6 +19,11 @@ class Location:
     path: str
     line: int
     function: str = ""
+    # what the recorder saw of a call path's frame (rank/recorder/arguments.py), not part of
+    # which place it is: it only passes its call on (a decorator's wrapper, a comm shim), and
+    # it was called by torch (a module hook, a torch decorator) rather than by the next frame
+    passes_on: bool = field(default=False, compare=False)
+    from_torch: bool = field(default=False, compare=False)
 
     def __str__(self) -> str:
         return f"{self.path}:{self.line}"
@@ -42,4 +47,9 @@ class Location:
         return short
 
     def to_json(self) -> dict[str, Any]:
-        return {"path": self.path, "line": self.line, "function": self.function}
+        out: dict[str, Any] = {"path": self.path, "line": self.line, "function": self.function}
+        if self.passes_on:
+            out["passes_on"] = True
+        if self.from_torch:
+            out["from_torch"] = True
+        return out

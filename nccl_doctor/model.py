@@ -12,7 +12,7 @@ import re
 from dataclasses import dataclass, field
 from typing import Any, Mapping
 
-from nccl_doctor import paths
+from nccl_doctor import call_path
 from nccl_doctor.gpu.readings import GpuTrace
 from nccl_doctor.location import Location
 from nccl_doctor.stacks.rank_stack import RankStack
@@ -22,7 +22,7 @@ from nccl_doctor.watch_log import BY_USER, WatchLog
 __all__ = [
     "EventSource", "Location", "Event", "EventFlag", "EventKind", "EventState", "ExitKind",
     "RankExit", "RankMeta", "Integrity", "RankTrace", "GroupInfo", "TraceSet", "TensorSig",
-    "Unrecorded", "parse_tensor_desc",
+    "Unrecorded", "EarlyExit", "parse_tensor_desc",
 ]
 
 
@@ -145,13 +145,11 @@ class Event:
 
     @property
     def issuing(self) -> Location | None:
-        """The line that decided to make the call: the innermost frame of its path outside thin
-        wrappers (accelerate's gather helpers, DeepSpeed's comm layer; ``paths.is_thin_wrapper``)
-        - in real jobs usually a library's (``trl/trainer/cpo_trainer.py:839``), else the user's.
-        Without a recorded path: the user's line, as before call paths were recorded."""
-        for loc in self.path:
-            if not paths.is_thin_wrapper(loc.path):
-                return loc
+        """The line that decided to make the call (nccl_doctor/call_path.py): in real jobs
+        usually a library's (``trl/trainer/cpo_trainer.py:839``), else the user's. Without a
+        recorded path: the user's line, as before call paths were recorded."""
+        if self.path:
+            return call_path.issuing(self.path, self.callsite)
         return self.callsite or self.api_callsite
 
 
@@ -240,6 +238,11 @@ class RankMeta:
     env: Mapping[str, str] = field(default_factory=dict)
     # a Ray actor's rank: actor_class, actor_id, actor_name, node_id, job_id (rank/ray_actor.py)
     ray: Mapping[str, str] = field(default_factory=dict)
+    # the fingerprint of each source file on its call paths, as it was at the run (path ->
+    # files.source_digest): the analysis reads a file's source only while it is unchanged
+    sources: Mapping[str, str] = field(default_factory=dict)
+    # its interpreter's prefixes (console scripts below them are library code: paths.py)
+    prefixes: tuple[str, ...] = ()
 
 
 #: Torn records a killed rank may leave (one per thread that was inside a call); more is damage.
@@ -341,6 +344,22 @@ class Unrecorded:
 
 
 @dataclass(frozen=True)
+class EarlyExit:
+    """A rank ended by an uncaught exception before it joined a process group, so before its
+    capture existed (capture/early_exit.py): what it raised, where, and on which host."""
+
+    exception: str  # "KeyError: 'lr'"
+    callsite: Location | None = None  # the innermost frame of the traceback in the user's code
+    host: str = ""
+    pid: int = 0
+    time_ns: int | None = None
+    # it raised inside init_process_group: it reached the rendezvous and a peer never came (a
+    # timeout) - a consequence when another rank raised before joining
+    in_init: bool = False
+    traceback: tuple[Location, ...] = ()  # its innermost frames, innermost first (at most 8)
+
+
+@dataclass(frozen=True)
 class TraceSet:
     """Every rank of one job, as loaded from a capture directory."""
 
@@ -366,6 +385,9 @@ class TraceSet:
     # ranks that ran but could not make a capture (capture/unrecorded.py): seen nowhere, never
     # "missing"
     unrecorded: Mapping[int, Unrecorded] = field(default_factory=dict)
+    # ranks that raised before they joined a process group, so left no capture
+    # (capture/early_exit.py): how they ended is known, what they did is not
+    early_exits: Mapping[int, EarlyExit] = field(default_factory=dict)
     # why the job's end is unknown ("" : it ended, or nothing says otherwise): still running,
     # or its supervisor was lost; then ranks behind their peers are not missing, only behind
     unfinished: str = ""
@@ -377,8 +399,10 @@ class TraceSet:
                           *(r for r, t in self.ranks.items() if t.integrity.damaged)])
 
     def all_accounted_for(self) -> bool:
-        """Every rank of the world has a capture here or ran unrecorded (never "missing")."""
-        return all(r in self.ranks or r in self.unrecorded for r in range(self.world_size))
+        """Every rank of the world has a capture here, ran unrecorded (never "missing") or
+        raised before joining."""
+        return all(r in self.ranks or r in self.unrecorded or r in self.early_exits
+                   for r in range(self.world_size))
 
     def group_members(self, name: str) -> tuple[int, ...]:
         info = self.groups.get(name)

@@ -1,18 +1,29 @@
-"""Which source files belong to torch and the libraries that wrap it (for callsites).
+"""Which source files are library code and which are the user's (for callsites).
+
+A frame is **library code** when its file is installed: under site-packages or dist-packages,
+in the standard library, a console script in an interpreter's ``bin/``, inside a zip import, or
+frozen - as error trackers decide which frames are the app's. torch and nccl-doctor are always
+library code. Everything else is the user's, their own package installed editable included.
+Patterns override the rule (``nccl-doctor run --user-code/--library-code``, env
+``NCCL_DOCTOR_USER_CODE``/``NCCL_DOCTOR_LIBRARY_CODE``, the pytest plugin's ini options):
+``configure``.
 
 Used by the recorder's hot path (through a per-code-object cache) and by the readers of stacks.
 """
 
 from __future__ import annotations
 
+import fnmatch
 import functools
 import os
 import re
+import sys
+from typing import Iterable, Sequence
 
-#: Top-level packages whose frames are never "the user's line": torch itself, and the libraries that
-#: wrap torch.distributed on the user's behalf.
-WRAPPER_PACKAGES = ("torch", "accelerate", "deepspeed", "transformers", "trl", "nccl_doctor")
-_INTERNAL = ("torch", "nccl_doctor")  # frames never shown even as the direct API caller
+#: Environment twins of ``--user-code`` / ``--library-code``: patterns separated by os.pathsep.
+USER_CODE_ENV = "NCCL_DOCTOR_USER_CODE"
+LIBRARY_CODE_ENV = "NCCL_DOCTOR_LIBRARY_CODE"
+_INTERNAL = ("torch", "nccl_doctor")  # always library code, never even the direct API caller
 
 _SEP = re.escape(os.sep)
 
@@ -22,20 +33,80 @@ def _pattern(packages: tuple[str, ...]) -> re.Pattern[str]:
     return re.compile(rf"{_SEP}(?:{names}){_SEP}|^<frozen |^<string>$")
 
 
-_WRAPPER_RE = _pattern(WRAPPER_PACKAGES)
 _INTERNAL_RE = _pattern(_INTERNAL)
 # nccl_doctor.plugins is installed from the repository's top-level plugins/ (pyproject.toml's
 # package-dir): in an editable install its files lie outside nccl_doctor/, and are ours all the same
 _PLUGINS_DIR = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "plugins")
 _OWN_DIRS = (_PLUGINS_DIR + os.sep,) if os.path.isfile(
     os.path.join(_PLUGINS_DIR, "known_issues.py")) else ()
+_INSTALLED_RE = re.compile(
+    rf"{_SEP}(?:site|dist)-packages{_SEP}"  # pip, conda, Debian
+    rf"|{_SEP}lib{_SEP}python3\.\d+t?{_SEP}"  # the standard library
+    rf"|\.(?:zip|egg|whl|pyz){_SEP}"  # zip imports
+    r"|^<")  # frozen modules, exec'd strings
+
+_user_patterns: tuple[str, ...] = ()
+_library_patterns: tuple[str, ...] = ()
+_prefixes: tuple[str, ...] = ()
 
 
-def is_wrapper_file(path: str) -> bool:
-    """True for torch, the wrapping libraries, nccl_doctor itself and frozen importlib frames."""
-    return _belongs(path, _WRAPPER_RE, WRAPPER_PACKAGES)
+def _split(text: str | None) -> tuple[str, ...]:
+    return tuple(p for p in (text or "").split(os.pathsep) if p.strip())
 
 
+def configure(user_code: Iterable[str] = (), library_code: Iterable[str] = (),
+              prefixes: Iterable[str] = ()) -> None:
+    """Set the override patterns (each an ``fnmatch`` pattern on the absolute path, ``*``
+    spanning directories, or a directory: every file below it) and interpreter prefixes beyond
+    this one's (a rank's, recorded in its capture: its console scripts are library code).
+    A file matching both kinds of pattern is library code."""
+    global _user_patterns, _library_patterns, _prefixes
+    _user_patterns = tuple(_pattern_of(p) for p in user_code)
+    _library_patterns = tuple(_pattern_of(p) for p in library_code)
+    own = {sys.prefix, sys.base_prefix, sys.exec_prefix, sys.base_exec_prefix}
+    _prefixes = tuple(sorted({os.path.join(p, d) + os.sep for p in (*own, *prefixes) if p
+                              for d in ("bin", "Scripts")}))
+    is_library_file.cache_clear()
+    is_internal_file.cache_clear()
+
+
+def patterns() -> tuple[tuple[str, ...], tuple[str, ...]]:
+    """(user code, library code) override patterns in force."""
+    return _user_patterns, _library_patterns
+
+
+def _pattern_of(text: str) -> str:
+    text = text.strip()
+    if not any(c in text for c in "*?["):  # a directory (or one file): everything below it
+        return os.path.abspath(os.path.expanduser(text)).rstrip(os.sep) + "*"
+    return text
+
+
+def _matches(path: str, pats: Sequence[str]) -> bool:
+    return any(fnmatch.fnmatchcase(path, p) for p in pats)
+
+
+@functools.lru_cache(maxsize=8192)
+def is_library_file(path: str) -> bool:
+    """True for installed code (module docstring), torch and nccl-doctor; False for the user's.
+    Cached per file: the recorder asks once per code object, the readers once per frame."""
+    if is_internal_file(path):
+        return True
+    if _is_user_copy(path):
+        return False
+    if _library_patterns and _matches(path, _library_patterns):
+        return True
+    if _user_patterns and _matches(path, _user_patterns):
+        return False
+    return bool(_INSTALLED_RE.search(path)) or path.startswith(_prefixes)
+
+
+def is_user_file(path: str) -> bool:
+    """The user's own code: not library code (``is_library_file``)."""
+    return not is_library_file(path)
+
+
+@functools.lru_cache(maxsize=8192)
 def is_internal_file(path: str) -> bool:
     """True for torch, nccl_doctor and frozen frames: never the direct caller worth naming."""
     return _belongs(path, _INTERNAL_RE, _INTERNAL)
@@ -77,25 +148,6 @@ def is_stdlib_file(path: str) -> bool:
     return bool(_STDLIB_RE.search(path))
 
 
-#: Library files that only pass a call on to torch.distributed (gather helpers, comm shims): a
-#: call path's frame in one of them never "issued" the call - the frame that called them did.
-THIN_WRAPPER_FILES = (
-    "accelerate/utils/operations.py", "accelerate/utils/other.py", "accelerate/accelerator.py",
-    "accelerate/state.py",
-    "deepspeed/comm/", "lightning_fabric/utilities/distributed.py",
-    "lightning/fabric/utilities/distributed.py", "torchmetrics/utilities/distributed.py",
-)
-_THIN_RE = re.compile("|".join(
-    rf"{_SEP}{re.escape(f).replace('/', _SEP)}" for f in THIN_WRAPPER_FILES))
-
-
-@functools.lru_cache(maxsize=4096)
-def is_thin_wrapper(path: str) -> bool:
-    """True for a file that only passes a collective on (``THIN_WRAPPER_FILES``), the standard
-    library (functools, contextlib, threading) and nccl-doctor's own frames."""
-    return bool(_THIN_RE.search(path)) or is_stdlib_file(path) or is_internal_file(path)
-
-
 _PACKAGE_RE = re.compile(rf"{_SEP}(?:site|dist)-packages{_SEP}([A-Za-z_][A-Za-z0-9_]*)")
 
 
@@ -130,3 +182,6 @@ def _short_path(path: str, cwd: str) -> str:  # (reports name the same few files
     except ValueError:
         return path
     return path if rel.startswith("..") else rel
+
+
+configure(_split(os.environ.get(USER_CODE_ENV)), _split(os.environ.get(LIBRARY_CODE_ENV)))

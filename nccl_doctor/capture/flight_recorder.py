@@ -143,6 +143,7 @@ def _callsites(frames: Any, cache: dict) -> tuple[Location, Location | None,
         return NO_STACK, None, ()  # JSON dumps carry none; torch's pickles do
     user = api = None
     chain: list[Location] = []
+    torch_between = False
     for f in frames:
         if type(f) is not dict:
             continue
@@ -151,20 +152,24 @@ def _callsites(frames: Any, cache: dict) -> tuple[Location, Location | None,
         if kind is None:
             if not isinstance(path, str):
                 continue
-            kind = cache[path] = (paths.is_wrapper_file(path), paths.is_internal_file(path))
-        wrapper, internal = kind
-        if internal and wrapper:
+            kind = cache[path] = (paths.is_library_file(path), paths.is_internal_file(path))
+        library, internal = kind
+        if internal:
+            torch_between = bool(chain)
             continue
         key = (path, f.get("line"), f.get("name"))
         where = cache.get(key)
         if where is None:
             line = key[1]
             where = cache[key] = Location(path, line if type(line) is int else 0, str(key[2] or ""))
-        if api is None and not internal:
+        if api is None:
             api = where
-        if not internal and len(chain) < PATH_FRAMES:
+        if len(chain) < PATH_FRAMES:
+            if torch_between:  # the frame kept last was called by torch (a hook, autograd)
+                chain[-1] = replace(chain[-1], from_torch=True)
             chain.append(where)
-        if not wrapper:
+        torch_between = False
+        if not library:
             user = where
             break
     return user or api or NO_STACK, api, tuple(chain)

@@ -26,6 +26,7 @@ import numpy as np
 from nccl_doctor.capture import format as fmt, records
 from nccl_doctor.capture.reader import (
     LOOKAHEAD, _exit_from, _meta, parse_strings, read_fault, read_header, read_meta, ring_slots,
+    with_code_notes,
 )
 from nccl_doctor.errors import CorruptCapture
 from nccl_doctor.model import Event, ExitKind, Integrity, RankExit, RankMeta, RankTrace
@@ -53,7 +54,8 @@ class CaptureFollower:
             raise CorruptCapture(f"{path} cannot be read: {err.strerror}") from None
         try:
             capacity, ring_off, str_off, str_size, _, version = read_header(head, path)
-            self._meta = _meta(read_meta(head, path))
+            self._meta = self._meta_now = _meta(read_meta(head, path))
+            self._meta_notes = 0
         except Exception:
             self.close()
             raise
@@ -137,7 +139,7 @@ class CaptureFollower:
         ended = _exit_from(self._notes, self._fault_text)
         if ended.kind in (ExitKind.CLEAN, ExitKind.EXCEPTION):
             deep = len(odd)  # it ended by itself, no call in flight: none was cut by a kill
-        return Scan(self.path, self._meta, dict(self._strings), tuple(self._notes), decoded,
+        return Scan(self.path, self.meta, dict(self._strings), tuple(self._notes), decoded,
                     self._integrity(decoded.torn, count, bad, miscounted, blank, unnamed, deep),
                     ended, self._paths)
 
@@ -168,7 +170,7 @@ class CaptureFollower:
         slots = slots[order]
         decoded = records.Decoded(rows[order], self._exited[slots], slots,
                                   np.array(sorted(self._torn), dtype=np.int64))
-        return Scan(self.path, self._meta, dict(self._strings), tuple(self._notes), decoded,
+        return Scan(self.path, self.meta, dict(self._strings), tuple(self._notes), decoded,
                     trace.integrity, trace.exit, self._paths, held=trace)
 
     def _counters(self) -> tuple[int, int]:
@@ -310,12 +312,21 @@ class CaptureFollower:
         self._fault_text = read_fault(self.path) if stamp is not None else None
         return True
 
+    @property
+    def meta(self) -> RankMeta:
+        """The rank's metadata with what its notes added since (reader.with_code_notes),
+        worked out again only when notes came."""
+        if self._meta_notes != len(self._notes):
+            self._meta_notes = len(self._notes)
+            self._meta_now = with_code_notes(self._meta, self._notes)
+        return self._meta_now
+
     def _build(self) -> RankTrace:
         held = sorted(self._slots.values(), key=lambda t: t[0])
         count = held[-1][0] if held else 0
         bad = self._bad_json + (1 if self._str_damaged else 0)
         return RankTrace(
-            meta=self._meta, events=tuple(e for _, e in held),
+            meta=self.meta, events=tuple(e for _, e in held),
             exit=_exit_from(self._notes, self._fault_text),
             integrity=self._integrity(len(self._torn), count, bad),
             path=str(self.path), notes=tuple(self._notes), paths_recorded=self._paths,

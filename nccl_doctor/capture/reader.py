@@ -9,6 +9,7 @@ that is only partly damaged loads, with the damage described in ``RankTrace.inte
 from __future__ import annotations
 
 import re
+from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
@@ -149,7 +150,7 @@ def parse_fault(text: str) -> tuple[str, Location | None] | None:
     site = None
     for line in current.splitlines():
         fm = _FRAME_RE.match(line)
-        if fm and not paths.is_wrapper_file(fm.group(1)):
+        if fm and not paths.is_library_file(fm.group(1)):
             site = Location(fm.group(1), int(fm.group(2)), fm.group(3).strip())
             break  # faulthandler lists the most recent call first
     return signal, site
@@ -195,7 +196,26 @@ def _meta(meta: dict[str, Any]) -> RankMeta:
         versions={str(k): str(v) for k, v in (meta.get("versions") or {}).items()},
         env={str(k): str(v) for k, v in (meta.get("env") or {}).items()},
         ray=_strings(meta.get("ray")),
+        prefixes=tuple(str(p) for p in meta.get("prefixes") or () if isinstance(p, str))[:8],
     )
+
+
+def with_code_notes(meta: RankMeta, notes: list[dict[str, Any]] | tuple) -> RankMeta:
+    """``meta`` with what the rank noted of the code on its call paths (rank/recorder/
+    arguments.py ``_note_file``): each file's fingerprint and each package's version."""
+    versions, sources = dict(meta.versions), dict(meta.sources)
+    for note in notes:
+        if note.get("note") != "code":
+            continue
+        for key, into in (("versions", versions), ("sources", sources)):
+            got = note.get(key)
+            if isinstance(got, dict):
+                for k, v in got.items():
+                    if isinstance(k, str) and isinstance(v, str):
+                        into.setdefault(k[:4096], v[:200])
+    if len(versions) == len(meta.versions) and len(sources) == len(meta.sources):
+        return meta
+    return replace(meta, versions=versions, sources=sources)
 
 
 def _strings(raw: Any) -> dict[str, str]:

@@ -181,17 +181,21 @@ def events(decoded: Decoded, strings: Mapping[int, str], paths: bool = True) -> 
 
 
 def _call_path(text: str | None, get: Callable[..., str | None]) -> tuple[Location, ...]:
-    """The frames of a call path's text (rank/recorder/arguments.path_text): a frame that does
-    not parse, or names a string the table does not hold, ends the path there."""
+    """The frames of a call path's text (rank/recorder/arguments.path_text: ``file:line:function``
+    ids, then ``:flags`` on a frame that has some - ``p`` passes its call on, ``t`` called by
+    torch; older captures have none): a frame that does not parse, or names a
+    string the table does not hold, ends the path there."""
     frames = []
     for part in (text or "").split():
         fields = part.split(":")
+        flags = fields.pop() if len(fields) == 4 else ""
         if len(fields) != 3 or not all(f.isdigit() for f in fields):
             break
         file = get(int(fields[0]))
         if not file:
             break
-        frames.append(Location(file, int(fields[1]), get(int(fields[2])) or ""))
+        frames.append(Location(file, int(fields[1]), get(int(fields[2])) or "",
+                               passes_on="p" in flags, from_torch="t" in flags))
     return tuple(frames)
 
 

@@ -12,6 +12,7 @@ from collections import defaultdict
 from dataclasses import fields
 from typing import Any, Mapping, Sequence
 
+from nccl_doctor import paths
 from nccl_doctor.location import Location
 from nccl_doctor.model import (
     Event, EventFlag, EventKind, EventSource, EventState, ExitKind, Integrity, RankExit,
@@ -33,15 +34,17 @@ class _Sites:
 
     def __init__(self) -> None:
         self.rows: list[list] = []
-        self._index: dict[Location, int] = {}
+        self._index: dict[tuple[Location, bool, bool], int] = {}
 
     def __call__(self, loc: Location | None) -> int:
         if loc is None:
             return -1
-        i = self._index.get(loc)
+        key = (loc, loc.passes_on, loc.from_torch)  # (the flags are not part of the place)
+        i = self._index.get(key)
         if i is None:
-            i = self._index[loc] = len(self.rows)
-            self.rows.append([loc.path, loc.line, loc.function])
+            i = self._index[key] = len(self.rows)
+            flags = ("p" if loc.passes_on else "") + ("t" if loc.from_torch else "")
+            self.rows.append([loc.path, loc.line, loc.function] + ([flags] if flags else []))
         return i
 
 
@@ -50,9 +53,11 @@ def _loc(loc: Location | None) -> list | None:
 
 
 def _unloc(raw: Any) -> Location | None:
-    if not isinstance(raw, list) or len(raw) != 3:
+    if not isinstance(raw, list) or len(raw) not in (3, 4):
         return None
-    return Location(str(raw[0]), int(raw[1]), str(raw[2]))
+    flags = str(raw[3]) if len(raw) == 4 else ""
+    return Location(str(raw[0]), int(raw[1]), str(raw[2]), passes_on="p" in flags,
+                    from_torch="t" in flags)
 
 
 def _event(e: Event, site: _Sites) -> list:
@@ -150,6 +155,16 @@ def kept_notes(notes: Sequence[Mapping[str, Any]]) -> list[Mapping[str, Any]]:
     return [notes[i] for i in sorted(keep)]
 
 
+#: Source fingerprints a summary carries per rank (the user's files first): the leader reads
+#: the branch on the rank from them; a node's summary stays O(its ranks) per look.
+SOURCES = 64
+
+
+def _sources(sources: Mapping[str, str]) -> dict[str, str]:
+    ordered = sorted(sources, key=lambda p: (paths.is_library_file(p), p))
+    return {p: sources[p] for p in ordered[:SOURCES]}
+
+
 def summarize(trace: RankTrace, tail: int = TAIL) -> dict[str, Any]:
     """``trace`` in brief (JSON-safe)."""
     m, ex, i = trace.meta, trace.exit, trace.integrity
@@ -162,7 +177,8 @@ def summarize(trace: RankTrace, tail: int = TAIL) -> dict[str, Any]:
         "meta": {"rank": m.rank, "world_size": m.world_size, "local_rank": m.local_rank,
                  "node_rank": m.node_rank, "host": m.host, "pid": m.pid,
                  "started_ns": m.started_ns, "run_id": m.run_id, "argv": list(m.argv)[:8],
-                 "versions": dict(m.versions), "env": dict(m.env), "ray": dict(m.ray)},
+                 "versions": dict(m.versions), "env": dict(m.env), "ray": dict(m.ray),
+                 "sources": _sources(m.sources), "prefixes": list(m.prefixes)},
         "sites": site.rows, "events": packed,
         "dropped": len(trace.events) - len(events),
         "exit": {"kind": ex.kind.value, "code": ex.code, "signal": ex.signal,
@@ -185,7 +201,9 @@ def unsummarize(raw: Mapping[str, Any]) -> RankTrace:
             argv=tuple(str(a) for a in m.get("argv", ())),
             versions={str(k): str(v) for k, v in (m.get("versions") or {}).items()},
             env={str(k): str(v) for k, v in (m.get("env") or {}).items()},
-            ray={str(k): str(v) for k, v in (m.get("ray") or {}).items()})
+            ray={str(k): str(v) for k, v in (m.get("ray") or {}).items()},
+            sources={str(k): str(v) for k, v in (m.get("sources") or {}).items()},
+            prefixes=tuple(str(p) for p in m.get("prefixes") or ()))
         exit_ = RankExit(ExitKind(ex["kind"]), ex.get("code"), ex.get("signal"),
                          ex.get("exception"), _unloc(ex.get("callsite")), ex.get("time_ns"))
         torn, truncated, overwritten, bad = raw.get("integrity") or (0, False, 0, 0)

@@ -21,7 +21,7 @@ from typing import Iterable, Mapping
 import numpy as np
 import pandas as pd
 
-from nccl_doctor import paths
+from nccl_doctor import call_path
 from nccl_doctor.capture.follow import Scan, scan_capture
 from nccl_doctor.capture.records import _call_path
 from nccl_doctor.errors import DoctorError
@@ -229,14 +229,12 @@ def _distinct(cols: list[np.ndarray]) -> tuple[np.ndarray, list[tuple[int, ...]]
     return inverse, [tuple(int(c[i]) for c in cols) for i in at.tolist()]
 
 
-def _issuing(frames: Iterable[Location], user: Location | None,
+def _issuing(frames: tuple[Location, ...], user: Location | None,
              api: Location | None) -> str | None:
-    """``Event.issuing`` as text: the innermost frame of the call path outside thin wrappers,
-    else the user's line, else the API's caller."""
-    for loc in frames:
-        if not paths.is_thin_wrapper(loc.path):
-            return str(loc)
-    place = user or api
+    """``Event.issuing`` as text (nccl_doctor/call_path.py), else the user's line, else the
+    API's caller."""
+    place = call_path.issuing(frames, user) if frames else None
+    place = place or user or api
     return str(place) if place else None
 
 

@@ -82,7 +82,7 @@ def exception_fields(tp: type, value: BaseException, tb: Any) -> dict[str, Any]:
     traceback in the user's code."""
     site = None
     while tb is not None:
-        if not paths.is_wrapper_file(tb.tb_frame.f_code.co_filename):
+        if not paths.is_library_file(tb.tb_frame.f_code.co_filename):
             site = tb
         tb = tb.tb_next
     fields: dict[str, Any] = {"type": tp.__name__, "message": str(value)[:500]}

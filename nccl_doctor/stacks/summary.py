@@ -13,12 +13,12 @@ from nccl_doctor.stacks.rank_stack import RankStack, ThreadStack
 
 
 def _library(path: str) -> bool:
-    return paths.is_wrapper_file(path) or paths.is_internal_file(path)
+    return paths.is_library_file(path)
 
 
 def _own(path: str) -> bool:
-    """The user's code: neither a library we know nor the standard library."""
-    return not _library(path) and not paths.is_stdlib_file(path)
+    """The user's code: not installed (``paths.is_library_file``)."""
+    return paths.is_user_file(path)
 
 
 def user_frame(stack: RankStack, thread: ThreadStack | None = None) -> str | None:
@@ -27,7 +27,7 @@ def user_frame(stack: RankStack, thread: ThreadStack | None = None) -> str | Non
     thread = thread or stack.thread
     if thread is None:
         return None
-    for user in (_own, lambda p: not _library(p), lambda p: True):  # innermost first, each pass
+    for user in (_own, lambda p: True):  # innermost first, each pass
         f = next((f for f in thread.frames if user(f.path)), None)
         if f is not None:
             return f.text("in")

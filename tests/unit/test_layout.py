@@ -20,6 +20,7 @@ LAYERS = {
     # pure: data model, capture format, analysis, reporters; both processes use it
     "nccl_doctor._version": "core", "nccl_doctor.errors": "core", "nccl_doctor.env": "core",
     "nccl_doctor.paths": "core", "nccl_doctor.location": "core", "nccl_doctor.files": "core",
+    "nccl_doctor.call_path": "core",
     "nccl_doctor.redact": "core", "nccl_doctor.processes": "core",
     "nccl_doctor.bounded_json": "core",
     "nccl_doctor.entry_points": "core", "nccl_doctor.model": "core",
@@ -262,9 +263,9 @@ def test_frames_in_the_top_level_plugins_are_ours_the_reproducers_are_user_code(
     from nccl_doctor.reproducers import cpo_logits_gather
 
     assert paths.is_internal_file(hf_transformers.__file__)
-    assert paths.is_wrapper_file(hf_transformers.__file__)
-    assert not paths.is_wrapper_file(cpo_logits_gather.__file__)
-    assert not paths.is_wrapper_file(str(ROOT / "train.py"))
+    assert paths.is_library_file(hf_transformers.__file__)
+    assert not paths.is_library_file(cpo_logits_gather.__file__)
+    assert not paths.is_library_file(str(ROOT / "train.py"))
 
 
 def test_every_package_is_installed():

@@ -67,17 +67,18 @@ def test_a_focus_thread_absent_from_the_sample_falls_back(tb) -> None:
 
 def test_an_installed_file_belongs_to_its_top_level_package() -> None:
     """ray/train/torch/config.py is Ray's (its destroy_process_group is a line worth naming),
-    not torch's; a source checkout of torch is torch's by its directory."""
+    not torch's; a source checkout of torch is torch's by its directory; an installed file is
+    library code, whatever the library."""
     from nccl_doctor import paths
 
     site = "/v/lib/python3.11/site-packages/"
     assert not paths.is_internal_file(site + "ray/train/torch/config.py")
-    assert not paths.is_wrapper_file(site + "ray/train/torch/config.py")
+    assert paths.is_library_file(site + "ray/train/torch/config.py")
     assert paths.is_internal_file(site + "torch/distributed/distributed_c10d.py")
-    assert paths.is_wrapper_file(site + "trl/trainer/cpo_trainer.py")
+    assert paths.is_library_file(site + "trl/trainer/cpo_trainer.py")
     assert not paths.is_internal_file(site + "trl/trainer/cpo_trainer.py")
     assert paths.is_internal_file("/opt/pytorch/torch/distributed/distributed_c10d.py")
     assert paths.package_of(site + "trl/trainer/cpo_trainer.py") == "trl"
     assert paths.package_of("/job/train.py") is None
-    assert paths.is_thin_wrapper(site + "accelerate/utils/operations.py")
-    assert not paths.is_thin_wrapper(site + "trl/trainer/cpo_trainer.py")
+    assert paths.is_library_file(site + "lightning/pytorch/strategies/ddp.py")
+    assert not paths.is_library_file("/job/train.py")

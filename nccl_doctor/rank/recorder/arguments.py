@@ -2,11 +2,14 @@
 
 from __future__ import annotations
 
+import functools
 import sys
 from types import CodeType, FrameType
-from typing import Any, Callable
+from typing import Any, Callable, Mapping
 
 from nccl_doctor import paths
+from nccl_doctor.files import source_digest
+from nccl_doctor.rank.recorder.passes_on import passes_on
 
 _UNIFORM_CHECK_LIMIT = 16  # lists longer than this are described by their first member
 CACHE_LIMIT = 4096  # entries per cache; a full cache is emptied and fills again from the calls
@@ -23,15 +26,19 @@ class Describer:
     replaced, and each holds at most CACHE_LIMIT entries.
     """
 
-    def __init__(self, intern: Callable[[str], int]) -> None:
+    def __init__(self, intern: Callable[[str], int],
+                 note: Callable[..., bool] | None = None) -> None:
         self._intern = intern
+        self._note = note  # the capture's JSON notes: each new file's fingerprint and package
+        self._files: set[str] = set()  # the files noted (each once per process)
+        self._packages: set[str] = set()
         # (dtype, shape), (n, dtype, shape) or a constant -> (string id, bytes). The recorder's
         # hot path reads it directly before calling ``tensor``.
         self.tensors: dict[Any, tuple[int, int]] = {}
         # Keyed by (id(code), f_lasti): hashing a code object hashes its whole body. Each value
         # holds its code object, so that no other code object can take its id while it is there;
         # ``positions``, ``direct`` and ``_code`` are emptied together for the same reason.
-        # Any frame a callsite walk met -> (wrapper, internal, file id, line, function id, code):
+        # Any frame a callsite walk met -> (library, internal, file id, line, function id, code):
         self.positions: dict[tuple[int, int], tuple[bool, bool, int, int, int, CodeType]] = {}
         # A caller in the user's own code -> its ``callsites`` answer: the Python hot path's first
         # look-up, which saves walking the stack when torch is called directly. Its keys are
@@ -96,38 +103,47 @@ class Describer:
     def callsites(self, frame: FrameType | None) -> tuple[int, int, int, int, int, int]:
         """(user file, line, function, api file, api line, path) string ids / numbers.
 
-        The user callsite is the first frame outside torch and its wrapping libraries; the API
-        callsite is the first frame outside torch (it may be in accelerate or trl); the path is
-        every frame outside torch from the API callsite out to the user's, at most PATH_FRAMES
-        of them (the library line that decided to make the call is among them: the analysis
-        picks it). What a frame contributes is cached by (code, instruction offset): ``f_lineno``
-        decodes the line table each time, and the file tests are regular expressions.
+        The user callsite is the first frame outside library code (``paths.is_library_file``:
+        installed code, torch and nccl-doctor); the API callsite is the first frame outside
+        torch (it may be in accelerate or trl); the path is every frame outside torch from the
+        API callsite out to the user's, at most PATH_FRAMES of them (the library line that
+        decided to make the call is among them: the analysis picks it), each marked when it
+        only passes its call on (``passes_on``) or was called by torch (a hook, a decorator of
+        torch's): both tell the analysis which line issued the call. What a frame contributes
+        is cached by (code, instruction offset): ``f_lineno`` decodes the line table each time,
+        and the file tests are regular expressions.
         """
         api_file = api_line = 0
         positions = self.positions
         first = frame
         keys: list[tuple[int, int]] = []
-        places: list[tuple[int, int, int]] = []
+        places: list[list[Any]] = []  # [file, line, function, library, code, lasti, by torch]
         site = None
+        torch_between = False  # an internal frame walked since the last frame kept
         while frame is not None:
             key = (id(frame.f_code), frame.f_lasti)
-            wrapper, internal, file, line, function, _code = (
+            library, internal, file, line, function, _code = (
                 positions.get(key) or self._position(frame, key)
             )
             if not internal:
                 if not api_file:
                     api_file, api_line = file, line
                 if len(keys) < PATH_FRAMES:
+                    if torch_between and places:
+                        places[-1][6] = True
                     keys.append(key)
-                    places.append((file, line, function))
-                if not wrapper:
+                    places.append([file, line, function, library, frame.f_code, key[1], False])
+                torch_between = False
+                if not library:
                     site = file, line, function
                     break
+            elif places:
+                torch_between = True
             frame = frame.f_back
         path_key = tuple(keys)
         path = self.paths.get(path_key)
         if path is None:
-            path = self._intern(path_text(places))
+            path = self._intern(path_text(_flagged(places)))
             # kept only while every frame's code is held by ``positions`` (a walk that filled it
             # up emptied it on the way): no other code object can then take one of these ids
             if all(k in positions for k in path_key):
@@ -160,19 +176,95 @@ class Describer:
 
     def _code_info(self, code: CodeType) -> tuple[bool, bool, int, int, CodeType]:
         path = code.co_filename
+        library, internal = paths.is_library_file(path), paths.is_internal_file(path)
+        if not internal and path not in self._files and self._note is not None:
+            self._note_file(path, library)
         return (
-            paths.is_wrapper_file(path),
-            paths.is_internal_file(path),
-            self._intern(path),
+            library, internal, self._intern(path),
             self._intern(code.co_qualname if sys.version_info >= (3, 11) else code.co_name),
             code,
         )
 
+    def _note_file(self, path: str, library: bool) -> None:
+        """Note a file met on a call path for the first time: its fingerprint (the analysis
+        reads its source for the branch on the rank only while it is unchanged) and, for an
+        installed file, its package's version. Once per file; at most MAX_FILES files."""
+        if len(self._files) >= MAX_FILES:
+            return
+        self._files.add(path)
+        fields: dict[str, Any] = {}
+        data = _read_source(path)
+        if data is not None:
+            fields["sources"] = {path: source_digest(data)}
+        package = paths.package_of(path) if library else None
+        if package is not None and package not in self._packages:
+            self._packages.add(package)
+            version = package_version(package)
+            if version is not None:
+                fields["versions"] = {package: version}
+        if fields and self._note is not None:
+            self._note("code", share=CODE_SHARE, **fields)
 
-def path_text(places: list[tuple[int, int, int]]) -> str:
+
+def _flagged(places: list[list[Any]]) -> list[tuple[int, int, int, str]]:
+    """Each kept frame as (file, line, function, flags): ``p`` for a library frame that only
+    passes its call on, ``t`` for one called by torch (asked once per new path)."""
+    out = []
+    for file, line, function, library, code, lasti, by_torch in places:
+        flags = "p" if library and passes_on(code, lasti) else ""
+        out.append((file, line, function, flags + ("t" if by_torch else "")))
+    return out
+
+
+def path_text(places: list[tuple[int, int, int, str]]) -> str:
     """A call path as the capture keeps it: ``file:line:function`` string ids per frame,
-    innermost first, separated by spaces (capture/records.py reads it back)."""
-    return " ".join(f"{f}:{line}:{fn}" for f, line, fn in places)
+    innermost first, separated by spaces, with ``:flags`` when the frame has some (``p``:
+    passes its call on, ``t``: called by torch; capture/records.py reads it back)."""
+    return " ".join(f"{f}:{line}:{fn}:{flags}" if flags else f"{f}:{line}:{fn}"
+                    for f, line, fn, flags in places)
+
+
+MAX_FILES = 1024  # files whose fingerprints a rank notes
+MAX_SOURCE_BYTES = 4_000_000  # a larger file is not fingerprinted (nor analysed)
+CODE_SHARE = 0.4  # of the string table, the most these notes may fill
+
+
+def _read_source(path: str) -> bytes | None:
+    if path.startswith("<"):
+        return None
+    try:
+        with open(path, "rb") as f:
+            data = f.read(MAX_SOURCE_BYTES + 1)
+    except OSError:
+        return None
+    return data if len(data) <= MAX_SOURCE_BYTES else None
+
+
+def package_version(package: str) -> str | None:
+    """The version of the installed top-level package ``package`` (its module's ``__version__``
+    when imported, else its distribution's metadata)."""
+    module = sys.modules.get(package)
+    version = getattr(module, "__version__", None) if module is not None else None
+    if isinstance(version, str):
+        return version
+    from importlib import metadata
+
+    try:
+        return metadata.version(package)  # (a distribution named as its package: most)
+    except Exception:  # noqa: BLE001 - not one: look it up below
+        pass
+    try:
+        names = _distributions().get(package) or ()
+        return metadata.version(names[0]) if names else None
+    except Exception:  # noqa: BLE001 - a package without metadata has no version to say
+        return None
+
+
+@functools.lru_cache(maxsize=1)
+def _distributions() -> Mapping[str, list[str]]:
+    from importlib import metadata
+
+    return metadata.packages_distributions()
 
 
 def _sig(dtype: Any, shape: Any) -> str:

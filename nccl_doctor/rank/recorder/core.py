@@ -57,6 +57,9 @@ class Recorder:
         self.capacity = capacity
         self.strtab_bytes = strtab_bytes
         self.enabled = True
+        # init_process_group returned here: what the rank raises is no early exit any more
+        # (rank/early_exit.py), though its capture may not exist (unrecorded, disabled)
+        self.joined = False
         self.writer: CaptureWriter | None = None
         self.describer: Describer | None = None
         self.c10d: Any = None
@@ -150,6 +153,7 @@ class Recorder:
     # -- the capture file --------------------------------------------------------------------
     def open(self) -> None:
         """Create the rank's capture once its process group exists (rank is known then)."""
+        self.joined = True
         if not self.enabled:
             return
         if self.writer is not None:  # init_process_group again, after a destroy
@@ -168,6 +172,8 @@ class Recorder:
             "started_ns": time.time_ns(), "run_id": os.environ.get(env.RUN_ID, ""),
             "argv": [a[:200] for a in _argv()[:32]],
             "versions": _versions(),
+            # the interpreter's prefixes: console scripts below them are library code
+            "prefixes": sorted({sys.prefix, sys.base_prefix, sys.exec_prefix}),
             "env": {k: os.environ[k][:200] for k in env.RECORDED_ENV if k in os.environ},
         }
         if "ray" in sys.modules:  # a Ray actor: which one (rank/ray_actor.py)
@@ -188,7 +194,7 @@ class Recorder:
         except OSError as err:  # no room (the file is reserved whole), a size limit, no access
             self._unrecorded(err, stem, rank, world, host)
             return
-        self.describer = Describer(writer.intern)
+        self.describer = Describer(writer.intern, writer.note)
         for call in self._calls:
             call.op_id = writer.intern(call.spec.name)
             if call.fast is not None:
