@@ -124,6 +124,10 @@ class Event:
     # time_discovered_started_ns, NCCL with TORCH_NCCL_ENABLE_TIMING=1), if known: an NCCL call
     # returns once enqueued, so this, not t_enter_ns, is when the rank arrived
     t_gpu_start_ns: int | None = None
+    # a call issued from C++ (seen by Flight Recorder only), in a few words: "issued from C++",
+    # or what its stack says made it ("issued from C++ during backward"; capture/
+    # flight_recorder.py); "" for a call made through the Python API
+    context: str = ""
 
     @property
     def align_seq(self) -> int:

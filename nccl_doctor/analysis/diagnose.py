@@ -10,7 +10,7 @@ from nccl_doctor.analysis import actors, annotate, ends, replayed, straggler
 from nccl_doctor.analysis.align import blocked_event, last_leaf
 from nccl_doctor.analysis.wording import call_name, call_site, ranks_text
 from nccl_doctor.analysis.desync import DESYNC, first_divergence_per_group
-from nccl_doctor.analysis.exited import detect_rank_exited
+from nccl_doctor.analysis.exited import detect_rank_exited, early_stopped, first_line
 from nccl_doctor.analysis.lost import detect_node_lost
 from nccl_doctor.analysis.gpu_hang import detect_gpu_busy_hang
 from nccl_doctor.analysis.mismatch import detect_collective_mismatch
@@ -92,7 +92,7 @@ def analyze(traces: TraceSet, passes: tuple[Pass, ...] = PASSES,
     if traces.partial:
         notes.append(f"{traces.partial}: the ranks with no capture here are not seen (other "
                      "hosts, or files not given); nothing is said about them")
-    if not traces.ranks:
+    if not traces.ranks and not traces.early_exits:
         notes.append(NOT_RECORDED_NOTE)
     if detect_straggler in passes:
         try:
@@ -285,6 +285,14 @@ def _consequences(root: Finding, traces: TraceSet) -> dict:
         alike.setdefault(what, []).append(rank)
         items.append({"rank": rank, "exit": trace.exit.kind.value,
                       "detail": f"rank {rank} {what}"})
+    for rank, e in sorted(traces.early_exits.items()):
+        if rank in root.ranks:
+            continue
+        inside = " in init_process_group" if e.in_init else ""
+        what = f"then raised {first_line(e.exception, 60)}{inside}, before joining"
+        alike.setdefault(what, []).append(rank)
+        items.append({"rank": rank, "exit": ExitKind.EXCEPTION.value, "before_joining": True,
+                      "detail": f"rank {rank} {what}"})
     if not items:
         return {}
     lines = [f"{ranks_text(ranks)} {what}" for what, ranks in alike.items()]
@@ -295,12 +303,13 @@ def _consequences(root: Finding, traces: TraceSet) -> dict:
 def _verdict(findings: list[Finding], traces: TraceSet) -> Verdict:
     if traces.unfinished:
         return Verdict.UNFINISHED
-    if not traces.ranks and traces.exit_status in (None, 0):
+    if not traces.ranks and not traces.early_exits and traces.exit_status in (None, 0):
         return Verdict.NOT_RECORDED  # (a job that failed with no rank recorded is a crash)
     running = any(t.exit.was_running for t in traces.ranks.values())
     if running and any(f.kind in DESYNC or f.kind is FindingKind.GPU_BUSY_HANG for f in findings):
         return Verdict.HANG
-    abnormal = any(t.exit.abnormal for t in traces.ranks.values())
+    abnormal = any(t.exit.abnormal for t in traces.ranks.values()) or bool(
+        set(traces.early_exits) - early_stopped(traces))
     failed = traces.exit_status not in (None, 0)
     if abnormal or failed or any(f.severity is Severity.ERROR for f in findings):
         return Verdict.CRASH
@@ -315,8 +324,19 @@ def _summaries(traces: TraceSet) -> list[RankSummary]:
     if traces.partial:  # a node's directory of a multi-node job, or one rank's file
         unseen = ("not in this replay" if traces.source.endswith(CAPTURE_SUFFIX)
                   else "on another host, not seen here")
-    for rank in range(traces.world_size):
+    stopped = early_stopped(traces)
+    for rank, e in sorted(traces.early_exits.items()):
         if rank not in traces.ranks:
+            where = f" at {e.callsite.text()}" if e.callsite is not None else ""
+            out.append(RankSummary(
+                rank=rank, host=e.host, pid=e.pid,
+                state="stopped" if rank in stopped else "exception", exit_code=None,
+                signal=None, exit_detail=f"raised {first_line(e.exception, 60)}{where} before "
+                                         "joining a process group",
+                last_collective=None, stack_summary=None, capture={},
+            ))
+    for rank in range(traces.world_size):
+        if rank not in traces.ranks and rank not in traces.early_exits:
             u = traces.unrecorded.get(rank)
             out.append(RankSummary(
                 rank=rank, host=u.host if u else "", pid=0, state="no_capture", exit_code=None,

@@ -1,5 +1,5 @@
 """``rank_exited``: a rank ended (clean exit, exception, signal) while its peers still needed it,
-or ended abnormally outside any collective."""
+or ended abnormally outside any collective; or raised before it joined a process group."""
 
 from __future__ import annotations
 
@@ -8,15 +8,30 @@ from collections import defaultdict
 from nccl_doctor.analysis.align import blocked_event, last_leaf
 from nccl_doctor.analysis.ends import behind_peers
 from nccl_doctor.analysis.missing import HINT_EXITED
-from nccl_doctor.analysis.wording import call_fields, call_name, call_site, fate, ranks_text, site
+from nccl_doctor.analysis.wording import (
+    call_fields, call_name, call_site, fate, frames_json, ranks_text, site,
+)
 from nccl_doctor.diagnosis import Finding, FindingKind, Severity
-from nccl_doctor.model import EventState, ExitKind, RankTrace, TraceSet
+from nccl_doctor.model import EarlyExit, EventState, ExitKind, RankTrace, TraceSet
 
 HINT_CRASH = (
     "Fix the error this rank raised; its peers only failed because it was gone. Launch with "
     "torchrun's --max-restarts, or catch the error on every rank alike, to keep ranks in step."
 )
 
+
+HINT_EARLY = (
+    "Fix the error it raised: it came before the rank joined the process group (a missing "
+    "setting, an import, a path), so a restart raises it again; the other ranks only waited "
+    "for it in init_process_group, or were stopped by the launcher."
+)
+
+HINT_RENDEZVOUS = (
+    "The rank reached init_process_group and gave up waiting for ranks that never joined: "
+    "check that every rank of the job starts (the launcher's --nnodes and --nproc-per-node "
+    "against WORLD_SIZE) and reaches MASTER_ADDR:MASTER_PORT, and what ended the missing ones "
+    "(their own output)."
+)
 
 HINT_TEARDOWN = (
     "No error was raised: the rank's work had finished (its last collective completed and no "
@@ -88,7 +103,82 @@ def detect_rank_exited(traces: TraceSet) -> list[Finding]:
         ))
     if teardown:
         findings.append(_teardown(traces, teardown))
+    return findings + raised_before_joining(traces)
+
+
+def early_stopped(traces: TraceSet) -> frozenset[int]:
+    """Ranks that raised before joining once the job was being stopped (nccl-doctor's stop, or
+    the user's Ctrl-C): the stop's doing, as analysis/ends.py decides for recorded ranks."""
+    stopped_at = traces.watch.stopped_at if traces.watch is not None else None
+    if stopped_at is None:
+        return frozenset()
+    return frozenset(r for r, e in traces.early_exits.items()
+                     if e.time_ns is None or e.time_ns >= stopped_at * 1e9)
+
+
+def early_causes(traces: TraceSet) -> dict[int, EarlyExit]:
+    """The ranks that raised before joining for a reason of their own: those that raised inside
+    init_process_group (a rendezvous that timed out) only waited for a peer, unless every one
+    did."""
+    stopped = early_stopped(traces)
+    ended = {r: e for r, e in sorted(traces.early_exits.items()) if r not in stopped}
+    return {r: e for r, e in ended.items() if not e.in_init} or ended
+
+
+def raised_before_joining(traces: TraceSet) -> list[Finding]:
+    """A finding per exception that ended ranks before they joined a process group (ranks that
+    raised the same at the same line together): no capture of theirs exists, and the job's
+    other ranks could only wait for them. Those that timed out in init_process_group meanwhile
+    are consequences (diagnose lists them under the root cause)."""
+    groups: dict[tuple, list[int]] = defaultdict(list)
+    causes = early_causes(traces)
+    for rank, e in causes.items():
+        groups[(first_line(e.exception), e.callsite, e.in_init)].append(rank)
+    findings = []
+    for (exception, callsite, in_init), ranks in groups.items():
+        e = causes[ranks[0]]
+        one = len(ranks) == 1
+        where = f" at {site(callsite)}" if callsite is not None else ""
+        detail = [f"{ranks_text(ranks)} raised {e.exception}{where} before joining a process "
+                  f"group (init_process_group had not returned), so {'its' if one else 'their'} "
+                  f"capture never existed: how {'it' if one else 'they'} ended is all that "
+                  "was recorded."]
+        if in_init:
+            detail.append(f"{'It' if one else 'They'} raised inside init_process_group: "
+                          f"{'it' if one else 'they'} reached the rendezvous, and the ranks "
+                          f"{'it' if one else 'they'} waited for never joined.")
+        unseen = [r for r in range(traces.world_size) if r not in traces.ranks
+                  and r not in traces.early_exits and r not in traces.unrecorded]
+        if unseen:
+            detail.append(f"{ranks_text(unseen)} left no record: never started, or ended "
+                          "without an exception (a signal: the launcher stops the others once "
+                          "one rank fails).")
+        if e.traceback:
+            detail.append("Traceback, innermost first: " + " <- ".join(
+                f.text("in") for f in e.traceback))
+        findings.append(Finding(
+            kind=FindingKind.RANK_EXITED, severity=Severity.ERROR,
+            title=f"{ranks_text(ranks)} raised {exception}{where} before joining a process "
+                  "group",
+            detail="\n".join(detail), ranks=tuple(ranks),
+            hint=HINT_RENDEZVOUS if in_init else HINT_EARLY,
+            callsite=site(callsite) if callsite is not None else None,
+            evidence={
+                "exit": ExitKind.EXCEPTION.value, "exception": e.exception,
+                "before_joining": True, "in_init_process_group": in_init,
+                "pids": {str(r): causes[r].pid for r in ranks},
+                "traceback": frames_json(e.traceback),
+            },
+            time_ns=min((causes[r].time_ns for r in ranks if causes[r].time_ns is not None),
+                        default=None),
+        ))
     return findings
+
+
+def first_line(text: str, limit: int = 160) -> str:
+    """An exception as a title says it: its first line, cut to ``limit`` characters."""
+    line = text.strip().split("\n", 1)[0]
+    return line if len(line) <= limit else line[:limit - 3] + "..."
 
 
 def teardown_abort(trace: RankTrace, needed: bool) -> bool:

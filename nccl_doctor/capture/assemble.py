@@ -1,6 +1,6 @@
 """One ``TraceSet`` from what was read of a capture directory: each rank's trace (or why it could
-not be read), the manifest, the markers of unrecorded ranks, the GPU and stack samples beside
-them. Shared by the loader (replay) and the live reader (the supervisor)."""
+not be read), the manifest, the markers of unrecorded ranks, the records of ranks that raised
+before joining a process group, the GPU and stack samples beside them. Shared by the loader (replay) and the live reader (the supervisor)."""
 
 from __future__ import annotations
 
@@ -8,6 +8,7 @@ from pathlib import Path
 from typing import Any
 
 from nccl_doctor.capture import format as fmt
+from nccl_doctor.capture.early_exit import read_early_exits
 from nccl_doctor.capture.manifest import MANIFEST, DamagedManifest, Manifest, read_manifest
 from nccl_doctor.capture.names import capture_files, named_rank, odd_captures
 from nccl_doctor.capture.unrecorded import MAX_WORLD, read_unrecorded
@@ -16,7 +17,7 @@ from nccl_doctor.errors import (
 )
 from nccl_doctor.gpu.readings import GpuTrace
 from nccl_doctor.gpu.series import GPU_JSONL, read_gpu
-from nccl_doctor.model import GroupInfo, RankTrace, TraceSet, Unrecorded
+from nccl_doctor.model import EarlyExit, GroupInfo, RankTrace, TraceSet, Unrecorded
 from nccl_doctor.stacks.samples import STRAGGLERS_JSONL, StackSample, read_samples
 
 
@@ -126,8 +127,10 @@ def assemble(path: Path, manifest: Manifest | None, files: list[Path],
         markers, bad = read_unrecorded(path)
         problems += bad
     unrecorded = {r: u for r, (u, _) in sorted(markers.items()) if r not in traces}
+    early, early_exits = _early_exits(path, traces, unrecorded, problems)
     sizes = [t.meta.world_size for t in traces.values()]
     sizes += [markers[r][1] for r in unrecorded]
+    sizes += [early[r][1] for r in early_exits]
     if manifest is not None and manifest.world_size:
         sizes.append(manifest.world_size)
     known = max((n for n in sizes if n <= MAX_WORLD), default=0)
@@ -143,12 +146,12 @@ def assemble(path: Path, manifest: Manifest | None, files: list[Path],
     # under it) may hold any rank that has no capture here: none of them is blamed
     astray = [f for f, t in zip(files, read) if isinstance(t, DoctorError)
               and (named_rank(f) is None or named_rank(f)[0] in traces)]
-    world = max([known, *(r + 1 for r in unrecorded)])
+    world = max([known, *(r + 1 for r in (*unrecorded, *early_exits))])
     if astray:
         why = (f"a capture that cannot be read ({', '.join(f.name for f in astray[:3])}) may be "
                "its")
         unrecorded.update((r, Unrecorded(why=why, damaged=True)) for r in range(world)
-                          if r not in traces and r not in unrecorded)
+                          if r not in traces and r not in unrecorded and r not in early_exits)
     node = manifest.extra.get("node") if manifest is not None else None
     partial = ""
     if isinstance(node, dict) and len(traces) < world:
@@ -156,12 +159,34 @@ def assemble(path: Path, manifest: Manifest | None, files: list[Path],
                    f"{node.get('node_rank', '?')} of a multi-node job; replay every node's "
                    "directory together for the whole job)")
     return TraceSet(
-        partial=partial, unrecorded=unrecorded,
+        partial=partial, unrecorded=unrecorded, early_exits=early_exits,
         ranks=traces, groups=groups_from_notes(traces.values()), world_size=world,
         command=manifest.shown_command if manifest else (), problems=tuple(problems),
         exit_status=manifest.exit_status if manifest else None, source=str(path), gpu=gpu,
         stack_samples=samples,
     )
+
+
+def _early_exits(path: Path, traces: dict[int, RankTrace], unrecorded: dict[int, Unrecorded],
+                 problems: list[str]) -> tuple[dict[int, tuple[EarlyExit, int]],
+                                               dict[int, EarlyExit]]:
+    """(every record read, with its world size; those the analysis uses) of the ranks that
+    raised before joining a process group. A rank that also joined (it has a capture, or a
+    marker of one it could not make) is told by that: its record is another process's (a
+    launcher's earlier attempt, a process the rank started)."""
+    if not path.is_dir():
+        return {}, {}
+    early, bad = read_early_exits(path)
+    problems += bad
+    used = {}
+    for rank, (ended, _) in sorted(early.items()):
+        if rank in traces or rank in unrecorded:
+            problems.append(f"rank {rank} (pid {ended.pid}) raised {ended.exception} before "
+                            f"joining a process group, but rank {rank} joined in another "
+                            "process (a launcher's restart?): that one is reported")
+            continue
+        used[rank] = ended
+    return early, used
 
 
 def groups_from_notes(traces: Any) -> dict[str, GroupInfo]:

@@ -12,7 +12,7 @@ from nccl_doctor.capture.assemble import assemble, beside, contents
 from nccl_doctor.capture.follow import CaptureFollower, Scan
 from nccl_doctor.capture.loading import windowed
 from nccl_doctor.capture.manifest import Manifest
-from nccl_doctor.capture.names import capture_files
+from nccl_doctor.capture.names import EARLY_EXIT_SUFFIX, capture_files
 from nccl_doctor.capture.window import DEFAULT, Size
 from nccl_doctor.errors import DoctorError
 from nccl_doctor.gpu.readings import GpuTrace
@@ -71,9 +71,11 @@ class LiveCaptures:
         manifest, files, damage = self._contents()
         read = [self._follow(f) for f in files]
         stamps: tuple = (self.beside.stamp(),)
-        # a rank that could not make its capture is news too, though no capture moved
-        stamps += tuple((p.name, _stamp(p))
-                        for p in sorted(self.directory.glob(f"*{fmt.UNRECORDED_SUFFIX}")))
+        # a rank that could not make its capture, or raised before joining, is news too,
+        # though no capture moved
+        stamps += tuple((p.name, _stamp(p)) for suffix in (fmt.UNRECORDED_SUFFIX,
+                                                          EARLY_EXIT_SUFFIX)
+                        for p in sorted(self.directory.glob(f"*{suffix}")))
         moved = stamps != self._beside[0]
         if moved:
             self._beside = (stamps, self.beside.read())

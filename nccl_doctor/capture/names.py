@@ -1,7 +1,9 @@
 """The names of a capture directory's files, and which of them are nccl-doctor's own (an --out
 holding only these is an earlier run's, to be replaced with --force).
 
-Each file has one writer: the recorder writes ``rank*.ndcap`` / ``.fault`` / ``.unrecorded``;
+Each file has one writer: the recorder writes ``rank*.ndcap`` / ``.fault`` / ``.unrecorded``,
+and ``rank*.early_exit`` when a rank raises before it joins a process group
+(capture/early_exit.py);
 the supervisor writes ``.nccl-doctor.lock`` while it runs (capture/claim.py), ``manifest.json``
 (capture/manifest.py), the watchdog's record
 (capture/watch_record.py), ``gpu.jsonl`` (gpu/series.py), ``stragglers.jsonl``
@@ -23,11 +25,14 @@ from nccl_doctor.files import write_atomic
 from nccl_doctor.gpu.series import GPU_JSONL
 from nccl_doctor.stacks.samples import STRAGGLERS_JSONL
 
+#: Left by a rank that an uncaught exception ended before it joined a process group (no
+#: capture exists then): capture/early_exit.py writes and reads it.
+EARLY_EXIT_SUFFIX = ".early_exit"
 REPORT_JSON = "report.json"
 REPORT_HTML = "report.html"  # the same diagnosis as a page (nccl_doctor/reporters/html.py)
 #: Every name nccl-doctor writes into a capture directory (an --out holding only these is ours).
 OWN_FILES = (f"*{fmt.CAPTURE_SUFFIX}", f"*{fmt.FAULT_SUFFIX}", f"*{fmt.UNRECORDED_SUFFIX}",
-             MANIFEST, REPORT_JSON, REPORT_HTML, GPU_JSONL,
+             f"*{EARLY_EXIT_SUFFIX}", MANIFEST, REPORT_JSON, REPORT_HTML, GPU_JSONL,
              STRAGGLERS_JSONL, watch_record.WATCH_JSON, watch_record.STACKS_JSON,
              f"{watch_record.FR_DIR}/rank_*.json", LOCK)
 

@@ -60,6 +60,8 @@ def union(sets: Sequence[TraceSet], source: str = "") -> TraceSet:
         watch=next((p.watch for p in sets if p.watch is not None), None), stacks=stacks,
         unrecorded={r: why for p in sets for r, why in sorted(p.unrecorded.items())
                     if r not in ranks},
+        early_exits={r: e for p in sets for r, e in sorted(p.early_exits.items())
+                     if r not in ranks},
     )
     # still partial when ranks are missing and a part said why
     why = "; ".join(dict.fromkeys(p.partial for p in sets if p.partial))

@@ -109,6 +109,10 @@ class Job:
         for rank, u in sorted(traces.unrecorded.items()):
             rows.append({"rank": rank, "host": u.host, "exit": "unrecorded",
                          "exit_detail": u.why, "damaged": u.damaged})
+        for rank, e in sorted(traces.early_exits.items()):  # raised before joining: no capture
+            rows.append({"rank": rank, "host": e.host, "pid": e.pid, "exit": "exception",
+                         "exit_detail": "raised before joining a process group",
+                         "exception": e.exception, "damaged": False})
         return pd.DataFrame(rows, columns=list(_RANK_COLUMNS)).sort_values(
             "rank", kind="stable", ignore_index=True)
 

@@ -45,6 +45,8 @@ def install(directory: Path, *, lazy: bool = False) -> Any:
         )
         hooks.connect(_recorder.observe)  # the hooks write through the recorder, never import it
         os.register_at_fork(after_in_child=_after_fork)
+        from nccl_doctor.rank import early_exit
+        early_exit.arm(_recorder)  # a rank that raises before its capture exists is kept too
     module = sys.modules.get(_TARGET)
     if module is not None and hasattr(module, "all_reduce"):
         _patch(module)
