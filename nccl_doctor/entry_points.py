@@ -2,7 +2,8 @@
 distribution's, registered in these entry-point groups. The one place that loads them.
 
 - ``nccl_doctor.known_issues``: annotators, ``(Diagnosis, versions) -> Diagnosis``, that
-  recognise a known upstream bug in a finding (nccl_doctor.analysis.annotate);
+  recognise a known upstream bug in a finding, or a library call that is collective
+  (nccl_doctor.analysis.annotate);
 - ``nccl_doctor.integrations``: sequences of ``Integration`` (a module name and a patch applied
   when the rank imports it), installed in every rank (nccl_doctor.rank.hooks).
 """
@@ -15,11 +16,14 @@ from typing import Any
 
 KNOWN_ISSUES = "nccl_doctor.known_issues"
 INTEGRATIONS = "nccl_doctor.integrations"
-#: nccl-doctor's own plugin per group, loaded by name (not through the installed metadata, which
-#: an interpreter that merely imports nccl_doctor from a path may not have)
-BUILTIN = {
-    KNOWN_ISSUES: "nccl_doctor.plugins.known_issues:annotate",
-    INTEGRATIONS: "nccl_doctor.plugins.integrations:INTEGRATIONS",
+#: nccl-doctor's own plugins per group, ``(name, object reference)`` in the order they run, loaded
+#: by name (not through the installed metadata, which an interpreter that merely imports
+#: nccl_doctor from a path may not have): the known-issue rules, then the catalog of collective
+#: library calls (plugins/collective_calls.json)
+BUILTIN: dict[str, tuple[tuple[str, str], ...]] = {
+    KNOWN_ISSUES: (("builtin", "nccl_doctor.plugins.known_issues:annotate"),
+                   ("collective_calls", "nccl_doctor.plugins.collective_calls:annotate")),
+    INTEGRATIONS: (("builtin", "nccl_doctor.plugins.integrations:INTEGRATIONS"),),
 }
 
 
@@ -27,15 +31,13 @@ BUILTIN = {
 def load(group: str) -> tuple[tuple[str, Any, BaseException | None], ...]:
     """``(name, loaded object, None)`` per entry point of ``group``, or ``(name, None, error)``
     for one that failed to load: a broken plugin is reported, never raised."""
-    out = []
-    own = BUILTIN.get(group)
-    if own is not None:
-        out.append(_load("builtin", own, group))
+    own = BUILTIN.get(group, ())
+    out = [_load(name, value, group) for name, value in own]
     try:
         found = metadata.entry_points(group=group)
     except Exception:  # damaged metadata of some installed distribution
         found = ()
-    seen = {own}
+    seen = {value for _, value in own}
     for ep in found:
         if ep.value in seen:  # the same plugin seen twice on sys.path
             continue

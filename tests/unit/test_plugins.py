@@ -49,7 +49,8 @@ def _mismatch(callsite: str) -> Diagnosis:
 def test_the_readme_example_rule_annotates_after_the_builtin_rules(site):
     _install(site, "acme_rules", "acme = acme_rules:annotate", "acme_rules", _readme_example())
     found = annotate.installed()
-    assert [a.name for a in found] == ["builtin", "acme"] and all(a.annotate for a in found)
+    assert [a.name for a in found] == ["builtin", "collective_calls", "acme"] and all(
+        a.annotate for a in found)
     d = annotate.apply(_mismatch("site-packages/acme/loss.py:12"), found, {"acme": "1.2.0"})
     k = d.findings[0].evidence["known_issue"]
     assert k["rule"] == "acme-12" and k["library"] == "acme 1.2.0"
