@@ -5,7 +5,7 @@ from __future__ import annotations
 from typing import Any, Mapping
 
 from nccl_doctor import paths
-from nccl_doctor.model import Event, Location, RankTrace, TraceSet
+from nccl_doctor.model import Event, EventSource, Location, RankTrace, TraceSet
 
 _NO_VERSIONS: Mapping[str, str] = {}
 
@@ -18,12 +18,20 @@ def call_site(e: Event, versions: Mapping[str, str] = _NO_VERSIONS) -> str:
     """Where a call was made, as reports say it: the line that issued it and, when that line is
     not the user's, the user's line that led there - ``trl/trainer/cpo_trainer.py:839 in
     get_batch_loss_metrics (trl 0.16.1) <- your train.py:16``; the user's line alone when the
-    user's code made the call (``versions``: the rank's recorded library versions)."""
+    user's code made the call (``versions``: the rank's recorded library versions). A call
+    issued from C++ (Flight Recorder's) says so, and what its stack says made it."""
     entry, issuing = e.callsite or e.api_callsite, e.issuing
+    if issuing is None and entry is None:
+        if e.source is EventSource.FLIGHT_RECORDER:
+            return f"no Python line ({e.context or 'seen by Flight Recorder'}; no stack of it " \
+                "was recorded)"
+        return "?"
     if issuing is None or entry is None or issuing == entry:
-        return site(issuing or entry)
-    yours = "your " if paths.package_of(entry.path) is None else ""
-    return f"{issuing.text('in')}{_library(issuing, versions)} <- {yours}{site(entry)}"
+        text = site(issuing or entry)
+    else:
+        yours = "your " if paths.is_user_file(entry.path) else ""
+        text = f"{issuing.text('in')}{_library(issuing, versions)} <- {yours}{site(entry)}"
+    return f"{text} ({e.context})" if e.context else text
 
 
 def _library(loc: Location, versions: Mapping[str, str]) -> str:
@@ -40,7 +48,7 @@ def call_fields(e: Event, versions: Mapping[str, str] = _NO_VERSIONS) -> dict[st
     frames, innermost first, each with its package and that package's recorded version)."""
     entry, issuing = e.callsite or e.api_callsite, e.issuing
     return {
-        "callsite": site(issuing or entry),
+        "callsite": site(issuing or entry) if (issuing or entry) else None,
         "entry_callsite": site(entry) if entry is not None and issuing != entry else None,
         "call_path": frames_json(e.path, versions),
     }

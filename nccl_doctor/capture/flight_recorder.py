@@ -28,8 +28,6 @@ from nccl_doctor.model import (
 )
 
 IDX_BASE = 10**12  # Flight Recorder events get idx IDX_BASE + record_id: never a recorder idx
-CPP_CALLSITE = Location("<issued from C++ (e.g. DDP), seen by Flight Recorder>", 0, "")
-NO_STACK = Location("<no Python stack in the Flight Recorder dump>", 0, "")
 
 _DTYPES = {
     "Float": "float32", "Double": "float64", "Half": "float16", "BFloat16": "bfloat16",
@@ -59,12 +57,13 @@ def _tensors(sizes: Any, dtypes: Any) -> str:
     return ";".join(parts)
 
 
-def events_from_dump(trace: Mapping[str, Any], *, with_callsites: bool = False) -> list[Event]:
+def events_from_dump(trace: Mapping[str, Any]) -> list[Event]:
     """The collectives of one rank's Flight Recorder dump, as events (p2p entries are skipped).
 
-    ``with_callsites``: the callsite is the first frame of the entry's stack outside torch and the
-    libraries that wrap it (a dump read on its own); otherwise every event is marked as issued
-    from C++ (merged live: the recorder saw every Python call, so what it missed came from C++).
+    Each is placed by the entry's Python stack, when it has one (torch's pickled dumps, the
+    agent's pulls): the stack of the thread that made the call when it was made - for a call
+    issued from C++ (DDP's), the Python code that led to it. With no stack it has no place (no
+    placeholder is ever made one): the reports then describe it from the rank's stack sample.
 
     Sequence numbers are the recorder's (``_get_sequence_number_for_group``): on gloo that counts
     every operation (``op_id``); ProcessGroupNCCL returns its collective count
@@ -87,9 +86,7 @@ def events_from_dump(trace: Mapping[str, Any], *, with_callsites: bool = False) 
             created = int(entry.get("time_created_ns", 0))
             record = int(entry.get("record_id", 0))
             done = completed(entry) or record < done_up_to.get(group, -1)
-            callsite, api, path = CPP_CALLSITE, None, ()
-            if with_callsites:
-                callsite, api, path = _callsites(entry.get("frames"), sites)
+            callsite, api, path, context = _callsites(entry.get("frames"), sites)
             out.append(Event(
                 idx=IDX_BASE + record, parent=0,
                 kind=EventKind.COLLECTIVE, op=name, group=group, seq=seq,
@@ -103,6 +100,7 @@ def events_from_dump(trace: Mapping[str, Any], *, with_callsites: bool = False) 
                                        tensors),
                 nbytes=0, peer=-1, group_size=0, callsite=callsite, api_callsite=api, path=path,
                 source=EventSource.FLIGHT_RECORDER, t_gpu_start_ns=_gpu_start(entry),
+                context=context,
             ))
         except (KeyError, TypeError, ValueError, IndexError, AttributeError):
             continue
@@ -133,17 +131,19 @@ def position(entry: Any) -> tuple[str, int] | None:
 PATH_FRAMES = 16
 
 
-def _callsites(frames: Any, cache: dict) -> tuple[Location, Location | None,
-                                                   tuple[Location, ...]]:
-    """(first frame outside torch and its wrappers, first frame outside torch, the call path:
-    the frames outside torch from the latter out to the former) of an entry's stack (innermost
-    first); ``NO_STACK`` when the entry has none. ``cache`` keeps each file's class and each
-    frame's ``Location`` (a dump repeats a few stacks thousands of times)."""
+def _callsites(frames: Any, cache: dict) -> tuple[Location | None, Location | None,
+                                                   tuple[Location, ...], str]:
+    """(first frame outside library code, first frame outside torch, the call path: the frames
+    outside torch from the latter out to the former, what torch's own frames say made the call)
+    of an entry's stack (innermost first); no place at all when the entry has no stack (JSON
+    dumps carry none; torch's pickles and the agent's pulls do). ``cache`` keeps each file's
+    class and each frame's ``Location`` (a dump repeats a few stacks thousands of times)."""
     if not isinstance(frames, list) or not frames:
-        return NO_STACK, None, ()  # JSON dumps carry none; torch's pickles do
+        return None, None, (), ""
     user = api = None
     chain: list[Location] = []
     torch_between = False
+    context: list[str] = []
     for f in frames:
         if type(f) is not dict:
             continue
@@ -156,6 +156,9 @@ def _callsites(frames: Any, cache: dict) -> tuple[Location, Location | None,
         library, internal = kind
         if internal:
             torch_between = bool(chain)
+            what = _made_by(path, str(f.get("name", "")))
+            if what and what not in context:
+                context.append(what)
             continue
         key = (path, f.get("line"), f.get("name"))
         where = cache.get(key)
@@ -172,7 +175,24 @@ def _callsites(frames: Any, cache: dict) -> tuple[Location, Location | None,
         if not library:
             user = where
             break
-    return user or api or NO_STACK, api, tuple(chain)
+    return user, api, tuple(chain), context[0] if context else ""
+
+
+ISSUED_FROM_CPP = "issued from C++"
+#: torch's frames that say what issued a call from C++: (file ending, function) -> words
+_MADE_BY = (
+    ("autograd/graph.py", "_engine_run_backward", "issued from C++ during backward"),
+    ("nn/parallel/distributed.py", "__init__", "issued from C++ by DDP's constructor"),
+    ("nn/parallel/distributed.py", "_pre_forward", "issued from C++ by DDP during forward"),
+    ("nn/parallel/distributed.py", "forward", "issued from C++ by DDP during forward"),
+    ("nn/parallel/distributed.py", "_post_forward", "issued from C++ by DDP during forward"),
+)
+
+
+def _made_by(path: str, name: str) -> str:
+    norm = path.replace("\\", "/")
+    return next((words for end, fn, words in _MADE_BY
+                 if norm.endswith(end) and name.rpartition(".")[2] == fn), "")
 
 
 def _done_up_to(entries: list) -> dict[str, int]:
@@ -214,7 +234,9 @@ def merge(traces: TraceSet, dumps: Mapping[int, Mapping[str, Any]]) -> TraceSet:
         in_flight = _in_flight(trace.events, fr)
         started = {(e.group, e.seq): e.t_gpu_start_ns for e in fr if e.t_gpu_start_ns}
         seen = {(e.group, e.seq) for e in trace.events if e.seq >= 0}
-        extra = [e for e in fr if (e.group, e.seq) not in seen]
+        # the recorder saw every Python call: what only Flight Recorder saw was issued from C++
+        extra = [e if e.context else replace(e, context=ISSUED_FROM_CPP)
+                 for e in fr if (e.group, e.seq) not in seen]
         timed = started and any(e.t_gpu_start_ns is None and (e.group, e.seq) in started
                                 for e in trace.events)
         if extra or in_flight or timed:

@@ -288,7 +288,7 @@ def traces_from_dumps(dumps: Dumps, source: str) -> TraceSet:
     world = max(members | set(by_rank), default=-1) + 1
     ranks = {}
     for rank, dump in sorted(by_rank.items()):
-        events = tuple(flight_recorder.events_from_dump(dump, with_callsites=True))
+        events = tuple(flight_recorder.events_from_dump(dump))
         meta = RankMeta(rank=rank, world_size=world, local_rank=None, node_rank=None, host="",
                         pid=0, started_ns=0,
                         versions={"nccl": str(dump["comm_lib_version"])}

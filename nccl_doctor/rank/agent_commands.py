@@ -206,7 +206,9 @@ def _flight_recorder(agent: Served, request: dict[str, Any]) -> dict[str, Any]:
     trace: dict[str, Any] | None = None
     seen: set[tuple] = set()
     for dump in dumps:
-        part = json.loads(dump(include, only_active))
+        part = _with_stacks(c10d, dump, include, only_active)
+        if part is None:
+            part = json.loads(dump(include, only_active))
         if not isinstance(part, dict):
             return {"ok": False, "error": f"Flight Recorder dump is a JSON {type(part).__name__}"}
         entries = part.get("entries") if isinstance(part.get("entries"), list) else []
@@ -219,6 +221,46 @@ def _flight_recorder(agent: Served, request: dict[str, Any]) -> dict[str, Any]:
                 trace["entries"].append(entry)
     assert trace is not None
     return {"ok": True, "trace": trace}
+
+
+#: The pickled dumps beside the JSON ones (same recorder): they carry each entry's Python stack
+#: as it was when the call was made - what describes a call issued from C++ (DDP's all_reduce
+#: during backward, its broadcast of buffers during forward) - which the JSON dumps leave out.
+_PICKLED = {"_dump_fr_trace_json": "_dump_fr_trace", "_dump_nccl_trace_json": "_dump_nccl_trace"}
+#: The newest entries whose stacks the reply keeps (a hang is about the last calls: a reply of
+#: every entry's stack would be megabytes), and the frames kept per stack (innermost first).
+STACKED_ENTRIES = 256
+STACK_FRAMES = 64
+
+
+def _with_stacks(c10d: Any, dump: Any, include: bool, only_active: bool) -> dict | None:
+    """The pickled twin of ``dump`` with stack traces, read as plain data (capture/fr_dump.py's
+    unpickler: torch's own bytes, yet nothing in them is ever imported or called), each kept
+    entry's ``frames`` as ``{name, filename, line}`` dicts; None when there is no such dump or
+    it fails (the JSON one is used then)."""
+    name = _PICKLED.get(getattr(dump, "__name__", ""), "")
+    pickled = getattr(c10d, name, None)
+    if pickled is None:
+        return None
+    try:
+        from nccl_doctor.capture.fr_dump import loads
+
+        part = loads(pickled(include, True, only_active), "flight recorder")
+        entries = part.get("entries")
+        if not isinstance(entries, list):
+            return part
+        for i, entry in enumerate(entries):
+            if not isinstance(entry, dict):
+                continue
+            frames = entry.pop("frames", None)
+            if i >= len(entries) - STACKED_ENTRIES and isinstance(frames, (list, tuple)):
+                entry["frames"] = [
+                    {"name": str(f.get("name", "")), "filename": str(f.get("filename", "")),
+                     "line": f.get("line") if isinstance(f.get("line"), int) else 0}
+                    for f in list(frames)[:STACK_FRAMES] if isinstance(f, dict)]
+        return json.loads(json.dumps(part, default=str))  # tuples, bytes: as the JSON dump's
+    except Exception:  # noqa: BLE001 - the JSON dump still answers
+        return None
 
 
 #: NCCL builds keep NCCL's entries in their own recorder (FlightRecorder<CUDAEvent>), dumped by
