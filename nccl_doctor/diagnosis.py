@@ -10,6 +10,7 @@ import json
 from dataclasses import dataclass, field
 from typing import Any, Mapping
 
+from nccl_doctor import paths
 from nccl_doctor._version import __version__
 
 SCHEMA_VERSION = 1
@@ -66,6 +67,26 @@ class Finding:
     evidence: Mapping[str, Any] = field(default_factory=dict)
     root_cause: bool = False
     time_ns: int | None = None  # when the divergence happened (orders findings)
+    # the branch on the rank that split the ranks (analysis/blame.py): {path, line, text, kind,
+    # function, ranks (the side that took it), skips, library, names, culprit}; None: none found
+    branch: Mapping[str, Any] | None = None
+
+    @property
+    def branch_line(self) -> str | None:
+        """The branch as reports print it: ``train.py:28  if batch_idx == 3 and
+        trainer.is_global_zero:`` (its else branch, a jump, the library, said after)."""
+        b = self.branch
+        if not b:
+            return None
+        where = f"{paths.short_path(str(b.get('path', '?')))}:{b.get('line', '?')}"
+        text = f"{where}  {b.get('text', '')}"
+        if b.get("kind") == "else":
+            text += "  (its else branch)"
+        if b.get("skips"):
+            text += "  (taking it skips the others' call)"
+        if b.get("library"):
+            text += f"  (in {b['library']})"
+        return text
 
     def to_json(self) -> dict[str, Any]:
         return {
@@ -74,6 +95,7 @@ class Finding:
             "group": self.group, "seq": self.seq, "op": self.op, "callsite": self.callsite,
             "entry_callsite": self.entry_callsite,
             "call_path": [dict(frame) for frame in self.call_path],
+            "branch": dict(self.branch) if self.branch else None,
             "root_cause": self.root_cause, "evidence": dict(self.evidence),
         }
 
@@ -96,6 +118,7 @@ class Finding:
                 call_path=tuple(dict(x) for x in raw.get("call_path") or () if isinstance(x, dict)),
                 evidence=dict(raw.get("evidence") or {}),
                 root_cause=bool(raw.get("root_cause", False)),
+                branch=dict(raw["branch"]) if isinstance(raw.get("branch"), dict) else None,
             )
         except (KeyError, TypeError, ValueError, AttributeError):
             return None

@@ -127,3 +127,22 @@ def argv(args: Iterable[str]) -> list[str]:
             continue
         out.append(text(arg))
     return out
+
+
+# a name, an (in)equality or assignment, then a string literal: ``token = "hf_..."``,
+# ``if api_key == 'x':``, ``{"password": "x"}``
+_SOURCE_SECRET = re.compile(
+    r"""(?P<name>[A-Za-z_][A-Za-z0-9_]*)(?P<q>['"]?)\s*(?P<op>==|!=|=|:)\s*"""
+    r"""(?P<lit>[rbuRBU]{0,2}(?P<quote>['"]))(?P<value>.*?)(?P=quote)""")
+
+
+def source_line(line: str) -> str:
+    """A line of a job's source as reports quote it (the branch on the rank, the user's line):
+    a string literal given to, or compared with, a name that looks secret is masked, and so
+    are URL passwords and secret query parameters (``text``)."""
+    def mask(m: re.Match[str]) -> str:
+        if not secret_name(m.group("name")):
+            return m.group(0)
+        whole, at = m.group(0), m.start(0)
+        return whole[:m.start("value") - at] + MASK + whole[m.end("value") - at:]
+    return text(_SOURCE_SECRET.sub(mask, line))

@@ -6,7 +6,7 @@ from dataclasses import replace
 from pathlib import Path
 from typing import Callable, Sequence
 
-from nccl_doctor.analysis import actors, annotate, ends, replayed, straggler
+from nccl_doctor.analysis import actors, annotate, blame, ends, replayed, straggler
 from nccl_doctor.analysis.align import blocked_event, last_leaf
 from nccl_doctor.analysis.wording import call_name, call_site, ranks_text
 from nccl_doctor.analysis.desync import DESYNC, first_divergence_per_group
@@ -72,6 +72,10 @@ def analyze(traces: TraceSet, passes: tuple[Pass, ...] = PASSES,
     findings = _inside_a_mismatch(first_divergence_per_group(found))
     if traces.unfinished:
         findings, notes = _while_running(findings, traces, notes)
+    try:  # who is wrong, and why: the branch on the rank
+        findings = blame.settle(findings, traces)
+    except Exception as err:  # as for a pass: the report goes on without it
+        notes.append(f"reading the branch on the rank failed on this capture ({err!r})")
     findings = _rank_findings(findings, traces)
     findings = _on_hosts(findings, traces)
     for rank, u in traces.unrecorded.items():

@@ -7,7 +7,7 @@ from typing import Any
 
 from nccl_doctor.analysis.align import canonical_op, timelines
 from nccl_doctor.analysis.wording import (
-    call_fields, call_site, frames_json, ranks_text, versions_of,
+    call_fields, call_site, ranks_text, versions_of,
 )
 from nccl_doctor.diagnosis import Finding, FindingKind, Severity
 from nccl_doctor.model import Event, EventSource, TraceSet, parse_tensor_desc
@@ -110,7 +110,7 @@ def _same_call(a: Event, b: Event | None) -> bool:
 
 
 def _odd_without_majority(ordered: list[list[int]], by_rank: dict[int, Event],
-                          following: dict[int, Event]) -> tuple[list[int], str]:
+                          following: dict[int, Event]) -> tuple[list[int], str, str]:
     """With no majority, the side to name and why. A side whose call #N is the very call every
     other side makes next (#N+1, same op, line and tensors) skipped their call #N: it is the
     odd one. Otherwise the sides that differ from the lowest rank's call are named, as PyTorch's
@@ -125,12 +125,12 @@ def _odd_without_majority(ordered: list[list[int]], by_rank: dict[int, Event],
         verb = "makes" if len(other) == 1 else "make"
         return side, (f"No majority, but {ranks_text(side)}'s call #{e.align_seq} is the call "
                       f"{ranks_text(other)} {verb} next: {ranks_text(side)} skipped {e.op} at "
-                      f"{call_site(e)}.")
+                      f"{call_site(e)}."), "skipped"
     reference = min(ordered, key=lambda rs: rs[0])
     odd = sorted(r for rs in ordered if rs is not reference for r in rs)
     return odd, (f"No majority: {ranks_text(odd)} named for differing from rank "
                  f"{reference[0]}, the lowest rank (as PyTorch's Flight Recorder analyzer "
-                 "does); the fault may lie on either side.")
+                 "does); the fault may lie on either side."), "lowest_rank"
 
 
 def _finding(group: str, seq: int, by_rank: dict[int, Event], sigs: dict, aspect: str,
@@ -142,19 +142,22 @@ def _finding(group: str, seq: int, by_rank: dict[int, Event], sigs: dict, aspect
     ordered = sorted(classes.values(), key=lambda rs: (-len(rs), rs[0]))
     majority = ordered[0] if len(ordered[0]) > len(ordered[1]) else None
     if majority is None:
-        odd, why = _odd_without_majority(ordered, by_rank, following)
+        odd, why, blame = _odd_without_majority(ordered, by_rank, following)
     else:
         odd = sorted(r for rs in ordered if rs is not majority for r in rs)
         verb = "disagrees" if len(odd) == 1 else "disagree"
         why = f"The odd {ranks_text(odd)} {verb} with the majority ({ranks_text(majority)})."
+        blame = "majority"
     sides = []
     for rs in ordered:
         e = by_rank[rs[0]]
         versions = versions_of(traces, rs[0])
+        fields = call_fields(e, versions)
         sides.append({
             "ranks": rs, "op": e.op, "value": _describe(aspect, e), "input": e.input,
             "output": e.output, "callsite": call_site(e, versions),
-            "call_path": list(frames_json(e.path, versions)), "state": e.state.name.lower(),
+            "issuing": fields["callsite"], "entry": fields["entry_callsite"],
+            "call_path": list(fields["call_path"]), "state": e.state.name.lower(),
         })
     first = by_rank[odd[0]]
     ops = sorted({e.op for e in by_rank.values()})
@@ -171,6 +174,7 @@ def _finding(group: str, seq: int, by_rank: dict[int, Event], sigs: dict, aspect
         kind=FindingKind.COLLECTIVE_MISMATCH, severity=Severity.ERROR, title=title,
         detail="\n".join(lines), ranks=tuple(odd), hint=HINTS[aspect], group=group, seq=seq,
         op=first.op, **call_fields(first, versions_of(traces, odd[0])),
-        evidence={"aspect": aspect, "sides": sides, "majority": majority},
+        evidence={"aspect": aspect, "sides": sides, "majority": majority, "why": why,
+                  "blame": blame},
         time_ns=min(e.t_enter_ns for e in by_rank.values()),
     )

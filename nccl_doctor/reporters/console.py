@@ -75,6 +75,8 @@ class ConsoleReporter:
         if f.callsite:
             entry = f" [dim](from[/] {_text(f.entry_callsite)}[dim])[/]" if f.entry_callsite else ""
             console.print(f"    [dim]callsite:[/] {_text(f.callsite)}{entry}")
+        if f.branch_line:
+            console.print(f"    [bold]branch:[/] {_text(f.branch_line)}")
         lines = path_lines(f.call_path)
         if lines:
             console.print("    [dim]call path:[/]")

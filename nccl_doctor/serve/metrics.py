@@ -74,11 +74,15 @@ def families(pub: Published) -> Iterator[Metric]:
 
     cause = pub.root_cause
     root = GaugeMetricFamily(f"{PREFIX}_root_cause", "1 for each culprit rank of the newest "
-                             "report's root cause", labels=["rank", "host", "kind", "callsite"])
+                             "report's root cause (branch: the branch on the rank that split the "
+                             "ranks, path:line)", labels=["rank", "host", "kind", "callsite",
+                                                          "branch"])
     if cause is not None:
+        branch = cause.branch or {}
+        where = f"{branch.get('path')}:{branch.get('line')}" if branch else ""
         for rank in cause.ranks:
             host = hosts.get(rank) or _host_of(pub, rank)
-            root.add_metric([str(rank), host, cause.kind.value, cause.callsite or ""], 1)
+            root.add_metric([str(rank), host, cause.kind.value, cause.callsite or "", where], 1)
     yield root
 
     skew = GaugeMetricFamily(f"{PREFIX}_straggler_skew_seconds", "a late rank's median lateness "

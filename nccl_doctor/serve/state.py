@@ -64,7 +64,8 @@ class Published:
             "elapsed_s": round(view.elapsed_s, 1) if view is not None else None,
             "root_cause": None if cause is None else {
                 "kind": cause.kind.value, "title": cause.title, "ranks": list(cause.ranks),
-                "callsite": cause.callsite, "hint": cause.hint},
+                "callsite": cause.callsite, "hint": cause.hint,
+                "branch": cause.branch_line},
             "findings": [{"kind": f.kind.value, "severity": f.severity.value, "title": f.title}
                          for f in (self.report.findings if self.report is not None else ())],
             "nodes": dict(self.nodes), "ranks": ranks,

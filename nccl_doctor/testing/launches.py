@@ -17,6 +17,7 @@ from typing import Any, Sequence
 
 from nccl_doctor.reporters.callpath import path_lines
 from nccl_doctor import bounded_json
+from nccl_doctor.diagnosis import Finding
 
 _MODULES = ("torch.distributed.run", "torch.distributed.launch", "accelerate.commands.launch",
             "deepspeed.launcher.runner")
@@ -96,6 +97,9 @@ def describe(report: dict) -> str:
         if root.get("callsite"):
             entry = f" (from {root['entry_callsite']})" if root.get("entry_callsite") else ""
             lines.append(f"callsite: {root['callsite']}{entry}")
+        finding = Finding.from_json(root)
+        if finding is not None and finding.branch_line:
+            lines.append(f"branch: {finding.branch_line}")
         frames = root.get("call_path")
         lines += ["  " + line for line in path_lines(frames if isinstance(frames, list) else [])]
         if root.get("hint"):

@@ -1,0 +1,486 @@
+"""Who is wrong, and why: the branch on the rank that split the ranks settles a desync's culprit.
+
+A ``collective_mismatch`` or ``missing_collective`` has sides: the ranks in one call, and the
+ranks in another (or elsewhere: blocked in another group, exited). Each side's frames are read
+(analysis/branch.py, through the report's ``Sources``): the library frames from torch out to the
+line that issued the call (call_path.py), and every frame of the user's. A rank-dependent
+condition around a side's call that the other side's frames do not share says that side took a
+branch the others did not: it made a call they never make, and it is the culprit. A
+rank-dependent jump (``continue``, ``return``) before a side's call says the *other* side took
+it and skipped that call. When both sides or neither took one, the pass's own rule stands
+(majority, the side that skipped, else the lowest rank's convention) and the finding says so;
+a loop the sides left at different times is named with the calls each rank made inside it.
+
+Pure apart from reading the sources the ranks fingerprinted (a file changed since the run is
+"not analysed", never guessed at).
+"""
+
+from __future__ import annotations
+
+from collections import Counter
+from dataclasses import dataclass, replace
+from typing import Any, Iterable, Sequence
+
+from nccl_doctor import call_path, paths, redact
+from nccl_doctor.analysis.align import blocked_event, last_leaf
+from nccl_doctor.analysis.branch import Branch, Loop, NotAnalysed, branches, loops
+from nccl_doctor.analysis.source_text import Sources
+from nccl_doctor.analysis.wording import ranks_text, site
+from nccl_doctor.diagnosis import Finding, FindingKind
+from nccl_doctor.location import Location
+from nccl_doctor.model import Event, EventKind, TraceSet
+
+__all__ = ["settle", "sources_for", "Side"]
+
+_KINDS = (FindingKind.COLLECTIVE_MISMATCH, FindingKind.MISSING_COLLECTIVE)
+_MAX_USER_FRAMES = 8  # a side's user frames read (innermost first)
+
+
+@dataclass(frozen=True)
+class Side:
+    ranks: tuple[int, ...]
+    frames: tuple[Location, ...]  # what is read for its branches, innermost first
+    your_line: Location | None  # its innermost frame of the user's
+
+
+def sources_for(traces: TraceSet) -> Sources:
+    """The report's sources: each file checked against the fingerprint a rank recorded."""
+    digests: dict[str, str] = {}
+    for _, trace in sorted(traces.ranks.items()):
+        for path, digest in trace.meta.sources.items():
+            digests.setdefault(path, digest)
+    return Sources(digests)
+
+
+def settle(findings: list[Finding], traces: TraceSet, sources: Sources | None = None,
+           ) -> list[Finding]:
+    """``findings`` with each desync's sides read for the branch on the rank."""
+    if not any(f.kind in _KINDS for f in findings):
+        return findings
+    sources = sources if sources is not None else sources_for(traces)
+    return [_settled(f, traces, sources) if f.kind in _KINDS else f for f in findings]
+
+
+# -- the sides ---------------------------------------------------------------------------------
+
+def read_frames(path: Sequence[Location], site_: Location | None) -> tuple[Location, ...]:
+    """The frames of a call path whose source says why the call was made: the library frames
+    from torch out to the issuing line, then the user's frames (and the user's line, when the
+    path was cut before it)."""
+    issuing = call_path.issuing(path, site_)
+    out: list[Location] = []
+    through = issuing is not None and any(loc == issuing for loc in path)
+    users = 0
+    for loc in path:
+        user = paths.is_user_file(loc.path)
+        if through or user:
+            if user:
+                users += 1
+                if users > _MAX_USER_FRAMES:
+                    break
+            out.append(loc)
+        if through and loc == issuing:
+            through = False
+    if site_ is not None and site_ not in out:
+        out.append(site_)
+    return tuple(out)
+
+
+def _event_frames(e: Event | None, stack_frames: tuple[Location, ...]) -> tuple[
+        tuple[Location, ...], Location | None]:
+    """(frames to read, the user's line) of a call, or of a rank's stack when the call has no
+    Python frames (a call issued from C++ with no stack recorded; a rank outside any call)."""
+    if e is not None and (e.path or e.callsite):
+        return read_frames(e.path, e.callsite), e.callsite or e.api_callsite
+    frames = tuple(f for f in stack_frames if not paths.is_internal_file(f.path)
+                   and not paths.is_doctor_file(f.path))
+    user = next((f for f in frames if paths.is_user_file(f.path)), None)
+    if not frames:
+        return (), None
+    if user is None:
+        return frames[:1], None
+    return read_frames(frames[:frames.index(user) + 1], user), user
+
+
+def _stack(traces: TraceSet, rank: int) -> tuple[Location, ...]:
+    stack = traces.stacks.get(rank)
+    thread = stack.thread if stack is not None else None
+    return thread.frames if thread is not None else ()
+
+
+def _call_at(traces: TraceSet, rank: int, group: str | None, seq: int | None) -> Event | None:
+    trace = traces.ranks.get(rank)
+    if trace is None or group is None or seq is None:
+        return None
+    return next((e for e in reversed(trace.events) if e.group == group and e.align_seq == seq
+                 and e.kind in (EventKind.COLLECTIVE, EventKind.P2P)), None)
+
+
+def _elsewhere(traces: TraceSet, rank: int) -> Event | None:
+    """What a rank missing from a collective is in instead: the call it is blocked in, else
+    its last call (a rank that went on and ended)."""
+    trace = traces.ranks.get(rank)
+    if trace is None:
+        return None
+    return blocked_event(trace) or last_leaf(trace)
+
+
+def _sides(f: Finding, traces: TraceSet) -> list[Side]:
+    out = []
+    if f.kind is FindingKind.COLLECTIVE_MISMATCH:
+        for side in f.evidence.get("sides") or ():
+            ranks = tuple(int(r) for r in side.get("ranks") or ())
+            if not ranks:
+                continue
+            e = _call_at(traces, ranks[0], f.group, f.seq)
+            frames, yours = _event_frames(e, _stack(traces, ranks[0]))
+            out.append(Side(ranks, frames, yours))
+        return out
+    waiting = tuple(int(r) for r in f.evidence.get("waiting_ranks") or ())
+    if waiting:
+        e = _call_at(traces, waiting[0], f.group, f.seq)
+        frames, yours = _event_frames(e, _stack(traces, waiting[0]))
+        out.append(Side(waiting, frames, yours))
+    # the missing ranks, grouped by where they are instead
+    by_place: dict[tuple, list[int]] = {}
+    placed: dict[tuple, tuple[tuple[Location, ...], Location | None]] = {}
+    for r in f.ranks:
+        e = _elsewhere(traces, r)
+        frames, yours = _event_frames(e if e is None or e.path or e.callsite else None,
+                                      _stack(traces, r))
+        if e is not None and not frames:
+            frames, yours = _event_frames(e, _stack(traces, r))
+        key = (frames, yours)
+        by_place.setdefault(key, []).append(r)
+        placed[key] = key
+    for key, ranks in by_place.items():
+        out.append(Side(tuple(ranks), *placed[key]))
+    return out
+
+
+# -- deciding ----------------------------------------------------------------------------------
+
+def _key(b: Branch) -> tuple[str, int, str]:
+    return b.path, b.line, b.kind
+
+
+def _skipping(b: Branch) -> bool:
+    """A branch the ranks *outside* this call took: a jump before it (``continue``, ``return``)
+    or the ``if`` arm of the ``else`` it is in (``if rank == skipper: pass else:
+    dist.broadcast(t)``: the default path is the else, the rank that differs took the if)."""
+    return b.skips or b.kind == "else"
+
+
+def _settled(f: Finding, traces: TraceSet, sources: Sources) -> Finding:
+    sides = _sides(f, traces)
+    if len(sides) < 2:
+        return f
+    found: list[tuple[Branch, ...]] = []
+    failed: dict[str, NotAnalysed] = {}
+    for side in sides:
+        got, bad = branches(side.frames, sources)
+        found.append(got)
+        for n in bad:
+            failed.setdefault(n.path, n)
+    counts = Counter(_key(b) for got in found for b in set(got))
+    # a condition every side is under (an outer frame they share) splits nobody
+    own = [[b for b in got if counts[_key(b)] == 1] for got in found]
+    blamed: dict[int, Branch] = {}  # side index -> the branch that puts it in the wrong
+    for i, got in enumerate(own):
+        took = next((b for b in got if not _skipping(b)), None)
+        if took is not None:
+            blamed.setdefault(i, took)
+        jump = next((b for b in got if _skipping(b)), None)
+        if jump is not None:  # the others took it, and skipped the call this side is in
+            for j in range(len(sides)):
+                if j != i:
+                    blamed.setdefault(j, jump)
+    evidence: dict[str, Any] = dict(f.evidence)
+    evidence["branches"] = [_branch_json(b, sides[i].ranks) for i, got in enumerate(own)
+                            for b in got]
+    if failed:
+        evidence["not_analysed"] = [{"path": n.path, "why": n.why} for n in failed.values()]
+    evidence = _with_your_lines(f, evidence, sides, sources)
+    lines = f.detail.split("\n")
+    why = str(f.evidence.get("why") or "")
+    lines = _replace_why(lines, why, [*_said_yours(sides, traces, sources), why] if why else
+                         _said_yours(sides, traces, sources))
+    if len(blamed) == 1:
+        (i, branch), = blamed.items()
+        culprit = sides[i].ranks
+        others = sorted(r for j, s in enumerate(sides) if j != i for r in s.ranks)
+        reason = _reason(branch, sides[i].ranks, others)
+        evidence["blame"] = "branch"
+        lines = _replace_why(lines, why, reason)
+        return replace(f, ranks=tuple(sorted(culprit)), detail="\n".join(lines),
+                       branch=_branch_json(branch, sides[i].ranks, culprit=True),
+                       evidence=evidence, **_culprit_call(f, sides[i]))
+    if len(blamed) > 1:
+        named = "; ".join(f"{ranks_text(list(sides[i].ranks))} at {_where(b)}"
+                          for i, b in sorted(blamed.items()))
+        lines = _replace_why(lines, why, why + " Both sides took a rank-dependent branch ("
+                             + named + "): the fault may lie on either side.")
+        evidence["blame"] = "both_branched"
+        first = min(blamed.items())[1]
+        return replace(f, detail="\n".join(lines), evidence=evidence,
+                       branch=_branch_json(first, sides[min(blamed)].ranks))
+    extra = _loop_line(sides, traces, sources)
+    if extra is not None:
+        text, loop_json = extra
+        evidence["loop"] = loop_json
+        lines.append(text)
+    elif failed:
+        lines.append("No branch on the rank was read: "
+                     + "; ".join(f"{paths.short_path(n.path)}: {n.why}"
+                                 for n in list(failed.values())[:3]) + ".")
+    else:
+        lines.append("No branch on the rank was found on either side's path.")
+    return replace(f, detail="\n".join(lines), evidence=evidence)
+
+
+def _replace_why(lines: list[str], why: str, text: str | list[str]) -> list[str]:
+    """``lines`` with the pass's account of who is wrong (``why``) replaced by ``text``."""
+    new = [text] if isinstance(text, str) else text
+    if why and why in lines:
+        at = lines.index(why)
+        return lines[:at] + new + lines[at + 1:]
+    return lines + new
+
+
+def _said_yours(sides: list[Side], traces: TraceSet, sources: Sources) -> list[str]:
+    """Each side's line of the user's, with its code: under a framework, the library frame it
+    is in and the user's line that led there ("in lightning 2.6.6's
+    _TrainingEpochLoop._broadcast_sigterm_tensor, from your train.py:36 `trainer.fit(...)`")."""
+    out = []
+    for side in sides:
+        if side.your_line is None:
+            continue
+        code = source_text(_line_text(sources, side.your_line))
+        quoted = f" `{code}`" if code else ""
+        first = next((loc for loc in side.frames if paths.is_library_file(loc.path)), None)
+        if first is not None and paths.is_library_file(first.path) and \
+                side.frames and side.frames[0] == first:
+            issuing = call_path.issuing(side.frames, side.your_line) or first
+            where = issuing if paths.is_library_file(issuing.path) else first
+            package = paths.package_of(where.path)
+            trace = traces.ranks.get(side.ranks[0])
+            version = trace.meta.versions.get(package) if trace and package else None
+            owner = f"{package} {version}" if version else (package or "library code")
+            out.append(f"{ranks_text(list(side.ranks))}: in {owner}'s "
+                       f"{where.function or '?'} ({_in_package(where.path)}:{where.line}), "
+                       f"from your {site(side.your_line)}{quoted}")
+        else:
+            out.append(f"{ranks_text(list(side.ranks))}: your {site(side.your_line)}{quoted}")
+    return out
+
+
+def _reason(b: Branch, culprit: Sequence[int], others: Sequence[int]) -> str:
+    who, rest = ranks_text(list(culprit)), ranks_text(list(others))
+    took = "takes" if len(culprit) == 1 else "take"
+    if _skipping(b):
+        what = "jump" if b.skips else "branch"
+        return (f"{who} {took} the rank-dependent {what} at {_where(b)} ({_quote(b)}) that "
+                f"skips the call {rest} made: {who} {'is' if len(culprit) == 1 else 'are'} "
+                "the odd side.")
+    inside = "inside" if b.kind != "decorator" else "under the decorator"
+    return (f"{who} made this call {inside} the rank-dependent branch at {_where(b)} "
+            f"({_quote(b)}), which {rest} did not take: {who} "
+            f"{'is' if len(culprit) == 1 else 'are'} the odd side.")
+
+
+def _in_package(path: str) -> str:
+    """An installed file as its package names it (lightning/pytorch/strategies/ddp.py)."""
+    for marker in ("site-packages/", "dist-packages/"):
+        if marker in path:
+            return path.rpartition(marker)[2]
+    return paths.short_path(path)
+
+
+def _where(b: Branch) -> str:
+    return f"{paths.short_path(b.path)}:{b.line}"
+
+
+def _quote(b: Branch) -> str:
+    text = source_text(b.text)
+    return f"`{text}`" + (", whose else branch the others are in" if b.kind == "else" else "")
+
+
+def source_text(text: str) -> str:
+    """A line of the user's source as reports show it: secrets masked (redact.source_line)."""
+    return redact.source_line(text)
+
+
+def _branch_json(b: Branch, ranks: Sequence[int], culprit: bool = False) -> dict[str, Any]:
+    """The branch as reports keep it. ``ranks``: the side it was read on; for the culprit's
+    branch, the ranks that took it (of an if/else whose else arm the others are in: the
+    ``if``, which skips their call)."""
+    package = paths.package_of(b.path) if paths.is_library_file(b.path) else None
+    kind, skips = b.kind, b.skips
+    if culprit and kind == "else":
+        kind, skips = "if", True
+    return {"path": b.path, "line": b.line, "text": source_text(b.text), "kind": kind,
+            "function": b.function, "ranks": sorted(ranks), "skips": skips,
+            "library": package, "names": list(b.names),
+            **({"culprit": True} if culprit else {})}
+
+
+def _culprit_call(f: Finding, side: Side) -> dict[str, Any]:
+    """A mismatch names the odd side's call: the culprit's, once the branch chose it."""
+    if f.kind is not FindingKind.COLLECTIVE_MISMATCH:
+        return {}
+    for s in f.evidence.get("sides") or ():
+        if tuple(s.get("ranks") or ()) == side.ranks:
+            return {"op": s.get("op") or f.op, "call_path": tuple(s.get("call_path") or ()),
+                    "callsite": _plain(s.get("issuing")), "entry_callsite": _plain(s.get("entry"))}
+    return {}
+
+
+def _plain(value: Any) -> str | None:
+    return str(value) if value else None
+
+
+def _with_your_lines(f: Finding, evidence: dict[str, Any], sides: list[Side],
+                     sources: Sources) -> dict[str, Any]:
+    """Each side's user line (``your_line``) and its source text (``your_code``), where it
+    is readable: under a framework that calls the user back, the callback's line."""
+    def lines(side: Side) -> dict[str, Any]:
+        if side.your_line is None:
+            return {"your_line": None}
+        return {"your_line": site(side.your_line),
+                "your_code": source_text(_line_text(sources, side.your_line))}
+
+    if f.kind is FindingKind.COLLECTIVE_MISMATCH:
+        by_ranks = {s.ranks: s for s in sides}
+        evidence["sides"] = [
+            {**s, **lines(by_ranks[tuple(s["ranks"])])} if tuple(s.get("ranks") or ())
+            in by_ranks else s for s in evidence.get("sides") or ()]
+        return evidence
+    waiting, *missing = sides
+    evidence.update(lines(waiting))
+    instead = dict(evidence.get("instead") or {})
+    for side in missing:
+        for r in side.ranks:
+            if str(r) in instead:
+                instead[str(r)] = {**instead[str(r)], **lines(side),
+                                   "call_path": [loc.to_json() for loc in side.frames]}
+    evidence["instead"] = instead
+    return evidence
+
+
+def _line_text(sources: Sources, loc: Location) -> str:
+    got = sources.get(loc.path)
+    if got.text is None:
+        return ""
+    lines = sources.lines(loc.path)
+    return lines[loc.line - 1].strip()[:160] if 0 < loc.line <= len(lines) else ""
+
+
+# -- loops -------------------------------------------------------------------------------------
+
+def _loop_line(sides: list[Side], traces: TraceSet, sources: Sources,
+               ) -> tuple[str, dict[str, Any]] | None:
+    """A loop the sides ran a different number of times, with the calls each rank made inside
+    it: a loop of the user's that one side is still in and another left; else the calls each
+    rank made from a side's line of the user's (a loop in the library it calls: ZeRO-3's
+    generate decoding until each rank's own end); else such a loop of a library's."""
+    seen: dict[tuple[str, int], tuple[Loop, set[int]]] = {}
+    for i, side in enumerate(sides):
+        for loop in loops(side.frames, sources):
+            seen.setdefault((loop.path, loop.line), (loop, set()))[1].add(i)
+    ranks = [r for side in sides for r in side.ranks]
+    left = [loop for loop, inside in seen.values() if len(inside) < len(sides)]
+    mine = [loop for loop in left if paths.is_user_file(loop.path)]
+    theirs = [loop for loop in left if paths.is_library_file(loop.path)]
+    for found in (*(_counted(loop, traces, ranks) for loop in mine),
+                  _from_user_lines(sides, traces, ranks),
+                  *(_counted(loop, traces, ranks) for loop in theirs)):
+        if found is not None:
+            return found
+    return None
+
+
+def _counted(loop: Loop, traces: TraceSet, ranks: list[int],
+             ) -> tuple[str, dict[str, Any]] | None:
+    counts = {r: _calls_inside(traces, r, loop) for r in ranks}
+    said = _fewer(counts)
+    if said is None:
+        return None
+    text = (f"The ranks ran the loop at {paths.short_path(loop.path)}:{loop.line} "
+            f"(`{source_text(loop.text)}`) a different number of times: {said} inside it. "
+            "The fault may lie on either side: every rank must run it as often as the others.")
+    return text, {"path": loop.path, "line": loop.line, "text": source_text(loop.text),
+                  "fewer_calls": _deficits(counts)}
+
+
+def _deficits(counts: dict[int, int]) -> dict[str, int]:
+    """How many calls fewer than the most each rank made (what a capture cut to a window of
+    the desync tells as well as the whole: the calls before it are the same on every rank)."""
+    most = max(counts.values())
+    return {str(r): most - n for r, n in sorted(counts.items())}
+
+
+def _fewer(counts: dict[int, int]) -> str | None:
+    """"rank 3 made 1 call fewer than ranks 0-2, 4-7" (None: they made as many)."""
+    if len(set(counts.values())) < 2:
+        return None
+    most = max(counts.values())
+    ahead = sorted(r for r, n in counts.items() if n == most)
+    behind: dict[int, list[int]] = {}
+    for r, n in sorted(counts.items()):
+        if n < most:
+            behind.setdefault(most - n, []).append(r)
+    parts = []
+    for gap, rs in sorted(behind.items()):
+        verb = "made" if len(rs) == 1 else "each made"
+        parts.append(f"{ranks_text(rs)} {verb} {gap} call{'s' if gap != 1 else ''} fewer")
+    return "; ".join(parts) + f" than {ranks_text(ahead)}"
+
+
+def _from_user_lines(sides: list[Side], traces: TraceSet, ranks: list[int],
+                     ) -> tuple[str, dict[str, Any]] | None:
+    for side in sides:
+        line = side.your_line
+        if line is None:
+            continue
+        counts = {r: _last_run(traces, r, lambda e: e.callsite == line)
+                  for r in ranks if r in traces.ranks}
+        # (every rank called from it: a line one side never reached is the desync itself)
+        said = _fewer(counts) if counts and min(counts.values()) > 0 else None
+        if said is not None:
+            text = (f"The ranks made a different number of calls from your {site(line)}: "
+                    f"{said} - a loop in what it calls ran a different number of times per "
+                    "rank. The fault may lie on either side: every rank must run it as often "
+                    "as the others.")
+            return text, {"path": line.path, "line": line.line, "text": "",
+                          "fewer_calls": _deficits(counts)}
+    return None
+
+
+def _calls_inside(traces: TraceSet, rank: int, loop: Loop) -> int:
+    return _last_run(traces, rank,
+                     lambda e: _inside(e.path or ((e.callsite,) if e.callsite else ()), loop))
+
+
+def _last_run(traces: TraceSet, rank: int, inside: Any) -> int:
+    """The calls of ``rank``'s last unbroken run of calls that are ``inside`` (a loop, a line):
+    its latest pass through it. Every rank enters it in step, so the runs differ by what each
+    did there; counting only this pass keeps the count the same in a capture cut to a window of
+    the desync as in the whole."""
+    trace = traces.ranks.get(rank)
+    if trace is None:
+        return 0
+    n = 0
+    for e in reversed(trace.events):
+        if e.kind not in (EventKind.COLLECTIVE, EventKind.P2P):
+            continue
+        if inside(e):
+            n += 1
+        elif n:
+            break
+    return n
+
+
+def _inside(frames: Iterable[Location], loop: Loop) -> bool:
+    return any(loc.path == loop.path and loop.first_line <= loc.line <= loop.last_line
+               for loc in frames)
+
