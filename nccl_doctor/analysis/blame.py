@@ -91,7 +91,10 @@ def _event_frames(e: Event | None, stack_frames: tuple[Location, ...]) -> tuple[
     """(frames to read, the user's line) of a call, or of a rank's stack when the call has no
     Python frames (a call issued from C++ with no stack recorded; a rank outside any call)."""
     if e is not None and (e.path or e.callsite):
-        return read_frames(e.path, e.callsite), e.callsite or e.api_callsite
+        frames = read_frames(e.path, e.callsite)
+        if not e.done and e.callsite is not None:  # the rank is in it: its stack goes on out
+            frames += _outer_user_frames(stack_frames, e.callsite, frames)
+        return frames, e.callsite or e.api_callsite
     frames = tuple(f for f in stack_frames if not paths.is_internal_file(f.path)
                    and not paths.is_doctor_file(f.path))
     user = next((f for f in frames if paths.is_user_file(f.path)), None)
@@ -100,6 +103,21 @@ def _event_frames(e: Event | None, stack_frames: tuple[Location, ...]) -> tuple[
     if user is None:
         return frames[:1], None
     return read_frames(frames[:frames.index(user) + 1], user), user
+
+
+def _outer_user_frames(stack: tuple[Location, ...], site_: Location,
+                       have: tuple[Location, ...]) -> tuple[Location, ...]:
+    """The user's frames of a rank's stack outside ``site_`` (the recorder keeps a call's path
+    out to the innermost user frame; ``if rank == 0: evaluate(model)`` is a frame further
+    out), when the stack is in that call."""
+    at = next((i for i, f in enumerate(stack) if (f.path, f.line) == (site_.path, site_.line)),
+              None)
+    if at is None:
+        return ()
+    seen = {(f.path, f.line) for f in have}
+    outer = [f for f in stack[at + 1:] if paths.is_user_file(f.path)
+             and (f.path, f.line) not in seen]
+    return tuple(outer[:_MAX_USER_FRAMES])
 
 
 def _stack(traces: TraceSet, rank: int) -> tuple[Location, ...]:
@@ -214,7 +232,7 @@ def _settled(f: Finding, traces: TraceSet, sources: Sources) -> Finding:
         lines = _replace_why(lines, why, reason)
         return replace(f, ranks=tuple(sorted(culprit)), detail="\n".join(lines),
                        branch=_branch_json(branch, sides[i].ranks, culprit=True),
-                       evidence=evidence, **_culprit_call(f, sides[i]))
+                       hint=_hint(branch), evidence=evidence, **_culprit_call(f, sides[i]))
     if len(blamed) > 1:
         named = "; ".join(f"{ranks_text(list(sides[i].ranks))} at {_where(b)}"
                           for i, b in sorted(blamed.items()))
@@ -294,6 +312,20 @@ def _in_package(path: str) -> str:
         if marker in path:
             return path.rpartition(marker)[2]
     return paths.short_path(path)
+
+
+def _hint(b: Branch) -> str:
+    """The fix, for the branch that split the ranks."""
+    if _skipping(b):
+        return (f"{_quote(b)} at {_where(b)} skips a collective on the ranks that take it while "
+                "the others make it: every rank must make the same collectives in the same "
+                "order. Make the collective on every rank (before the branch), or skip it on "
+                "every rank alike.")
+    return (f"The collective under {_quote(b)} at {_where(b)} runs only on the ranks where it "
+            "holds, and the others never make it: every rank must make the same collectives "
+            "in the same order. Move the collective (or the library call that makes one) out "
+            "of the branch so that every rank makes it, and keep only rank-local work (saving, "
+            "logging, printing) inside.")
 
 
 def _where(b: Branch) -> str:

@@ -331,6 +331,13 @@ class Watchdog:
     def _declare(self, traces: TraceSet, analysis: Diagnosis, a: Assessment, waited: float,
                  root: Finding | None, how: str) -> Decision:
         stacks = self.job.stacks(a.live, self.policy.stack_timeout)
+        if stacks and root is not None and any(f is root for f in analysis.findings):
+            # the branch on the rank is read on the stacks too: a blocked rank's stack goes on
+            # out past the user's frame its call path ends at (analysis/blame.py)
+            analysis = analyze(replace(traces, stacks={**traces.stacks, **stacks}),
+                               annotators=self.job.annotators)
+            root = next((f for f in analysis.findings if (f.kind, f.group, f.seq)
+                         == (root.kind, root.group, root.seq)), root)
         kill = self.policy.on_hang is OnHang.KILL
         account = {
             "situation": a.situation.value, "how": how, "waited_s": round(waited, 1),
