@@ -18,7 +18,7 @@ import functools
 import os
 import re
 import sys
-from typing import Iterable, Sequence
+from typing import Iterable, Mapping, Sequence
 
 #: Environment twins of ``--user-code`` / ``--library-code``: patterns separated by os.pathsep.
 USER_CODE_ENV = "NCCL_DOCTOR_USER_CODE"
@@ -68,6 +68,23 @@ def configure(user_code: Iterable[str] = (), library_code: Iterable[str] = (),
                               for d in ("bin", "Scripts")}))
     is_library_file.cache_clear()
     is_internal_file.cache_clear()
+
+
+def with_patterns(environ: Mapping[str, str], user_code: Iterable[str] = (),
+                  library_code: Iterable[str] = ()) -> dict[str, str]:
+    """``environ`` with patterns added to its ``USER_CODE_ENV``/``LIBRARY_CODE_ENV`` (where the
+    ranks' recorders, and this process through ``configure_from``, read them)."""
+    out = dict(environ)
+    for name, more in ((USER_CODE_ENV, list(user_code)), (LIBRARY_CODE_ENV, list(library_code))):
+        if more:
+            out[name] = os.pathsep.join([*_split(out.get(name)), *more])
+    return out
+
+
+def configure_from(environ: Mapping[str, str], prefixes: Iterable[str] = ()) -> None:
+    """``configure`` with the patterns ``environ`` holds (a job's, or a rank's recorded one)."""
+    configure(_split(environ.get(USER_CODE_ENV)), _split(environ.get(LIBRARY_CODE_ENV)),
+              prefixes)
 
 
 def patterns() -> tuple[tuple[str, ...], tuple[str, ...]]:
@@ -184,4 +201,4 @@ def _short_path(path: str, cwd: str) -> str:  # (reports name the same few files
     return path if rel.startswith("..") else rel
 
 
-configure(_split(os.environ.get(USER_CODE_ENV)), _split(os.environ.get(LIBRARY_CODE_ENV)))
+configure_from(os.environ)

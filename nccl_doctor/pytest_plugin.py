@@ -44,8 +44,19 @@ def pytest_addoption(parser: pytest.Parser) -> None:
     group.addoption("--nccl-doctor-keep", default=None, metavar="DIR",
                     help="where the captures of failed tests are kept, one directory per test "
                          "(default: .pytest_cache/d/nccl-doctor)")
+    group.addoption("--nccl-doctor-user-code", action="append", default=None, metavar="PATTERN",
+                    help="files matching PATTERN are your code even if installed (as `nccl-doctor "
+                         "run --user-code`); repeatable")
+    group.addoption("--nccl-doctor-library-code", action="append", default=None,
+                    metavar="PATTERN",
+                    help="files matching PATTERN are library code (as `nccl-doctor run "
+                         "--library-code`); repeatable")
     parser.addini("nccl_doctor", type="bool", default=False,
                   help="the same as --nccl-doctor")
+    parser.addini("nccl_doctor_user_code", type="linelist", default=[],
+                  help="the same as --nccl-doctor-user-code, a pattern a line")
+    parser.addini("nccl_doctor_library_code", type="linelist", default=[],
+                  help="the same as --nccl-doctor-library-code, a pattern a line")
     parser.addini("nccl_doctor_keep", default="",
                   help="the same as --nccl-doctor-keep")
 
@@ -149,6 +160,7 @@ def keep(item: pytest.Item, capture: Path) -> Path:
 
 
 def pytest_configure(config: pytest.Config) -> None:
+    _which_code(config)
     config.addinivalue_line(
         "markers",
         f"{MARKER}(world_size=2, timeout=120, backend='gloo'): run the test in world_size "
@@ -207,3 +219,24 @@ def pytest_pyfunc_call(pyfuncitem: pytest.Function) -> bool | None:
         pyfuncitem.add_report_section("call", "nccl-doctor", outcome.summary())
         pytest.fail(outcome.failure_text(), pytrace=False)
     return True
+
+
+def _which_code(config: pytest.Config) -> None:
+    """The --nccl-doctor-user-code/--nccl-doctor-library-code patterns (or their ini twins),
+    for the ranks of every distributed test (through the environment they inherit) and for
+    this process's analysis."""
+    import os
+
+    from nccl_doctor import paths
+
+    user = config.getoption("--nccl-doctor-user-code") or config.getini("nccl_doctor_user_code")
+    library = (config.getoption("--nccl-doctor-library-code")
+               or config.getini("nccl_doctor_library_code"))
+    if not user and not library:
+        return
+    for pattern in [*user, *library]:
+        if not pattern.strip() or os.pathsep in pattern:
+            raise pytest.UsageError(f"nccl-doctor: {pattern!r} is not a code pattern: give one "
+                                    "path pattern per option or ini line")
+    os.environ.update(paths.with_patterns(os.environ, user, library))
+    paths.configure_from(os.environ)

@@ -10,9 +10,11 @@ from typing import Iterator, TextIO
 
 from dataclasses import replace
 
+from nccl_doctor import paths
 from nccl_doctor.analysis import analyze
 from nccl_doctor.capture import sources
 from nccl_doctor.cli.output import emit, verdict_status
+from nccl_doctor.cli.run import code_pattern
 from nccl_doctor.errors import CaptureNotFound, ExitStatus
 from nccl_doctor.reporters import REPORTERS
 from nccl_doctor.capture import metrics_log
@@ -79,6 +81,13 @@ def register(sub: argparse._SubParsersAction) -> None:
                         "ms-swift, OpenRLHF lines) when the capture recorded none")
     p.add_argument("--fail-on", choices=["suspect"], default=None,
                    help=f"exit {ExitStatus.VERDICT_FAILED} unless the verdict is ok")
+    p.add_argument("--user-code", action="append", default=[], metavar="PATTERN",
+                   type=code_pattern,
+                   help="files matching PATTERN are your code (as `run --user-code`; by default "
+                        "the patterns the run recorded)")
+    p.add_argument("--library-code", action="append", default=[], metavar="PATTERN",
+                   type=code_pattern,
+                   help="files matching PATTERN are library code (as `run --library-code`)")
     p.set_defaults(func=run)
 
 
@@ -89,6 +98,19 @@ def run(args: argparse.Namespace) -> int:
         if not args.log.is_file():
             raise CaptureNotFound(f"--log {args.log} does not exist or is not a file")
         traces = replace(traces, metrics_log=tuple(metrics_log.parse_file(args.log)))
+    _which_code(traces, args.user_code, args.library_code)
     diagnosis = analyze(traces)
     emit(diagnosis, args.output, args.format, args.force, traces)
     return verdict_status(diagnosis, 0, args.fail_on)
+
+
+def _which_code(traces, user_code: list[str], library_code: list[str]) -> None:
+    """Which code is the user's, as the run decided it (the patterns and interpreter prefixes
+    its ranks recorded), with this replay's own patterns added."""
+    recorded: dict[str, str] = {}
+    prefixes: list[str] = []
+    for _, trace in sorted(traces.ranks.items()):
+        for name in (paths.USER_CODE_ENV, paths.LIBRARY_CODE_ENV):
+            recorded.setdefault(name, trace.meta.env.get(name, ""))
+        prefixes.extend(p for p in trace.meta.prefixes if p not in prefixes)
+    paths.configure_from(paths.with_patterns(recorded, user_code, library_code), prefixes)

@@ -14,6 +14,7 @@ from nccl_doctor.cli.output import PageFile, verdict_status
 from nccl_doctor.reporters.escape import visible
 from nccl_doctor.capture import claim
 from nccl_doctor.capture.names import REPORT_HTML, remove_own_files
+from nccl_doctor import paths
 from nccl_doctor.env import COORDINATOR, COORDINATOR_JOB, NO_REDACT, host_name
 from nccl_doctor.errors import ExitStatus, OutDirInUse, OutputExists, UsageError, unwritable
 from nccl_doctor.supervisor.federation import rendezvous
@@ -77,6 +78,7 @@ def add_options(p: argparse.ArgumentParser) -> None:
                         "credential, api/access/private key: --hf-token X, --api-key=X, "
                         "HF_TOKEN=X) and URL passwords (https://user:***@host) are stored as "
                         f"***. Env twin: {NO_REDACT}=1")
+    add_code_options(p)
     p.add_argument("--no-gpu", action="store_true",
                    help="do not sample the GPUs through NVML (by default every GPU of this host "
                         "is sampled: every 10 s, every 0.5 s once no call was recorded for 1 s)")
@@ -101,6 +103,34 @@ def add_options(p: argparse.ArgumentParser) -> None:
                         "node doctor on each other node; their reports are this one's "
                         "(docs/ray.md)")
     serving.add_options(p)
+
+
+def add_code_options(p: argparse.ArgumentParser) -> None:
+    """Which code is the user's (run, demo, replay): docs/who-is-wrong.md."""
+    p.add_argument("--user-code", action="append", default=[], metavar="PATTERN",
+                   type=code_pattern,
+                   help="files matching PATTERN (an fnmatch pattern on the absolute path, * "
+                        "spanning directories, or a directory) are your code even if installed "
+                        "(e.g. your package in site-packages); repeatable. By default a file "
+                        "is library code when it is installed (site-packages, dist-packages, "
+                        f"the standard library), yours otherwise. Env twin: {paths.USER_CODE_ENV} "
+                        "(patterns separated by ':')")
+    p.add_argument("--library-code", action="append", default=[], metavar="PATTERN",
+                   type=code_pattern,
+                   help="files matching PATTERN are library code even if not installed (a "
+                        "vendored framework, a source checkout); wins over --user-code; "
+                        f"repeatable. Env twin: {paths.LIBRARY_CODE_ENV}")
+
+
+def code_pattern(text: str) -> str:
+    """A --user-code/--library-code pattern (argparse type)."""
+    if not text.strip():
+        raise argparse.ArgumentTypeError("an empty pattern: give a path pattern such as "
+                                         "'*/mypackage/*' or a directory")
+    if os.pathsep in text:
+        raise argparse.ArgumentTypeError(f"{text!r} holds {os.pathsep!r}, which separates "
+                                         "patterns: repeat the option for each pattern")
+    return text
 
 
 def _count(low: int):
@@ -181,6 +211,9 @@ def _supervise(args: argparse.Namespace, command: list[str],
     meeting = leader_rendezvous(cluster) if cluster is not None else _meeting(args, command, err)
     if args.no_redact:  # the ranks (their argv) and the supervisor (the manifest) read it
         environ[NO_REDACT] = "1"
+    # which code is the user's: the ranks' recorders read it, and so does this analysis
+    environ = paths.with_patterns(environ, args.user_code, args.library_code)
+    paths.configure_from(environ)
     fleet = None
     if cluster is not None:
         environ = ray_job_environment(environ, host_name())
@@ -232,6 +265,8 @@ def _ray_cluster(args: argparse.Namespace, environ: dict[str, str]) -> RayCluste
                 "--hang-after", str(args.hang_after), "--stuck-after", str(args.stuck_after)]
     follower += [flag for flag, on in (("--no-gpu", args.no_gpu), ("--no-redact", args.no_redact),
                                        ("--no-watch", args.no_watch)) if on]
+    follower += [x for p in args.user_code for x in ("--user-code", p)]
+    follower += [x for p in args.library_code for x in ("--library-code", p)]
     port = rendezvous.split_address(args.coordinator, "--coordinator")[1] \
         if args.coordinator else free_port()
     return RayCluster(address, port, tuple(follower))

@@ -6,6 +6,7 @@ in replay; a healthy run names none."""
 from __future__ import annotations
 
 import json
+import os
 import subprocess
 import sys
 from pathlib import Path
@@ -87,3 +88,23 @@ def test_a_healthy_run_names_no_branch(run_job):
     for report in (json.loads((job.out / "report.json").read_text()), replayed(job.out)):
         assert report["verdict"] == "ok" and report["findings"] == [], report["findings"]
         assert "branch" not in json.dumps(report["findings"])
+
+
+def test_user_code_patterns_make_an_installed_package_yours(tmp_path):
+    """`run --user-code PATTERN`: the installed helper is the user's own package; its frame
+    is then "your line" and its branch the user's (no library named), live and in replay."""
+    out = tmp_path / "out"
+    proc = subprocess.run(
+        [sys.executable, "-m", "nccl_doctor", "run", "--out", str(out), "--user-code",
+         "*/acme_metrics/*", "--", sys.executable, "-m", "nccl_doctor.testing.spawn", "--nproc",
+         "2", str(SCRIPT)], env={**os.environ, "SCENARIO": "in_library"},
+        capture_output=True, text=True, timeout=300)
+    assert proc.returncode != 0, proc.stderr[-2000:]
+    library = JOBS / "site-packages" / "acme_metrics" / "__init__.py"
+    for report in (json.loads((out / "report.json").read_text()), replayed(out)):
+        root = root_of(report)
+        assert root["ranks"] == [0] and root["branch"]["library"] is None, root["branch"]
+        assert root["branch"]["path"] == str(library), root["branch"]
+        (side,) = [s for s in root["evidence"]["sides"] if s["ranks"] == [0]]
+        # the helper's own line is the user's line now, not the script's call of it
+        assert side["your_line"].endswith(f"__init__.py:{line_of(library, 'dist.all_reduce')}"), side
