@@ -8,7 +8,7 @@ BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
 DEMO_OUT ?= nccl-doctor-out/demo
 
-.PHONY: demo test install tools bench clean
+.PHONY: demo test test-all install tools bench clean
 
 $(STAMP): pyproject.toml setup.py constraints.txt nccl_doctor/capture/_ring.c
 	$(PYTHON) -m venv $(VENV)
@@ -50,6 +50,12 @@ tools:
 
 test: $(STAMP) tools
 	$(BIN)/python -m pytest -q -rs --durations=30 -n $(TEST_WORKERS) --dist loadgroup
+
+# make test and the heavy tiers it skips: the frameworks tier (tests/frameworks: real Lightning,
+# Accelerate, transformers Trainer and DeepSpeed jobs in an environment of their own).
+test-all: $(STAMP) tools
+	NCCL_DOCTOR_FRAMEWORKS=1 $(BIN)/python -m pytest -q -rs --durations=30 -n $(TEST_WORKERS) \
+	  --dist loadgroup
 
 bench: $(STAMP)
 	$(BIN)/python benchmarks/recorder_overhead.py
