@@ -72,6 +72,16 @@ class Finding:
     branch: Mapping[str, Any] | None = None
 
     @property
+    def absent(self) -> tuple[int, ...]:
+        """A ``missing_collective``'s ranks that never entered the collective (its culprits may
+        be the ranks that did, once the branch on the rank says so); else its culprits."""
+        if self.kind is FindingKind.MISSING_COLLECTIVE:
+            raw = self.evidence.get("missing_ranks")
+            if isinstance(raw, list):
+                return tuple(int(r) for r in raw)
+        return self.ranks
+
+    @property
     def branch_line(self) -> str | None:
         """The branch as reports print it: ``train.py:28  if batch_idx == 3 and
         trainer.is_global_zero:`` (its else branch, a jump, the library, said after)."""
@@ -83,7 +93,10 @@ class Finding:
         if b.get("kind") == "else":
             text += "  (its else branch)"
         if b.get("skips"):
-            text += "  (taking it skips the others' call)"
+            ranks = [str(r) for r in b.get("ranks") or ()]
+            who = (f"rank {ranks[0]}" if len(ranks) == 1 else f"ranks {', '.join(ranks)}"
+                   if ranks else "the odd ranks")
+            text += f"  (it kept {who} out of the call the others made)"
         if b.get("library"):
             text += f"  (in {b['library']})"
         return text

@@ -24,6 +24,7 @@ from typing import Any, Iterable, Sequence
 from nccl_doctor import call_path, paths, redact
 from nccl_doctor.analysis.align import blocked_event, last_leaf
 from nccl_doctor.analysis.branch import Branch, Loop, NotAnalysed, branches, loops
+from nccl_doctor.analysis.polarity import body_is_special
 from nccl_doctor.analysis.source_text import Sources
 from nccl_doctor.analysis.wording import ranks_text, site
 from nccl_doctor.diagnosis import Finding, FindingKind
@@ -178,15 +179,26 @@ def _sides(f: Finding, traces: TraceSet) -> list[Side]:
 
 # -- deciding ----------------------------------------------------------------------------------
 
+#: the kinds whose text is an ``if``/``elif``/``while`` header (the others' is the line of the
+#: test: a conditional expression, a comprehension's filter, a match, a decorator)
+_HEADED = ("if", "else", "while", "jump")
+
+
 def _key(b: Branch) -> tuple[str, int, str]:
     return b.path, b.line, b.kind
 
 
 def _skipping(b: Branch) -> bool:
-    """A branch the ranks *outside* this call took: a jump before it (``continue``, ``return``)
-    or the ``if`` arm of the ``else`` it is in (``if rank == skipper: pass else:
-    dist.broadcast(t)``: the default path is the else, the rank that differs took the if)."""
-    return b.skips or b.kind == "else"
+    """A branch whose special path (analysis/polarity.py) the ranks *outside* this call took,
+    which kept them from it: a jump before it (``if rank == 1 and step == 2: continue``), the
+    ``if`` arm of the ``else`` it is in (``if rank == skipper: pass`` / ``else:
+    dist.broadcast(t)``), or an ``if`` that leaves them out (``if rank != skipper:
+    dist.broadcast(t)``). Otherwise this side took the special path itself."""
+    special = body_is_special(b.text, b.names) if b.kind in _HEADED else None
+    special = True if special is None else special
+    if b.skips or b.kind == "else":
+        return special
+    return not special
 
 
 def _settled(f: Finding, traces: TraceSet, sources: Sources) -> Finding:
@@ -223,6 +235,17 @@ def _settled(f: Finding, traces: TraceSet, sources: Sources) -> Finding:
     why = str(f.evidence.get("why") or "")
     lines = _replace_why(lines, why, [*_said_yours(sides, traces, sources), why] if why else
                          _said_yours(sides, traces, sources))
+    crashed = _crashed(f, traces)
+    if len(blamed) == 1 and crashed:
+        # the ranks away from the call ended abnormally: their end (its own finding) comes
+        # first; the branch is named, it does not make the others the culprits
+        (i, branch), = blamed.items()
+        lines.append(f"{ranks_text(list(sides[i].ranks))} made this call inside the "
+                     f"rank-dependent branch at {_where(branch)} ({_quote(branch)}); "
+                     f"{ranks_text(list(crashed))} ended abnormally before making it.")
+        evidence["blame"] = "missing"
+        return replace(f, detail="\n".join(lines), evidence=evidence,
+                       branch=_branch_json(branch, sides[i].ranks))
     if len(blamed) == 1:
         (i, branch), = blamed.items()
         culprit = sides[i].ranks
@@ -254,6 +277,17 @@ def _settled(f: Finding, traces: TraceSet, sources: Sources) -> Finding:
     else:
         lines.append("No branch on the rank was found on either side's path.")
     return replace(f, detail="\n".join(lines), evidence=evidence)
+
+
+def _crashed(f: Finding, traces: TraceSet) -> tuple[int, ...]:
+    """A missing_collective's absent ranks when every one of them ended abnormally (raised,
+    was signalled, vanished, was lost); () otherwise."""
+    if f.kind is not FindingKind.MISSING_COLLECTIVE:
+        return ()
+    absent = [r for r in f.absent if r in traces.ranks]
+    if absent and all(traces.ranks[r].exit.abnormal for r in absent):
+        return tuple(absent)
+    return ()
 
 
 def _replace_why(lines: list[str], why: str, text: str | list[str]) -> list[str]:
@@ -344,13 +378,12 @@ def source_text(text: str) -> str:
 
 def _branch_json(b: Branch, ranks: Sequence[int], culprit: bool = False) -> dict[str, Any]:
     """The branch as reports keep it. ``ranks``: the side it was read on; for the culprit's
-    branch, the ranks that took it (of an if/else whose else arm the others are in: the
-    ``if``, which skips their call)."""
+    branch, the culprits, and ``skips`` true when its special path kept them out of the call
+    the others made (a jump they took, the ``if`` whose else the others are in, an ``if`` that
+    leaves them out)."""
     package = paths.package_of(b.path) if paths.is_library_file(b.path) else None
-    kind, skips = b.kind, b.skips
-    if culprit and kind == "else":
-        kind, skips = "if", True
-    return {"path": b.path, "line": b.line, "text": source_text(b.text), "kind": kind,
+    skips = _skipping(b) if culprit else b.skips
+    return {"path": b.path, "line": b.line, "text": source_text(b.text), "kind": b.kind,
             "function": b.function, "ranks": sorted(ranks), "skips": skips,
             "library": package, "names": list(b.names),
             **({"culprit": True} if culprit else {})}

@@ -166,15 +166,15 @@ def _rank_findings(findings: list[Finding], traces: TraceSet) -> list[Finding]:
     lost = {r for f in errors if f.kind is FindingKind.NODE_LOST for r in f.ranks}
     if lost:  # what a lost node's ranks last said is stale: missing there is its loss, no news
         findings = [f for f in findings if f.kind is not FindingKind.MISSING_COLLECTIVE
-                    or not set(f.ranks) <= lost]
+                    or not set(f.absent) <= lost]
         errors = [f for f in errors if f in findings]
     exits = [f for f in errors if f.kind in (FindingKind.RANK_EXITED, FindingKind.NODE_LOST)]
     candidates = []
     for f in errors:
         # A rank missing from a collective because it exited: the exit is the cause.
         explained = f.kind is FindingKind.MISSING_COLLECTIVE and any(
-            set(f.ranks) <= set(x.ranks) for x in exits
-        )
+            set(f.absent) <= set(x.ranks) for x in exits
+        ) and f.evidence.get("blame") != "branch"  # (the branch sent them away, not the exit)
         if not explained:
             candidates.append(f)
     # Ranks missing from a collective of one group because they wait, in their own order, in
@@ -207,9 +207,9 @@ def _waiting_in_order(f: Finding, traces: TraceSet) -> bool:
     another group B, and did its last call of A *after* its last call of B: it keeps the order
     it kept before (B, A, B, ...), so it will come once B completes - it waits, it did not skip
     A. (The rank that skipped shows the other pattern: A, B, and now B again.)"""
-    if f.kind is not FindingKind.MISSING_COLLECTIVE or f.group is None or not f.ranks:
+    if f.kind is not FindingKind.MISSING_COLLECTIVE or f.group is None or not f.absent:
         return False
-    for rank in f.ranks:
+    for rank in f.absent:
         trace = traces.ranks.get(rank)
         blocked = blocked_event(trace) if trace is not None else None
         if blocked is None or blocked.group == f.group:

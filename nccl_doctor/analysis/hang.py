@@ -67,7 +67,7 @@ def stuck_peer(a: Assessment, stuck: dict[int, str], analysis: Diagnosis,
                 stacks: dict[int, RankStack]) -> Finding:
     """missing_collective, with what the stuck ranks are doing instead (from their stacks)."""
     base = next((f for f in analysis.findings if f.kind is FindingKind.MISSING_COLLECTIVE
-                 and set(f.ranks) & set(stuck)), None)
+                 and set(f.absent) & set(stuck)), None)
     lines = []
     for r, why in sorted(stuck.items()):
         where = summary.user_frame(stacks[r]) if r in stacks else None

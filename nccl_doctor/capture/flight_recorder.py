@@ -87,6 +87,10 @@ def events_from_dump(trace: Mapping[str, Any]) -> list[Event]:
             record = int(entry.get("record_id", 0))
             done = completed(entry) or record < done_up_to.get(group, -1)
             callsite, api, path, context = _callsites(entry.get("frames"), sites)
+            if not context and "autograd" in str(entry.get("thread_name", "")):
+                # CUDA's backward runs on autograd's own threads (pt_autograd_N), which hold no
+                # Python stack: DDP's gradient all_reduce there has none, its thread says when
+                context = "issued from C++ during backward"
             out.append(Event(
                 idx=IDX_BASE + record, parent=0,
                 kind=EventKind.COLLECTIVE, op=name, group=group, seq=seq,

@@ -35,7 +35,13 @@ Commands (see ``protocol`` for the framing):
     ``{"ok": true, "trace": {...}}``: the parsed JSON of
     ``torch._C._distributed_c10d._dump_fr_trace_json(includeCollectives, onlyActive) -> bytes``
     (the signature in torch 2.13), with ``entries`` always present (``[]`` when nothing was
-    recorded: the dump leaves the key out then). Else ``{"ok": false, "error": ...}``.
+    recorded: the dump leaves the key out then). With ``stacks=true`` the newest entries
+    (``STACKED_ENTRIES``) carry ``frames``, their Python stack when the call was made, from the
+    pickled twin of the dump (``_dump_fr_trace(includeCollectives, includeStackTraces,
+    onlyActive)``), which the JSON one leaves out: what places a call issued from C++. Asked
+    only of a job the watchdog is confirming as hung: symbolising the stacks while a healthy
+    gloo job runs on was seen to leave a rank aborting at its teardown ("terminate called
+    without an active exception"). Else ``{"ok": false, "error": ...}``.
 
 What a Flight Recorder dump holds, field by field, and how its sequence numbers line up with
 the recorder's: docs/flight-recorder.md ("What a dump holds").
@@ -201,17 +207,19 @@ def _flight_recorder(agent: Served, request: dict[str, Any]) -> dict[str, Any]:
         return {"ok": False, "error": f"torch {version} has no Flight Recorder JSON dump"}
     include = request.get("include_collectives", True)
     only_active = request.get("only_active", False)
-    if not isinstance(include, bool) or not isinstance(only_active, bool):
-        return {"ok": False, "error": "include_collectives and only_active must be booleans"}
+    stacks = request.get("stacks", False)
+    if not all(isinstance(x, bool) for x in (include, only_active, stacks)):
+        return {"ok": False,
+                "error": "include_collectives, only_active and stacks must be booleans"}
     trace: dict[str, Any] | None = None
     seen: set[tuple] = set()
     for dump in dumps:
-        part = _with_stacks(c10d, dump, include, only_active)
-        if part is None:
-            part = json.loads(dump(include, only_active))
+        part = json.loads(dump(include, only_active))
         if not isinstance(part, dict):
             return {"ok": False, "error": f"Flight Recorder dump is a JSON {type(part).__name__}"}
         entries = part.get("entries") if isinstance(part.get("entries"), list) else []
+        if stacks:
+            _add_stacks(entries, _stacks_of(c10d, dump, include, only_active))
         if trace is None:
             trace = {**part, "entries": []}
         for entry in entries:  # the recorders may be one (newer torch) or two: never twice
@@ -223,9 +231,11 @@ def _flight_recorder(agent: Served, request: dict[str, Any]) -> dict[str, Any]:
     return {"ok": True, "trace": trace}
 
 
-#: The pickled dumps beside the JSON ones (same recorder): they carry each entry's Python stack
-#: as it was when the call was made - what describes a call issued from C++ (DDP's all_reduce
-#: during backward, its broadcast of buffers during forward) - which the JSON dumps leave out.
+#: The pickled dumps beside the JSON ones (same recorder, same record ids): they carry each
+#: entry's Python stack as it was when the call was made - what describes a call issued from C++
+#: (DDP's broadcast of buffers during forward; its all_reduce during backward on the CPU: on
+#: CUDA, backward runs on autograd's threads, which have no Python stack) - which the JSON dumps
+#: leave out.
 _PICKLED = {"_dump_fr_trace_json": "_dump_fr_trace", "_dump_nccl_trace_json": "_dump_nccl_trace"}
 #: The newest entries whose stacks the reply keeps (a hang is about the last calls: a reply of
 #: every entry's stack would be megabytes), and the frames kept per stack (innermost first).
@@ -233,34 +243,45 @@ STACKED_ENTRIES = 256
 STACK_FRAMES = 64
 
 
-def _with_stacks(c10d: Any, dump: Any, include: bool, only_active: bool) -> dict | None:
-    """The pickled twin of ``dump`` with stack traces, read as plain data (capture/fr_dump.py's
-    unpickler: torch's own bytes, yet nothing in them is ever imported or called), each kept
-    entry's ``frames`` as ``{name, filename, line}`` dicts; None when there is no such dump or
-    it fails (the JSON one is used then)."""
+def _stacks_of(c10d: Any, dump: Any, include: bool, only_active: bool) -> dict[tuple, list]:
+    """The Python stacks of the newest entries of ``dump``'s recorder, from its pickled twin
+    (read as plain data by capture/fr_dump.py's unpickler: torch's own bytes, yet nothing in
+    them is ever imported or called), by (record id, profiling name); {} when there is no such
+    dump or it fails."""
     name = _PICKLED.get(getattr(dump, "__name__", ""), "")
     pickled = getattr(c10d, name, None)
     if pickled is None:
-        return None
+        return {}
     try:
         from nccl_doctor.capture.fr_dump import loads
 
-        part = loads(pickled(include, True, only_active), "flight recorder")
-        entries = part.get("entries")
-        if not isinstance(entries, list):
-            return part
-        for i, entry in enumerate(entries):
-            if not isinstance(entry, dict):
-                continue
-            frames = entry.pop("frames", None)
-            if i >= len(entries) - STACKED_ENTRIES and isinstance(frames, (list, tuple)):
-                entry["frames"] = [
+        entries = loads(pickled(include, True, only_active), "flight recorder").get("entries")
+        out: dict[tuple, list] = {}
+        for entry in (entries if isinstance(entries, list) else [])[-STACKED_ENTRIES:]:
+            frames = entry.get("frames") if isinstance(entry, dict) else None
+            if isinstance(frames, (list, tuple)):
+                out[_stack_key(entry)] = [
                     {"name": str(f.get("name", "")), "filename": str(f.get("filename", "")),
                      "line": f.get("line") if isinstance(f.get("line"), int) else 0}
                     for f in list(frames)[:STACK_FRAMES] if isinstance(f, dict)]
-        return json.loads(json.dumps(part, default=str))  # tuples, bytes: as the JSON dump's
-    except Exception:  # noqa: BLE001 - the JSON dump still answers
-        return None
+        return out
+    except Exception:  # noqa: BLE001 - the JSON dump still answers, without stacks
+        return {}
+
+
+def _stack_key(entry: dict) -> tuple:
+    return str(entry.get("record_id")), str(entry.get("profiling_name"))
+
+
+def _add_stacks(entries: list, stacks: dict[tuple, list]) -> None:
+    """Each JSON entry with its stack from the pickled dump (the JSON dumps leave stacks out)."""
+    if not stacks:
+        return
+    for entry in entries:
+        if isinstance(entry, dict) and "frames" not in entry:
+            frames = stacks.get(_stack_key(entry))
+            if frames is not None:
+                entry["frames"] = frames
 
 
 #: NCCL builds keep NCCL's entries in their own recorder (FlightRecorder<CUDAEvent>), dumped by

@@ -37,14 +37,17 @@ def collect_stacks(pids: dict[int, int], run_id: str, *, timeout: float) -> dict
     return stacks
 
 
-def flight_recorder_dumps(pids: dict[int, int], run_id: str, *,
-                          timeout: float) -> dict[int, dict[str, Any]]:
+def flight_recorder_dumps(pids: dict[int, int], run_id: str, *, timeout: float,
+                          stacks: bool = False) -> dict[int, dict[str, Any]]:
     """Each live rank's Flight Recorder dump, through its agent (ranks that cannot answer, or
-    whose Flight Recorder is off, are left out)."""
+    whose Flight Recorder is off, are left out); ``stacks``: with each newest entry's Python
+    stack (rank/agent_commands.py: only of a job being confirmed as hung)."""
     if not pids:
         return {}
     out = {}
-    for rank, reply in request_many(run_id, pids, "flight_recorder", timeout=timeout).items():
+    fields = {"stacks": True} if stacks else {}
+    for rank, reply in request_many(run_id, pids, "flight_recorder", timeout=timeout,
+                                    **fields).items():
         if not isinstance(reply, AgentUnavailable) and reply.get("ok"):
             trace = reply.get("trace")
             if isinstance(trace, dict):

@@ -87,9 +87,12 @@ class LiveJob:
         """The Python stacks of ``ranks`` (py-spy, else the in-rank agent)."""
         return evidence.collect_stacks(self.pids(ranks), self.run_id, timeout=timeout)
 
-    def flight_recorder(self, ranks: Sequence[int], timeout: float) -> dict[int, dict[str, Any]]:
-        """The Flight Recorder dumps of ``ranks`` that can answer."""
-        return evidence.flight_recorder_dumps(self.pids(ranks), self.run_id, timeout=timeout)
+    def flight_recorder(self, ranks: Sequence[int], timeout: float,
+                        stacks: bool = False) -> dict[int, dict[str, Any]]:
+        """The Flight Recorder dumps of ``ranks`` that can answer (``stacks``: with the
+        newest entries' Python stacks)."""
+        return evidence.flight_recorder_dumps(self.pids(ranks), self.run_id, timeout=timeout,
+                                              stacks=stacks)
 
     def hosts(self) -> dict[int, str]:
         """rank -> its host, for every rank known."""

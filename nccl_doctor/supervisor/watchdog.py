@@ -237,7 +237,9 @@ class Watchdog:
         if self._fr_dumps is not None and not fresh and now - self._fr_at < every:
             return self._fr_dumps, False
         self._fr_at = now
-        self._fr_dumps = self.job.flight_recorder(a.live, self.policy.stack_timeout)
+        # a fresh pull confirms a deadlock: with the calls' stacks, which place the calls issued
+        # from C++ in the report (never asked of a job that may be healthy: agent_commands.py)
+        self._fr_dumps = self.job.flight_recorder(a.live, self.policy.stack_timeout, fresh)
         # get_backend() says "undefined" for a plain init_process_group(): the entries tell
         self._nccl = self._nccl or flight_recorder.has_nccl(self._fr_dumps)
         signature = flight_recorder.progress_signature(self._fr_dumps)

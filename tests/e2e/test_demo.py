@@ -138,7 +138,10 @@ def test_sft_packing_false_hangs_against_ddps_allreduce(tmp_path, device):
     # from C++: only Flight Recorder saw it
     assert sides["all_gather"][1] == line_of("nccl_doctor.reproducers.sft_packing_false",
                                              "dist.all_gather(parts, chunk.contiguous())")
-    assert sides["all_reduce"][1].startswith("<issued from C++")
+    # placed by the Python stack Flight Recorder kept when it was made: the backward line
+    assert sides["all_reduce"][1] == line_of("nccl_doctor.reproducers.sft_packing_false",
+                                             "loss.backward()") + \
+        " (issued from C++ during backward)", sides
     assert sorted(sides["all_gather"][0] + sides["all_reduce"][0]) == [0, 1]
     assert report["watchdog"]["situation"] == "deadlock"
     assert f["evidence"]["known_issue"]["rule"] == "B"

@@ -308,6 +308,7 @@ def test_the_leader_serves_the_whole_job(tmp_path):
         0: ("nodeA", "ended", "stopped"), 1: ("nodeA", "ended", "stopped"),
         2: ("nodeB", "ended", "stopped"), 3: ("nodeB", "ended", "stopped")}
     assert leader["root_cause"]["ranks"] == [3]
-    assert 'nccl_doctor_root_cause{callsite=' in metrics and 'host="nodeB"' in metrics
+    cause = [line for line in metrics.splitlines() if line.startswith("nccl_doctor_root_cause{")]
+    assert cause and all('callsite="' in line and 'host="nodeB"' in line for line in cause), cause
     assert 'nccl_doctor_nodes{state="joined"} 2.0' in metrics
     assert json.loads((out / "nodeA" / "report.json").read_text())["verdict"] == "hang"

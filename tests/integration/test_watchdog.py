@@ -245,7 +245,13 @@ def test_ddp_uneven_batches_is_a_desync_seen_through_flight_recorder(stopped_han
     assert root.evidence["aspect"] == "op" and root.group == "0"
     sides = {s["op"]: s for s in root.evidence["sides"]}
     assert set(sides) == {"all_reduce", "barrier"}
-    assert sides["all_reduce"]["ranks"] == [0] and "Flight Recorder" in sides["all_reduce"]["callsite"]
+    # issued from C++, placed by the Python stack Flight Recorder kept: the backward line
+    backward = 1 + (JOBS / "ddp_uneven.py").read_text().splitlines().index(
+        "        loss.backward()  # DDP all-reduces the gradients here, from C++")
+    assert sides["all_reduce"]["ranks"] == [0]
+    assert sides["all_reduce"]["callsite"].endswith(
+        f"ddp_uneven.py:{backward} (issued from C++ during backward)"), sides
+    assert "<" not in json.dumps(root.to_json())  # no placeholder callsite anywhere
     assert sides["barrier"]["ranks"] == [1] and sides["barrier"]["callsite"].endswith("ddp_uneven.py:23")
     # the right sequence number: the one PyTorch gave rank 1's barrier (from its capture), which
     # rank 0's fifth gradient all_reduce took there
@@ -322,7 +328,12 @@ def test_a_call_returned_but_never_completed_counts_as_waiting(supervise):
     assert d.verdict is Verdict.HANG and result.stopped_for_hang, messages
     assert d.watchdog["how"] == "stuck_peer", d.watchdog
     root = d.root_cause
-    assert root.kind is FindingKind.MISSING_COLLECTIVE and root.ranks == (1,), root
+    # rank 0 made the call inside `if rank == 0:` and rank 1 is in its else: the branch on the
+    # rank, not the wait, says who is wrong (issue 39); rank 1's stuck wait is still said
+    assert root.kind is FindingKind.MISSING_COLLECTIVE and root.ranks == (0,), root
+    branch = 1 + (JOBS / "async_unwaited.py").read_text().splitlines().index("if rank == 0:")
+    assert root.branch["line"] == branch and root.branch["text"] == "if rank == 0:", root.branch
+    assert root.evidence["missing_ranks"] == [1]
     assert root.op == "all_reduce" and root.callsite.endswith("async_unwaited.py:22")
     assert root.evidence["waiting_states"] == {"0": "in_flight"}
     assert "never completed (Flight Recorder)" in root.detail

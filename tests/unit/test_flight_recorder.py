@@ -55,6 +55,17 @@ def test_a_dump_read_alone_gives_each_entry_its_call_path() -> None:
     assert e.callsite.path == "/job/train.py" and e.issuing.function == "get_batch_loss_metrics"
 
 
+def test_a_call_from_autograds_thread_is_said_to_come_from_backward() -> None:
+    """On CUDA, backward runs on autograd's device threads (pt_autograd_0: seen on an H100 with
+    torch 2.11, NCCL 2.28.9), which hold no Python stack: DDP's gradient all_reduce there has no
+    frames in Flight Recorder's dump, and its thread says what made it."""
+    (e,) = events_from_dump({"entries": [{**entry(0, 1, "all_reduce", False),
+                                          "thread_name": "pt_autograd_0", "frames": []}]})
+    assert e.callsite is None and e.context == "issued from C++ during backward"
+    (main,) = events_from_dump({"entries": [{**entry(0, 1, "all_reduce", False), "frames": []}]})
+    assert main.context == ""
+
+
 def test_malformed_entries_are_skipped() -> None:
     good = entry(3, 4, "all_reduce", True)
     dump = {"entries": [None, {"op_id": "x"}, {**good, "process_group": []}, good, 5]}

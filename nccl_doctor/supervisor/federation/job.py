@@ -118,8 +118,9 @@ class FederatedJob(LiveJob):
                 continue
         return out
 
-    def flight_recorder(self, ranks: Sequence[int], timeout: float) -> dict[int, dict[str, Any]]:
-        out = super().flight_recorder(ranks, timeout)
+    def flight_recorder(self, ranks: Sequence[int], timeout: float,
+                        stacks: bool = False) -> dict[int, dict[str, Any]]:
+        out = super().flight_recorder(ranks, timeout, stacks)
         out.update((r, raw) for r, raw in self._ask("flight_recorder", ranks, out,
                                                      timeout).items() if isinstance(raw, dict))
         return out
