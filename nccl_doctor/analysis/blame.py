@@ -9,7 +9,8 @@ branch the others did not: it made a call they never make, and it is the culprit
 rank-dependent jump (``continue``, ``return``) before a side's call says the *other* side took
 it and skipped that call. When both sides or neither took one, the pass's own rule stands
 (majority, the side that skipped, else the lowest rank's convention) and the finding says so;
-a loop the sides left at different times is named with the calls each rank made inside it.
+a loop the sides left at different times is named with the calls each rank made inside it
+(analysis/loop_counts.py).
 
 Pure apart from reading the sources the ranks fingerprinted (a file changed since the run is
 "not analysed", never guessed at).
@@ -18,12 +19,13 @@ Pure apart from reading the sources the ranks fingerprinted (a file changed sinc
 from __future__ import annotations
 
 from collections import Counter
-from dataclasses import dataclass, replace
-from typing import Any, Iterable, Sequence
+from dataclasses import replace
+from typing import Any, Sequence
 
 from nccl_doctor import call_path, paths, redact
 from nccl_doctor.analysis.align import blocked_event, last_leaf
-from nccl_doctor.analysis.branch import Branch, Loop, NotAnalysed, branches, loops
+from nccl_doctor.analysis.branch import Branch, NotAnalysed, branches
+from nccl_doctor.analysis.loop_counts import Side, loop_line
 from nccl_doctor.analysis.polarity import body_is_special
 from nccl_doctor.analysis.source_text import Sources
 from nccl_doctor.analysis.wording import ranks_text, site
@@ -35,13 +37,6 @@ __all__ = ["settle", "sources_for", "Side"]
 
 _KINDS = (FindingKind.COLLECTIVE_MISMATCH, FindingKind.MISSING_COLLECTIVE)
 _MAX_USER_FRAMES = 8  # a side's user frames read (innermost first)
-
-
-@dataclass(frozen=True)
-class Side:
-    ranks: tuple[int, ...]
-    frames: tuple[Location, ...]  # what is read for its branches, innermost first
-    your_line: Location | None  # its innermost frame of the user's
 
 
 def sources_for(traces: TraceSet) -> Sources:
@@ -161,19 +156,11 @@ def _sides(f: Finding, traces: TraceSet) -> list[Side]:
         frames, yours = _event_frames(e, _stack(traces, waiting[0]))
         out.append(Side(waiting, frames, yours))
     # the missing ranks, grouped by where they are instead
-    by_place: dict[tuple, list[int]] = {}
-    placed: dict[tuple, tuple[tuple[Location, ...], Location | None]] = {}
+    by_place: dict[tuple[tuple[Location, ...], Location | None], list[int]] = {}
     for r in f.ranks:
-        e = _elsewhere(traces, r)
-        frames, yours = _event_frames(e if e is None or e.path or e.callsite else None,
-                                      _stack(traces, r))
-        if e is not None and not frames:
-            frames, yours = _event_frames(e, _stack(traces, r))
-        key = (frames, yours)
-        by_place.setdefault(key, []).append(r)
-        placed[key] = key
-    for key, ranks in by_place.items():
-        out.append(Side(tuple(ranks), *placed[key]))
+        by_place.setdefault(_event_frames(_elsewhere(traces, r), _stack(traces, r)), []).append(r)
+    for (frames, yours), ranks in by_place.items():
+        out.append(Side(tuple(ranks), frames, yours))
     return out
 
 
@@ -265,7 +252,7 @@ def _settled(f: Finding, traces: TraceSet, sources: Sources) -> Finding:
         first = min(blamed.items())[1]
         return replace(f, detail="\n".join(lines), evidence=evidence,
                        branch=_branch_json(first, sides[min(blamed)].ranks))
-    extra = _loop_line(sides, traces, sources)
+    extra = loop_line(sides, traces, sources)
     if extra is not None:
         text, loop_json = extra
         evidence["loop"] = loop_json
@@ -438,114 +425,3 @@ def _line_text(sources: Sources, loc: Location) -> str:
         return ""
     lines = sources.lines(loc.path)
     return lines[loc.line - 1].strip()[:160] if 0 < loc.line <= len(lines) else ""
-
-
-# -- loops -------------------------------------------------------------------------------------
-
-def _loop_line(sides: list[Side], traces: TraceSet, sources: Sources,
-               ) -> tuple[str, dict[str, Any]] | None:
-    """A loop the sides ran a different number of times, with the calls each rank made inside
-    it: a loop of the user's that one side is still in and another left; else the calls each
-    rank made from a side's line of the user's (a loop in the library it calls: ZeRO-3's
-    generate decoding until each rank's own end); else such a loop of a library's."""
-    seen: dict[tuple[str, int], tuple[Loop, set[int]]] = {}
-    for i, side in enumerate(sides):
-        for loop in loops(side.frames, sources):
-            seen.setdefault((loop.path, loop.line), (loop, set()))[1].add(i)
-    ranks = [r for side in sides for r in side.ranks]
-    left = [loop for loop, inside in seen.values() if len(inside) < len(sides)]
-    mine = [loop for loop in left if paths.is_user_file(loop.path)]
-    theirs = [loop for loop in left if paths.is_library_file(loop.path)]
-    for found in (*(_counted(loop, traces, ranks) for loop in mine),
-                  _from_user_lines(sides, traces, ranks),
-                  *(_counted(loop, traces, ranks) for loop in theirs)):
-        if found is not None:
-            return found
-    return None
-
-
-def _counted(loop: Loop, traces: TraceSet, ranks: list[int],
-             ) -> tuple[str, dict[str, Any]] | None:
-    counts = {r: _calls_inside(traces, r, loop) for r in ranks}
-    said = _fewer(counts)
-    if said is None:
-        return None
-    text = (f"The ranks ran the loop at {paths.short_path(loop.path)}:{loop.line} "
-            f"(`{source_text(loop.text)}`) a different number of times: {said} inside it. "
-            "The fault may lie on either side: every rank must run it as often as the others.")
-    return text, {"path": loop.path, "line": loop.line, "text": source_text(loop.text),
-                  "fewer_calls": _deficits(counts)}
-
-
-def _deficits(counts: dict[int, int]) -> dict[str, int]:
-    """How many calls fewer than the most each rank made (what a capture cut to a window of
-    the desync tells as well as the whole: the calls before it are the same on every rank)."""
-    most = max(counts.values())
-    return {str(r): most - n for r, n in sorted(counts.items())}
-
-
-def _fewer(counts: dict[int, int]) -> str | None:
-    """"rank 3 made 1 call fewer than ranks 0-2, 4-7" (None: they made as many)."""
-    if len(set(counts.values())) < 2:
-        return None
-    most = max(counts.values())
-    ahead = sorted(r for r, n in counts.items() if n == most)
-    behind: dict[int, list[int]] = {}
-    for r, n in sorted(counts.items()):
-        if n < most:
-            behind.setdefault(most - n, []).append(r)
-    parts = []
-    for gap, rs in sorted(behind.items()):
-        verb = "made" if len(rs) == 1 else "each made"
-        parts.append(f"{ranks_text(rs)} {verb} {gap} call{'s' if gap != 1 else ''} fewer")
-    return "; ".join(parts) + f" than {ranks_text(ahead)}"
-
-
-def _from_user_lines(sides: list[Side], traces: TraceSet, ranks: list[int],
-                     ) -> tuple[str, dict[str, Any]] | None:
-    for side in sides:
-        line = side.your_line
-        if line is None:
-            continue
-        counts = {r: _last_run(traces, r, lambda e: e.callsite == line)
-                  for r in ranks if r in traces.ranks}
-        # (every rank called from it: a line one side never reached is the desync itself)
-        said = _fewer(counts) if counts and min(counts.values()) > 0 else None
-        if said is not None:
-            text = (f"The ranks made a different number of calls from your {site(line)}: "
-                    f"{said} - a loop in what it calls ran a different number of times per "
-                    "rank. The fault may lie on either side: every rank must run it as often "
-                    "as the others.")
-            return text, {"path": line.path, "line": line.line, "text": "",
-                          "fewer_calls": _deficits(counts)}
-    return None
-
-
-def _calls_inside(traces: TraceSet, rank: int, loop: Loop) -> int:
-    return _last_run(traces, rank,
-                     lambda e: _inside(e.path or ((e.callsite,) if e.callsite else ()), loop))
-
-
-def _last_run(traces: TraceSet, rank: int, inside: Any) -> int:
-    """The calls of ``rank``'s last unbroken run of calls that are ``inside`` (a loop, a line):
-    its latest pass through it. Every rank enters it in step, so the runs differ by what each
-    did there; counting only this pass keeps the count the same in a capture cut to a window of
-    the desync as in the whole."""
-    trace = traces.ranks.get(rank)
-    if trace is None:
-        return 0
-    n = 0
-    for e in reversed(trace.events):
-        if e.kind not in (EventKind.COLLECTIVE, EventKind.P2P):
-            continue
-        if inside(e):
-            n += 1
-        elif n:
-            break
-    return n
-
-
-def _inside(frames: Iterable[Location], loop: Loop) -> bool:
-    return any(loc.path == loop.path and loop.first_line <= loc.line <= loop.last_line
-               for loc in frames)
-

@@ -88,6 +88,7 @@ def detect_missing_collective(traces: TraceSet) -> list[Finding]:
             op=first.op, **call_fields(first, versions),
             evidence={
                 "waiting_ranks": sorted(waiting), "missing_ranks": missing, "input": first.input,
+                "blame": "missing",  # (analysis/blame.py: the branch on the rank may decide)
                 "instead": {str(r): {"category": c, "detail": w} for r, (c, w) in others.items()},
                 "waiting_states": {str(r): "in_flight" if e.in_flight else e.state.name.lower()
                                    for r, e in waiting.items()},
