@@ -79,7 +79,7 @@ def test_the_branch_on_the_rank_is_named_and_blames_the_side_that_took_it(run_jo
     # the console names it too
     console = subprocess.run([sys.executable, "-m", "nccl_doctor", "replay", str(job.out)],
                              capture_output=True, text=True, timeout=120).stdout
-    assert f"branch: " in console and f"{where.name}:{line}  {text}" in console, console
+    assert "branch: " in console and f"{where.name}:{line}  {text}" in console, console
 
 
 def test_a_healthy_run_names_no_branch(run_job):

@@ -13,6 +13,7 @@ from types import SimpleNamespace
 from typing import Callable
 
 import pytest
+from pathlib import Path
 
 from nccl_doctor.model import (
     Location, Event, EventFlag, EventKind, EventState, ExitKind, GroupInfo, Integrity, RankExit,
@@ -244,3 +245,26 @@ def tb() -> SimpleNamespace:
 @pytest.fixture(params=sorted(SCENARIOS))
 def scenario(request: pytest.FixtureRequest) -> tuple[str, TraceSet]:
     return request.param, SCENARIOS[request.param]()
+
+
+class _Site(type(Path())):  # a directory on sys.path where distributions are "installed"
+    def install(self, dist: str, entry: str, module: str, source: str) -> None:
+        """A distribution as pip would leave it: its module and a dist-info registering
+        ``entry`` in the ``nccl_doctor.known_issues`` entry-point group."""
+        (self / f"{module}.py").write_text(source)
+        info = self / f"{dist}-1.0.dist-info"
+        info.mkdir()
+        (info / "METADATA").write_text(f"Metadata-Version: 2.1\nName: {dist}\nVersion: 1.0\n")
+        (info / "entry_points.txt").write_text(f"[nccl_doctor.known_issues]\n{entry}\n")
+
+
+@pytest.fixture
+def site(tmp_path, monkeypatch):
+    """A fresh site directory on sys.path (``site.install(...)`` a plugin's distribution),
+    the entry points read again around the test."""
+    from nccl_doctor import entry_points
+
+    monkeypatch.syspath_prepend(str(tmp_path))
+    entry_points.load.cache_clear()
+    yield _Site(tmp_path)
+    entry_points.load.cache_clear()

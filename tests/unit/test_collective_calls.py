@@ -18,7 +18,6 @@ from pathlib import Path
 
 import pytest
 
-from nccl_doctor import entry_points
 from nccl_doctor.analysis import annotate as annotators
 from nccl_doctor.diagnosis import Diagnosis, Finding, FindingKind, Severity, Verdict
 from nccl_doctor.plugins import collective_calls as cc
@@ -343,26 +342,12 @@ def test_annotating_twice_changes_nothing_more():
     assert cc.annotate(once, {}) == once
 
 
-def _install(site: Path, dist: str, entry: str, module: str, source: str) -> None:
-    (site / f"{module}.py").write_text(source)
-    info = site / f"{dist}-1.0.dist-info"
-    info.mkdir()
-    (info / "METADATA").write_text(f"Metadata-Version: 2.1\nName: {dist}\nVersion: 1.0\n")
-    (info / "entry_points.txt").write_text(f"[nccl_doctor.known_issues]\n{entry}\n")
-
-
-@pytest.fixture
-def site(tmp_path, monkeypatch):
-    monkeypatch.syspath_prepend(str(tmp_path))
-    entry_points.load.cache_clear()
-    yield tmp_path
-    entry_points.load.cache_clear()
 
 
 def test_the_docs_example_catalog_plugin_through_the_entry_points(site):
     block = re.search(r"```python\n(# acme_calls\.py\n.*?)```", DOCS.read_text(), re.S)
     assert block, "docs/plugins.md's catalog plugin example is gone"
-    _install(site, "acme_calls", "acme_calls = acme_calls:annotate", "acme_calls", block.group(1))
+    site.install("acme_calls", "acme_calls = acme_calls:annotate", "acme_calls", block.group(1))
     found = annotators.installed()
     assert [a.name for a in found] == ["builtin", "collective_calls", "acme_calls"]
     assert all(a.annotate for a in found)

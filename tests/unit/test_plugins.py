@@ -6,7 +6,6 @@ from __future__ import annotations
 import re
 from pathlib import Path
 
-import pytest
 
 from nccl_doctor import entry_points
 from nccl_doctor.analysis import analyze, annotate
@@ -21,21 +20,6 @@ def _readme_example() -> str:
     return block.group(1)
 
 
-def _install(site: Path, dist: str, entry: str, module: str, source: str) -> None:
-    """A distribution as pip would leave it: its module and a dist-info with entry points."""
-    (site / f"{module}.py").write_text(source)
-    info = site / f"{dist}-1.0.dist-info"
-    info.mkdir()
-    (info / "METADATA").write_text(f"Metadata-Version: 2.1\nName: {dist}\nVersion: 1.0\n")
-    (info / "entry_points.txt").write_text(f"[nccl_doctor.known_issues]\n{entry}\n")
-
-
-@pytest.fixture
-def site(tmp_path, monkeypatch):
-    monkeypatch.syspath_prepend(str(tmp_path))
-    entry_points.load.cache_clear()
-    yield tmp_path
-    entry_points.load.cache_clear()
 
 
 def _mismatch(callsite: str) -> Diagnosis:
@@ -47,7 +31,7 @@ def _mismatch(callsite: str) -> Diagnosis:
 
 
 def test_the_readme_example_rule_annotates_after_the_builtin_rules(site):
-    _install(site, "acme_rules", "acme = acme_rules:annotate", "acme_rules", _readme_example())
+    site.install("acme_rules", "acme = acme_rules:annotate", "acme_rules", _readme_example())
     found = annotate.installed()
     assert [a.name for a in found] == ["builtin", "collective_calls", "acme"] and all(
         a.annotate for a in found)
@@ -62,7 +46,7 @@ def test_the_readme_example_rule_annotates_after_the_builtin_rules(site):
 
 
 def test_analyze_applies_installed_plugins_by_default(site, tb):
-    _install(site, "tagger", "tag = tagger:annotate", "tagger",
+    site.install("tagger", "tag = tagger:annotate", "tagger",
              "from dataclasses import replace\n"
              "def annotate(d, versions):\n"
              "    return replace(d, notes=d.notes + ('tagged by a plugin',))\n")
@@ -72,7 +56,7 @@ def test_analyze_applies_installed_plugins_by_default(site, tb):
 
 
 def test_a_plugin_that_fails_to_load_or_raises_leaves_a_note_and_the_report(site):
-    _install(site, "broken", "broken = broken_rules:annotate", "broken_rules",
+    site.install("broken", "broken = broken_rules:annotate", "broken_rules",
              "raise ImportError('no acme here')\n")
     (site / "raising.py").write_text("def annotate(d, versions):\n    raise KeyError('x')\n")
     info = site / "broken-1.0.dist-info" / "entry_points.txt"

@@ -9,7 +9,7 @@ from typing import Any, Callable, Mapping
 
 from nccl_doctor import paths
 from nccl_doctor.files import source_digest
-from nccl_doctor.rank.recorder.passes_on import passes_on
+from nccl_doctor.rank.recorder.passes_on import passes_on, read_source
 
 _UNIFORM_CHECK_LIMIT = 16  # lists longer than this are described by their first member
 CACHE_LIMIT = 4096  # entries per cache; a full cache is emptied and fills again from the calls
@@ -193,7 +193,7 @@ class Describer:
             return
         self._files.add(path)
         fields: dict[str, Any] = {}
-        data = _read_source(path)
+        data = read_source(path, MAX_SOURCE_BYTES)
         if data is not None:
             fields["sources"] = {path: source_digest(data)}
         package = paths.package_of(path) if library else None
@@ -227,17 +227,6 @@ def path_text(places: list[tuple[int, int, int, str]]) -> str:
 MAX_FILES = 1024  # files whose fingerprints a rank notes
 MAX_SOURCE_BYTES = 4_000_000  # a larger file is not fingerprinted (nor analysed)
 CODE_SHARE = 0.4  # of the string table, the most these notes may fill
-
-
-def _read_source(path: str) -> bytes | None:
-    if path.startswith("<"):
-        return None
-    try:
-        with open(path, "rb") as f:
-            data = f.read(MAX_SOURCE_BYTES + 1)
-    except OSError:
-        return None
-    return data if len(data) <= MAX_SOURCE_BYTES else None
 
 
 def package_version(package: str) -> str | None:

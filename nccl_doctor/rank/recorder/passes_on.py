@@ -72,18 +72,25 @@ def _call_at(code: CodeType, lasti: int) -> ast.Call | None:
     return tree.body if isinstance(tree.body, ast.Call) else None
 
 
-def _source(path: str) -> list[bytes] | None:
-    lines = _lines.get(path)
-    if lines is not None:
-        return lines
+def read_source(path: str, limit: int = _MAX_BYTES) -> bytes | None:
+    """A source file's bytes (None: not a file - ``<frozen ...>``, ``<string>`` -, unreadable,
+    or over ``limit`` bytes)."""
     if path.startswith("<"):
         return None
     try:
         with open(path, "rb") as f:
-            data = f.read(_MAX_BYTES + 1)
+            data = f.read(limit + 1)
     except OSError:
         return None
-    if len(data) > _MAX_BYTES:
+    return data if len(data) <= limit else None
+
+
+def _source(path: str) -> list[bytes] | None:
+    lines = _lines.get(path)
+    if lines is not None:
+        return lines
+    data = read_source(path)
+    if data is None:
         return None
     if len(_lines) >= _KEEP_FILES:
         _lines.clear()
