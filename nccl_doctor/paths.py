@@ -66,8 +66,7 @@ def configure(user_code: Iterable[str] = (), library_code: Iterable[str] = (),
     own = {sys.prefix, sys.base_prefix, sys.exec_prefix, sys.base_exec_prefix}
     _prefixes = tuple(sorted({os.path.join(p, d) + os.sep for p in (*own, *prefixes) if p
                               for d in ("bin", "Scripts")}))
-    is_library_file.cache_clear()
-    is_internal_file.cache_clear()
+    is_library_file.cache_clear()  # (is_internal_file does not depend on them)
 
 
 def with_patterns(environ: Mapping[str, str], user_code: Iterable[str] = (),

@@ -296,9 +296,8 @@ def _said_yours(sides: list[Side], traces: TraceSet, sources: Sources) -> list[s
             continue
         code = source_text(_line_text(sources, side.your_line))
         quoted = f" `{code}`" if code else ""
-        first = next((loc for loc in side.frames if paths.is_library_file(loc.path)), None)
-        if first is not None and paths.is_library_file(first.path) and \
-                side.frames and side.frames[0] == first:
+        if side.frames and paths.is_library_file(side.frames[0].path):  # a library made it
+            first = side.frames[0]
             issuing = call_path.issuing(side.frames, side.your_line) or first
             where = issuing if paths.is_library_file(issuing.path) else first
             package = paths.package_of(where.path)

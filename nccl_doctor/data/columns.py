@@ -233,8 +233,7 @@ def _issuing(frames: tuple[Location, ...], user: Location | None,
              api: Location | None) -> str | None:
     """``Event.issuing`` as text (nccl_doctor/call_path.py), else the user's line, else the
     API's caller."""
-    place = call_path.issuing(frames, user) if frames else None
-    place = place or user or api
+    place = call_path.issuing(frames, user) or api
     return str(place) if place else None
 
 
