@@ -9,6 +9,9 @@ from __future__ import annotations
 CAPTURE_DIR = "NCCL_DOCTOR_DIR"
 #: Set to "0" to keep the bootstrap from recording even though NCCL_DOCTOR_DIR is set.
 ENABLE = "NCCL_DOCTOR_ENABLE"
+#: "0": the functional collectives (DTensor, tensor parallel, compiled graphs) are not recorded;
+#: their calls then show as unrecorded sequence numbers (rank/recorder/functional.py).
+FUNCTIONAL = "NCCL_DOCTOR_FUNCTIONAL"
 #: Number of event records in each rank's ring buffer (bounds the capture file's size).
 RING_RECORDS = "NCCL_DOCTOR_RING_RECORDS"
 #: Bytes reserved for each rank's interned string table.

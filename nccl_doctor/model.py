@@ -41,6 +41,9 @@ class EventFlag(enum.IntFlag):
     COALESCED = 2  # a *_coalesced op, or issued inside a coalescing manager
     NONUNIFORM_LIST = 4  # a tensor list whose members differ in shape or dtype
     COMPOSITE = 8  # a wrapper around other recorded calls (object collectives, _base aliases)
+    # issued through the functional collectives (torch.ops._c10d_functional: DTensor, tensor
+    # parallel, funcol, compiled graphs), seen at the dispatcher (rank/recorder/functional.py)
+    FUNCTIONAL = 16
 
 
 class EventState(enum.IntEnum):
@@ -85,6 +88,7 @@ class EventSource(enum.Enum):
     issued from C++, e.g. DDP's gradient all_reduce, merged in by capture/flight_recorder.py)."""
 
     RECORDER = "recorder"
+    FUNCTIONAL = "functional"  # the recorder, at the functional collectives' dispatcher entry
     FLIGHT_RECORDER = "flight_recorder"
 
 

@@ -124,8 +124,17 @@ def is_user_file(path: str) -> bool:
 
 @functools.lru_cache(maxsize=8192)
 def is_internal_file(path: str) -> bool:
-    """True for torch, nccl_doctor and frozen frames: never the direct caller worth naming."""
-    return _belongs(path, _INTERNAL_RE, _INTERNAL)
+    """True for torch, nccl_doctor and frozen frames, and for the code torch generates (an FX
+    graph's ``<eval_with_key>``, an Inductor-compiled module): never the direct caller worth
+    naming."""
+    return _belongs(path, _INTERNAL_RE, _INTERNAL) or bool(_GENERATED_RE.search(path))
+
+
+# torch.compile's code: FX graph modules, and Inductor's output modules (in its cache,
+# /tmp/torchinductor_<user> unless TORCHINDUCTOR_CACHE_DIR moves it: a two-character directory
+# holding c<52-character hash>.py)
+_GENERATED_RE = re.compile(rf"^<eval_with_key>|{_SEP}torchinductor_[^{_SEP}]*{_SEP}"
+                           rf"|{_SEP}[a-z0-9]{{2}}{_SEP}c[a-z0-9]{{51}}\.py$")
 
 
 def _belongs(path: str, pattern: re.Pattern[str], packages: tuple[str, ...]) -> bool:

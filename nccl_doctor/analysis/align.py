@@ -4,10 +4,10 @@ from __future__ import annotations
 
 import functools
 from collections import defaultdict
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Callable, TypeVar
 
-from nccl_doctor.model import Event, EventKind, EventState, RankTrace, TraceSet
+from nccl_doctor.model import Event, EventKind, EventSource, EventState, RankTrace, TraceSet
 
 #: Ops that are one operation under several names (deprecated aliases and renames).
 OP_ALIASES = {
@@ -48,6 +48,9 @@ class GroupTimeline:
     members: tuple[int, ...]
     calls: dict[int, dict[int, Event]]  # align_seq -> rank -> event
     last_seq: dict[int, int]  # rank -> highest align_seq entered (0: none)
+    # rank -> the align_seqs it made between two of its recorded calls that nothing recorded
+    # (``unseen``): calls the doctor did not see, never calls the rank did not make
+    unseen: dict[int, tuple[int, ...]] = field(default_factory=dict)
 
     def seqs(self) -> list[int]:
         return sorted(self.calls)
@@ -76,9 +79,13 @@ def keep_last(fn: Callable[[TraceSet], _T]) -> Callable[[TraceSet], _T]:
 def timelines(traces: TraceSet) -> dict[str, GroupTimeline]:
     """Per process group, every rank's collectives lined up."""
     calls: dict[str, dict[int, dict[int, Event]]] = defaultdict(lambda: defaultdict(dict))
+    holes: dict[str, dict[int, tuple[int, ...]]] = defaultdict(dict)
     for rank, trace in traces.ranks.items():
-        for e in leaf_collectives(trace):
+        leaves = leaf_collectives(trace)
+        for e in leaves:
             calls[e.group][e.align_seq].setdefault(rank, e)
+        for group, seqs in unseen(trace, leaves).items():
+            holes[group][rank] = seqs
     out = {}
     for name, by_seq in sorted(calls.items()):  # (a window starts in any group)
         members = traces.group_members(name)
@@ -86,8 +93,37 @@ def timelines(traces: TraceSet) -> dict[str, GroupTimeline]:
         for seq, by_rank in by_seq.items():
             for rank in by_rank:
                 last[rank] = max(last.get(rank, 0), seq)
-        out[name] = GroupTimeline(name, members, dict(by_seq), last)
+        out[name] = GroupTimeline(name, members, dict(by_seq), last, holes.get(name, {}))
     return out
+
+
+MAX_UNSEEN = 64  # unseen sequence numbers kept per rank and group
+
+
+def unseen(trace: RankTrace, leaves: list[Event]) -> dict[str, tuple[int, ...]]:
+    """Per group, the sequence numbers a rank took between two of its recorded collectives
+    with nothing recorded between them in its capture: calls it made that nobody saw (issued
+    from C++ without a Python frame, a functional collective under torch.inference_mode).
+    Records the capture lost (a lapped ring, a window) are not counted: the two calls must be
+    neighbours in the capture, every record between them present."""
+    recorded = [e for e in trace.events if e.source is not EventSource.FLIGHT_RECORDER]
+    position = {e.idx: i for i, e in enumerate(recorded)}
+    out: dict[str, list[int]] = defaultdict(list)
+    last: dict[str, Event] = {}
+    for e in sorted(leaves, key=lambda x: (x.group, x.align_seq, x.idx)):
+        before = last.get(e.group)
+        last[e.group] = e
+        if before is None:
+            continue
+        expected = before.align_seq + max(before.seq_delta or 1, 1)
+        if e.align_seq <= expected:
+            continue
+        a, b = position.get(before.idx), position.get(e.idx)
+        if a is None or b is None or b - a != e.idx - before.idx:
+            continue  # records between them are missing from the capture
+        seqs = out[e.group]
+        seqs.extend(range(expected, min(e.align_seq, expected + MAX_UNSEEN - len(seqs))))
+    return {g: tuple(s) for g, s in out.items() if s}
 
 
 def blocked_event(trace: RankTrace) -> Event | None:
@@ -103,3 +139,21 @@ def last_leaf(trace: RankTrace) -> Event | None:
     parents = wrapper_indices(trace)
     leaves = [e for e in leaves if e.idx not in parents]
     return leaves[-1] if leaves else None
+
+
+UNSEEN_WHY = ("issued from C++ without a Python frame (a C++ extension, a functional collective "
+              "under torch.inference_mode)")
+
+
+def unseen_lines(traces: TraceSet) -> list[str]:
+    """One line per rank and group whose recorded calls skip sequence numbers."""
+    out = []
+    for name, timeline in timelines(traces).items():
+        for rank, seqs in sorted(timeline.unseen.items()):
+            shown = ", ".join(f"#{s}" for s in seqs[:6]) + (" ..." if len(seqs) > 6 else "")
+            many = len(seqs) > 1
+            out.append(f"rank {rank} made {'collectives' if many else 'a collective'} at "
+                       f"{'sequence numbers' if many else 'sequence number'} {shown} of group "
+                       f"{name} that {'were' if many else 'was'} not recorded: {UNSEEN_WHY}; "
+                       "the calls after keep their own numbers, and no rank is blamed for them")
+    return out

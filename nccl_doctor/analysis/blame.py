@@ -23,7 +23,7 @@ from dataclasses import replace
 from typing import Any, Sequence
 
 from nccl_doctor import call_path, paths, redact
-from nccl_doctor.analysis.align import blocked_event, last_leaf
+from nccl_doctor.analysis.align import blocked_event, last_leaf, timelines
 from nccl_doctor.analysis.branch import Branch, NotAnalysed, branches
 from nccl_doctor.analysis.loop_counts import Side, loop_line
 from nccl_doctor.analysis.polarity import body_is_special
@@ -252,6 +252,15 @@ def _settled(f: Finding, traces: TraceSet, sources: Sources) -> Finding:
         first = min(blamed.items())[1]
         return replace(f, detail="\n".join(lines), evidence=evidence,
                        branch=_branch_json(first, sides[min(blamed)].ranks))
+    jumped = None if _unseen_in(f, traces) else _shared_jump(found, counts, len(sides), f)
+    if jumped is not None:
+        branch, culprit = jumped
+        others = sorted(r for s in sides for r in s.ranks if r not in culprit)
+        evidence["blame"] = "branch"
+        lines = _replace_why(lines, why, _reason(branch, culprit, others))
+        return replace(f, ranks=culprit, detail="\n".join(lines),
+                       branch=_branch_json(branch, culprit, culprit=True),
+                       hint=_hint(branch), evidence=evidence)
     extra = loop_line(sides, traces, sources)
     if extra is not None:
         text, loop_json = extra
@@ -264,6 +273,30 @@ def _settled(f: Finding, traces: TraceSet, sources: Sources) -> Finding:
     else:
         lines.append("No branch on the rank was found on either side's path.")
     return replace(f, detail="\n".join(lines), evidence=evidence)
+
+
+def _unseen_in(f: Finding, traces: TraceSet) -> bool:
+    """Some rank made calls in the finding's group that nothing recorded: its counts are not
+    the whole story, and never make a culprit."""
+    line = timelines(traces).get(f.group) if f.group is not None else None
+    return bool(line is not None and line.unseen)
+
+
+def _shared_jump(found: list[tuple[Branch, ...]], counts: Counter, n_sides: int,
+                 f: Finding) -> tuple[Branch, tuple[int, ...]] | None:
+    """Every side of a missing collective is past the same rank-dependent jump (``if rank == 1
+    and step == 2: continue``), in the loop or function they share: the ranks that made fewer
+    calls in the group - the absent ones - took it, when the jump singles out the ranks that
+    take it (analysis/polarity.py). (The branch, the culprits) or None."""
+    if f.kind is not FindingKind.MISSING_COLLECTIVE or not found:
+        return None
+    culprit = tuple(sorted(f.absent or f.ranks))
+    if not culprit:
+        return None
+    for b in found[0]:
+        if b.kind == "jump" and b.skips and counts[_key(b)] == n_sides and _skipping(b):
+            return b, culprit
+    return None
 
 
 def _crashed(f: Finding, traces: TraceSet) -> tuple[int, ...]:

@@ -6,8 +6,9 @@ from dataclasses import replace
 from pathlib import Path
 from typing import Callable, Sequence
 
+from nccl_doctor import paths
 from nccl_doctor.analysis import actors, annotate, blame, ends, replayed, straggler
-from nccl_doctor.analysis.align import blocked_event, last_leaf
+from nccl_doctor.analysis.align import blocked_event, last_leaf, timelines, unseen_lines
 from nccl_doctor.analysis.wording import call_name, call_site, ranks_text
 from nccl_doctor.analysis.desync import DESYNC, first_divergence_per_group
 from nccl_doctor.analysis.exited import detect_rank_exited, early_stopped, first_line
@@ -78,6 +79,10 @@ def analyze(traces: TraceSet, passes: tuple[Pass, ...] = PASSES,
         notes.append(f"reading the branch on the rank failed on this capture ({err!r})")
     findings = _rank_findings(findings, traces)
     findings = _on_hosts(findings, traces)
+    try:
+        notes.extend(unseen_lines(traces))
+    except Exception as err:  # as for a pass: the report goes on without it
+        notes.append(f"looking for unrecorded calls failed on this capture ({err!r})")
     for rank, u in traces.unrecorded.items():
         on = f" on {u.host}" if u.host else ""
         if u.damaged:
@@ -183,12 +188,60 @@ def _rank_findings(findings: list[Finding], traces: TraceSet) -> list[Finding]:
     if lost:  # a rank gone unrecorded beside a lost node: when it went is unknown
         candidates = [f for f in candidates if not _vanished_beside(f, lost)] or candidates
     candidates = candidates or errors
+    candidates = _who_left_first(candidates, traces)
     # spinning GPUs are the symptom of whatever keeps the peers away
     candidates = [f for f in candidates if f.kind is not FindingKind.GPU_BUSY_HANG] or candidates
     first = min(candidates, key=lambda f: (f.time_ns is None, f.time_ns or 0))
     rest = [f for f in findings if f is not first]
     rest.sort(key=lambda f: (f.severity is not Severity.ERROR, f.time_ns or 0))
+    first = _with_unanswered(first, findings)
     return [replace(first, root_cause=True, **_consequences(first, traces))] + rest
+
+
+def _with_unanswered(root: Finding, findings: list[Finding]) -> Finding:
+    """A rank that left while its peers needed it: the call it left unanswered, and the branch
+    on the rank that kept it from that call (its missing_collective's, analysis/blame.py)."""
+    if root.kind is not FindingKind.RANK_EXITED or not root.evidence.get("needed_in"):
+        return root
+    missing = next((f for f in findings if f.kind is FindingKind.MISSING_COLLECTIVE
+                    and f.branch is not None and f.evidence.get("blame") == "branch"
+                    and set(f.ranks) & set(root.ranks)), None)
+    if missing is None:
+        return root
+    b = missing.branch
+    detail = (f"{root.detail}\nThe call it left unanswered: {missing.title}. "
+              f"{ranks_text(list(b.get('ranks') or root.ranks))} skipped it at the "
+              f"rank-dependent branch {paths.short_path(b['path'])}:{b['line']} (`{b['text']}`).")
+    return replace(root, detail=detail, branch=b, hint=missing.hint,
+                   evidence={**root.evidence, "unanswered": {
+                       "group": missing.group, "seq": missing.seq, "op": missing.op}})
+
+
+def _who_left_first(candidates: list[Finding], traces: TraceSet) -> list[Finding]:
+    """A rank that ended while its peers still needed it - it made fewer calls in a group than
+    they did - is the cause; a peer's own end, having made more calls there (gloo's "Connection
+    closed by peer", NCCL's "remote process exited", a DistBackendError), is its consequence,
+    whatever the clocks say: a rank's teardown can be stamped after the error it caused.
+    Decided by the recorded sequence numbers (analysis/align.py), not by time."""
+    left = [f for f in candidates if f.kind is FindingKind.RANK_EXITED
+            and f.evidence.get("needed_in")]
+    if not left:
+        return candidates
+    lines = timelines(traces)
+    needed = {(n["group"], r): n["seq"] for f in left for r in f.ranks
+              for n in f.evidence["needed_in"]}
+
+    def after_them(f: Finding) -> bool:
+        if (f.kind is not FindingKind.RANK_EXITED or f.evidence.get("needed_in")
+                or f.evidence.get("before_joining")):
+            return False
+        for (group, _leaver), seq in needed.items():
+            line = lines.get(group)
+            if line is not None and all(line.last_seq.get(r, 0) >= seq for r in f.ranks):
+                return True  # it made the call the leaver never did
+        return False
+
+    return [f for f in candidates if not after_them(f)] or candidates
 
 
 def _vanished_beside(f: Finding, lost: set[int]) -> bool:
@@ -360,7 +413,7 @@ def _summary(trace: RankTrace) -> RankSummary:
         last_json = {
             "group": last.group, "seq": last.align_seq, "op": last.op,
             "state": last.state.name.lower(), "callsite": call_site(last, trace.meta.versions),
-            "input": last.input,
+            "input": last.input, "source": last.source.value,
         }
     return RankSummary(
         rank=trace.rank, host=trace.meta.host, pid=trace.meta.pid, state=state,

@@ -18,7 +18,7 @@ import numpy as np
 
 from nccl_doctor.capture import format as fmt
 from nccl_doctor.location import Location
-from nccl_doctor.model import Event, EventFlag, EventKind, EventState
+from nccl_doctor.model import Event, EventFlag, EventKind, EventSource, EventState
 
 #: One 128-byte record (format.ENTER, its check, padding, format.EXIT), little-endian.
 RECORD = np.dtype([
@@ -126,6 +126,7 @@ def _keep(rows: np.ndarray, slots: np.ndarray, mask: np.ndarray) -> tuple[np.nda
 
 
 _KIND = {int(k): k for k in EventKind}
+_FUNCTIONAL = int(EventFlag.FUNCTIONAL)
 _STATE = {int(k): k for k in EventState}
 _DEFAULTS = {f.name: f.default for f in dataclasses.fields(Event)
              if f.default is not dataclasses.MISSING}
@@ -176,6 +177,7 @@ def events(decoded: Decoded, strings: Mapping[int, str], paths: bool = True) -> 
             "input": get(inp, ""), "output": get(outp, ""), "nbytes": nbytes, "peer": peer,
             "group_size": gsize, "callsite": places[user], "api_callsite": places[api],
             "path": call_path,
+            "source": EventSource.FUNCTIONAL if flags & _FUNCTIONAL else EventSource.RECORDER,
         }))
     return out
 

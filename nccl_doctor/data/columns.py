@@ -60,7 +60,9 @@ COLUMNS: dict[str, str] = {
     "idx": "the record's number in the rank's capture (1-based); a Flight Recorder entry "
            "no rank recorded: 10**12 + its record_id",
     "parent": "idx of the enclosing recorded call (object collective, async op); 0 none",
-    "source": "recorder (the capture) or flight_recorder (PyTorch's Flight Recorder)",
+    "source": "recorder (the Python API, in the capture), functional (the functional "
+              "collectives: DTensor, tensor parallel, compiled graphs, in the capture) or "
+              "flight_recorder (PyTorch's Flight Recorder)",
 }
 
 #: Categorical columns (their values interned across ranks).
@@ -75,6 +77,15 @@ _EMPTY = {"pid": np.int64, "seq": np.int64, "torch_seq": np.int64, "nbytes": np.
           "t_enter": np.int64, "t_exit": np.int64, "duration_s": np.float64, "in_flight": bool,
           "async": bool, "composite": bool, "thread": np.int64, "idx": np.int64,
           "parent": np.int64}
+
+
+def _sources(flags: np.ndarray, cats: "Categories") -> np.ndarray:
+    """The capture's rows' source codes: recorder, or functional where the flag says so."""
+    out = np.full(len(flags), cats.code(EventSource.RECORDER.value), dtype=np.int32)
+    functional = (flags & int(EventFlag.FUNCTIONAL)) != 0
+    if functional.any():
+        out[functional] = cats.code(EventSource.FUNCTIONAL.value)
+    return out
 
 
 @dataclass
@@ -186,7 +197,7 @@ def scan_columns(scan: Scan, cats: Mapping[str, Categories]) -> Columns:
         "thread": rows["thread"].astype(np.int64),
         "idx": rows["idx"].astype(np.int64),
         "parent": rows["parent"].astype(np.int64),
-        "source": np.full(n, cats["source"].code(EventSource.RECORDER.value), dtype=np.int32),
+        "source": _sources(flags, cats["source"]),
     }
     ufile, uline, ufunc = rows["ufile"], rows["uline"], rows["ufunc"]
     afile, aline = rows["afile"], rows["aline"]

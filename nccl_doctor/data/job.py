@@ -165,7 +165,7 @@ class Job:
                                             for e in t.events):
                     fr_only[rank] = t
                 flying[rank] = {e.idx for e in t.events
-                                if e.in_flight and e.source is EventSource.RECORDER}
+                                if e.in_flight and e.source is not EventSource.FLIGHT_RECORDER}
         order = sorted({*scans, *fr_only})
         read = _read_ahead([scans[r] for r in order if r in scans])
         for rank in order:

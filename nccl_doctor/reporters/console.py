@@ -114,8 +114,9 @@ class ConsoleReporter:
             table.add_column("stack (innermost user frame)", overflow="fold")
         for r in d.ranks:
             last = r.last_collective or {}
-            op = f"{last.get('op')} #{last.get('seq')} g{last.get('group')} ({last.get('state')})" \
-                if last else "-"
+            via = " functional" if last.get("source") == "functional" else ""
+            op = (f"{last.get('op')} #{last.get('seq')} g{last.get('group')} "
+                  f"({last.get('state')}{via})") if last else "-"
             row = [_text(r.rank), _text(r.host or "-"), _text(r.pid or "-"),
                    _text(r.exit_detail if r.state != "running" else r.state),
                    _text(op), _text(last.get("callsite", "-"))]

@@ -177,6 +177,8 @@ class Describer:
     def _code_info(self, code: CodeType) -> tuple[bool, bool, int, int, CodeType]:
         path = code.co_filename
         library, internal = paths.is_library_file(path), paths.is_internal_file(path)
+        if not internal and _compiled_by_dynamo(code):  # torch.compile's rewrite of the user's
+            library = internal = True  # function: its caller's line is the user's
         if not internal and path not in self._files and self._note is not None:
             self._note_file(path, library)
         return (
@@ -204,6 +206,17 @@ class Describer:
                 fields["versions"] = {package: version}
         if fields and self._note is not None:
             self._note("code", share=CODE_SHARE, **fields)
+
+
+def _compiled_by_dynamo(code: CodeType) -> bool:
+    """A code object torch.compile wrote in place of a user's function (it keeps the function's
+    file and name; its every instruction says the ``def`` line). Asked once per code object."""
+    utils = sys.modules.get("torch._dynamo.utils")
+    transformed = getattr(utils, "orig_code_map", None) if utils is not None else None
+    try:
+        return transformed is not None and code in transformed
+    except Exception:  # noqa: BLE001 - torch's own map: not knowing is "not compiled"
+        return False
 
 
 def _flagged(places: list[list[Any]]) -> list[tuple[int, int, int, str]]:

@@ -32,6 +32,7 @@ from nccl_doctor.model import EventFlag, EventKind, EventState
 from nccl_doctor.capture.unrecorded import write_unrecorded
 from nccl_doctor.capture.writer import CaptureWriter
 from nccl_doctor.rank.hooks import exception_fields
+from nccl_doctor.rank.recorder import functional
 from nccl_doctor.rank.recorder.arguments import Describer
 from nccl_doctor.rank.recorder.specs import SPECS
 from nccl_doctor.rank.recorder.wrappers import BoundCall, forgetting, patch_wait, wrap, wrap_init
@@ -69,6 +70,8 @@ class Recorder:
         self.stacks: dict[int, list[int]] = {}  # thread id -> indices of its calls in progress
         self.pending: dict[int, tuple] = {}  # id(Work) -> the async op it came from
         self._calls: list[BoundCall] = []
+        # what keeps the functional collectives' kernels (None: not installed yet)
+        self._functional: list[Any] | None = None
         self._hooks_installed = False
         self._fault_file: Any = None
         self._pid = os.getpid()
@@ -150,12 +153,29 @@ class Recorder:
         r.positions = d.positions if live else None
         r.paths = d.paths if live else None
 
+    def _install_functional(self) -> None:
+        """Record the functional collectives too (rank/recorder/functional.py), once: when the
+        first process group exists, as torch.distributed is patched during torch's own import,
+        before the dispatcher's Python side is there."""
+        if self._functional is not None:
+            return
+        self._functional = []
+        if os.environ.get(env.FUNCTIONAL, "1") == "0":
+            return
+        try:
+            self._functional, calls = functional.install(self)
+            self._calls.extend(calls)
+        except Exception as err:  # noqa: BLE001 - torch refused: record the Python API alone
+            sys.stderr.write("nccl-doctor: the functional collectives (DTensor, compiled "
+                             f"graphs) are not recorded: {err!r}\n")
+
     # -- the capture file --------------------------------------------------------------------
     def open(self) -> None:
         """Create the rank's capture once its process group exists (rank is known then)."""
         self.joined = True
         if not self.enabled:
             return
+        self._install_functional()
         if self.writer is not None:  # init_process_group again, after a destroy
             self.default_pg = self.c10d._get_default_group()
             self.group(self.default_pg)
@@ -240,6 +260,11 @@ class Recorder:
         c10d, w = self.c10d, self.writer
         if pg is None or isinstance(pg, int) or w is None:
             return None  # NON_GROUP_MEMBER: the call is a no-op on this rank
+        if isinstance(pg, str):  # a group's name: what the functional collectives pass
+            grec = self.group(c10d._resolve_process_group(pg))
+            if grec is not None:
+                self.groups[pg] = grec
+            return grec
         name = c10d._get_process_group_name(pg)
         try:
             ranks = tuple(c10d.get_process_group_ranks(pg))
@@ -299,15 +324,29 @@ class Recorder:
         ref, parent, grec, f = entry
         if (ref is not None and ref() is not work) or f is None:
             return None
+        return self._wait(parent, f, grec, frame)
+
+    def wait_for(self, parent: int) -> tuple | None:
+        """The WAIT record of a functional collective's wait_tensor (rank/recorder/functional.py)
+        for its record ``parent``, at the collective's own callsite (no stack walked: a rank
+        blocked in it shows where in its stack); None when the record is gone (a new capture,
+        a lapped ring)."""
+        w = self.writer
+        f = w.record(parent) if w is not None else None
+        return None if f is None else self._wait(parent, f, None, None)
+
+    def _wait(self, parent: int, f: tuple, grec: GroupRecord | None, frame: Any) -> tuple:
         # f: the async op's ENTER fields (idx first); the wait inherits its group, seq and tensors
-        uf, ul, ufn, af, al, path = self.describer.callsites(frame)
+        # (and, without a frame, its callsite and call path)
+        uf, ul, ufn, af, al, path = (self.describer.callsites(frame) if frame is not None
+                                     else f[10:16])
         tid = threading.get_ident()
         stack = self.stacks.get(tid)
         if stack is None:
             stack = self.stacks[tid] = []
         idx = self.writer.begin((
             parent, time.time_ns(), f[3], f[4], tid, self._wait_op, f[7], f[8], f[9],
-            uf, ul, ufn, af, al, path, f[16], f[17], f[18], int(EventKind.WAIT), 0, 0,
+            uf, ul, ufn, af, al, path, f[16], f[17], f[18], int(EventKind.WAIT), f[20], 0,
         ))
         stack.append(idx)
         return idx, grec, -1, stack, 0, False, False
@@ -364,7 +403,9 @@ class Recorder:
             self.groups.clear()
             self.default_pg = None
         else:
-            self.groups.pop(pg, None)
+            grec = self.groups.pop(pg, None)
+            for key in [k for k, v in self.groups.items() if v is grec]:
+                del self.groups[key]  # its name, as the functional collectives knew it
         self.pending.clear()
         self._publish()  # what the fast path remembers of the group is stale
 

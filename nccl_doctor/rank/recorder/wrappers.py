@@ -49,6 +49,8 @@ class Recorder(Protocol):
 
     def wait_enter(self, work: Any, frame: Any) -> tuple | None: ...
 
+    def wait_for(self, parent: int) -> tuple | None: ...
+
     def destroyed(self, pg: Any) -> None: ...
 
 _NOWHERE = (1 << 30, "")  # the position of a parameter the function does not have
@@ -60,11 +62,12 @@ class BoundCall:
     __slots__ = ("spec", "kind", "flags", "op_id", "group", "inp", "out", "roots", "async_",
                  "measure", "fast")
 
-    def __init__(self, spec: Spec, fn: Callable) -> None:
-        try:
-            params = list(inspect.signature(fn).parameters)
-        except (TypeError, ValueError):
-            params = []
+    def __init__(self, spec: Spec, fn: Callable, params: list[str] | None = None) -> None:
+        if params is None:  # else: the parameters as the caller knows them (an op's schema)
+            try:
+                params = list(inspect.signature(fn).parameters)
+            except (TypeError, ValueError):
+                params = []
 
         def at(name: str | None) -> tuple[int, str] | None:
             if name is None:

@@ -1,0 +1,208 @@
+"""The functional collectives, recorded at the dispatcher: what DTensor, tensor parallel,
+``torch.distributed._functional_collectives`` and compiled graphs (``torch.compile``) issue
+without calling torch.distributed's Python functions.
+
+They all end in the ``torch.ops._c10d_functional`` operators, issued from C++ by the
+dispatcher. Each operator gets a kernel at the ``ADInplaceOrView`` dispatch key - a key every
+real tensor carries outside ``torch.inference_mode``, passed after autograd and before the
+backend's kernel - that records the call and passes it on below itself (``redispatch``): what
+the call does and returns is the operator's own. A compiled graph calls the same operators, so
+one mechanism sees eager and compiled calls alike (docs/recording.md says why this one, with
+the cost of each option measured).
+
+What is not recorded: a call on a tensor subclass that carries the Python dispatch key
+(FakeTensor and FunctionalTensor while torch.compile traces; DTensor itself, whose local
+tensors' calls are the real ones) or on the meta device; a call made under
+``torch.inference_mode``, which leaves the key out - it still takes its group's sequence
+number, which the analysis reads as a call the doctor did not see (analysis/align.py's gaps),
+never as a missing one; and every call when ``NCCL_DOCTOR_FUNCTIONAL=0``. A dispatch mode that
+calls the operator again makes a nested record (the outer one its parent), as the Python API's
+wrappers do: the analysis counts the innermost.
+
+A record is the Python API's: op, group, PyTorch's sequence number, the input tensor, the
+callsite and call path from the Python frames (every torch frame skipped, so DTensor's
+machinery is passed over and the user's line is the one that touched the tensor), flagged
+``FUNCTIONAL``; ``wait_tensor`` writes a WAIT record for the collective it completes.
+"""
+
+from __future__ import annotations
+
+import sys
+import threading
+import weakref
+from typing import Any, Callable
+
+from nccl_doctor.model import EventFlag, EventKind, EventState
+from nccl_doctor.rank.recorder.specs import Spec
+from nccl_doctor.rank.recorder.wrappers import BoundCall, Recorder, wrap
+
+NAMESPACE = "_c10d_functional"
+DISPATCH_KEY = "ADInplaceOrView"
+C, P = EventKind.COLLECTIVE, EventKind.P2P
+_F = EventFlag.FUNCTIONAL
+_FC = EventFlag.FUNCTIONAL | EventFlag.COALESCED
+_G = "group_name"
+
+#: operator -> its record (named as the Python API names the collective, so that a rank that
+#: called dist.all_gather_into_tensor and one whose DTensor gathered compare as the same op).
+#: ``measure``: the call's sequence numbers are counted after it returns (a coalesced or
+#: batched call takes one per member on some backends).
+OPERATORS: dict[str, Spec] = {
+    "all_reduce": Spec("all_reduce", C, inp="input", group=_G, flags=_F),
+    "all_reduce_": Spec("all_reduce", C, inp="input", group=_G, flags=_F),
+    "all_reduce_coalesced": Spec("all_reduce_coalesced", C, inp="inputs", group=_G, flags=_FC),
+    "all_reduce_coalesced_": Spec("all_reduce_coalesced", C, inp="inputs", group=_G, flags=_FC),
+    "all_gather_into_tensor": Spec("all_gather_into_tensor", C, inp="input", group=_G, flags=_F),
+    "all_gather_into_tensor_out": Spec("all_gather_into_tensor", C, inp="input", out="out",
+                                       group=_G, flags=_F),
+    "all_gather_into_tensor_coalesced": Spec("all_gather_into_tensor_coalesced", C,
+                                             inp="inputs", group=_G, flags=_FC),
+    "reduce_scatter_tensor": Spec("reduce_scatter_tensor", C, inp="input", group=_G, flags=_F),
+    "reduce_scatter_tensor_out": Spec("reduce_scatter_tensor", C, inp="input", out="out",
+                                      group=_G, flags=_F),
+    "reduce_scatter_tensor_coalesced": Spec("reduce_scatter_tensor_coalesced", C, inp="inputs",
+                                            group=_G, flags=_FC),
+    "all_to_all_single": Spec("all_to_all_single", C, inp="input", group=_G, flags=_F),
+    "broadcast": Spec("broadcast", C, inp="input", roots=("src",), group=_G, flags=_F),
+    "broadcast_": Spec("broadcast", C, inp="input", roots=("src",), group=_G, flags=_F),
+    "isend": Spec("isend", P, inp="tensor", roots=("dst",), group=_G, flags=_F),
+    "irecv": Spec("irecv", P, inp="tensor", roots=("src",), group=_G, flags=_F),
+    "batch_p2p_ops": Spec("batch_isend_irecv", P, inp="tensors", group=_G, flags=_FC),
+}
+_MEASURED = {"batch_p2p_ops", "all_reduce_coalesced", "all_reduce_coalesced_",
+             "all_gather_into_tensor_coalesced", "reduce_scatter_tensor_coalesced"}
+_INSTALLED: list[Any] = []  # the Library holding this process's kernels
+_MAX_ISSUED = 4096  # collectives whose wait_tensor is still to come; older ones are forgotten
+
+
+def install(rec: Recorder) -> tuple[list[Any], list[BoundCall]]:
+    """Register the recording kernels. Returns what must stay alive for them to stay (the
+    ``torch.library.Library``) and the calls recorded (the recorder names their ops when its
+    capture opens). Nothing (and no error) where torch has no functional collectives. Raises
+    what torch raises while registering: the caller records the Python API alone."""
+    import torch
+
+    namespace = getattr(torch.ops, NAMESPACE, None)
+    c_keys = getattr(torch._C, "_after_ADInplaceOrView_keyset", None)
+    if namespace is None or c_keys is None:
+        return [], []
+    dispatch_key = torch._C.DispatchKey
+    skip = (dispatch_key.Python, dispatch_key.Meta, (torch.Tensor, torch.nn.Parameter))
+    uninstall()  # a recorder made before this one in the process (a test's): its kernels go
+    lib = torch.library.Library(NAMESPACE, "IMPL")
+    _INSTALLED.append(lib)
+    issued: dict[int, tuple[Any, int]] = {}  # id(output tensor) -> (its weakref, record index)
+    calls: list[BoundCall] = []
+    for name, spec in OPERATORS.items():
+        packet = getattr(namespace, name, None)
+        op = getattr(packet, "default", None) if packet is not None else None
+        if op is None:
+            continue
+        params = ["keyset"] + [a.name for a in op._schema.arguments]
+        redispatch = _redispatch(op)
+        noted = _noting(rec, redispatch, c_keys, issued)
+        call = BoundCall(spec, noted, params=params)
+        if name not in _MEASURED:
+            call.measure = False
+        calls.append(call)
+        lib.impl(name, _gate(wrap(rec, call, noted), redispatch, c_keys, skip), DISPATCH_KEY,
+                 with_keyset=True)
+    wait = getattr(getattr(namespace, "wait_tensor", None), "default", None)
+    if wait is not None:
+        lib.impl("wait_tensor", _waiting(rec, _redispatch(wait), c_keys, issued, skip),
+                 DISPATCH_KEY, with_keyset=True)
+    return [lib], calls
+
+
+def _redispatch(op: Any) -> Callable:
+    """The operator's call from a kernel, given the keys below the kernel's."""
+    handle = getattr(op, "_handle", None)
+    return getattr(handle, "redispatch_boxed", None) or op.redispatch
+
+
+def _gate(recorded: Callable, redispatch: Callable, after: Any, skip: tuple) -> Callable:
+    """The kernel: a call on real tensors is recorded, any other passes straight on. The Python
+    key alone does not tell: a real tensor carries it while a dispatch mode is active (a
+    compiled graph's first run); the input's type does (FakeTensor, FunctionalTensor)."""
+    py_key, meta_key, plain = skip
+
+    def kernel(keyset: Any, *args: Any, **kwargs: Any) -> Any:
+        if keyset.has(meta_key) or (keyset.has(py_key) and not _plain(args, plain)):
+            return redispatch(keyset & after, *args, **kwargs)
+        return recorded(keyset, *args, **kwargs)
+
+    return kernel
+
+
+def _plain(args: tuple, plain: tuple) -> bool:
+    """The call's input (the first of a list) is a torch.Tensor or Parameter, not a subclass."""
+    x = args[0] if args else None
+    if type(x) is list:
+        x = x[0] if x else None
+    return type(x) in plain
+
+
+def _noting(rec: Recorder, redispatch: Callable, after: Any,
+            issued: dict[int, tuple[Any, int]]) -> Callable:
+    """The operator's call passed on below the kernel's key, and its output tensor noted with
+    its record (the innermost call in progress on this thread: the recorder pushed it) for the
+    wait_tensor that completes it."""
+    stacks, get_ident, ref = rec.stacks, threading.get_ident, weakref.ref
+
+    def noted(keyset: Any, *args: Any, **kwargs: Any) -> Any:
+        result = redispatch(keyset & after, *args, **kwargs)
+        try:
+            stack = stacks.get(get_ident())
+            if stack and rec.writer is not None and rec.enabled:
+                if len(issued) >= _MAX_ISSUED:
+                    issued.pop(next(iter(issued)))
+                if type(result) is list:  # a coalesced call's outputs
+                    for out in result:
+                        issued[id(out)] = (ref(out), stack[-1])
+                else:
+                    issued[id(result)] = (ref(result), stack[-1])
+        except Exception as err:  # noqa: BLE001 - the recorder's own: disable it, keep the call
+            rec.fail(err)
+        return result
+
+    return noted
+
+
+def _waiting(rec: Recorder, redispatch: Callable, after: Any,
+             issued: dict[int, tuple[Any, int]], skip: tuple) -> Callable:
+    """The wait_tensor kernel: a WAIT record (the collective's group, sequence number and
+    tensors) around the wait for a recorded collective's output; anything else passes on."""
+    py_key, meta_key, plain = skip
+    returned, failed = int(EventState.RETURNED), int(EventState.FAILED)
+
+    def kernel(keyset: Any, *args: Any, **kwargs: Any) -> Any:
+        if not issued or keyset.has(meta_key) or (keyset.has(py_key)
+                                                 and not _plain(args, plain)):
+            return redispatch(keyset & after, *args, **kwargs)
+        token = None
+        try:
+            tensor = args[0] if args else kwargs.get("tensor")
+            found = issued.pop(id(tensor), None)
+            if found is not None and found[0]() is tensor and rec.enabled:
+                token = rec.wait_for(found[1])
+        except Exception as err:  # noqa: BLE001 - the recorder's own: disable it, keep the call
+            rec.fail(err)
+        if token is None:
+            return redispatch(keyset & after, *args, **kwargs)
+        try:
+            result = redispatch(keyset & after, *args, **kwargs)
+        except BaseException:
+            rec.finish(*token, failed, None)
+            raise
+        rec.finish(*token, returned, None)
+        return result
+
+    return kernel
+
+
+def uninstall() -> None:
+    """Take this process's recording kernels out (the benchmark's bare rounds; tests)."""
+    while _INSTALLED:
+        destroy = getattr(_INSTALLED.pop(), "_destroy", None)
+        if destroy is not None:
+            destroy()
