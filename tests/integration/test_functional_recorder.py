@@ -48,6 +48,14 @@ for _ in range(3):  # the first call traces step on fake tensors: none of that i
     out["seqs"].append(seq() + 1)
     out["values"].append(compiled(torch.ones(2)).tolist())
 
+x = torch.ones(4, requires_grad=True)
+out["seqs"].append(seq() + 1)
+y = funcol.all_gather_tensor_autograd(x, 0, group)  # the autograd variant
+out["seqs"].append(seq() + 1)
+y.sum().backward()  # its backward: a reduce_scatter
+out["seqs"].append(seq() + 1)
+torch.ops._dtensor.shard_dim_alltoall(torch.ones(4, 2), 0, 1, group.group_name)  # DTensor's C++
+
 with torch.inference_mode():  # not seen: the dispatcher key the recorder uses is off
     funcol.all_reduce(torch.ones(2), "sum", group).wait()
 out["unseen"] = seq()
@@ -78,7 +86,8 @@ def test_every_real_functional_call_is_recorded_once_with_torchs_sequence_number
     issued = [e for e in events if e.source is EventSource.FUNCTIONAL
               and e.kind is EventKind.COLLECTIVE]
     assert [e.seq for e in issued] == out["seqs"], [(e.op, e.seq) for e in issued]
-    assert [e.op for e in issued] == ["all_reduce"] * 2 + ["all_gather_into_tensor"] * 3
+    assert [e.op for e in issued] == ["all_reduce"] * 2 + ["all_gather_into_tensor"] * 4 + [
+        "reduce_scatter_tensor", "all_to_all_single"]
     assert all(e.flags & EventFlag.FUNCTIONAL for e in issued)
     assert issued[0].input == "float32[4]" and issued[2].input == "float32[2]", issued[2]
     # the eager calls name the user's line; the compiled ones the line calling the compiled
@@ -87,13 +96,15 @@ def test_every_real_functional_call_is_recorded_once_with_torchs_sequence_number
     assert (issued[0].callsite.path, issued[0].callsite.line) == (script, 14)
     assert issued[2].callsite.path == script and issued[2].callsite.function == "<module>"
     # each completion: a WAIT record under its collective, with its sequence number
-    waits = [e for e in events if e.kind is EventKind.WAIT]
-    assert [w.parent for w in waits] == [e.idx for e in issued], (waits, issued)
-    assert [w.seq for w in waits] == out["seqs"]
+    waits = [e for e in events if e.kind is EventKind.WAIT][:5]
+    assert [w.parent for w in waits] == [e.idx for e in issued[:5]], (waits, issued)
+    assert [w.seq for w in waits] == out["seqs"][:5]
     assert all(w.state is EventState.RETURNED for w in waits)
     # what the calls returned is the operators' own (1 rank: the sum and the gather of itself)
     assert out["values"][:2] == [[3.0] * 4] * 2
     assert out["values"][2:] == [[3.0, 3.0]] * 3
+    # the backward's reduce_scatter names the line that ran backward
+    assert issued[6].callsite.line == issued[5].callsite.line + 2, issued[6].callsite
     # the call under inference_mode took its number with no record; the next call is in step
     last = next(e for e in events if e.op == "all_reduce" and e.source is EventSource.RECORDER)
     assert last.seq == out["last"] and out["unseen"] not in [e.seq for e in events]

@@ -41,6 +41,21 @@ def test_library_code_is_installed_code(path, library):
     assert paths.is_user_file(path) is not library
 
 
+@pytest.mark.parametrize("path, generated", [
+    ("<eval_with_key>.12", True),  # an FX graph module's code
+    ("/tmp/torchinductor_me/bt/cbtctpvo3w6z2epmgmklxkpqpqzixjmqteuuthofe5n5w4yz7uvk.py", True),
+    ("/scratch/cache/bt/cbtctpvo3w6z2epmgmklxkpqpqzixjmqteuuthofe5n5w4yz7uvk.py", True),
+    ("/home/me/proj/bt/cache.py", False),
+    ("/home/me/proj/train.py", False),
+])
+def test_code_torch_compile_generates_is_torchs(path, generated):
+    """Inductor's output modules (in its cache, wherever TORCHINDUCTOR_CACHE_DIR puts it) and
+    FX graphs are torch's: a compiled call names the user's line that called the compiled
+    function, never generated code."""
+    assert paths.is_internal_file(path) is generated
+    assert paths.is_library_file(path) is generated
+
+
 def test_console_scripts_of_the_interpreter_are_library_code(patterns):
     assert paths.is_library_file(os.path.join(sys.prefix, "bin", "torchrun"))
     patterns(prefixes=["/opt/rank-env"])  # a rank's own interpreter, recorded in its capture

@@ -43,7 +43,7 @@ _F = EventFlag.FUNCTIONAL
 _FC = EventFlag.FUNCTIONAL | EventFlag.COALESCED
 _G = "group_name"
 
-#: operator -> its record (named as the Python API names the collective, so that a rank that
+#: operator (of ``NAMESPACE`` unless named ``namespace::name``) -> its record (named as the Python API names the collective, so that a rank that
 #: called dist.all_gather_into_tensor and one whose DTensor gathered compare as the same op).
 #: ``measure``: the call's sequence numbers are counted after it returns (a coalesced or
 #: batched call takes one per member on some backends).
@@ -68,6 +68,8 @@ OPERATORS: dict[str, Spec] = {
     "isend": Spec("isend", P, inp="tensor", roots=("dst",), group=_G, flags=_F),
     "irecv": Spec("irecv", P, inp="tensor", roots=("src",), group=_G, flags=_F),
     "batch_p2p_ops": Spec("batch_isend_irecv", P, inp="tensors", group=_G, flags=_FC),
+    # DTensor's Shard(i) -> Shard(j) redistribute: an all_to_all its C++ kernel issues itself
+    "_dtensor::shard_dim_alltoall": Spec("all_to_all_single", C, inp="input", group=_G, flags=_F),
 }
 _MEASURED = {"batch_p2p_ops", "all_reduce_coalesced", "all_reduce_coalesced_",
              "all_gather_into_tensor_coalesced", "reduce_scatter_tensor_coalesced"}
@@ -93,11 +95,15 @@ def install(rec: Recorder) -> tuple[list[Any], list[BoundCall]]:
     _INSTALLED.append(lib)
     issued: dict[int, tuple[Any, int]] = {}  # id(output tensor) -> (its weakref, record index)
     calls: list[BoundCall] = []
-    for name, spec in OPERATORS.items():
-        packet = getattr(namespace, name, None)
+    for qualified, spec in OPERATORS.items():
+        space, _, name = qualified.rpartition("::")
+        packet = getattr(getattr(torch.ops, space or NAMESPACE, None), name, None)
         op = getattr(packet, "default", None) if packet is not None else None
         if op is None:
             continue
+        if space:  # another namespace's operator: a library of its own
+            lib = torch.library.Library(space, "IMPL")
+            _INSTALLED.append(lib)
         params = ["keyset"] + [a.name for a in op._schema.arguments]
         redispatch = _redispatch(op)
         noted = _noting(rec, redispatch, c_keys, issued)
@@ -107,11 +113,12 @@ def install(rec: Recorder) -> tuple[list[Any], list[BoundCall]]:
         calls.append(call)
         lib.impl(name, _gate(wrap(rec, call, noted), redispatch, c_keys, skip), DISPATCH_KEY,
                  with_keyset=True)
+    lib = _INSTALLED[0]
     wait = getattr(getattr(namespace, "wait_tensor", None), "default", None)
     if wait is not None:
         lib.impl("wait_tensor", _waiting(rec, _redispatch(wait), c_keys, issued, skip),
                  DISPATCH_KEY, with_keyset=True)
-    return [lib], calls
+    return list(_INSTALLED), calls
 
 
 def _redispatch(op: Any) -> Callable:

@@ -1,0 +1,59 @@
+"""Calls nothing recorded (analysis/align.py ``unseen``): a rank's recorded calls that skip
+sequence numbers, with nothing missing from its capture between them, made calls nobody saw;
+records the capture lost are not counted; the gap never shifts the alignment and never makes a
+rank missing from a call it made unseen."""
+
+from __future__ import annotations
+
+from nccl_doctor.analysis import analyze
+from nccl_doctor.analysis.align import timelines, unseen_lines
+from nccl_doctor.diagnosis import FindingKind
+
+
+def numbered(tb, seqs, *, state_last=None):
+    """One call per sequence number, at consecutive record indices (nothing lost between)."""
+    out = [tb.event(i + 1, seq=s) for i, s in enumerate(seqs)]
+    if state_last is not None:
+        out[-1] = tb.event(len(seqs), seq=seqs[-1], state=state_last)
+    return out
+
+
+def test_numbers_skipped_between_neighbouring_records_are_unseen(tb) -> None:
+    ts = tb.traceset([tb.trace(0, numbered(tb, [1, 2, 4, 5, 8]), tb.clean()),
+                      tb.trace(1, numbered(tb, [1, 2, 3, 4, 5, 6, 7, 8]), tb.clean())])
+    (line,) = timelines(ts).values()
+    assert line.unseen == {0: (3, 6, 7)}
+    # aligned by number: rank 0's call #4 sits beside rank 1's #4, not beside its #3
+    assert line.calls[4][0].idx == 3 and line.calls[4][1].idx == 4
+    d = analyze(ts)
+    assert not [f for f in d.findings if f.kind in (
+        FindingKind.MISSING_COLLECTIVE, FindingKind.COLLECTIVE_MISMATCH)], d.findings
+    (note,) = unseen_lines(ts)
+    assert note.startswith("rank 0 made collectives at sequence numbers #3, #6, #7 of group 0 "
+                           "that were not recorded"), note
+
+
+def test_records_the_capture_lost_are_not_unseen_calls(tb) -> None:
+    # record 3 is gone (a lapped ring, a window): the jump from #2 to #4 is the loss, not a call
+    kept = [e for e in numbered(tb, [1, 2, 3, 4]) if e.idx != 3]
+    ts = tb.traceset([tb.trace(0, kept, tb.clean()),
+                      tb.trace(1, numbered(tb, [1, 2, 3, 4]), tb.clean())])
+    (line,) = timelines(ts).values()
+    assert line.unseen == {}
+    assert unseen_lines(ts) == []
+
+
+def test_a_call_taking_several_numbers_leaves_no_gap(tb) -> None:
+    first = tb.event(1, seq=1, seq_delta=3)  # a coalesced call: three numbers
+    ts = tb.traceset([tb.trace(0, [first, tb.event(2, seq=4)], tb.clean())], world_size=1)
+    assert timelines(ts)["0"].unseen == {}
+
+
+def test_a_skip_after_unseen_calls_is_still_the_skippers(tb) -> None:
+    # rank 1 made #3 unseen, then never made #5: it is missing from #5, not from #3
+    ts = tb.traceset([tb.trace(0, numbered(tb, [1, 2, 3, 4, 5], state_last=tb.ENTERED)),
+                      tb.trace(1, numbered(tb, [1, 2, 4]), tb.clean())])
+    (line,) = timelines(ts).values()
+    assert line.unseen == {1: (3,)}
+    missing = [f for f in analyze(ts).findings if f.kind is FindingKind.MISSING_COLLECTIVE]
+    assert [(f.seq, f.ranks) for f in missing] == [(5, (1,))], missing
