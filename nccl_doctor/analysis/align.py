@@ -103,17 +103,20 @@ MAX_UNSEEN = 64  # unseen sequence numbers kept per rank and group
 def unseen(trace: RankTrace, leaves: list[Event]) -> dict[str, tuple[int, ...]]:
     """Per group, the sequence numbers a rank took between two of its recorded collectives
     with nothing recorded between them in its capture: calls it made that nobody saw (issued
-    from C++ without a Python frame, a functional collective under torch.inference_mode).
-    Records the capture lost (a lapped ring, a window) are not counted: the two calls must be
-    neighbours in the capture, every record between them present."""
+    from C++ without a Python frame, a functional collective under torch.inference_mode). A
+    recorded destroy_process_group of the group ends its numbers too (it records the number
+    the next call would have had). Records the capture lost (a lapped ring, a window) are not
+    counted: the two records must be neighbours in the capture, every record between them
+    present."""
     recorded = [e for e in trace.events if e.source is not EventSource.FLIGHT_RECORDER]
     position = {e.idx: i for i, e in enumerate(recorded)}
+    ends = [e for e in recorded if e.kind is EventKind.DESTROY and e.seq >= 0]
     out: dict[str, list[int]] = defaultdict(list)
     last: dict[str, Event] = {}
-    for e in sorted(leaves, key=lambda x: (x.group, x.align_seq, x.idx)):
+    for e in sorted([*leaves, *ends], key=lambda x: (x.group, x.align_seq, x.idx)):
         before = last.get(e.group)
         last[e.group] = e
-        if before is None:
+        if before is None or before.kind is EventKind.DESTROY:
             continue
         expected = before.align_seq + max(before.seq_delta or 1, 1)
         if e.align_seq <= expected:

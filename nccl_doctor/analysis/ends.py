@@ -20,8 +20,8 @@ from __future__ import annotations
 from dataclasses import dataclass, field, replace
 from typing import Mapping
 
-from nccl_doctor.analysis.align import blocked_event, timelines
-from nccl_doctor.model import ExitKind, RankExit, RankTrace, TraceSet
+from nccl_doctor.analysis.align import blocked_event, last_leaf, timelines
+from nccl_doctor.model import EventKind, ExitKind, RankExit, RankTrace, TraceSet
 from nccl_doctor.watch_log import WatchLog
 
 
@@ -89,6 +89,52 @@ def behind_peers(traces: TraceSet) -> dict[int, list[tuple[str, int]]]:
             if last < top and rank not in damaged:
                 needed.setdefault(rank, []).append((name, last + 1))
     return needed
+
+
+#: what a rank raises when a peer it talks to is gone (gloo, NCCL, torch's c10d)
+PEER_LOST = ("Connection closed by peer", "Connection reset by peer", "remote process exited",
+             "DistBackendError", "DistNetworkError", "Broken pipe")
+
+
+def peer_lost(trace: RankTrace) -> bool:
+    """The rank raised because a peer was gone (PEER_LOST's words)."""
+    ex = trace.exit
+    return ex.kind is ExitKind.EXCEPTION and any(p in (ex.exception or "") for p in PEER_LOST)
+
+
+def left_before_a_peer_lost_it(traces: TraceSet, needed: dict[int, list[tuple[str, int]]],
+                               ) -> dict[int, list[tuple[str, int]]]:
+    """Ranks the recorded calls do not show behind (``needed``: behind_peers) that ended -
+    destroyed their process group, or exited - before a peer of theirs raised because a peer
+    was gone: the call the peer was in when it lost them may be one nothing recorded (DDP's,
+    issued from C++). The calls decide first; these times only where they say nothing. rank ->
+    the (group, sequence number) the peer was left in."""
+    losers = [t for t in traces.ranks.values() if peer_lost(t) and t.exit.time_ns is not None]
+    if not losers:
+        return {}
+    out: dict[int, list[tuple[str, int]]] = {}
+    for rank, trace in traces.ranks.items():
+        if rank in needed or trace.exit.was_running or peer_lost(trace):
+            continue
+        ended = _ended_at(trace)
+        for loser in losers:
+            last = last_leaf(loser)
+            if ended is None or last is None or ended >= (loser.exit.time_ns or 0):
+                continue
+            if rank not in traces.group_members(last.group):
+                continue
+            mine = max((e.align_seq for e in trace.events if e.group == last.group
+                        and e.kind is EventKind.COLLECTIVE), default=0)
+            out.setdefault(rank, []).append((last.group, max(last.align_seq, mine + 1)))
+    return out
+
+
+def _ended_at(trace: RankTrace) -> int | None:
+    """When the rank let its peers go: its process group destroyed, else its end."""
+    times = [n.get("time_ns") for n in trace.notes if n.get("note") in ("destroyed", "exit")]
+    times = [t for t in times if isinstance(t, int)] + (
+        [trace.exit.time_ns] if trace.exit.time_ns is not None else [])
+    return min(times) if times else None
 
 
 def judged(traces: TraceSet) -> TraceSet:

@@ -6,13 +6,15 @@ from __future__ import annotations
 from collections import defaultdict
 
 from nccl_doctor.analysis.align import blocked_event, last_leaf
-from nccl_doctor.analysis.ends import behind_peers
+from nccl_doctor.analysis.ends import behind_peers, left_before_a_peer_lost_it
 from nccl_doctor.analysis.missing import HINT_EXITED
 from nccl_doctor.analysis.wording import (
     call_fields, call_name, call_site, fate, frames_json, ranks_text, site,
 )
 from nccl_doctor.diagnosis import Finding, FindingKind, Severity
-from nccl_doctor.model import EarlyExit, EventState, ExitKind, RankTrace, TraceSet
+from nccl_doctor.model import (
+    EarlyExit, Event, EventKind, EventState, ExitKind, RankTrace, TraceSet,
+)
 
 HINT_CRASH = (
     "Fix the error this rank raised; its peers only failed because it was gone. Launch with "
@@ -44,6 +46,7 @@ HINT_TEARDOWN = (
 
 def detect_rank_exited(traces: TraceSet) -> list[Finding]:
     needed = behind_peers(traces)  # rank -> [(group, seq needed)]
+    needed.update(left_before_a_peer_lost_it(traces, needed))
 
     groups: dict[tuple, list[int]] = defaultdict(list)
     teardown: list[int] = []
@@ -52,7 +55,7 @@ def detect_rank_exited(traces: TraceSet) -> list[Finding]:
         if ex.was_running or ex.kind is ExitKind.LOST:
             continue  # running, or lost with its host (nccl_doctor/analysis/lost.py)
         last = last_leaf(trace)
-        inside = last is not None and last.state in (EventState.ENTERED, EventState.FAILED)
+        inside = _inside_a_call(trace, last)
         if not ex.abnormal and rank not in needed:
             continue  # a clean exit nobody waited for is how jobs end
         if inside and ex.kind in (ExitKind.EXCEPTION, ExitKind.SIGNAL):
@@ -104,6 +107,19 @@ def detect_rank_exited(traces: TraceSet) -> list[Finding]:
     if teardown:
         findings.append(_teardown(traces, teardown))
     return findings + raised_before_joining(traces)
+
+
+def _inside_a_call(trace: RankTrace, last: Event | None) -> bool:
+    """The rank's end came inside its last collective: still in it, or it failed - or in the
+    wait of an async one (Work.wait, a functional collective's wait_tensor)."""
+    if last is not None and last.state in (EventState.ENTERED, EventState.FAILED):
+        return True
+    latest = next((e for e in reversed(trace.events) if e.kind in _CALLS), None)
+    return (latest is not None and latest.kind is EventKind.WAIT
+            and latest.state in (EventState.ENTERED, EventState.FAILED))
+
+
+_CALLS = (EventKind.COLLECTIVE, EventKind.P2P, EventKind.WAIT)
 
 
 def early_stopped(traces: TraceSet) -> frozenset[int]:

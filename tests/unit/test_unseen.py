@@ -8,6 +8,7 @@ from __future__ import annotations
 from nccl_doctor.analysis import analyze
 from nccl_doctor.analysis.align import timelines, unseen_lines
 from nccl_doctor.diagnosis import FindingKind
+from nccl_doctor.model import EventKind
 
 
 def numbered(tb, seqs, *, state_last=None):
@@ -57,3 +58,11 @@ def test_a_skip_after_unseen_calls_is_still_the_skippers(tb) -> None:
     assert line.unseen == {1: (3,)}
     missing = [f for f in analyze(ts).findings if f.kind is FindingKind.MISSING_COLLECTIVE]
     assert [(f.seq, f.ranks) for f in missing] == [(5, (1,))], missing
+
+
+def test_calls_unseen_before_the_groups_destroy_are_named(tb) -> None:
+    # the destroy records the number the next call would have had: #4 and #5 went unseen
+    destroy = tb.event(4, op="destroy_process_group", seq=6, kind=EventKind.DESTROY, seq_delta=0)
+    ts = tb.traceset([tb.trace(0, [*numbered(tb, [1, 2, 3]), destroy], tb.clean())],
+                     world_size=1)
+    assert timelines(ts)["0"].unseen == {0: (4, 5)}

@@ -137,11 +137,26 @@ def left_first_data(mesh, rank: int) -> None:
         time.sleep(3)  # (a slow teardown: its exit is stamped after rank 0's error)
 
 
+def left_unseen(mesh, rank: int) -> None:
+    """Rank 1 leaves while rank 0 is in a call nothing recorded (DDP's gradient all_reduce,
+    issued from C++): the recorded calls of the two ranks are as many; rank 0's "Connection
+    closed by peer" comes after rank 1 let go of its process group."""
+    from torch.nn.parallel import DistributedDataParallel
+
+    torch.manual_seed(0)
+    model = DistributedDataParallel(torch.nn.Linear(4, 4))
+    t = torch.ones(4)
+    for step in range(3 - rank):  # the bug: each rank's data has its own number of batches
+        model(torch.ones(2, 4)).sum().backward()
+        dist.all_reduce(t)
+
+
 RUN = {"dtensor_healthy": dtensor, "dtensor_skip": dtensor, "dtensor_rank0": dtensor,
        "dtensor_shapes": dtensor_shapes, "tp_healthy": tensor_parallel, "tp_skip": tensor_parallel,
        "compile_healthy": compiled, "compile_extra": compiled, "fsdp2_healthy": fsdp2,
        "fsdp2_skip": fsdp2, "unseen_healthy": unseen, "unseen_one_side": unseen,
-       "unseen_skip": unseen, "left_first": left_first, "left_first_data": left_first_data}
+       "unseen_skip": unseen, "left_first": left_first, "left_first_data": left_first_data,
+       "left_unseen": left_unseen}
 
 
 def main() -> None:
