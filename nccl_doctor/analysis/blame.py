@@ -25,6 +25,7 @@ from typing import Any, Sequence
 from nccl_doctor import call_path, paths, redact
 from nccl_doctor.analysis.align import blocked_event, last_leaf, timelines
 from nccl_doctor.analysis.branch import Branch, NotAnalysed, branches
+from nccl_doctor.analysis.exited import teardown_abort
 from nccl_doctor.analysis.loop_counts import Side, loop_line
 from nccl_doctor.analysis.polarity import body_is_special
 from nccl_doctor.analysis.source_text import Sources
@@ -301,11 +302,15 @@ def _shared_jump(found: list[tuple[Branch, ...]], counts: Counter, n_sides: int,
 
 def _crashed(f: Finding, traces: TraceSet) -> tuple[int, ...]:
     """A missing_collective's absent ranks when every one of them ended abnormally (raised,
-    was signalled, vanished, was lost); () otherwise."""
+    was signalled, vanished, was lost); () otherwise. An abort at teardown (a signal with no
+    exception and no Python frame, after its last call completed: gloo's threads at exit) is
+    no crash of its own: a rank that skipped the call and went on to its end aborts so when a
+    peer is still in the call."""
     if f.kind is not FindingKind.MISSING_COLLECTIVE:
         return ()
     absent = [r for r in f.absent if r in traces.ranks]
-    if absent and all(traces.ranks[r].exit.abnormal for r in absent):
+    if absent and all(traces.ranks[r].exit.abnormal
+                      and not teardown_abort(traces.ranks[r], needed=False) for r in absent):
         return tuple(absent)
     return ()
 

@@ -13,7 +13,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.integration.test_branch_jobs import line_of, replayed, root_of
+from test_branch_jobs import line_of, replayed, root_of  # (this directory: on sys.path)
 
 pytestmark = pytest.mark.integration
 

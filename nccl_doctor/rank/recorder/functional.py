@@ -27,7 +27,6 @@ machinery is passed over and the user's line is the one that touched the tensor)
 
 from __future__ import annotations
 
-import sys
 import threading
 import weakref
 from typing import Any, Callable
