@@ -8,7 +8,9 @@ from typing import Callable, Sequence
 
 from nccl_doctor import paths
 from nccl_doctor.analysis import actors, annotate, blame, ends, replayed, straggler
-from nccl_doctor.analysis.align import blocked_event, last_leaf, timelines, unseen_lines
+from nccl_doctor.analysis.align import (
+    UNSEEN_WHY, blocked_event, last_leaf, timelines, unseen_lines,
+)
 from nccl_doctor.analysis.wording import call_name, call_site, ranks_text
 from nccl_doctor.analysis.desync import DESYNC, first_divergence_per_group
 from nccl_doctor.analysis.exited import detect_rank_exited, early_stopped, first_line
@@ -79,6 +81,10 @@ def analyze(traces: TraceSet, passes: tuple[Pass, ...] = PASSES,
         notes.append(f"reading the branch on the rank failed on this capture ({err!r})")
     findings = _rank_findings(findings, traces)
     findings = _on_hosts(findings, traces)
+    try:
+        findings = _with_unseen(findings, traces)
+    except Exception as err:  # as for a pass: the report goes on without it
+        notes.append(f"placing the unrecorded calls failed on this capture ({err!r})")
     try:
         notes.extend(unseen_lines(traces))
     except Exception as err:  # as for a pass: the report goes on without it
@@ -196,6 +202,33 @@ def _rank_findings(findings: list[Finding], traces: TraceSet) -> list[Finding]:
     rest.sort(key=lambda f: (f.severity is not Severity.ERROR, f.time_ns or 0))
     first = _with_unanswered(first, findings)
     return [replace(first, root_cause=True, **_consequences(first, traces))] + rest
+
+
+UNSEEN_NEAR = 8  # unrecorded calls this many numbers before a finding's are said in it
+
+
+def _with_unseen(findings: list[Finding], traces: TraceSet) -> list[Finding]:
+    """Each desync finding says which ranks made calls nothing recorded just before its call
+    (analysis/align.py ``unseen``): they hold their numbers, so the finding's is torch's own,
+    and those ranks are not missing from them (``evidence.unseen``)."""
+    lines = timelines(traces)
+    out = []
+    for f in findings:
+        line = lines.get(f.group) if f.group is not None and f.seq is not None else None
+        near = {r: [s for s in seqs if f.seq - UNSEEN_NEAR <= s <= f.seq]
+                for r, seqs in (line.unseen.items() if line is not None else ())}
+        near = {r: s for r, s in near.items() if s}
+        if not near:
+            out.append(f)
+            continue
+        said = "; ".join(
+            f"rank {r} made {'a collective' if len(s) == 1 else 'collectives'} at "
+            f"{', '.join(f'#{n}' for n in s)} of group {f.group} that "
+            f"{'was' if len(s) == 1 else 'were'} not recorded" for r, s in sorted(near.items()))
+        detail = f"{f.detail}\n{said}: {UNSEEN_WHY}; the numbers above are torch's own."
+        out.append(replace(f, detail=detail, evidence={
+            **f.evidence, "unseen": {str(r): s for r, s in sorted(near.items())}}))
+    return out
 
 
 def _with_unanswered(root: Finding, findings: list[Finding]) -> Finding:

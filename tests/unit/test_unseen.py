@@ -58,6 +58,10 @@ def test_a_skip_after_unseen_calls_is_still_the_skippers(tb) -> None:
     assert line.unseen == {1: (3,)}
     missing = [f for f in analyze(ts).findings if f.kind is FindingKind.MISSING_COLLECTIVE]
     assert [(f.seq, f.ranks) for f in missing] == [(5, (1,))], missing
+    # the finding says so itself
+    assert missing[0].evidence["unseen"] == {"1": [3]}
+    assert "rank 1 made a collective at #3 of group 0 that was not recorded: issued from C++" \
+        in missing[0].detail, missing[0].detail
 
 
 def test_calls_unseen_before_the_groups_destroy_are_named(tb) -> None:
