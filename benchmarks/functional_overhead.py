@@ -13,6 +13,10 @@ per call is what recording adds. The options the recording page weighs are timed
 
 - ``empty kernel``: a Python kernel at the same dispatch key that only passes the call on - the
   floor of any dispatcher-level hook (boxing the arguments into Python and back);
+- ``patched op``: the operator's own ``OpOverload._op`` (the builtin ``OpOverload.__call__``
+  calls) replaced by the recorder's C fast path around it - no dispatcher boxing, and no gate:
+  what recording costs without the dispatcher, not a mechanism the recorder can use (see the
+  recording page);
 - ``python wrapper``: ``funcol.all_reduce`` wrapped by a Python function that only calls it - what
   wrapping the functional API in Python costs before it records anything (and it never sees a
   compiled graph, whose calls do not go through funcol);
@@ -84,6 +88,20 @@ def empty(on):
             return redispatch(keyset & after, *args, **kwargs)
         lib.impl("all_reduce", kernel, "ADInplaceOrView", with_keyset=True)
 
+from nccl_doctor.rank.recorder.specs import Spec
+from nccl_doctor.rank.recorder.wrappers import BoundCall, wrap
+real_op = op._op
+spec = functional.OPERATORS["all_reduce"]
+call = BoundCall(spec, real_op, params=[a.name for a in op._schema.arguments])
+call.measure = False
+call.op_id = rec.writer.intern(spec.name)
+patched_op = wrap(rec, call, real_op)  # the C fast path around the operator's builtin
+if call.fast is not None:
+    call.fast.op_id = call.op_id
+def op_toggle(on):
+    functional.uninstall()
+    op._op = patched_op if on else real_op
+
 real_funcol = funcol.all_reduce
 def wrapped_all_reduce(*args, **kwargs):
     return real_funcol(*args, **kwargs)
@@ -139,6 +157,7 @@ paired("issue", issue, recording)
 paired("wait", issued_then_waited, recording)
 paired("pair", pair, recording)
 paired("empty_kernel", issue, empty)
+paired("patched_op", issue, op_toggle)
 def wrapper_toggle(on):
     funcol.all_reduce = wrapped_all_reduce if on else real_funcol
 paired("python_wrapper", funcol_call, wrapper_toggle)
@@ -181,6 +200,7 @@ def main() -> None:
         "wait": "wait_tensor (the completion), recorded",
         "pair": "all_reduce + wait_tensor, recorded",
         "empty_kernel": "option: an empty dispatcher kernel",
+        "patched_op": "option: OpOverload._op recorded in C",
         "python_wrapper": "option: a Python funcol wrapper",
         "dispatch_mode_per_op": "option: a dispatch mode, per op",
     }
