@@ -114,6 +114,8 @@ def unseen(trace: RankTrace, leaves: list[Event]) -> dict[str, tuple[int, ...]]:
     out: dict[str, list[int]] = defaultdict(list)
     last: dict[str, Event] = {}
     for e in sorted([*leaves, *ends], key=lambda x: (x.group, x.align_seq, x.idx)):
+        if e.align_seq < 0:
+            continue
         before = last.get(e.group)
         last[e.group] = e
         if before is None or before.kind is EventKind.DESTROY:

@@ -32,7 +32,7 @@ from nccl_doctor.analysis.source_text import Sources
 from nccl_doctor.analysis.wording import ranks_text, site
 from nccl_doctor.diagnosis import Finding, FindingKind
 from nccl_doctor.location import Location
-from nccl_doctor.model import Event, EventKind, TraceSet
+from nccl_doctor.model import Event, EventKind, RankTrace, TraceSet
 
 __all__ = ["settle", "sources_for", "Side"]
 
@@ -253,7 +253,8 @@ def _settled(f: Finding, traces: TraceSet, sources: Sources) -> Finding:
         first = min(blamed.items())[1]
         return replace(f, detail="\n".join(lines), evidence=evidence,
                        branch=_branch_json(first, sides[min(blamed)].ranks))
-    jumped = None if _unseen_in(f, traces) else _shared_jump(found, counts, len(sides), f)
+    jumped = None if crashed or _unseen_in(f, traces) else _shared_jump(
+        found, counts, len(sides), f)
     if jumped is not None:
         branch, culprit = jumped
         others = sorted(r for s in sides for r in s.ranks if r not in culprit)
@@ -309,10 +310,18 @@ def _crashed(f: Finding, traces: TraceSet) -> tuple[int, ...]:
     if f.kind is not FindingKind.MISSING_COLLECTIVE:
         return ()
     absent = [r for r in f.absent if r in traces.ranks]
-    if absent and all(traces.ranks[r].exit.abnormal
-                      and not teardown_abort(traces.ranks[r], needed=False) for r in absent):
+    if absent and all(traces.ranks[r].exit.abnormal and not _aborted_at_its_end(traces.ranks[r])
+                      for r in absent):
         return tuple(absent)
     return ()
+
+
+def _aborted_at_its_end(trace: RankTrace) -> bool:
+    """Killed by a signal with no exception and no Python frame after its program had ended
+    (its process group destroyed, or Python's atexit run): an abort at teardown, not a crash
+    (an OOM kill between two calls leaves no such note)."""
+    ended = any(n.get("note") in ("destroyed", "exit") for n in trace.notes)
+    return ended and teardown_abort(trace, needed=False)
 
 
 def _replace_why(lines: list[str], why: str, text: str | list[str]) -> list[str]:

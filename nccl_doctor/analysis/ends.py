@@ -93,7 +93,7 @@ def behind_peers(traces: TraceSet) -> dict[int, list[tuple[str, int]]]:
 
 #: what a rank raises when a peer it talks to is gone (gloo, NCCL, torch's c10d)
 PEER_LOST = ("Connection closed by peer", "Connection reset by peer", "remote process exited",
-             "DistBackendError", "DistNetworkError", "Broken pipe")
+             "Broken pipe")
 
 
 def peer_lost(trace: RankTrace) -> bool:
@@ -109,7 +109,9 @@ def left_before_a_peer_lost_it(traces: TraceSet, needed: dict[int, list[tuple[st
     was gone: the call the peer was in when it lost them may be one nothing recorded (DDP's,
     issued from C++). The calls decide first; these times only where they say nothing. rank ->
     the (group, sequence number) the peer was left in."""
-    losers = [t for t in traces.ranks.values() if peer_lost(t) and t.exit.time_ns is not None]
+    # (a peer that lost them at its own teardown, its group destroyed, had nothing left to do)
+    losers = [t for t in traces.ranks.values() if peer_lost(t) and t.exit.time_ns is not None
+              and not _destroyed(t)]
     if not losers:
         return {}
     out: dict[int, list[tuple[str, int]]] = {}
@@ -125,6 +127,8 @@ def left_before_a_peer_lost_it(traces: TraceSet, needed: dict[int, list[tuple[st
                 continue
             mine = max((e.align_seq for e in trace.events if e.group == last.group
                         and e.kind is EventKind.COLLECTIVE), default=0)
+            if mine > last.align_seq:
+                continue  # it went further than the peer did: not the one that was missed
             out.setdefault(rank, []).append((last.group, max(last.align_seq, mine + 1)))
     return out
 

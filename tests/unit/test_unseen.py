@@ -70,3 +70,32 @@ def test_calls_unseen_before_the_groups_destroy_are_named(tb) -> None:
     ts = tb.traceset([tb.trace(0, [*numbered(tb, [1, 2, 3]), destroy], tb.clean())],
                      world_size=1)
     assert timelines(ts)["0"].unseen == {0: (4, 5)}
+
+
+# -- who left first, by the times, where the recorded calls are as many ------------------------
+
+def lost_peer(tb, *, leaver_notes=(), loser_notes=()):
+    """Rank 1 ended cleanly at T; rank 0 raised "Connection closed by peer" after it; both
+    recorded three calls (the one rank 0 was left in, DDP's, nothing recorded)."""
+    from dataclasses import replace as with_
+
+    from nccl_doctor.model import ExitKind, RankExit
+
+    t_end = tb.T0 + 10 * tb.STEP
+    leaver = with_(tb.trace(1, numbered(tb, [1, 2, 3]), tb.clean(time_ns=t_end)),
+                   notes=tuple(leaver_notes))
+    loser = with_(tb.trace(0, numbered(tb, [1, 2, 3]), RankExit(
+        ExitKind.EXCEPTION, code=1, exception="RuntimeError: Connection closed by peer",
+        time_ns=t_end + tb.STEP)), notes=tuple(loser_notes))
+    return tb.traceset([loser, leaver])
+
+
+def test_the_rank_that_let_go_before_its_peer_lost_it_is_the_cause(tb) -> None:
+    root = analyze(lost_peer(tb)).root_cause
+    assert root.kind is FindingKind.RANK_EXITED and root.ranks == (1,), root
+
+
+def test_a_peer_that_lost_it_at_its_own_teardown_blames_nobody_that_left(tb) -> None:
+    # rank 0 had destroyed its own group: the error came at its teardown, nothing was missed
+    d = analyze(lost_peer(tb, loser_notes=[{"note": "destroyed", "time_ns": tb.T0}]))
+    assert not [f for f in d.findings if f.ranks == (1,)], d.findings

@@ -37,6 +37,8 @@ from nccl_doctor.rank.recorder.arguments import Describer
 from nccl_doctor.rank.recorder.specs import SPECS
 from nccl_doctor.rank.recorder.wrappers import BoundCall, forgetting, patch_wait, wrap, wrap_init
 
+_FUNCTIONAL = int(EventFlag.FUNCTIONAL)
+_ISSUING = (int(EventKind.COLLECTIVE), int(EventKind.P2P))
 _MAX_PENDING = 4096  # async works awaiting wait(); older ones are forgotten
 EARLY_NOTES = 256  # silent-error notes held before the capture exists
 SILENT_SHARE = 0.5  # of the string table, the most silent-error notes may fill
@@ -261,7 +263,11 @@ class Recorder:
         if pg is None or isinstance(pg, int) or w is None:
             return None  # NON_GROUP_MEMBER: the call is a no-op on this rank
         if isinstance(pg, str):  # a group's name: what the functional collectives pass
-            grec = self.group(c10d._resolve_process_group(pg))
+            try:
+                resolved = c10d._resolve_process_group(pg)
+            except Exception:  # a name torch does not know (any more): the call goes unrecorded
+                return None
+            grec = self.group(resolved)
             if grec is not None:
                 self.groups[pg] = grec
             return grec
@@ -333,7 +339,11 @@ class Recorder:
         a lapped ring)."""
         w = self.writer
         f = w.record(parent) if w is not None else None
-        return None if f is None else self._wait(parent, f, None, None)
+        # the parent must be a functional collective's record: the innermost call in progress
+        # when its output was noted could be an outer one, had the recorder declined this one
+        if f is None or not f[20] & _FUNCTIONAL or f[19] not in _ISSUING:
+            return None
+        return self._wait(parent, f, None, None)
 
     def _wait(self, parent: int, f: tuple, grec: GroupRecord | None, frame: Any) -> tuple:
         # f: the async op's ENTER fields (idx first); the wait inherits its group, seq and tensors
@@ -439,6 +449,7 @@ class Recorder:
         self.writer = None
         self.describer = None
         self.default_pg = None
+        functional.after_fork()
         self.groups.clear()
         self.pending.clear()
         self.stacks.clear()

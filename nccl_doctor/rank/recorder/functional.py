@@ -73,6 +73,9 @@ OPERATORS: dict[str, Spec] = {
 _MEASURED = {"batch_p2p_ops", "all_reduce_coalesced", "all_reduce_coalesced_",
              "all_gather_into_tensor_coalesced", "reduce_scatter_tensor_coalesced"}
 _INSTALLED: list[Any] = []  # the Library holding this process's kernels
+# id(output tensor) -> (its weakref, record index): the recorded collectives whose wait_tensor is
+# still to come (emptied in a forked child: its indices are the parent's capture's)
+_ISSUED: dict[int, tuple[Any, int]] = {}
 _MAX_ISSUED = 4096  # collectives whose wait_tensor is still to come; older ones are forgotten
 
 
@@ -92,7 +95,8 @@ def install(rec: Recorder) -> tuple[list[Any], list[BoundCall]]:
     uninstall()  # a recorder made before this one in the process (a test's): its kernels go
     lib = torch.library.Library(NAMESPACE, "IMPL")
     _INSTALLED.append(lib)
-    issued: dict[int, tuple[Any, int]] = {}  # id(output tensor) -> (its weakref, record index)
+    issued = _ISSUED
+    issued.clear()
     calls: list[BoundCall] = []
     for qualified, spec in OPERATORS.items():
         space, _, name = qualified.rpartition("::")
@@ -109,6 +113,8 @@ def install(rec: Recorder) -> tuple[list[Any], list[BoundCall]]:
         call = BoundCall(spec, noted, params=params)
         if name not in _MEASURED:
             call.measure = False
+        # a root or peer is a rank of the group (turned global, as group_src is)
+        call.roots = tuple((where, True) for where, _relative in call.roots)
         calls.append(call)
         lib.impl(name, _gate(wrap(rec, call, noted), redispatch, c_keys, skip), DISPATCH_KEY,
                  with_keyset=True)
@@ -141,11 +147,14 @@ def _gate(recorded: Callable, redispatch: Callable, after: Any, skip: tuple) -> 
 
 
 def _plain(args: tuple, plain: tuple) -> bool:
-    """The call's input (the first of a list) is a torch.Tensor or Parameter, not a subclass."""
-    x = args[0] if args else None
-    if type(x) is list:
-        x = x[0] if x else None
-    return type(x) in plain
+    """The call's first tensor (the first of a list of them; batch_p2p_ops's come after its
+    lists of op names and peers) is a torch.Tensor or Parameter, not a subclass."""
+    for x in args:
+        if type(x) is list:
+            x = x[0] if x else None
+        if x is not None and hasattr(x, "dtype"):
+            return type(x) in plain
+    return False
 
 
 def _noting(rec: Recorder, redispatch: Callable, after: Any,
@@ -160,8 +169,8 @@ def _noting(rec: Recorder, redispatch: Callable, after: Any,
         try:
             stack = stacks.get(get_ident())
             if stack and rec.writer is not None and rec.enabled:
-                if len(issued) >= _MAX_ISSUED:
-                    issued.pop(next(iter(issued)))
+                if len(issued) >= _MAX_ISSUED:  # (another thread may evict the same one)
+                    issued.pop(next(iter(issued), None), None)
                 if type(result) is list:  # a coalesced call's outputs
                     for out in result:
                         issued[id(out)] = (ref(out), stack[-1])
@@ -204,6 +213,11 @@ def _waiting(rec: Recorder, redispatch: Callable, after: Any,
         return result
 
     return kernel
+
+
+def after_fork() -> None:
+    """In a forked child: the parent's collectives are not its own to wait for."""
+    _ISSUED.clear()
 
 
 def uninstall() -> None:
