@@ -101,9 +101,10 @@ def test_seeded_by_node_is_said_per_node(tmp_path):
 
 
 def test_grpo_forced_onto_one_seed(tmp_path):
-    # long enough that the supervisor's live check runs while the trainer still trains
+    # long enough that the supervisor's live check runs while the trainer still trains (30 steps
+    # were not, twice in four runs of the whole suite on 2 cores: the check looks every 2 s)
     proc = doctor_run(tmp_path / "o", spawn(2, "grpo_seed.py"),
-                      {"SEED_MODE": "same", "STEPS": "30"})
+                      {"SEED_MODE": "same", "STEPS": "60"})
     assert proc.returncode == 0, proc.stderr[-3000:]
     d = replay(tmp_path / "o")
     found = kinds(d)
