@@ -108,9 +108,9 @@ def unseen(trace: RankTrace, leaves: list[Event]) -> dict[str, tuple[int, ...]]:
     the next call would have had). Records the capture lost (a lapped ring, a window) are not
     counted: the two records must be neighbours in the capture, every record between them
     present."""
-    recorded = [e for e in trace.events if e.source is not EventSource.FLIGHT_RECORDER]
-    position = {e.idx: i for i, e in enumerate(recorded)}
-    ends = [e for e in recorded if e.kind is EventKind.DESTROY and e.seq >= 0]
+    ends = [e for e in trace.events if e.kind is EventKind.DESTROY and e.seq >= 0
+            and e.source is not EventSource.FLIGHT_RECORDER]
+    position: dict[int, int] = {}  # record index -> its place in the capture, made at a gap
     out: dict[str, list[int]] = defaultdict(list)
     last: dict[str, Event] = {}
     for e in sorted([*leaves, *ends], key=lambda x: (x.group, x.align_seq, x.idx)):
@@ -123,6 +123,9 @@ def unseen(trace: RankTrace, leaves: list[Event]) -> dict[str, tuple[int, ...]]:
         expected = before.align_seq + max(before.seq_delta or 1, 1)
         if e.align_seq <= expected:
             continue
+        if not position:
+            recorded = (x for x in trace.events if x.source is not EventSource.FLIGHT_RECORDER)
+            position.update((x.idx, i) for i, x in enumerate(recorded))
         a, b = position.get(before.idx), position.get(e.idx)
         if a is None or b is None or b - a != e.idx - before.idx:
             continue  # records between them are missing from the capture

@@ -25,14 +25,14 @@ from typing import Any, Sequence
 from nccl_doctor import call_path, paths, redact
 from nccl_doctor.analysis.align import blocked_event, last_leaf, timelines
 from nccl_doctor.analysis.branch import Branch, NotAnalysed, branches
-from nccl_doctor.analysis.exited import teardown_abort
+from nccl_doctor.analysis.exited import aborted_at_its_end
 from nccl_doctor.analysis.loop_counts import Side, loop_line
 from nccl_doctor.analysis.polarity import body_is_special
 from nccl_doctor.analysis.source_text import Sources
 from nccl_doctor.analysis.wording import ranks_text, site
 from nccl_doctor.diagnosis import Finding, FindingKind
 from nccl_doctor.location import Location
-from nccl_doctor.model import Event, EventKind, RankTrace, TraceSet
+from nccl_doctor.model import Event, EventKind, TraceSet
 
 __all__ = ["settle", "sources_for", "Side"]
 
@@ -310,18 +310,10 @@ def _crashed(f: Finding, traces: TraceSet) -> tuple[int, ...]:
     if f.kind is not FindingKind.MISSING_COLLECTIVE:
         return ()
     absent = [r for r in f.absent if r in traces.ranks]
-    if absent and all(traces.ranks[r].exit.abnormal and not _aborted_at_its_end(traces.ranks[r])
+    if absent and all(traces.ranks[r].exit.abnormal and not aborted_at_its_end(traces.ranks[r])
                       for r in absent):
         return tuple(absent)
     return ()
-
-
-def _aborted_at_its_end(trace: RankTrace) -> bool:
-    """Killed by a signal with no exception and no Python frame after its program had ended
-    (its process group destroyed, or Python's atexit run): an abort at teardown, not a crash
-    (an OOM kill between two calls leaves no such note)."""
-    ended = any(n.get("note") in ("destroyed", "exit") for n in trace.notes)
-    return ended and teardown_abort(trace, needed=False)
 
 
 def _replace_why(lines: list[str], why: str, text: str | list[str]) -> list[str]:

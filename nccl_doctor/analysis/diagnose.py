@@ -261,14 +261,13 @@ def _who_left_first(candidates: list[Finding], traces: TraceSet) -> list[Finding
     if not left:
         return candidates
     lines = timelines(traces)
-    needed = {(n["group"], r): n["seq"] for f in left for r in f.ranks
-              for n in f.evidence["needed_in"]}
+    needed = {(n["group"], n["seq"]) for f in left for n in f.evidence["needed_in"]}
 
     def after_them(f: Finding) -> bool:
         if (f.kind is not FindingKind.RANK_EXITED or f.evidence.get("needed_in")
                 or f.evidence.get("before_joining")):
             return False
-        for (group, _leaver), seq in needed.items():
+        for group, seq in needed:
             line = lines.get(group)
             if line is not None and all(line.last_seq.get(r, 0) >= seq for r in f.ranks):
                 return True  # it made the call the leaver never did

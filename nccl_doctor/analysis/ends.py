@@ -21,7 +21,7 @@ from dataclasses import dataclass, field, replace
 from typing import Mapping
 
 from nccl_doctor.analysis.align import blocked_event, last_leaf, timelines
-from nccl_doctor.model import EventKind, ExitKind, RankExit, RankTrace, TraceSet
+from nccl_doctor.model import ExitKind, RankExit, RankTrace, TraceSet
 from nccl_doctor.watch_log import WatchLog
 
 
@@ -110,32 +110,40 @@ def left_before_a_peer_lost_it(traces: TraceSet, needed: dict[int, list[tuple[st
     issued from C++). The calls decide first; these times only where they say nothing. rank ->
     the (group, sequence number) the peer was left in."""
     # (a peer that lost them at its own teardown, its group destroyed, had nothing left to do)
-    losers = [t for t in traces.ranks.values() if peer_lost(t) and t.exit.time_ns is not None
-              and not _destroyed(t)]
+    losers = [(t.exit.time_ns, last) for t in traces.ranks.values()
+              if peer_lost(t) and t.exit.time_ns is not None and not _destroyed(t)
+              for last in (last_leaf(t),) if last is not None]
     if not losers:
         return {}
+    lines = timelines(traces)
     out: dict[int, list[tuple[str, int]]] = {}
     for rank, trace in traces.ranks.items():
         if rank in needed or trace.exit.was_running or peer_lost(trace):
             continue
         ended = _ended_at(trace)
-        for loser in losers:
-            last = last_leaf(loser)
-            if ended is None or last is None or ended >= (loser.exit.time_ns or 0):
+        for lost_at, last in losers:
+            if ended is None or ended >= lost_at or rank not in traces.group_members(last.group):
                 continue
-            if rank not in traces.group_members(last.group):
-                continue
-            mine = max((e.align_seq for e in trace.events if e.group == last.group
-                        and e.kind is EventKind.COLLECTIVE), default=0)
+            line = lines.get(last.group)
+            mine = line.last_seq.get(rank, 0) if line is not None else 0
             if mine > last.align_seq:
                 continue  # it went further than the peer did: not the one that was missed
             out.setdefault(rank, []).append((last.group, max(last.align_seq, mine + 1)))
     return out
 
 
+#: the notes that say a rank's program came to its end: its process group destroyed, atexit run
+ENDED = ("destroyed", "exit")
+
+
+def program_ended(trace: RankTrace) -> bool:
+    """The rank's program came to its end (ENDED), whatever ended the process after."""
+    return any(n.get("note") in ENDED for n in trace.notes)
+
+
 def _ended_at(trace: RankTrace) -> int | None:
     """When the rank let its peers go: its process group destroyed, else its end."""
-    times = [n.get("time_ns") for n in trace.notes if n.get("note") in ("destroyed", "exit")]
+    times = [n.get("time_ns") for n in trace.notes if n.get("note") in ENDED]
     times = [t for t in times if isinstance(t, int)] + (
         [trace.exit.time_ns] if trace.exit.time_ns is not None else [])
     return min(times) if times else None

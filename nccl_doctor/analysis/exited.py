@@ -6,7 +6,7 @@ from __future__ import annotations
 from collections import defaultdict
 
 from nccl_doctor.analysis.align import blocked_event, last_leaf
-from nccl_doctor.analysis.ends import behind_peers, left_before_a_peer_lost_it
+from nccl_doctor.analysis.ends import behind_peers, left_before_a_peer_lost_it, program_ended
 from nccl_doctor.analysis.missing import HINT_EXITED
 from nccl_doctor.analysis.wording import (
     call_fields, call_name, call_site, fate, frames_json, ranks_text, site,
@@ -205,6 +205,13 @@ def teardown_abort(trace: RankTrace, needed: bool) -> bool:
     return (ex.kind is ExitKind.SIGNAL and not ex.exception and ex.callsite is None
             and not needed and blocked_event(trace) is None
             and (last is None or last.state is not EventState.FAILED))
+
+
+def aborted_at_its_end(trace: RankTrace) -> bool:
+    """A teardown abort (``teardown_abort``, whoever waited) after the rank's program had ended
+    (analysis/ends.py ``program_ended``): not a crash of its own, as an OOM kill between two
+    calls, which leaves no such note, is."""
+    return program_ended(trace) and teardown_abort(trace, needed=False)
 
 
 def _teardown(traces: TraceSet, ranks: list[int]) -> Finding:

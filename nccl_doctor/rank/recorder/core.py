@@ -346,8 +346,9 @@ class Recorder:
         return self._wait(parent, f, None, None)
 
     def _wait(self, parent: int, f: tuple, grec: GroupRecord | None, frame: Any) -> tuple:
-        # f: the async op's ENTER fields (idx first); the wait inherits its group, seq and tensors
-        # (and, without a frame, its callsite and call path)
+        # f: the async op's ENTER fields (idx first); the wait inherits its group, seq and tensors,
+        # whether it is a functional collective's (its source), and, without a frame, its
+        # callsite and call path
         uf, ul, ufn, af, al, path = (self.describer.callsites(frame) if frame is not None
                                      else f[10:16])
         tid = threading.get_ident()
@@ -356,7 +357,8 @@ class Recorder:
             stack = self.stacks[tid] = []
         idx = self.writer.begin((
             parent, time.time_ns(), f[3], f[4], tid, self._wait_op, f[7], f[8], f[9],
-            uf, ul, ufn, af, al, path, f[16], f[17], f[18], int(EventKind.WAIT), f[20], 0,
+            uf, ul, ufn, af, al, path, f[16], f[17], f[18], int(EventKind.WAIT),
+            f[20] & _FUNCTIONAL, 0,
         ))
         stack.append(idx)
         return idx, grec, -1, stack, 0, False, False
