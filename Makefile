@@ -32,19 +32,24 @@ demo: $(STAMP)
 # the job runs once (tests/conftest.py SHARED). TEST_WORKERS=0 runs it in one process.
 TEST_WORKERS ?= 2
 
-# The servers tests/e2e/test_serve.py drives for real: Debian's Prometheus and Chromium,
-# installed when missing (as root with apt-get, as on CI); elsewhere it says what to install.
-TOOLS := prometheus chromium
+# The tools the tests drive for real, as command:Debian package pairs, installed when the command
+# is missing (as root with apt-get, as on CI); elsewhere it says what to install. Prometheus and
+# Chromium: the servers tests/e2e/test_serve.py scrapes and loads its page in; Slurm and MUNGE: the
+# private 2-node cluster of tests/upstream/slurm_cluster.py.
+TOOLS := prometheus:prometheus chromium:chromium slurmctld:slurmctld slurmd:slurmd \
+	srun:slurm-client munged:munge
 
 tools:
-	@missing=""; for t in $(TOOLS); do command -v $$t >/dev/null 2>&1 || missing="$$missing $$t"; done; \
+	@PATH="$$PATH:/usr/sbin:/sbin"; missing=""; for t in $(TOOLS); do \
+	  command -v $${t%%:*} >/dev/null 2>&1 || missing="$$missing $${t#*:}"; done; \
 	if [ -n "$$missing" ]; then \
 	  if command -v apt-get >/dev/null 2>&1 && [ "$$(id -u)" = 0 ]; then \
 	    export DEBIAN_FRONTEND=noninteractive; \
 	    apt-get install -y -q $$missing >/dev/null || \
 	      { apt-get update -q >/dev/null && apt-get install -y -q $$missing >/dev/null; }; \
 	  else \
-	    echo "make test: install the Debian packages$$missing (tests/e2e/test_serve.py)" >&2; \
+	    echo "make test: install the Debian packages$$missing (tests/e2e/test_serve.py," \
+	      "tests/upstream/test_slurm_cluster.py)" >&2; \
 	  fi; \
 	fi
 

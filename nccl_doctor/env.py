@@ -41,13 +41,18 @@ RECORDED_ENV = (
 HOSTNAME = "NCCL_DOCTOR_HOSTNAME"
 
 
+#: Slurm's name for the node a task runs on (slurm.conf's NodeName), set in every task and batch
+#: script; it can differ from the system's host name (a node named by its interconnect address).
+SLURM_NODENAME = "SLURMD_NODENAME"
+
+
 def host_name() -> str:
-    """The host name ranks and supervisors report (``NCCL_DOCTOR_HOSTNAME``, else the
-    system's)."""
+    """The host name ranks and supervisors report (``NCCL_DOCTOR_HOSTNAME``, else Slurm's name
+    for the node in a Slurm task, else the system's)."""
     import os
     import socket
 
-    return os.environ.get(HOSTNAME) or socket.gethostname()
+    return os.environ.get(HOSTNAME) or os.environ.get(SLURM_NODENAME) or socket.gethostname()
 
 #: ``--coordinator``'s twin: HOST:PORT where the supervisors of a multi-node job meet.
 COORDINATOR = "NCCL_DOCTOR_COORDINATOR"
@@ -57,18 +62,33 @@ COORDINATOR = "NCCL_DOCTOR_COORDINATOR"
 #: nccl_doctor/redact.py).
 NO_REDACT = "NCCL_DOCTOR_NO_REDACT"
 
+# -- the node doctors' federation (docs/nodes.md, "Authentication") ---------------------------
+#: The per-job secret that authenticates every value the node doctors exchange on the
+#: coordinator's store (HMAC-SHA256). ``--ray`` and Slurm runs make one and hand it to their node
+#: doctors themselves; nodes started independently (torchrun per node) take it from here...
+FEDERATION_KEY = "NCCL_DOCTOR_FEDERATION_KEY"
+#: ... or from this file (its content, stripped; readable by the job's user only, best).
+FEDERATION_KEY_FILE = "NCCL_DOCTOR_FEDERATION_KEY_FILE"
+#: What the job's ranks never inherit (they have no use for it).
+NOT_FOR_RANKS = (FEDERATION_KEY, FEDERATION_KEY_FILE)
+
 # -- Ray clusters (``nccl-doctor run --ray``: docs/ray.md) ------------------------------------
 #: Ray's own variable: a function Ray calls at the driver's ``ray.init`` to amend the job's
 #: runtime_env (nccl_doctor/rank/ray_env.py adds the doctor's settings and worker setup hook).
 RAY_RUNTIME_ENV_HOOK = "RAY_RUNTIME_ENV_HOOK"
 #: The user's own RAY_RUNTIME_ENV_HOOK, kept while the doctor's is set (it is called first).
 RAY_USER_HOOK = "NCCL_DOCTOR_RAY_USER_HOOK"
-#: The host of the supervisor that launched the driver: Ray workers there write into
-#: NCCL_DOCTOR_DIR, those of every other host into that host's node directory
-#: (``capture.names.node_dir``), read by the node doctor Ray runs there.
-RAY_LEADER_HOST = "NCCL_DOCTOR_RAY_LEADER_HOST"
-#: What the runtime_env hook never passes on to the workers (it names this host, not theirs).
-RAY_NOT_PASSED = (HOSTNAME, RAY_USER_HOOK)
+#: The host of the supervisor that launched the job when its node doctors were started by the
+#: cluster (``--ray``, Slurm): ranks there write into NCCL_DOCTOR_DIR, those of every other host
+#: into that host's node directory (``capture.names.node_dir``), read by the node doctor there.
+LEADER_HOST = "NCCL_DOCTOR_LEADER_HOST"
+#: What the runtime_env hook never passes on to the workers (it names this host, not theirs; the
+#: federation's key is the node doctors' alone).
+RAY_NOT_PASSED = (HOSTNAME, RAY_USER_HOOK, *NOT_FOR_RANKS)
 #: What a node doctor's supervisor checks the coordinator serves (set by ``--ray``'s keeper; no
 #: launcher names the job's rendezvous there).
 COORDINATOR_JOB = "NCCL_DOCTOR_COORDINATOR_JOB"
+
+# -- Slurm (docs/slurm.md) ----------------------------------------------------------------
+#: Set in an allocation (salloc, sbatch): the job whose steps the doctor starts and stops.
+SLURM_JOB_ID = "SLURM_JOB_ID"

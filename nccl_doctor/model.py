@@ -132,6 +132,10 @@ class Event:
     # or what its stack says made it ("issued from C++ during backward"; capture/
     # flight_recorder.py); "" for a call made through the Python API
     context: str = ""
+    # when the collective's kernel completed on the GPU, on the rank's own clock (Flight
+    # Recorder's time_discovered_completed_ns, known with t_gpu_start_ns): start to completion is
+    # the rank's time in the collective, which stragglers compare across hosts
+    t_gpu_end_ns: int | None = None
 
     @property
     def align_seq(self) -> int:

@@ -33,6 +33,8 @@ SHARED = {
     "tests/upstream/test_trl.py": "trl",
     "tests/upstream/test_ray.py": "ray",  # one Ray cluster at a time
     "tests/upstream/test_ray_cluster.py": "ray",
+    "tests/upstream/test_slurm_cluster.py": "slurm",  # one Slurm cluster at a time
+    "tests/upstream/test_slurm.py": "slurm",
 }
 
 
@@ -41,6 +43,7 @@ def shared_scope(nodeid: str) -> str:
     return SHARED.get(nodeid.split("::", 1)[0], nodeid)
 
 
+@pytest.hookimpl(optionalhook=True)  # pytest-xdist's hook: -p no:xdist runs without it
 def pytest_xdist_make_scheduler(config, log):
     """``--dist loadgroup`` (make test): whole groups of ``SHARED`` to one worker each, every
     other test on its own."""

@@ -28,10 +28,12 @@ import math
 import statistics
 from collections import Counter, defaultdict
 
-from nccl_doctor.analysis.align import keep_last, timelines
+from dataclasses import dataclass
+
+from nccl_doctor.analysis.lateness import Arrival, arrivals, lateness_table, steps_of
 from nccl_doctor.analysis.wording import call_site, ranks_text
 from nccl_doctor.diagnosis import Finding, FindingKind, Severity
-from nccl_doctor.model import Event, TraceSet
+from nccl_doctor.model import TraceSet
 
 MIN_SKEW_NS = 20_000_000  # 20 ms
 MIN_CALLS = 5
@@ -44,6 +46,16 @@ HINT_STRAGGLER = (
     "what it does between the collectives (its callsites below): uneven data or sequence "
     "lengths, extra work on that rank (logging, evaluation, checkpointing on rank 0), a slower "
     "device or host, or CPU contention from dataloader workers."
+)
+
+
+HINT_SLOW_NODE = (
+    "All of this node's ranks arrive late, so the cause is the node, not one rank's work: a "
+    "thermally throttled or slower GPU (nvidia-smi -q -d PERFORMANCE,CLOCK), a bad or slower "
+    "NIC or link (NCCL_DEBUG=INFO at start-up names the transport each rank uses), a noisy "
+    "neighbour or CPU contention on that host (top, dataloader workers), or a slower file "
+    "system for its data. Drain it (scontrol update nodename=... state=drain reason=slow) and "
+    "run the job without it to confirm."
 )
 
 
@@ -65,58 +77,35 @@ def chance_of(k: int, n: int, p: float) -> float:
                                  + j * log_p + (n - j) * log_q) for j in range(k, n + 1)))
 
 
-def _is_nccl(traces: TraceSet, group: str) -> bool:
-    info = traces.groups.get(group)
-    return info is not None and "nccl" in info.backend
-
-
-@keep_last  # the pass and ``unmeasured_note`` ask in turn for the same traces
-def _arrivals(traces: TraceSet) -> tuple[list[dict[int, tuple[int, Event]]], Counter]:
-    """Per collective that every member of its group (on one host) entered, rank -> (arrival
-    time, event); and per NCCL group, how many such collectives had no GPU start times."""
-    out: list[dict[int, tuple[int, Event]]] = []
-    unmeasured: Counter = Counter()
-    hosts = {r: t.meta.host for r, t in traces.ranks.items()}
-    for group, timeline in timelines(traces).items():
-        members = [r for r in timeline.members if r in traces.ranks]
-        if len(members) < 2 or len({hosts[r] for r in members}) > 1:
-            continue
-        nccl = _is_nccl(traces, group)
-        for seq in timeline.seqs():
-            calls: dict[int, Event] = timeline.calls[seq]
-            if set(calls) != set(members):
-                continue
-            if not nccl:
-                out.append({r: (e.t_enter_ns, e) for r, e in calls.items()})
-            elif all(e.t_gpu_start_ns for e in calls.values()):
-                out.append({r: (e.t_gpu_start_ns or 0, e) for r, e in calls.items()})
-            else:
-                unmeasured[group] += 1
-    return out, unmeasured
-
-
 def unmeasured_note(traces: TraceSet) -> str | None:
     """Why collectives of NCCL groups were left out of the straggler pass, if any were."""
-    _, unmeasured = _arrivals(traces)
+    unmeasured = arrivals(traces).unmeasured
     n = sum(unmeasured.values())
     if n < MIN_CALLS:
         return None
     groups = ", ".join(sorted(unmeasured))
     return (f"stragglers: {n} collectives of NCCL group{'s' if len(unmeasured) > 1 else ''} "
-            f"{groups} not compared: no GPU start times (an NCCL call returns once enqueued, so "
-            "enqueue times do not say when a rank arrived; run with TORCH_NCCL_ENABLE_TIMING=1 "
-            "for Flight Recorder to record kernel starts)")
+            f"{groups} not compared: no GPU start and completion times (an NCCL call returns "
+            "once enqueued, so enqueue times do not say when a rank arrived; run with "
+            "TORCH_NCCL_ENABLE_TIMING=1 for Flight Recorder to record kernel times)")
 
 
 def skew_series(traces: TraceSet) -> list[tuple[float, float, int]]:
-    """Every compared collective as (when the last rank arrived, seconds since the epoch; the
-    arrival skew, ms; the last rank), in time order: the straggler's skew over time."""
-    out = []
-    for arrived in _arrivals(traces)[0]:
-        enters = {r: t for r, (t, _) in arrived.items()}
-        late = max(enters, key=enters.__getitem__)
-        out.append((enters[late] / 1e9, (enters[late] - min(enters.values())) / 1e6, late))
-    return sorted(out)
+    """Every compared collective as (when the last rank arrived, seconds since the epoch on its
+    own clock; the arrival skew, ms; the last rank), in time order: the straggler's skew over
+    time."""
+    return sorted((a.t_ns / 1e9, a.skew_ns / 1e6, a.last) for a in arrivals(traces).calls)
+
+
+@dataclass(frozen=True)
+class _Node:
+    host: str
+    ranks: tuple[int, ...]
+    last: int  # skewed collectives at which one of its ranks was last
+    chance: float
+    per_step_s: float  # its last rank's lateness, per step
+    cost_per_step_s: float  # how long the other hosts' ranks waited for it, per step
+    step_s: float
 
 
 def detect_straggler(traces: TraceSet) -> list[Finding]:
@@ -125,18 +114,17 @@ def detect_straggler(traces: TraceSet) -> list[Finding]:
     before: dict[int, Counter] = defaultdict(Counter)  # rank -> callsites it arrived late at
     lasts: list[tuple[int, float]] = []  # (the last rank, skew in ms) of every compared collective
     odds: list[float] = []  # per skewed collective, the chance of any one member being last
-    collectives, _ = _arrivals(traces)
-    for arrived in collectives:
-        enters = {r: t for r, (t, _) in arrived.items()}
-        late = max(enters, key=enters.__getitem__)
-        skew = max(enters.values()) - min(enters.values())
+    skewed: list[Arrival] = []
+    for a in arrivals(traces).calls:
+        late, skew = a.last, a.skew_ns
         lasts.append((late, skew / 1e6))
         if skew < MIN_SKEW_NS:
             continue
-        odds.append(1 / len(enters))
+        skewed.append(a)
+        odds.append(1 / len(a.late))
         last_counts[late] += 1
         skews[late].append(skew / 1e6)
-        before[late][call_site(arrived[late][1])] += 1
+        before[late][call_site(a.events[late])] += 1
     considered = len(odds)
     if considered < MIN_CALLS:
         return []
@@ -146,14 +134,16 @@ def detect_straggler(traces: TraceSet) -> list[Finding]:
     culprits = sorted(r for r, n in last_counts.items() if n / considered >= SHARE
                       and (chance[r] <= CHANCE or statistics.median(skews[r])
                            >= NOISE_FACTOR * noise[r]))
+    node = _slow_node(traces, skewed, lasts)
+    if node is not None:
+        culprits = sorted(set(node.ranks))
     if not culprits:
         return []
+    table = {row.rank: row for row in lateness_table(traces, MIN_SKEW_NS)}
     all_skews = [s for r in culprits for s in skews[r]]
     median, p95 = statistics.median(all_skews), _p95(all_skews)
     where = "; ".join(f"rank {r} arrives last at {site} ({n}x)" for r in culprits
                       for site, n in before[r].most_common(2))
-    shares = ", ".join(f"rank {r} last in {last_counts[r]} of {considered}" for r in culprits)
-    odds_text = ", ".join(f"{_one_in(chance[r])}" for r in culprits)
     doing = _doing(traces, culprits)
     if doing:
         where += "." + "".join(
@@ -161,20 +151,101 @@ def detect_straggler(traces: TraceSet) -> list[Finding]:
             + "; ".join(f"{d['frame']} ({d['samples']} of {d['of']} stack samples)"
                         for d in doing[str(r)][:2])
             for r in culprits if str(r) in doing)
+    across = any(a.across_hosts for a in skewed)
+    how = ("\nMeasured without comparing clocks: in a blocking collective the last rank to "
+           "arrive waits the least, and each rank's time inside a call is read on its own "
+           "clock.") if across else ""
+    evidence = {"median_ms": round(median, 1), "p95_ms": round(p95, 1),
+                "last": {str(r): last_counts[r] for r in culprits}, "considered": considered,
+                "chance": {str(r): float(f"{chance.get(r, 1.0):.3g}") for r in culprits},
+                "noise_ms": {str(r): round(noise.get(r, MIN_SKEW_NS / 1e6), 1) for r in culprits},
+                "doing": doing, "across_hosts": across,
+                "lateness": [row.to_json() for row in table.values()]}
+    if node is not None:
+        share = node.cost_per_step_s / node.step_s if node.step_s > 0 else 0.0
+        others = sorted(r for r in table if r not in node.ranks)
+        cost = (f"its peers ({ranks_text(others)}) waited "
+                f"{_s(node.cost_per_step_s)} per step for it ({share:.0%} of a "
+                f"{_s(node.step_s)} step)")
+        evidence.update(node={"host": node.host, "ranks": list(node.ranks), "last": node.last,
+                              "chance": float(f"{node.chance:.3g}"),
+                              "per_step_s": round(node.per_step_s, 4),
+                              "cost_per_step_s": round(node.cost_per_step_s, 4),
+                              "cost_share": round(share, 3), "step_s": round(node.step_s, 4)})
+        return [Finding(
+            kind=FindingKind.STRAGGLER, severity=Severity.WARNING,
+            title=f"node {node.host} ({ranks_text(list(node.ranks))}) is slow: late "
+                  f"{_s(node.per_step_s)} per step; {cost}",
+            detail=f"One of its ranks was last to arrive at {node.last} of {considered} "
+                   f"collectives whose arrival skew exceeded {MIN_SKEW_NS / 1e6:.0f} ms (by "
+                   f"chance: {_one_in(node.chance)}), and every one of its ranks was late "
+                   f"(skew median {median:.0f} ms, p95 {p95:.0f} ms).{how}\n{where}"
+                   + ("" if doing else "."),
+            ranks=tuple(culprits), hint=HINT_SLOW_NODE, evidence=evidence)]
+    shares = ", ".join(f"rank {r} last in {last_counts[r]} of {considered}" for r in culprits)
+    odds_text = ", ".join(f"{_one_in(chance[r])}" for r in culprits)
+    costs = "; ".join(
+        f"rank {r}: late {_s(table[r].per_step_s)} per step, its peers waited "
+        f"{_s(table[r].cost_per_step_s)} per step for it ({table[r].cost_share:.0%} of a "
+        f"{_s(table[r].step_s)} step)" for r in culprits if r in table)
     return [Finding(
         kind=FindingKind.STRAGGLER, severity=Severity.WARNING,
         title=f"{ranks_text(culprits)} consistently last to arrive at collectives "
               f"(skew median {median:.0f} ms, p95 {p95:.0f} ms)",
         detail=f"{shares} collectives whose arrival skew exceeded "
-               f"{MIN_SKEW_NS / 1e6:.0f} ms (by chance: {odds_text}).\n{where}"
-               + ("" if doing else "."),
-        ranks=tuple(culprits), hint=HINT_STRAGGLER,
-        evidence={"median_ms": round(median, 1), "p95_ms": round(p95, 1),
-                  "last": {str(r): last_counts[r] for r in culprits}, "considered": considered,
-                  "chance": {str(r): float(f"{chance[r]:.3g}") for r in culprits},
-                  "noise_ms": {str(r): round(noise[r], 1) for r in culprits},
-                  "doing": doing},
+               f"{MIN_SKEW_NS / 1e6:.0f} ms (by chance: {odds_text}).{how}\n"
+               + (f"Cost: {costs}.\n" if costs else "") + where + ("" if doing else "."),
+        ranks=tuple(culprits), hint=HINT_STRAGGLER, evidence=evidence,
     )]
+
+
+def _s(seconds: float) -> str:
+    return f"{seconds * 1e3:.0f} ms" if seconds < 1.0 else f"{seconds:.2f} s"
+
+
+def _slow_node(traces: TraceSet, skewed: list[Arrival],
+               lasts: list[tuple[int, float]]) -> _Node | None:
+    """The host whose ranks are all late, when one is: one of its ranks last at ``SHARE`` of
+    the skewed collectives spanning hosts, more often than chance allows (``CHANCE``: each
+    member equally likely to be last, so a host with more ranks is last more often) or late
+    by far more than the noise, and every one of its ranks late by at least half the skew at
+    most of them. A host of one rank is a rank, named as such."""
+    across = [a for a in skewed if a.across_hosts]
+    if len(across) < MIN_CALLS:
+        return None
+    hosts = {r: t.meta.host for r, t in traces.ranks.items()}
+    last_host = Counter(hosts[a.last] for a in across)
+    host, n = last_host.most_common(1)[0]
+    if n / len(across) < SHARE:
+        return None
+    ranks = sorted({r for a in across for r in a.late if hosts[r] == host})
+    if len(ranks) < 2:
+        return None
+    p = statistics.fmean(sum(1 for r in a.late if hosts[r] == host) / len(a.late)
+                         for a in across)
+    chance = chance_of(n, len(across), p)
+    mine = [a.skew_ns / 1e6 for a in across if hosts[a.last] == host]
+    others = [skew for late, skew in lasts if hosts.get(late) != host]
+    noise = max(MIN_SKEW_NS / 1e6, _p95(others) if others else 0.0)
+    if chance > CHANCE and statistics.median(mine) < NOISE_FACTOR * noise:
+        return None
+    # every rank of the node late: at most of the collectives the node was last to, each of
+    # its ranks arrived at least half the skew after the first
+    for r in ranks:
+        late = [a.late[r] >= a.skew_ns / 2 for a in across if hosts[a.last] == host
+                and r in a.late]
+        if sum(late) < SHARE * len(late):
+            return None
+    steps, step_s = steps_of(arrivals(traces).calls)
+    steps = max(steps, 1.0)
+    per_step = sum(max(a.late[r] for r in a.late if hosts[r] == host) for a in across) / 1e9
+    cost = 0.0
+    for a in across:
+        node_last = max(a.late[r] for r in a.late if hosts[r] == host)
+        gaps = [node_last - t for r, t in a.late.items() if hosts[r] != host]
+        if gaps and node_last > 0:
+            cost += max(0.0, statistics.median(gaps)) / 1e9
+    return _Node(host, tuple(ranks), n, chance, per_step / steps, cost / steps, step_s)
 
 
 def _noise_ms(lasts: list[tuple[int, float]], rank: int) -> float:

@@ -104,6 +104,7 @@ def events_from_dump(trace: Mapping[str, Any]) -> list[Event]:
                                        tensors),
                 nbytes=0, peer=-1, group_size=0, callsite=callsite, api_callsite=api, path=path,
                 source=EventSource.FLIGHT_RECORDER, t_gpu_start_ns=_gpu_start(entry),
+                t_gpu_end_ns=_gpu_end(entry),
                 context=context,
             ))
         except (KeyError, TypeError, ValueError, IndexError, AttributeError):
@@ -115,6 +116,13 @@ def _gpu_start(entry: Mapping[str, Any]) -> int | None:
     """When the entry's kernel started on the GPU: NCCL with timing on; 0/None elsewhere."""
     value = entry.get("time_discovered_started_ns")
     return value if isinstance(value, int) and value > 0 else None
+
+
+def _gpu_end(entry: Mapping[str, Any]) -> int | None:
+    """When the entry's kernel completed on the GPU, if its start is known too (a completion
+    alone, without timing, says nothing of the time inside the collective)."""
+    value = entry.get("time_discovered_completed_ns")
+    return value if _gpu_start(entry) and isinstance(value, int) and value > 0 else None
 
 
 def position(entry: Any) -> tuple[str, int] | None:
@@ -236,12 +244,14 @@ def merge(traces: TraceSet, dumps: Mapping[int, Mapping[str, Any]]) -> TraceSet:
             continue
         fr = events_from_dump(dump)
         in_flight = _in_flight(trace.events, fr)
-        started = {(e.group, e.seq): e.t_gpu_start_ns for e in fr if e.t_gpu_start_ns}
+        started = {(e.group, e.seq): (e.t_gpu_start_ns, e.t_gpu_end_ns) for e in fr
+                   if e.t_gpu_start_ns}
         seen = {(e.group, e.seq) for e in trace.events if e.seq >= 0}
         # the recorder saw every Python call: what only Flight Recorder saw was issued from C++
         extra = [e if e.context else replace(e, context=ISSUED_FROM_CPP)
                  for e in fr if (e.group, e.seq) not in seen]
-        timed = started and any(e.t_gpu_start_ns is None and (e.group, e.seq) in started
+        timed = started and any((e.t_gpu_start_ns is None or e.t_gpu_end_ns is None)
+                                and (e.group, e.seq) in started
                                 for e in trace.events)
         if extra or in_flight or timed:
             events = [_merged(e, e.idx in in_flight, started) for e in trace.events]
@@ -252,14 +262,18 @@ def merge(traces: TraceSet, dumps: Mapping[int, Mapping[str, Any]]) -> TraceSet:
     return replace(traces, ranks=ranks)
 
 
-def _merged(e: Event, in_flight: bool, started: Mapping[tuple[str, int], int]) -> Event:
-    """A recorded event with what Flight Recorder adds: still in flight, its GPU start."""
-    gpu = e.t_gpu_start_ns or started.get((e.group, e.seq))
-    if not in_flight and gpu == e.t_gpu_start_ns:
+def _merged(e: Event, in_flight: bool,
+            started: Mapping[tuple[str, int], tuple[int | None, int | None]]) -> Event:
+    """A recorded event with what Flight Recorder adds: still in flight, its GPU start and
+    completion."""
+    fr = started.get((e.group, e.seq), (None, None))
+    gpu, end = e.t_gpu_start_ns or fr[0], e.t_gpu_end_ns or fr[1]
+    if not in_flight and gpu == e.t_gpu_start_ns and end == e.t_gpu_end_ns:
         return e
     if in_flight:
-        return replace(e, state=EventState.ENTERED, in_flight=True, t_gpu_start_ns=gpu)
-    return replace(e, t_gpu_start_ns=gpu)
+        return replace(e, state=EventState.ENTERED, in_flight=True, t_gpu_start_ns=gpu,
+                       t_gpu_end_ns=None)
+    return replace(e, t_gpu_start_ns=gpu, t_gpu_end_ns=end)
 
 
 def _in_flight(recorded: tuple[Event, ...], fr: list[Event]) -> set[int]:

@@ -65,7 +65,7 @@ def _event(e: Event, site: _Sites) -> list:
             int(e.state), int(e.flags), e.t_enter_ns, e.t_exit_ns, e.thread, e.input, e.output,
             e.nbytes, e.peer, e.group_size, site(e.callsite), site(e.api_callsite),
             [site(loc) for loc in e.path],
-            e.source.value, e.in_flight, e.t_gpu_start_ns, e.context]
+            e.source.value, e.in_flight, e.t_gpu_start_ns, e.context, e.t_gpu_end_ns]
 
 
 _KINDS = {int(k): k for k in EventKind}
@@ -92,6 +92,8 @@ def _unevent(raw: Sequence[Any], sites: list[Location | None]) -> Event:
     values[20] = tuple(loc for loc in (sites[i] for i in raw[20]) if loc is not None)
     values[22] = bool(raw[22])
     if raw[23] is not None and type(raw[23]) is not int or type(raw[24]) is not str:
+        raise ValueError("not a packed event")
+    if raw[25] is not None and type(raw[25]) is not int:
         raise ValueError("not a packed event")
     event = object.__new__(Event)
     event.__dict__.update(zip(_FIELDS, values))

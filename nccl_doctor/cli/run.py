@@ -15,12 +15,17 @@ from nccl_doctor.reporters.escape import visible
 from nccl_doctor.capture import claim
 from nccl_doctor.capture.names import REPORT_HTML, remove_own_files
 from nccl_doctor import paths
-from nccl_doctor.env import COORDINATOR, COORDINATOR_JOB, NO_REDACT, host_name
+from nccl_doctor.env import COORDINATOR, COORDINATOR_JOB, LEADER_HOST, NO_REDACT, host_name
 from nccl_doctor.errors import ExitStatus, OutDirInUse, OutputExists, UsageError, unwritable
 from nccl_doctor.supervisor.federation import rendezvous
 from nccl_doctor.supervisor.gpu.nvml import Nvml
+from nccl_doctor.supervisor.federation import store as federation_store
 from nccl_doctor.supervisor.ray.fleet import (
     RayCluster, RayFleet, free_port, job_environment as ray_job_environment, leader_rendezvous,
+)
+from nccl_doctor.supervisor.slurm import allocation as slurm
+from nccl_doctor.supervisor.slurm.fleet import (
+    SlurmFleet, SlurmRun, leader_rendezvous as slurm_rendezvous,
 )
 from nccl_doctor.reporters.console import ConsoleReporter
 from nccl_doctor.supervisor.supervisor import Supervisor
@@ -38,7 +43,7 @@ def register(sub: argparse._SubParsersAction) -> None:
         usage="nccl-doctor run [--out DIR] [--force] [--quiet] [--on-hang report|kill] "
               "[--hang-after SECONDS] [--stuck-after SECONDS] [--fail-on suspect] [--no-watch] "
               "[--no-gpu] [--no-redact] [--coordinator HOST:PORT] [--node-rank N] [--nnodes N] "
-              "[--ray [ADDRESS]] -- COMMAND [ARGS...]",
+              "[--ray [ADDRESS]] [--slurm] -- COMMAND [ARGS...]",
     )
     add_options(p)
     p.add_argument("command", nargs=argparse.REMAINDER, metavar="COMMAND",
@@ -102,6 +107,12 @@ def add_options(p: argparse.ArgumentParser) -> None:
                         "every Ray worker of the job is recorded on every node, and Ray runs a "
                         "node doctor on each other node; their reports are this one's "
                         "(docs/ray.md)")
+    p.add_argument("--slurm", action="store_true",
+                   help="the command launches the job's steps with srun inside this Slurm "
+                        "allocation (salloc, an sbatch script): Slurm runs a node doctor on each "
+                        "other node of the allocation, and a hang stops the job's steps with "
+                        "scancel; on by itself when the command is srun inside an allocation "
+                        "(docs/slurm.md)")
     serving.add_options(p)
 
 
@@ -207,24 +218,32 @@ def _supervise(args: argparse.Namespace, command: list[str],
                                                    stuck_after=args.stuck_after)
     environ = dict(os.environ)  # the job's: what follows is for this process only
     cluster = _ray_cluster(args, environ)
-    # --ray: this supervisor hosts the node doctors' coordinator (--coordinator gives its port)
-    meeting = leader_rendezvous(cluster) if cluster is not None else _meeting(args, command, err)
+    allocation = _slurm_run(args, command, environ, err)
+    # --ray, Slurm: this supervisor hosts the node doctors' coordinator (--coordinator gives its
+    # port)
+    meeting = (leader_rendezvous(cluster) if cluster is not None
+               else slurm_rendezvous(allocation) if allocation is not None
+               else _meeting(args, command, err))
+    key = _federation_key(environ, own=cluster is not None or allocation is not None)
     if args.no_redact:  # the ranks (their argv) and the supervisor (the manifest) read it
         environ[NO_REDACT] = "1"
     # which code is the user's: the ranks' recorders read it, and so does this analysis
     environ = paths.with_patterns(environ, args.user_code, args.library_code)
     paths.configure_from(environ)
-    fleet = None
+    fleet: RayFleet | SlurmFleet | None = None
     if cluster is not None:
         environ = ray_job_environment(environ, host_name())
-        fleet = RayFleet(cluster, out, host_name(), environ)
+        fleet = RayFleet(cluster, out, host_name(), environ, key)
+    elif allocation is not None:
+        environ[LEADER_HOST] = allocation.leader_host  # the other nodes' ranks: their directory
+        fleet = SlurmFleet(allocation, out, key)
     if meeting is not None:
         # torch's C++ log would print every retry of a store connection on the user's terminal
         os.environ.setdefault("TORCH_CPP_LOG_LEVEL", "FATAL")
     page_file = PageFile(out / REPORT_HTML)
     supervisor = Supervisor(command, out, policy=policy, gpu=None if args.no_gpu else Nvml.open,
                             environ=environ, rendezvous=meeting, on_report=page_file,
-                            cluster=fleet)
+                            cluster=fleet, federation_key=key)
     if served is not None:
         served.watch(supervisor, lambda: page_file.text)
     display = None
@@ -261,15 +280,57 @@ def _ray_cluster(args: argparse.Namespace, environ: dict[str, str]) -> RayCluste
     if address.startswith("ray://"):
         raise UsageError(f"--ray {address}: a Ray Client address; run the driver on a node of "
                          "the cluster (give the cluster's HOST:PORT, or nothing for 'auto')")
+    follower = _follower_args(args)
+    port = rendezvous.split_address(args.coordinator, "--coordinator")[1] \
+        if args.coordinator else free_port()
+    return RayCluster(address, port, tuple(follower))
+
+
+def _follower_args(args: argparse.Namespace) -> list[str]:
+    """The options of each node doctor's run (this run's own)."""
     follower = ["--force", "--quiet", "--on-hang", args.on_hang,
                 "--hang-after", str(args.hang_after), "--stuck-after", str(args.stuck_after)]
     follower += [flag for flag, on in (("--no-gpu", args.no_gpu), ("--no-redact", args.no_redact),
                                        ("--no-watch", args.no_watch)) if on]
     follower += [x for p in args.user_code for x in ("--user-code", p)]
     follower += [x for p in args.library_code for x in ("--library-code", p)]
+    return follower
+
+
+def _slurm_run(args: argparse.Namespace, command: list[str], environ: dict[str, str],
+               err) -> SlurmRun | None:
+    """``srun`` inside an allocation (or ``--slurm``): the allocation, and the options each
+    node doctor runs with."""
+    if args.slurm and args.ray is not None:
+        raise UsageError("--slurm and --ray: give one (the cluster that starts the node doctors)")
+    if args.ray is not None or (not args.slurm and not slurm.is_srun(command)):
+        return None
+    try:
+        found = slurm.Allocation.of(environ)
+    except slurm.SlurmError as e:
+        err.write(f"nccl-doctor: cannot read the Slurm allocation ({visible(str(e))}); "
+                  "diagnosing this node alone\n")
+        return None
+    if found is None:
+        if args.slurm:
+            raise UsageError("--slurm: not inside a Slurm allocation (no SLURM_JOB_ID): run "
+                             "it in salloc or an sbatch script")
+        err.write("nccl-doctor: srun outside an allocation: the other nodes go unwatched; run "
+                  "it inside salloc or an sbatch script (docs/slurm.md)\n")
+        return None
     port = rendezvous.split_address(args.coordinator, "--coordinator")[1] \
         if args.coordinator else free_port()
-    return RayCluster(address, port, tuple(follower))
+    return SlurmRun(found, port, tuple(_follower_args(args)), host_name())
+
+
+def _federation_key(environ: dict[str, str], own: bool) -> bytes | None:
+    """The job's key for the nodes' federation: the user's, else one of its own where this run
+    starts the node doctors itself (``own``), else none (unauthenticated)."""
+    try:
+        key = federation_store.key_from(environ)
+    except federation_store.FederationKeyError as e:
+        raise UsageError(str(e)) from None
+    return key if key is not None or not own else federation_store.new_key()
 
 
 def _meeting(args: argparse.Namespace, command: list[str], err) -> rendezvous.Rendezvous | None:

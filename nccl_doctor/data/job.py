@@ -140,6 +140,19 @@ class Job:
                 })
         return pd.DataFrame(rows, columns=["rank", "note", "time", "data"])
 
+    @cached_property
+    def lateness(self) -> pd.DataFrame:
+        """One row per rank that took part in a compared collective: how late it arrived
+        (relative to the first member, per collective and per step), at how many it was the
+        last, and its cost - how long its peers waited for it, in all, per step and as a share
+        of the step's time. Across hosts it is measured without comparing clocks
+        (analysis/lateness.py; docs/stragglers.md)."""
+        from nccl_doctor.analysis.lateness import lateness_table
+        from nccl_doctor.analysis.straggler import MIN_SKEW_NS
+
+        rows = [row.to_json() for row in lateness_table(self.traces, MIN_SKEW_NS)]
+        return pd.DataFrame(rows, columns=list(_LATENESS_COLUMNS))
+
     @property
     def problems(self) -> tuple[str, ...]:
         """What could not be read, or only in part (as replay's notes say)."""
@@ -230,3 +243,7 @@ def _latest(dirs: Sequence[Path]) -> dict[int, Path]:
             if held is None or held[0] <= started:
                 out[rank] = (started, f)
     return {rank: f for rank, (_, f) in out.items()}
+
+
+_LATENESS_COLUMNS = ("rank", "host", "calls", "last", "per_call_s", "per_step_s",
+                     "cost_per_step_s", "cost_s", "cost_share", "step_s", "steps")

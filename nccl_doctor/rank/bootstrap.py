@@ -23,11 +23,25 @@ _recorder: Any = None
 
 def activate() -> bool:
     """Arm the recorder if NCCL_DOCTOR_DIR is set (and NCCL_DOCTOR_ENABLE is not "0")."""
+    this_hosts_directory()
     directory = os.environ.get(env.CAPTURE_DIR)
     if not directory or os.environ.get(env.ENABLE, "1") == "0":
         return False
     install(Path(directory), lazy=True)
     return True
+
+
+def this_hosts_directory() -> None:
+    """A job whose node doctors the cluster started (``--ray``, Slurm): on a host other than the
+    leader's, NCCL_DOCTOR_DIR becomes that host's node directory, where its node doctor reads. Done
+    once per process tree: the leader's host is forgotten, so a rank's own children inherit the
+    directory as it is."""
+    leader = os.environ.pop(env.LEADER_HOST, None)
+    directory = os.environ.get(env.CAPTURE_DIR)
+    if directory and leader and env.host_name() != leader:
+        from nccl_doctor.capture.names import node_dir
+
+        os.environ[env.CAPTURE_DIR] = str(node_dir(Path(directory), env.host_name()))
 
 
 def install(directory: Path, *, lazy: bool = False) -> Any:

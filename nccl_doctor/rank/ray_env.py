@@ -50,16 +50,7 @@ def runtime_env_hook(runtime_env: dict[str, Any] | None) -> dict[str, Any] | Non
 def setup_worker() -> None:
     """In each Ray worker of the job: arm the recorder, writing into this host's directory."""
     try:
-        directory = os.environ.get(env.CAPTURE_DIR)
-        leader = os.environ.get(env.RAY_LEADER_HOST)
-        host = env.host_name()
-        if directory and leader and host != leader:
-            from pathlib import Path
-
-            from nccl_doctor.capture.names import node_dir
-
-            os.environ[env.CAPTURE_DIR] = str(node_dir(Path(directory), host))
-        from nccl_doctor.rank import bootstrap
+        from nccl_doctor.rank import bootstrap  # (it writes into this host's directory)
 
         bootstrap.activate()
     except Exception as err:  # noqa: BLE001 - the worker must start regardless

@@ -5,7 +5,8 @@ Per rank: ``nccl_doctor_rank_calls_total`` (the capture's progress counter),
 Per job: ``nccl_doctor_phase`` and ``nccl_doctor_verdict`` (1 for the current one),
 ``nccl_doctor_findings`` by kind, ``nccl_doctor_root_cause`` (1 per culprit rank of the root
 cause, labelled with the finding's kind, the rank's host and the call site),
-``nccl_doctor_straggler_skew_seconds``, ``nccl_doctor_nodes`` (joined, lost, expected),
+``nccl_doctor_straggler_skew_seconds``, ``nccl_doctor_rank_lateness_seconds``,
+``nccl_doctor_straggler_cost_seconds_total``, ``nccl_doctor_nodes`` (joined, lost, expected),
 ``nccl_doctor_quiet_seconds``. docs/serve.md lists them with example queries.
 """
 
@@ -91,6 +92,22 @@ def families(pub: Published) -> Iterator[Metric]:
     for rank, seconds in sorted(pub.skew_s.items()):
         skew.add_metric([str(rank)], seconds)
     yield skew
+
+    late = GaugeMetricFamily(f"{PREFIX}_rank_lateness_seconds", "how late the rank arrives at "
+                             "collectives per step, after the first member (across hosts "
+                             "without comparing clocks; the straggler watch's latest)",
+                             labels=["rank", "host"])
+    for rank, seconds in sorted(pub.lateness_s.items()):
+        late.add_metric([str(rank), _host_of(pub, rank)], seconds)
+    yield late
+
+    cost = CounterMetricFamily(f"{PREFIX}_straggler_cost_seconds", "time the other ranks "
+                               "waited for this rank, the last to arrive, at collectives "
+                               "skewed past 20 ms (their median wait, summed per collective)",
+                               labels=["rank", "host"])
+    for rank, seconds in sorted(pub.cost_s.items()):
+        cost.add_metric([str(rank), _host_of(pub, rank)], seconds)
+    yield cost
 
     nodes = GaugeMetricFamily(f"{PREFIX}_nodes", "nodes of the job: joined, lost, expected "
                               "(multi-node and Ray jobs; 1 joined otherwise)", labels=["state"])

@@ -47,7 +47,9 @@ class Publisher:
         return Published(
             at=now, state=supervisor.state.value, view=view, since_progress=since,
             report=report, report_json=self._report[1], report_html=self.page(),
-            nodes=_nodes(supervisor), skew_s=dict(straggler.skew) if straggler else {})
+            nodes=_nodes(supervisor), skew_s=dict(straggler.skew) if straggler else {},
+            lateness_s=dict(straggler.lateness) if straggler else {},
+            cost_s=dict(straggler.cost) if straggler else {})
 
     def _every_rank(self, view: LiveView, state: str, report: Diagnosis | None) -> LiveView:
         """``view`` with every rank seen so far: a rank the watchdog no longer counts (another

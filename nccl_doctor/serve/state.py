@@ -28,6 +28,8 @@ class Published:
     report_html: str = ""  # report.html as last drawn ("" none yet)
     nodes: Mapping[str, int] = field(default_factory=dict)  # joined, lost, expected
     skew_s: Mapping[int, float] = field(default_factory=dict)  # straggler rank -> median skew
+    lateness_s: Mapping[int, float] = field(default_factory=dict)  # rank -> lateness per step
+    cost_s: Mapping[int, float] = field(default_factory=dict)  # rank -> peers' wait for it, total
 
     @property
     def phase(self) -> str:

@@ -23,7 +23,7 @@ PACKAGE_PARENT = _PACKAGE.parent
 
 def job_environment(base: Mapping[str, str], capture_dir: Path, run_id: str) -> dict[str, str]:
     """The job's environment: the user's, plus what arms the recorder in every Python process."""
-    out = dict(base)
+    out = {k: v for k, v in base.items() if k not in env.NOT_FOR_RANKS}
     paths = [str(BOOTSTRAP_DIR)] + [p for p in out.get("PYTHONPATH", "").split(os.pathsep) if p]
     out["PYTHONPATH"] = os.pathsep.join(paths)
     out[env.CAPTURE_DIR] = str(capture_dir.absolute())

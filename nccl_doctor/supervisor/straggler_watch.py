@@ -7,7 +7,12 @@ have entered one it has not (``waited_by``), the late rank's stack is sampled (p
 ``--nonblocking``: the rank is never paused; else its in-rank agent) into ``stragglers.jsonl``.
 The post-mortem straggler finding then says where the late rank spends the time its peers wait.
 Never a hang: hangs are the watchdog's; this watch stands aside while every rank waits (a
-deadlock being confirmed, a stall) or a hang is called. Only this host's ranks are sampled.
+deadlock being confirmed, a stall) or a hang is called. A late rank of another node is
+sampled by that node's doctor (the leader asks it, as for a hang's stacks).
+
+Each look also reads the lateness table (analysis/lateness.py): every rank's lateness per step
+(``lateness``), and the time ranks waited for the last to arrive at each skewed collective,
+added up once per collective (``cost``): what ``run --serve`` publishes for a dashboard.
 """
 
 from __future__ import annotations
@@ -16,7 +21,8 @@ import time
 from typing import Callable
 
 from nccl_doctor.analysis.align import blocked_event, timelines
-from nccl_doctor.analysis.straggler import detect_straggler
+from nccl_doctor.analysis.lateness import arrivals, lateness_table
+from nccl_doctor.analysis.straggler import MIN_SKEW_NS, detect_straggler
 from nccl_doctor.analysis.threads import focused
 from nccl_doctor.model import TraceSet
 from nccl_doctor.stacks import summary
@@ -44,6 +50,9 @@ class StragglerWatch:
         self._cost = 0.0  # how long the last look took
         self._seen: dict[int, int] = {}
         self.skew: dict[int, float] = {}  # the late ranks of the last look, their median skew
+        self.lateness: dict[int, float] = {}  # rank -> its lateness per step, s (last look)
+        self.cost: dict[int, float] = {}  # rank -> the time peers waited for it, s (in all)
+        self._costed: dict[str, int] = {}  # group -> the newest collective counted in ``cost``
 
     def look(self, snap: Snapshot) -> None:
         now = self.job.clock()
@@ -64,29 +73,52 @@ class StragglerWatch:
         if traces is None:
             return
         before = snap.read_counts  # polled right before the read that says who waits
+        self._measure(traces)
         found = detect_straggler(traces)
         # rank -> its median lateness, s (what ``run --serve`` shows)
         self.skew = {r: float(f.evidence.get("median_ms", 0.0)) / 1e3
                      for f in found for r in f.ranks}
         late = sorted({r for f in found for r in f.ranks})
         local = {r: p.pid for r, p in self.job.local().items()}
-        targets, waiting = {}, {}
+        targets, remote, waiting = {}, [], {}
         for rank in late:
-            if rank in local and not self.log.full(rank):
+            if not self.log.full(rank):
                 peers = waited_by(traces, rank)
-                if peers:
+                if peers and rank in local:
                     targets[rank], waiting[rank] = local[rank], peers
-        if not targets:
+                elif peers:
+                    remote.append(rank)
+                    waiting[rank] = peers
+        if not targets and not remote:
             return
-        stacks = focused(evidence.collect_stacks(targets, self.job.run_id,
-                                                 timeout=self.policy.stack_timeout), traces)
-        after = self.job.registry.poll()
+        timeout = self.policy.stack_timeout
+        stacks = dict(evidence.collect_stacks(targets, self.job.run_id, timeout=timeout)
+                      if targets else {})
+        if remote:  # sampled by their node's doctor, on their own host
+            stacks.update(self.job.stacks(remote, timeout))
+        stacks = focused(stacks, traces)
+        after = snap.poll() if snap.poll is not None else self.job.registry.poll()
         for rank, stack in sorted(stacks.items()):
             where = summary.user_frames(stack)
             # a rank that recorded a call since the read reached the collective before the
             # sample was taken: where it was while its peers waited is not known
             if where and before.get(rank) == after.get(rank):
                 self.log.add(StackSample(time.time(), rank, where, waiting[rank], stack.source))
+
+
+    def _measure(self, traces: TraceSet) -> None:
+        """The lateness table's per-step lateness, and the waits of the collectives not counted
+        yet added to each last rank's cost."""
+        self.lateness = {row.rank: row.per_step_s
+                         for row in lateness_table(traces, MIN_SKEW_NS)}
+        newest: dict[str, int] = {}
+        for a in arrivals(traces).calls:
+            newest[a.group] = max(newest.get(a.group, -1), a.seq)
+            if a.seq <= self._costed.get(a.group, -1) or a.skew_ns < MIN_SKEW_NS:
+                continue
+            late = a.last
+            self.cost[late] = self.cost.get(late, 0.0) + a.waited_for(late) / 1e9
+        self._costed.update(newest)
 
 
 def waited_by(traces: TraceSet, rank: int) -> tuple[int, ...]:

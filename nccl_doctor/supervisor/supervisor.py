@@ -40,7 +40,7 @@ from nccl_doctor.supervisor.agent_client import request_many
 from nccl_doctor.supervisor.launch import Job, exit_status, job_environment
 from nccl_doctor.supervisor.live import Decision, HeldBeside, LiveJob, Report, Watch
 from nccl_doctor.supervisor.policy import HangPolicy
-from nccl_doctor.supervisor.ray.fleet import RayFleet
+from nccl_doctor.supervisor.cluster import Cluster
 from nccl_doctor.supervisor.silent_watch import SilentWatch
 from nccl_doctor.supervisor.straggler_watch import StragglerWatch
 from nccl_doctor.supervisor.watchdog import Watchdog
@@ -82,7 +82,7 @@ class Supervisor:
                  annotators: Sequence[Annotator] | None = None,
                  rendezvous: Rendezvous | None = None, final_wait: float = 300.0,
                  on_report: Callable[[Diagnosis, TraceSet | None], None] | None = None,
-                 cluster: RayFleet | None = None) -> None:
+                 cluster: Cluster | None = None, federation_key: bytes | None = None) -> None:
         """``policy`` None runs no watches (post-mortem only); ``announce`` receives the watches'
         events (a hang called, the job stopped) as one-line messages; ``gpu`` opens the GPUs'
         NVML (None: no GPU sampling); ``annotators`` recognise known issues (default: the
@@ -90,8 +90,10 @@ class Supervisor:
         job (nccl_doctor/supervisor/federation/); ``final_wait``: how long a node whose job
         ended waits for the others' ends (the leader) or the leader's final report;
         ``on_report``: told each report written, with the captures it was drawn from (the CLI
-        draws report.html from them); ``cluster``: the node doctors of a Ray cluster
-        (``--ray``: started with the job, ended with it, followers of this supervisor)."""
+        draws report.html from them); ``cluster``: the node doctors of a Ray cluster or a Slurm
+        allocation (``--ray``, ``srun``: started with the job, ended with it, followers of this
+        supervisor); ``federation_key``: the job's key that authenticates what the nodes'
+        supervisors exchange (None: unauthenticated)."""
         self.command = tuple(command)
         self.out_dir = out_dir
         self.poll_interval = poll_interval
@@ -105,7 +107,7 @@ class Supervisor:
         if rendezvous is not None:
             live = self.live
             self.federation = Federation(rendezvous, live, host_name(),
-                                         announce=lambda m: live.announce(m))
+                                         announce=lambda m: live.announce(m), key=federation_key)
             assert isinstance(live, FederatedJob)
             live.federation = self.federation
         self.job: Job | None = None
@@ -164,6 +166,8 @@ class Supervisor:
         return self.watchdog.view() if self.watchdog is not None else None
 
     def _stop_job(self, sig: int) -> None:
+        if self.cluster is not None:
+            self.cluster.stopping(sig)
         if self.job is not None:
             self.job.signal(sig)
 
@@ -211,6 +215,8 @@ class Supervisor:
         if self.federation is not None:
             self.federation.start()  # the leader listens before any rank starts
         try:
+            if self.cluster is not None:
+                self.cluster.prepare(self)
             try:
                 self.job = Job(self.command, environment, self.out_dir)
             except LaunchFailed:  # nothing ran: nothing is left behind to block --out
@@ -476,6 +482,7 @@ class Supervisor:
             if not fed.leading and fed.link.problem:
                 diagnosis = replace(diagnosis, notes=diagnosis.notes + (
                     f"this report covers this node's ranks only: {fed.link.problem}",))
+            diagnosis = replace(diagnosis, notes=diagnosis.notes + fed.trust_notes())
             fed.link.publish_final(diagnosis.to_json(), wait=10.0)
             fed.close()
         path = kept.write_report(diagnosis)

@@ -69,7 +69,7 @@ def test_a_broken_user_hook_leaves_the_runtime_env_as_it_was(monkeypatch, capsys
                                             ("node/B 2", "out.node_B_2")])
 def test_a_worker_writes_into_its_hosts_directory(monkeypatch, tmp_path, host, expected):
     monkeypatch.setenv(env.CAPTURE_DIR, str(tmp_path / "out"))
-    monkeypatch.setenv(env.RAY_LEADER_HOST, "nodeA")
+    monkeypatch.setenv(env.LEADER_HOST, "nodeA")
     monkeypatch.setenv(env.HOSTNAME, host)
     monkeypatch.setenv(env.ENABLE, "0")
     ray_env.setup_worker()

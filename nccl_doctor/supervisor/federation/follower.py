@@ -15,6 +15,11 @@ from nccl_doctor.supervisor.federation import store as st
 from nccl_doctor.supervisor.federation.transport import LinkState, Role, Transport
 
 
+#: How often a follower whose ranks keep moving publishes their summary (bounded: TAIL calls a
+#: rank), for the leader's straggler watch, which looks every 10 s.
+SUMMARY_EVERY = 10.0
+
+
 @dataclass(frozen=True)
 class Local:
     """What this node's supervisor hands the link every tick."""
@@ -82,9 +87,12 @@ class Follower(Transport):
         key = (tuple(sorted(local.counts.items())), tuple(sorted(local.notes.items())),
                local.down, local.ended)
         notes_moved = self._summary_key is not None and key[1] != self._summary_key[1]
+        # while its ranks move, a summary every SUMMARY_EVERY s: the leader's straggler watch
+        # compares their recent calls with the other nodes' (the slow node, named live)
         due = key != self._summary_key and (
             now - self._moved_at >= self.quiet_for or local.ended
-            or (notes_moved and now - self._summary_at >= 2.0))
+            or (notes_moved and now - self._summary_at >= 2.0)
+            or now - self._summary_at >= SUMMARY_EVERY)
         if due:
             self.publish_summary(key)
         st.put(self._store, st.beat_key(self.id), self._beat(
@@ -147,8 +155,8 @@ class Follower(Transport):
                 st.put(self._store, st.beat_key(self.id), self._beat(
                     local.counts, local.notes, local.down, True, local.node_rank))
                 self._read_leader()  # answer requests while the leader finishes
-                if st.has(self._store, st.FINAL):
-                    final = st.get(self._store, st.FINAL)
+                final = st.get(self._store, st.FINAL) if st.has(self._store, st.FINAL) else None
+                if final is not None:  # (one that failed authentication reads None: wait on)
                     st.add(self._store, st.FINAL_ACKS, 1)
                     return final if self._covers(final, local) else None
                 time.sleep(min(self.every, 0.2))

@@ -66,6 +66,11 @@ def unseen_rank(rank: int, host: str, node_rank: int | None, world_size: int = 0
         events=(), exit=RankExit(ExitKind.RUNNING), integrity=Integrity(), path="")
 
 
+#: The most node ids the leader reads from the store's count at one look (a forged count that
+#: is absurd costs it nothing more).
+MAX_NODES = 65_536
+
+
 class Leader(Transport):
     def wait_started(self, timeout: float) -> None:
         """Until the leader's store is up or failed (a benchmark, a test)."""
@@ -110,13 +115,24 @@ class Leader(Transport):
         now = self.clock()
         try:
             registered = st.add(self._store, st.NODES, 0)
-            if registered > self._registered:
-                ids = st.get_many(self._store, [st.node_key(i) for i in
-                                                range(self._registered + 1, registered + 1)])
-                for node in ids:
-                    if isinstance(node, str) and node not in self.remotes:
-                        self.remotes[node] = Remote(node, seen_at=now)
+            if registered > self._registered:  # (a forged count: only ids that exist are read)
+                for i in range(self._registered + 1,
+                               min(registered, self._registered + MAX_NODES) + 1):
+                    self._unread[i] = now
                 self._registered = registered
+            # a follower writes its id right after counting itself: one never written in a
+            # minute was counted by something else, and is looked for no more
+            self._unread = {i: t for i, t in self._unread.items() if now - t < 60.0}
+            if self._unread:
+                there = ([*self._unread] if st.has_all(self._store, [
+                    st.node_key(i) for i in self._unread]) else [
+                    i for i in self._unread if st.has(self._store, st.node_key(i))])
+                if there:
+                    for node in st.get_many(self._store, [st.node_key(i) for i in there]):
+                        if isinstance(node, str) and node not in self.remotes:
+                            self.remotes[node] = Remote(node, seen_at=now)
+                    for i in there:
+                        del self._unread[i]
             remotes = list(self.remotes.values())
             beats = st.get_many(self._store, [st.beat_key(r.id) for r in remotes])
         except st.StoreError as err:  # the leader's own store: nothing to be done but say so

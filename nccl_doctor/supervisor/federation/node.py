@@ -8,6 +8,7 @@ import ipaddress
 import socket
 from typing import Any, Callable
 
+from nccl_doctor import env
 from nccl_doctor.capture import summary
 from nccl_doctor.diagnosis import Diagnosis
 from nccl_doctor.errors import DoctorError
@@ -101,6 +102,23 @@ class Federation:
                 "unrecorded": {str(r): {"why": u.why, "host": u.host}
                                for r, u in sorted(traces.unrecorded.items())}}
 
+    def trust_notes(self) -> tuple[str, ...]:
+        """What the report says of who could be heard on the coordinator's store."""
+        link = self.link
+        if link.state is LinkState.ALONE and not link.remotes:
+            return ()  # the nodes never met: nothing was exchanged
+        if link.key is None:
+            return (f"the nodes' supervisors met on {self.rdzv.address} unauthenticated, as "
+                    "torch's own store: any process that reaches that port could write to it. "
+                    f"Give every node the same key ({env.FEDERATION_KEY} or "
+                    f"{env.FEDERATION_KEY_FILE}) to authenticate what they exchange",)
+        if link.rejected:
+            return (f"{link.rejected} value{'s' if link.rejected != 1 else ''} on the "
+                    f"coordinator's store at {self.rdzv.address} failed authentication and "
+                    "{} ignored: something other than this job's doctors wrote there, or a "
+                    "node runs with another key".format("were" if link.rejected != 1 else "was"),)
+        return ()
+
     # -- the leader's report -------------------------------------------------------------------
     def nodes_section(self, diagnosis: Diagnosis | None = None) -> dict[str, Any]:
         """What report.json's ``nodes`` says: who diagnosed, every node and its state."""
@@ -120,6 +138,9 @@ class Federation:
         }
         if link.problem:
             out["problem"] = link.problem
+        out["authenticated"] = link.key is not None
+        if link.rejected:
+            out["rejected"] = link.rejected
         if self.rdzv.nnodes and len(nodes) < self.rdzv.nnodes and link.role is Role.LEADER:
             out["missing"] = self.rdzv.nnodes - len(nodes)
         return out

@@ -16,14 +16,25 @@ What each key holds (JSON unless said; ``<id>`` is a node's id, ``<k>`` a counte
 | ``ncd/decision/n``, ``ncd/decision/<k>`` | leader | the watches' decisions, in order |
 | ``ncd/roster`` | leader | every rank's host and node (who was lost with the leader) |
 | ``ncd/final``, ``ncd/final/acks`` | leader; followers (``add``) | the final report; who read it |
+
+With a per-job key (``Sealed``), every value above is stored as ``HMAC-SHA256(key, name NUL
+value) hex``, ``:``, the value: a value whose MAC fails (written by a process that is not one of
+the job's doctors, or moved from another key) reads as absent (``null``) and is counted, never
+believed. The two counters (``ncd/nodes``, ``ncd/final/acks``) are plain integers: a forged count
+only makes the leader look for node ids that do not exist, or stop waiting for a final read.
 """
 
 from __future__ import annotations
 
 import datetime
+import hashlib
+import hmac
 import json
-from nccl_doctor import bounded_json
+import os
+import secrets
 from typing import Any
+
+from nccl_doctor import bounded_json, env
 
 FORMAT = "nccl-doctor-federation"
 VERSION = 1
@@ -62,6 +73,89 @@ def decision_key(n: int) -> str:
 
 class StoreError(Exception):
     """The store cannot be hosted or reached (the message is one line)."""
+
+
+class FederationKeyError(Exception):
+    """The federation's key cannot be read (the message is one line, naming the fix)."""
+
+
+def new_key() -> bytes:
+    """A fresh per-job key (``--ray`` and Slurm runs: handed to their node doctors)."""
+    return secrets.token_hex(32).encode()
+
+
+def key_from(environ: dict[str, str] | os._Environ) -> bytes | None:
+    """The federation's key from ``NCCL_DOCTOR_FEDERATION_KEY`` or the file
+    ``NCCL_DOCTOR_FEDERATION_KEY_FILE`` names (None: neither is set, the federation is
+    unauthenticated); ``FederationKeyError`` when the file cannot be read or either is empty."""
+    text = environ.get(env.FEDERATION_KEY)
+    if text is None and environ.get(env.FEDERATION_KEY_FILE):
+        path = environ[env.FEDERATION_KEY_FILE]
+        try:
+            with open(path, "rb") as f:
+                raw = f.read(4096)
+        except OSError as err:
+            raise FederationKeyError(
+                f"{env.FEDERATION_KEY_FILE}: cannot read {path} ({err.strerror}); give a "
+                "readable file holding the job's key") from None
+        text = raw.decode("utf-8", "replace").strip()
+    if text is None:
+        return None
+    if not text.strip():
+        raise FederationKeyError(f"{env.FEDERATION_KEY} is empty; give the job's key (any secret text, "
+                        "the same on every node), e.g. from `openssl rand -hex 32`")
+    return text.strip().encode()
+
+
+class Sealed:
+    """A store whose values carry an HMAC-SHA256 under the job's key (the table above); what
+    fails it reads as ``null`` and is counted in ``rejected``."""
+
+    def __init__(self, store: Any, key: bytes) -> None:
+        self.store, self._key = store, key
+        self.rejected = 0  # values that failed authentication, read so far
+
+    def _mac(self, name: str, value: bytes) -> bytes:
+        return hmac.new(self._key, name.encode() + b"\0" + value, hashlib.sha256).hexdigest().encode()
+
+    def set(self, name: str, value: str) -> None:
+        data = value.encode()
+        self.store.set(name, self._mac(name, data) + b":" + data)
+
+    def _open(self, name: str, raw: bytes) -> bytes:
+        mac, sep, data = bytes(raw).partition(b":")
+        if sep and len(mac) == 64 and hmac.compare_digest(mac, self._mac(name, data)):
+            return data
+        self.rejected += 1
+        return b"null"
+
+    def get(self, name: str) -> bytes:
+        return self._open(name, self.store.get(name))
+
+    def multi_get(self, names: list[str]) -> list[bytes]:
+        return [self._open(n, raw) for n, raw in zip(names, self.store.multi_get(names))]
+
+    def check(self, names: list[str]) -> bool:
+        return self.store.check(names)
+
+    def add(self, name: str, amount: int) -> int:
+        return self.store.add(name, amount)
+
+    def delete_key(self, name: str) -> bool:
+        return self.store.delete_key(name)
+
+    def wait(self, names: list[str], timeout: Any) -> None:
+        self.store.wait(names, timeout)
+
+
+def sealed(store: Any, key: bytes | None) -> Any:
+    """``store`` under the job's key (None: as it is, unauthenticated)."""
+    return store if key is None else Sealed(store, key)
+
+
+def rejected(store: Any) -> int:
+    """How many values read from ``store`` failed authentication."""
+    return store.rejected if isinstance(store, Sealed) else 0
 
 
 def _first_line(err: BaseException) -> str:
@@ -132,6 +226,14 @@ def delete(store: Any, key: str) -> None:
 def has(store: Any, key: str) -> bool:
     try:
         return bool(store.check([key]))
+    except Exception as err:
+        raise StoreError(_first_line(err)) from None
+
+
+def has_all(store: Any, keys: list[str]) -> bool:
+    """Whether every one of ``keys`` exists (one round trip)."""
+    try:
+        return bool(store.check(keys))
     except Exception as err:
         raise StoreError(_first_line(err)) from None
 

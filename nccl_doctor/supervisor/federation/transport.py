@@ -35,15 +35,17 @@ class Transport:
                  summaries: Callable[[bool], dict[str, Any]],
                  clock: Callable[[], float] = time.monotonic, timeout: float = 2.0,
                  every: float = 0.5, quiet_for: float = 0.5, lost_after: float = 6.0,
-                 connect_within: float = 30.0) -> None:
+                 connect_within: float = 30.0, key: bytes | None = None) -> None:
         """``answer(what, ranks, timeout)`` serves a leader's request from this host;
         ``summaries(ended)`` reads this node's ranks in brief: ``{"ranks": [summary, ...],
-        "unrecorded": {"rank": {"why": ..., "host": ...}}}``."""
+        "unrecorded": {"rank": {"why": ..., "host": ...}}}``; ``key``: the job's key, which
+        authenticates every value on the store (None: unauthenticated, as torch's own store)."""
         self.rdzv, self.host = rdzv, host
         self.id = f"{host}-{os.getpid()}"
         self.announce, self.answer, self.summaries = announce, answer, summaries
         self.clock, self.timeout, self.every = clock, timeout, every
         self.quiet_for, self.lost_after, self.connect_within = quiet_for, lost_after, connect_within
+        self.key = key
         self.role = Role.FOLLOWER
         self.state = LinkState.CONNECTING
         self.leader_host = ""
@@ -72,6 +74,7 @@ class Transport:
         # leader
         self.remotes: dict[str, Any] = {}  # the leader's followers (leader.Remote)
         self._registered = 0
+        self._unread: dict[int, float] = {}  # node ids counted, not read yet -> when counted
         self._decision_n = 0
         self._request_n = 0
         self._coming: set[str] = set()  # hosts whose node doctor runs but has not joined yet
@@ -89,8 +92,8 @@ class Transport:
 
     def _host(self) -> None:
         try:
-            store = st.open_store(self.rdzv.host, self.rdzv.port, leader=True,
-                                  timeout=self.timeout)
+            store = st.sealed(st.open_store(self.rdzv.host, self.rdzv.port, leader=True,
+                                            timeout=self.timeout), self.key)
             st.put(store, st.MAGIC, {
                 "format": st.FORMAT, "version": st.VERSION, "job": self.rdzv.job,
                 "host": self.host, "node_rank": self.rdzv.node_rank})
@@ -129,8 +132,8 @@ class Transport:
         self._loaded_at = self.clock()
         while not self._stop.is_set():
             try:
-                store = st.open_store(self.rdzv.host, self.rdzv.port, leader=False,
-                                      timeout=self.timeout)
+                store = st.sealed(st.open_store(self.rdzv.host, self.rdzv.port, leader=False,
+                                                timeout=self.timeout), self.key)
                 for _ in range(10):  # the leader writes the magic right after it listens
                     if st.has(store, st.MAGIC):
                         break
@@ -139,7 +142,8 @@ class Transport:
                 if (not isinstance(magic, dict) or magic.get("format") != st.FORMAT
                         or magic.get("job") != self.rdzv.job):
                     self._error = (f"{self.rdzv.address} is not this job's nccl-doctor "
-                                   "coordinator")
+                                   "coordinator" + (" (or its key differs from this node's)"
+                                                    if self.key is not None else ""))
                     self._refused = True
                     return
                 self.leader_host = str(magic.get("host", ""))
@@ -168,6 +172,11 @@ class Transport:
 
     def close(self) -> None:
         self._stop.set()
+
+    @property
+    def rejected(self) -> int:
+        """Values on the store that failed authentication (ignored), read by this node."""
+        return st.rejected(self._store if self._store is not None else self._pending)
 
     def _leader_lost(self, err: Exception) -> None:
         self.state, self.lost_at_wall = LinkState.LEADER_LOST, time.time()

@@ -48,7 +48,7 @@ def job_environment(environ: dict[str, str], leader_host: str) -> dict[str, str]
     if theirs and theirs != RUNTIME_ENV_HOOK:
         out[env.RAY_USER_HOOK] = theirs
     out[env.RAY_RUNTIME_ENV_HOOK] = RUNTIME_ENV_HOOK
-    out[env.RAY_LEADER_HOST] = leader_host
+    out[env.LEADER_HOST] = leader_host
     return out
 
 
@@ -60,13 +60,21 @@ class RayFleet:
     tick, it says what the keeper said and raises the nodes the leader waits for)."""
 
     def __init__(self, cluster: RayCluster, out: Path, leader_host: str,
-                 environ: dict[str, str]) -> None:
-        self.cluster, self.out, self.leader_host = cluster, out, leader_host
+                 environ: dict[str, str], key: bytes | None = None) -> None:
+        """``key``: the job's federation key, handed to the node doctors through Ray (the
+        actors' runtime_env)."""
+        self.cluster, self.out, self.leader_host, self.key = cluster, out, leader_host, key
         self.environ = environ
         self.proc: subprocess.Popen | None = None
         self._said: queue.Queue[dict[str, Any]] = queue.Queue()
         self.surveyed = False  # the keeper said which nodes get a doctor (or could not)
         self._supervisor: Any = None
+
+    def prepare(self, supervisor: Any) -> None:
+        """(Ray's node doctors start with the job: its workers come later, from its driver.)"""
+
+    def stopping(self, sig: int) -> None:
+        """(Each node doctor stops its node's workers: the leader's decision reaches them.)"""
 
     def start(self, supervisor: Any) -> None:
         """Start the keeper (``supervisor``: whose federation waits for the node doctors)."""
@@ -77,6 +85,8 @@ class RayFleet:
                    *self.cluster.follower_args]
         child = {k: v for k, v in self.environ.items() if k != env.RAY_RUNTIME_ENV_HOOK}
         child[env.COORDINATOR_JOB] = self.cluster.job
+        if self.key is not None:
+            child[env.FEDERATION_KEY] = self.key.decode()
         try:
             self.proc = subprocess.Popen(command, env=child, stdin=subprocess.PIPE,
                                          stdout=subprocess.PIPE, stderr=subprocess.DEVNULL,

@@ -56,7 +56,7 @@ class NodeDoctor:
                  if k not in (env.RAY_RUNTIME_ENV_HOOK, env.CAPTURE_DIR)}
         child[env.COORDINATOR_JOB] = job
         command = [sys.executable, "-m", "nccl_doctor", "run", "--out", out, *argv, "--",
-                   sys.executable, "-m", "nccl_doctor.supervisor.ray.node_ranks",
+                   sys.executable, "-m", "nccl_doctor.supervisor.node_ranks",
                    self.end_file, str(os.getpid())]
         self.proc = subprocess.Popen(command, env=child, stdin=subprocess.DEVNULL)
         return {"pid": self.proc.pid}
@@ -114,6 +114,9 @@ def main(argv: list[str] | None = None) -> int:
     from nccl_doctor.capture.names import node_dir
 
     actor = ray.remote(num_cpus=0, max_restarts=0)(NodeDoctor)
+    # the job's federation key reaches each node doctor through Ray, never a command line
+    key = os.environ.get(env.FEDERATION_KEY)
+    doctors_env = {"env_vars": {env.FEDERATION_KEY: key}} if key else None
     doctors: dict[str, Any] = {}  # Ray node id -> its doctor (None: the leader's, or failed)
     names: dict[str, str] = {}  # Ray node id -> its host
     ended: set[str] = set()  # node doctors that ended before the job
@@ -128,7 +131,7 @@ def main(argv: list[str] | None = None) -> int:
             node_id = node["NodeID"]
             doctors[node_id] = None
             handles[node_id] = actor.options(scheduling_strategy=NodeAffinitySchedulingStrategy(
-                node_id, soft=False)).remote()
+                node_id, soft=False), runtime_env=doctors_env).remote()
         for node_id, handle in handles.items():
             try:  # the host as the node names itself (NCCL_DOCTOR_HOSTNAME, else its own)
                 hosts[node_id] = ray.get(handle.host.remote(), timeout=60)

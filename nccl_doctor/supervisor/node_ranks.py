@@ -1,9 +1,9 @@
-"""A Ray node's ranks as a job its node doctor's supervisor can watch
-(``python -m nccl_doctor.supervisor.ray.node_ranks END_FILE ACTOR_PID``): Ray's raylet started
-those ranks, not this process, so it only stands for them. It ends (exit 0) when END_FILE appears
-(the driver's job ended) or its node doctor's actor is gone (the doctor's keeper ended: the ranks
-are left alone), and at once when the supervisor stops it (SIGTERM: a hang under ``--on-hang
-kill``). The ranks themselves are the supervisor's to stop: its ``Job`` adopts every rank its
+"""A node's ranks as a job its node doctor's supervisor can watch
+(``python -m nccl_doctor.supervisor.node_ranks END_FILE KEEPER_PID``): the cluster started those
+ranks (Ray's raylet, Slurm's slurmstepd), not this process, so it only stands for them. It ends
+(exit 0) when END_FILE appears (the leader's job ended) or the node doctor's keeper is gone (a
+Ray actor, a Slurm task: the ranks are left alone), and at once when the supervisor stops it
+(SIGTERM: a hang under ``--on-hang kill``). The ranks themselves are the supervisor's to stop: its ``Job`` adopts every rank its
 captures name (pid and start time) and signals them with the job (supervisor/launch.py)."""
 
 from __future__ import annotations

@@ -1,0 +1,200 @@
+"""When each rank arrived at the collectives every member of its group made, relative to the
+first to arrive, and what its lateness cost the others. Pure.
+
+On one host the ranks share a clock: a rank arrives when it enters the call (gloo), or when its
+kernel starts on the GPU (NCCL with Flight Recorder's timing: an NCCL call returns once
+enqueued). Across hosts the clocks differ, so no two ranks' times are compared. In a blocking
+collective, the last rank to arrive waits the least, and each rank's time inside the call is
+measured on its own clock: ``wait = exit - enter`` (gloo), or the kernel's start to completion
+(NCCL, Flight Recorder's ``time_discovered_started_ns`` to ``..._completed_ns``). A rank's
+lateness at a call is the longest wait of its members minus its own. Calls that do not block
+(``async_op``, coalesced work) and NCCL calls without both kernel times are not compared across
+hosts.
+
+A step is one pass of the job's loop: the group's calls at its most repeated call site are one
+per step. The lateness table (``lateness_table``) gives per rank its lateness per call and per
+step, and its cost: at each call it was last to, how long its peers waited for it (their median
+lateness gap), per step and as a share of the step's time.
+"""
+
+from __future__ import annotations
+
+import statistics
+from collections import Counter, defaultdict
+from dataclasses import dataclass, field
+
+from nccl_doctor.analysis.align import keep_last, timelines
+from nccl_doctor.analysis.wording import call_site
+from nccl_doctor.model import Event, EventFlag, TraceSet
+
+
+@dataclass(frozen=True)
+class Arrival:
+    """One collective every member of its group completed (or entered, on one host)."""
+
+    group: str
+    seq: int  # its aligned sequence number in the group
+    late: dict[int, int]  # rank -> ns after the first member arrived
+    events: dict[int, Event]
+    across_hosts: bool  # measured from each rank's own time in the call
+    t_ns: int  # when the last member arrived, on its own clock (for series)
+
+    @property
+    def last(self) -> int:
+        return max(self.late, key=self.late.__getitem__)
+
+    @property
+    def skew_ns(self) -> int:
+        return max(self.late.values())
+
+    def waited_for(self, rank: int) -> float:
+        """How long the other members waited for ``rank`` here, ns (their median gap)."""
+        mine = self.late[rank]
+        return statistics.median(max(0, mine - t) for r, t in self.late.items() if r != rank)
+
+
+def _is_nccl(traces: TraceSet, group: str) -> bool:
+    info = traces.groups.get(group)
+    return info is not None and "nccl" in info.backend
+
+
+def _blocking(e: Event) -> bool:
+    return (e.done and e.t_exit_ns is not None and not e.in_flight
+            and not (e.flags & (EventFlag.ASYNC | EventFlag.COALESCED)))
+
+
+@dataclass
+class Arrivals:
+    """Every compared collective, and per group those that could not be compared."""
+
+    calls: list[Arrival] = field(default_factory=list)
+    unmeasured: Counter = field(default_factory=Counter)  # NCCL group -> calls without times
+    across: Counter = field(default_factory=Counter)  # group spanning hosts -> calls compared
+
+
+@keep_last  # the passes, the table and the notes ask in turn for the same traces
+def arrivals(traces: TraceSet) -> Arrivals:
+    out = Arrivals()
+    hosts = {r: t.meta.host for r, t in traces.ranks.items()}
+    for group, timeline in timelines(traces).items():
+        members = [r for r in timeline.members if r in traces.ranks]
+        if len(members) < 2:
+            continue
+        across = len({hosts[r] for r in members}) > 1
+        nccl = _is_nccl(traces, group)
+        for seq in timeline.seqs():
+            calls: dict[int, Event] = timeline.calls[seq]
+            if set(calls) != set(members):
+                continue
+            found = _across(calls, nccl) if across else _one_host(calls, nccl)
+            if found is None:
+                if nccl:
+                    out.unmeasured[group] += 1
+                continue
+            late, t_last = found
+            out.calls.append(Arrival(group, seq, late, dict(calls), across, t_last))
+            if across:
+                out.across[group] += 1
+    return out
+
+
+def _one_host(calls: dict[int, Event], nccl: bool) -> tuple[dict[int, int], int] | None:
+    if nccl:
+        if not all(e.t_gpu_start_ns for e in calls.values()):
+            return None
+        at = {r: e.t_gpu_start_ns or 0 for r, e in calls.items()}
+    else:
+        at = {r: e.t_enter_ns for r, e in calls.items()}
+    first = min(at.values())
+    return {r: t - first for r, t in at.items()}, max(at.values())
+
+
+def _across(calls: dict[int, Event], nccl: bool) -> tuple[dict[int, int], int] | None:
+    if nccl:
+        if not all(e.t_gpu_start_ns and e.t_gpu_end_ns for e in calls.values()):
+            return None
+        waits = {r: (e.t_gpu_end_ns or 0) - (e.t_gpu_start_ns or 0) for r, e in calls.items()}
+    else:
+        if not all(_blocking(e) for e in calls.values()):
+            return None
+        waits = {r: (e.t_exit_ns or 0) - e.t_enter_ns for r, e in calls.items()}
+    longest = max(waits.values())
+    late = {r: longest - w for r, w in waits.items()}
+    last = max(late, key=late.__getitem__)
+    e = calls[last]
+    return late, (e.t_exit_ns or e.t_enter_ns) if not nccl else (e.t_gpu_end_ns or 0)
+
+
+@dataclass(frozen=True)
+class RankLateness:
+    """A rank's row of the lateness table."""
+
+    rank: int
+    host: str
+    calls: int  # collectives compared
+    last: int  # at how many of them it was the last to arrive
+    per_call_s: float  # its mean lateness per collective
+    per_step_s: float  # its lateness per step (steps: ``steps``)
+    cost_per_step_s: float  # how long its peers waited for it per step
+    cost_s: float  # ... in all, over the compared collectives
+    step_s: float  # the step's time (its peers' view)
+    steps: float  # steps the compared collectives span
+
+    @property
+    def cost_share(self) -> float:
+        """Its cost as a share of the step's time (0..1)."""
+        return self.cost_per_step_s / self.step_s if self.step_s > 0 else 0.0
+
+    def to_json(self) -> dict:
+        return {"rank": self.rank, "host": self.host, "calls": self.calls, "last": self.last,
+                "per_call_s": round(self.per_call_s, 4), "per_step_s": round(self.per_step_s, 4),
+                "cost_per_step_s": round(self.cost_per_step_s, 4),
+                "cost_s": round(self.cost_s, 3), "cost_share": round(self.cost_share, 3),
+                "step_s": round(self.step_s, 4), "steps": round(self.steps, 1)}
+
+
+def steps_of(calls: list[Arrival]) -> tuple[float, float]:
+    """(steps, seconds per step) the compared collectives span: per group, the calls at its
+    most repeated call site, one per step; the span on one rank's own clock."""
+    by_group: dict[str, list[Arrival]] = defaultdict(list)
+    for a in calls:
+        by_group[a.group].append(a)
+    best: tuple[float, float] = (0.0, 0.0)
+    for group_calls in by_group.values():
+        rank = min(group_calls[0].events)
+        sites = Counter(call_site(a.events[rank]) for a in group_calls)
+        steps = sites.most_common(1)[0][1]
+        enters = [a.events[rank].t_enter_ns for a in group_calls]
+        exits = [a.events[rank].t_exit_ns or a.events[rank].t_enter_ns for a in group_calls]
+        span = (max(exits) - min(enters)) / 1e9
+        if steps > best[0]:
+            # n calls of a site span n - 1 steps between them, plus the last step's own call
+            best = (float(steps), span / max(1.0, steps - 1) if steps > 1 else span)
+    return best
+
+
+def lateness_table(traces: TraceSet, min_skew_ns: int = 0) -> list[RankLateness]:
+    """Per rank that took part in a compared collective, its lateness and cost (cost counts
+    only the collectives whose skew is at least ``min_skew_ns``: below it, order is noise)."""
+    found = arrivals(traces).calls
+    if not found:
+        return []
+    steps, step_s = steps_of(found)
+    total: dict[int, float] = defaultdict(float)
+    count: Counter = Counter()
+    last: Counter = Counter()
+    cost: dict[int, float] = defaultdict(float)
+    for a in found:
+        for r, t in a.late.items():
+            total[r] += t / 1e9
+            count[r] += 1
+        if a.skew_ns >= min_skew_ns and a.skew_ns > 0:
+            late = a.last
+            last[late] += 1
+            cost[late] += a.waited_for(late) / 1e9
+    per_step = max(steps, 1.0)
+    return [RankLateness(
+        rank=r, host=traces.ranks[r].meta.host, calls=count[r], last=last[r],
+        per_call_s=total[r] / count[r], per_step_s=total[r] / per_step,
+        cost_per_step_s=cost[r] / per_step, cost_s=cost[r], step_s=step_s, steps=steps)
+        for r in sorted(count)]

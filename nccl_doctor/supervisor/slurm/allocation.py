@@ -1,0 +1,98 @@
+"""The Slurm allocation a run is inside, and the job steps it started: read through Slurm's own
+commands (``scontrol``), each asked with a timeout; what Slurm cannot answer is an error of one
+line, never an exception into the supervision."""
+
+from __future__ import annotations
+
+import os
+import re
+import subprocess
+from dataclasses import dataclass
+from typing import Iterable, Mapping, Sequence
+
+from nccl_doctor import env
+
+
+class SlurmError(Exception):
+    """Slurm could not answer (the message is one line)."""
+
+
+def _run(argv: Sequence[str], timeout: float = 20.0) -> str:
+    try:
+        proc = subprocess.run(list(argv), capture_output=True, text=True, timeout=timeout)
+    except FileNotFoundError:
+        raise SlurmError(f"{argv[0]} not found (Slurm's client commands are not on PATH)") from None
+    except (OSError, subprocess.TimeoutExpired) as err:
+        raise SlurmError(f"{' '.join(argv[:3])}: {err}") from None
+    if proc.returncode != 0:
+        said = (proc.stderr.strip().splitlines() or [f"exit {proc.returncode}"])[0]
+        raise SlurmError(f"{' '.join(argv[:3])}: {said}")
+    return proc.stdout
+
+
+@dataclass(frozen=True)
+class Allocation:
+    """The allocation (salloc, sbatch) this run is inside."""
+
+    job_id: str
+    nodes: tuple[str, ...]  # its nodes, as Slurm names them (slurm.conf's NodeName)
+
+    @classmethod
+    def of(cls, environ: Mapping[str, str]) -> "Allocation | None":
+        """The allocation ``environ`` is inside (None: none); ``SlurmError`` if Slurm cannot
+        say which nodes it holds."""
+        job = environ.get(env.SLURM_JOB_ID)
+        if not job:
+            return None
+        nodelist = environ.get("SLURM_JOB_NODELIST") or environ.get("SLURM_NODELIST") or ""
+        nodes = tuple(_run(["scontrol", "show", "hostnames", nodelist]).split()) if nodelist \
+            else ()
+        if not nodes:
+            raise SlurmError(f"Slurm job {job}: no nodes in SLURM_JOB_NODELIST")
+        return cls(job, nodes)
+
+
+def is_srun(command: Sequence[str]) -> bool:
+    """Whether the command is Slurm's launcher (``srun ...``, or after ``env A=B``)."""
+    words = list(command)
+    if words and os.path.basename(words[0]) == "env":
+        words = [w for w in words[1:] if "=" not in w or w.startswith("-")]
+    return bool(words) and os.path.basename(words[0]) == "srun"
+
+
+@dataclass(frozen=True)
+class Step:
+    id: str  # JOBID.STEPID
+    name: str
+    srun_host: str
+    srun_pid: int
+
+
+_FIELD = re.compile(r"(\S+?)=(\S*)")
+
+
+def steps(job_id: str) -> list[Step]:
+    """The allocation's running steps, with the host and pid of the srun that launched each
+    (``scontrol show step``'s SrunHost:Pid)."""
+    out = []
+    for line in _run(["scontrol", "show", "step", "-o"]).splitlines():
+        fields = dict(_FIELD.findall(line))
+        step_id = fields.get("StepId", "")
+        if not step_id.startswith(f"{job_id}."):
+            continue
+        host, _, pid = fields.get("SrunHost:Pid", "").rpartition(":")
+        out.append(Step(step_id, fields.get("Name", ""), host,
+                        int(pid) if pid.isdigit() else 0))
+    return out
+
+
+def steps_of(job_id: str, host: str, pids: Iterable[int]) -> list[Step]:
+    """The allocation's steps launched by an srun among ``pids`` on ``host``."""
+    mine = set(pids)
+    return [s for s in steps(job_id) if s.srun_pid in mine and s.srun_host in (host, "")]
+
+
+def scancel(step_ids: Sequence[str]) -> None:
+    """Stop these steps through Slurm (their tasks on every node)."""
+    if step_ids:
+        _run(["scancel", *step_ids])

@@ -1,0 +1,216 @@
+"""`nccl-doctor run -- srun ...` inside a real Slurm allocation (slurm_cluster.py: slurmctld, a
+slurmd in each of two UTS namespaces nodeA and nodeB, munged): Slurm itself starts a node doctor
+on the other node (an overlapping step), the federation gives one diagnosis - the same report on
+both nodes - and a hang stops the job's step through Slurm, leaving nothing on either node. Both
+launch styles (torchrun per node; one Slurm task per rank) and both places the doctor runs (an
+sbatch script on the allocation's first node; salloc's shell outside the allocation). The sbatch
+scripts are docs/examples/slurm's, run as the docs show them."""
+
+from __future__ import annotations
+
+import json
+import re
+import shlex
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+from nccl_doctor.capture.names import node_dir
+from nccl_doctor.errors import ExitStatus
+from nccl_doctor.reproducers.nodes import free_port
+from slurm_cluster import SlurmCluster
+
+pytestmark = pytest.mark.upstream  # one worker runs them (tests/conftest.py SHARED)
+
+ROOT = Path(__file__).resolve().parents[2]
+JOBS = ROOT / "tests" / "integration" / "jobs"
+SCRIPTS = ROOT / "docs" / "examples" / "slurm"
+DOCTOR = str(Path(sys.executable).with_name("nccl-doctor"))
+PY = sys.executable
+
+
+@pytest.fixture(scope="module")
+def slurm(tmp_path_factory):
+    cluster = SlurmCluster(tmp_path_factory.mktemp("slurm"))
+    try:
+        cluster.wait_up()
+        yield cluster
+    finally:
+        cluster.stop()
+    assert not cluster.leftovers(), cluster.leftovers()
+
+
+def sbatch(slurm: SlurmCluster, script: Path, out: Path, env: dict[str, str],
+           *options: str, status: int = 0) -> str:
+    """Submit a docs script (its variables set), wait for it (its exit status must be
+    ``status``: the doctor's); its output."""
+    log = out.parent / f"{out.name}.log"
+    settings = {"NCCL_DOCTOR": DOCTOR, "PYTHON": PY, "OUT": str(out),
+                "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": str(free_port()), **env}
+    proc = slurm.run(["sbatch", "--wait", "-o", str(log), *options, str(script)],
+                     timeout=400, env=settings)
+    text = log.read_text() if log.exists() else ""
+    assert proc.returncode == status, (proc.stdout, proc.stderr, text[-3000:])
+    return text
+
+
+def reports(out: Path, *hosts: str) -> list[dict]:
+    return [json.loads((d / "report.json").read_text())
+            for d in [out, *(node_dir(out, h) for h in hosts)]]
+
+
+def replayed(out: Path, *hosts: str) -> dict:
+    proc = subprocess.run([PY, "-m", "nccl_doctor", "replay", "--format", "json", str(out),
+                           *(str(node_dir(out, h)) for h in hosts)],
+                          capture_output=True, text=True, timeout=120)
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    return json.loads(proc.stdout)
+
+
+def root(report: dict) -> dict:
+    return next(f for f in report["findings"] if f["root_cause"])
+
+
+def line_of(path: Path, text: str) -> str:
+    n = next(i for i, ln in enumerate(path.read_text().splitlines(), 1) if text in ln)
+    return f"{path.name}:{n}"
+
+
+def job_processes(slurm: SlurmCluster, host: str) -> list[str]:
+    """What of the job and its doctors still runs on ``host``."""
+    left = []
+    for p in slurm.node_processes(host):
+        try:
+            cmd = " ".join(p.cmdline())
+        except Exception:  # noqa: BLE001 - gone meanwhile
+            continue
+        if "nccl_doctor" in cmd or "jobs/" in cmd or "torch.distributed.run" in cmd:
+            left.append(f"{p.pid} {cmd[:160]}")
+    return left
+
+
+def no_job_left(slurm: SlurmCluster) -> None:
+    deadline = time.monotonic() + 20
+    while any(job_processes(slurm, h) for h in slurm.hosts) and time.monotonic() < deadline:
+        time.sleep(0.5)
+    for host in slurm.hosts:
+        assert not job_processes(slurm, host), (host, job_processes(slurm, host))
+
+
+# -- torchrun per node -------------------------------------------------------------------------
+def test_torchrun_per_node_healthy_one_report_on_both_nodes(slurm, tmp_path):
+    out = tmp_path / "out"
+    log = sbatch(slurm, SCRIPTS / "torchrun-per-node.sbatch", out,
+                 {"TRAIN": str(JOBS / "slow_node.py"), "NPROC": "2"}, "--cpus-per-task=2")
+    assert "Slurm: a node doctor runs on nodeB (node 1)" in log, log[-3000:]
+    leader, follower = reports(out, "nodeB")
+    assert leader == follower, log[-3000:]
+    assert leader["verdict"] == "ok" and leader["findings"] == [], log[-3000:]
+    hosts = {r["rank"]: r["host"] for r in leader["ranks"]}
+    assert hosts == {0: "nodeA", 1: "nodeA", 2: "nodeB", 3: "nodeB"}
+    nodes = leader["nodes"]
+    assert nodes["rendezvous"].startswith("Slurm allocation") and nodes["authenticated"] is True
+    assert [n["state"] for n in nodes["nodes"]] == ["ok", "ended"]
+    no_job_left(slurm)
+
+
+def test_torchrun_per_node_hang_on_node_2_is_named_and_the_step_cancelled(slurm, tmp_path):
+    out = tmp_path / "out"
+    log = sbatch(slurm, SCRIPTS / "torchrun-per-node.sbatch", out,
+                 {"TRAIN": str(JOBS / "skip_broadcast.py"), "NPROC": "2", "SKIPPER": "3"},
+                 "--cpus-per-task=2", status=ExitStatus.HANG_STOPPED)
+    leader, follower = reports(out, "nodeB")
+    assert leader == follower, log[-3000:]
+    assert leader["verdict"] == "hang", log[-3000:]
+    cause = root(leader)
+    assert cause["ranks"] == [3] and cause["kind"] in ("collective_mismatch", "missing_collective"), cause
+    assert line_of(JOBS / "skip_broadcast.py", "if step == 2 and rank == skipper") in \
+        json.dumps(cause)
+    # stopped through Slurm: the step cancelled, nothing left on either node
+    assert re.search(r"STEP \d+\.\d+ .*CANCELLED", log), log[-3000:]
+    no_job_left(slurm)
+    assert root(replayed(out, "nodeB"))["ranks"] == [3]
+
+
+def test_a_node_killed_mid_run_is_named_and_nothing_is_left(slurm, tmp_path):
+    out = tmp_path / "out"
+    log_path = tmp_path / "out.log"
+    settings = {"NCCL_DOCTOR": DOCTOR, "PYTHON": PY, "OUT": str(out), "MASTER_ADDR": "127.0.0.1",
+                "MASTER_PORT": str(free_port()), "TRAIN": str(JOBS / "slow_node.py"),
+                "NPROC": "2", "STEPS": "400", "PAUSE": "0.2"}
+    job = slurm.run(["sbatch", "--no-kill", "--cpus-per-task=2", "-o", str(log_path),
+                     str(SCRIPTS / "torchrun-per-node.sbatch")], timeout=60, env=settings)
+    job_id = re.search(r"Submitted batch job (\d+)", job.stdout).group(1)
+    try:
+        deadline = time.monotonic() + 120
+        while len(list(node_dir(out, "nodeB").glob("rank*.ndcap"))) < 2:
+            assert time.monotonic() < deadline, log_path.read_text()[-3000:]
+            time.sleep(0.5)
+        time.sleep(4)  # the ranks train; nodeB's doctor beats
+        slurm.kill_node("nodeB")
+        while slurm.show("job", job_id) and slurm.show("job", job_id)[0].get(
+                "JobState") in ("RUNNING", "COMPLETING", "PENDING"):
+            assert time.monotonic() < deadline + 300, log_path.read_text()[-3000:]
+            time.sleep(1)
+    finally:
+        slurm.run(["scancel", job_id])
+        slurm.start_node("nodeB")
+        slurm.wait_up(120)
+    log = log_path.read_text()
+    leader = json.loads((out / "report.json").read_text())
+    cause = root(leader)
+    assert cause["kind"] in ("node_lost", "rank_exited", "crash"), (cause["title"], log[-3000:])
+    assert sorted(cause["ranks"]) == [2, 3], cause["title"]
+    assert "LOST: nodeB" in log, log[-3000:]
+    states = {n["host"]: n["state"] for n in leader["nodes"]["nodes"]}
+    assert states == {"nodeA": "ok", "nodeB": "lost"}
+    no_job_left(slurm)
+
+
+# -- one Slurm task per rank ---------------------------------------------------------------------
+def test_task_per_rank_healthy_by_the_docs_script(slurm, tmp_path):
+    out = tmp_path / "out"
+    log = sbatch(slurm, SCRIPTS / "task-per-rank.sbatch", out,
+                 {"TRAIN": str(JOBS / "slow_node.py"), "STEPS": "10"}, "--ntasks-per-node=2")
+    leader, follower = reports(out, "nodeB")
+    assert leader == follower and leader["verdict"] == "ok", log[-3000:]
+    assert sorted(r["rank"] for r in leader["ranks"]) == [0, 1, 2, 3]
+    no_job_left(slurm)
+
+
+def test_task_per_rank_hang_from_salloc_outside_the_allocation(slurm, tmp_path):
+    """salloc's shell runs where salloc was typed (this host, not a node of the allocation):
+    the doctor there leads, and Slurm runs a node doctor on both nodes."""
+    out = tmp_path / "out"
+    port = free_port()
+    inner = (f"{shlex.quote(DOCTOR)} run --out {shlex.quote(str(out))} -- srun bash -c "
+             + shlex.quote(f"RANK=$SLURM_PROCID WORLD_SIZE=$SLURM_NTASKS exec {PY} "
+                           f"{JOBS / 'skip_broadcast.py'}"))
+    proc = slurm.run(["salloc", "-N2", "--ntasks-per-node=2", "bash", "-c", inner], timeout=400,
+                     env={"MASTER_ADDR": "127.0.0.1", "MASTER_PORT": str(port), "SKIPPER": "2"})
+    assert proc.returncode == ExitStatus.HANG_STOPPED, proc.stderr[-3000:]
+    assert "a node doctor runs on nodeA (node 1)" in proc.stderr
+    assert "a node doctor runs on nodeB (node 2)" in proc.stderr
+    here, a, b = reports(out, "nodeA", "nodeB")
+    assert here == a == b
+    cause = root(here)
+    assert cause["ranks"] == [2], cause["title"]
+    assert {r["host"] for r in here["ranks"]} == {"nodeA", "nodeB"}
+    no_job_left(slurm)
+
+
+def test_a_slow_node_through_slurm(slurm, tmp_path):
+    out = tmp_path / "out"
+    log = sbatch(slurm, SCRIPTS / "task-per-rank.sbatch", out,
+                 {"TRAIN": str(JOBS / "slow_node.py"), "STEPS": "20", "SLOW_HOST": "nodeB",
+                  "SLOW_SECONDS": "0.3"}, "--ntasks-per-node=2")
+    leader, follower = reports(out, "nodeB")
+    assert leader == follower, log[-3000:]
+    (found,) = [f for f in leader["findings"] if f["kind"] == "straggler"]
+    node = found["evidence"]["node"]
+    assert node["host"] == "nodeB" and node["ranks"] == [2, 3], found["title"]
+    assert 0.225 <= node["per_step_s"] <= 0.375 and node["cost_per_step_s"] > 0.2, node
+    no_job_left(slurm)
