@@ -9,8 +9,13 @@ the leader's side is timed, as its supervisor does it:
   look       Link.gather(): every beat in one round trip, parsed (every tick of a running job)
   traces     Link.remote_traces(): every summary fetched and parsed (only once the job is quiet)
   analysis   the union with the leader's own ranks, and analyze() on it (the watchdog's look)
+  straggler  the straggler pass alone (detect_straggler and the lateness table) on that union,
+             whose node 1 is slow: its ranks arrive 50 ms late at every call, and every node's
+             clock is off by its own number of seconds (the pass compares no clocks)
 
-and the bytes: one beat, one summary, per node and in all per look.
+and the bytes: one beat, one summary, per node and in all per look. Each size runs twice: the
+store unauthenticated, then with a federation key (every value sealed and checked, HMAC-SHA256),
+so the look's cost of authentication is the difference.
 
 Part 2 (``--live N``): N real runs of two simulated hosts (reproducers/nodes.py --doctor, UTS
 namespaces) where global rank 3 on nodeB skips a broadcast; prints how long after the last
@@ -33,6 +38,8 @@ import time
 from pathlib import Path
 
 from nccl_doctor.analysis import analyze
+from nccl_doctor.analysis.lateness import lateness_table
+from nccl_doctor.analysis.straggler import MIN_SKEW_NS, detect_straggler
 from nccl_doctor.capture import summary
 from nccl_doctor.capture.union import union
 from nccl_doctor.location import Location
@@ -48,36 +55,43 @@ from nccl_doctor.supervisor.federation.rendezvous import Rendezvous
 SITE = Location("/job/train.py", 120, "train_step")
 
 
+SLOW_NODE = 1  # its ranks arrive 50 ms late at every call (the straggler pass names it)
+
+
 def rank_trace(rank: int, world: int, node: int, ranks: int, events: int,
                culprit: int) -> RankTrace:
     """A rank that made ``events`` all_reduce calls and waits in the last one; ``culprit``
-    waits in a broadcast there instead."""
+    waits in a broadcast there instead. Each node's clock is off by ``node`` seconds; the ranks
+    of ``SLOW_NODE`` wait 0.5 ms in each call, every other rank 50.5 ms (it waited for them)."""
     out = []
+    clock = 1_700_000_000_000_000_000 + node * 1_000_000_000
+    wait = 500_000 if node == SLOW_NODE else 50_500_000
     for i in range(1, events + 1):
         last = i == events
         op = "broadcast" if last and rank == culprit else "all_reduce"
+        enter = clock + i * 100_000_000 + (50_000_000 if node == SLOW_NODE else 0)
         out.append(Event(
             i, 0, EventKind.COLLECTIVE, op, "0", i, 0, None if last else 1,
             EventState.ENTERED if last else EventState.RETURNED, EventFlag.NONE,
-            1_700_000_000_000_000_000 + i * 1_000_000, None if last else
-            1_700_000_000_000_000_000 + i * 1_000_000 + 500_000, 1, "float32[1024]", "",
+            enter, None if last else enter + wait, 1, "float32[1024]", "",
             4096, 0 if op == "broadcast" else -1, world, SITE, SITE))
     meta = RankMeta(rank, world, rank % ranks, node, f"node{node:04d}", 10_000 + rank, 1)
-    notes = ({"note": "group", "name": "0", "ranks": list(range(world)), "backend": "nccl"},)
+    notes = ({"note": "group", "name": "0", "ranks": list(range(world)), "backend": "gloo"},)
     return RankTrace(meta, tuple(out), RankExit(ExitKind.RUNNING), Integrity(),
                      f"/out/rank{rank:05d}.ndcap", notes)
 
 
-def synthetic(nodes: int, ranks: int, events: int, repeat: int) -> dict:
+def synthetic(nodes: int, ranks: int, events: int, repeat: int, key: bytes | None) -> dict:
     world = nodes * ranks
     culprit = world - 1
     port = free_port()
     rdzv = Rendezvous("127.0.0.1", port, nodes, 0, "benchmark", f"127.0.0.1:{port - 1000}")
     leader = Link(rdzv, "leader", announce=lambda _m: None, answer=lambda *a: {},
-                  summaries=lambda ended: [])
+                  summaries=lambda ended: [], key=key)
     leader.start(True)
     leader.wait_started(60)
-    store = leader._store  # the followers' writes, as a follower's Link makes them
+    store = leader._store  # the followers' writes, as a follower's Link makes them (sealed
+    # under the key, when there is one)
     beat_bytes = summary_bytes = 0
     t0 = time.perf_counter()
     for node in range(1, nodes):
@@ -92,15 +106,15 @@ def synthetic(nodes: int, ranks: int, events: int, repeat: int) -> dict:
         text_b, text_s = json.dumps(beat, separators=(",", ":")), json.dumps(
             doc, separators=(",", ":"))
         beat_bytes, summary_bytes = len(text_b), len(text_s)
-        store.set(st.summary_key(nid), text_s)
-        store.set(st.beat_key(nid), text_b)
-        store.set(st.node_key(st.add(store, st.NODES, 1)), json.dumps(nid))
+        st.put(store, st.summary_key(nid), doc)
+        st.put(store, st.beat_key(nid), beat)
+        st.put(store, st.node_key(st.add(store, st.NODES, 1)), nid)
     setup = time.perf_counter() - t0
     own = TraceSet({r: rank_trace(r, world, 0, ranks, events, culprit) for r in range(ranks)},
-                   {"0": GroupInfo("0", tuple(range(world)), "nccl")}, world)
+                   {"0": GroupInfo("0", tuple(range(world)), "gloo")}, world)
 
-    looks, fetches, cached, analyses = [], [], [], []
-    root = None
+    looks, fetches, cached, analyses, passes = [], [], [], [], []
+    root = slow = None
     for i in range(repeat):
         t = time.perf_counter()
         leader.gather()
@@ -116,15 +130,24 @@ def synthetic(nodes: int, ranks: int, events: int, repeat: int) -> dict:
         cached.append(time.perf_counter() - t)
         t = time.perf_counter()
         part = TraceSet({tr.rank: tr for tr in remote_traces}, {}, world)
-        d = analyze(union([own, part]), annotators=())
+        job = union([own, part])
+        d = analyze(job, annotators=())
         analyses.append(time.perf_counter() - t)
         root = d.root_cause
+        job = union([own, part])  # a fresh look: nothing the analysis kept is reused
+        t = time.perf_counter()
+        found = detect_straggler(job)
+        lateness_table(job, MIN_SKEW_NS)
+        passes.append(time.perf_counter() - t)
+        slow = found[0].evidence.get("node", {}).get("host") if found else None
     leader.close()
     return {
         "nodes": nodes, "ranks": world, "setup_s": setup, "beat_bytes": beat_bytes,
         "summary_bytes": summary_bytes, "look_ms": statistics.median(looks) * 1e3,
         "fetch_s": statistics.median(fetches), "cached_ms": statistics.median(cached) * 1e3,
         "analysis_s": statistics.median(analyses),
+        "straggler_s": statistics.median(passes), "slow": slow or "none",
+        "slow_right": slow == f"node{SLOW_NODE:04d}", "rejected": leader.rejected,
         "root": f"{root.kind.value} ranks {list(root.ranks)}" if root else "none",
         "right": bool(root and root.ranks == (culprit,)),
     }
@@ -151,14 +174,20 @@ def main() -> int:
     p.add_argument("--repeat", type=int, default=5)
     p.add_argument("--live", type=int, default=0, help="real two-host runs to time")
     a = p.parse_args()
-    print(f"{'nodes':>6} {'ranks':>6} {'beat B':>7} {'summary B':>10} {'look ms':>8} "
-          f"{'look KB':>8} {'fetch s':>8} {'cached ms':>9} {'analysis s':>10}  root cause")
+    print(f"{'nodes':>6} {'ranks':>6} {'key':>4} {'beat B':>7} {'summary B':>10} "
+          f"{'look ms':>8} {'look KB':>8} {'fetch s':>8} {'cached ms':>9} {'analysis s':>10} "
+          f"{'straggler s':>11}  root cause; slow node")
     for n in (int(x) for x in a.nodes.split(",")):
-        r = synthetic(n, a.ranks, a.events, a.repeat)
-        print(f"{r['nodes']:>6} {r['ranks']:>6} {r['beat_bytes']:>7} {r['summary_bytes']:>10} "
-              f"{r['look_ms']:>8.1f} {r['beat_bytes'] * (n - 1) / 1024:>8.0f} "
-              f"{r['fetch_s']:>8.2f} {r['cached_ms']:>9.1f} {r['analysis_s']:>10.2f}  "
-              f"{r['root']} ({'right' if r['right'] else 'WRONG'})", flush=True)
+        for key in (None, st.new_key()):
+            r = synthetic(n, a.ranks, a.events, a.repeat, key)
+            print(f"{r['nodes']:>6} {r['ranks']:>6} {'yes' if key else 'no':>4} "
+                  f"{r['beat_bytes']:>7} {r['summary_bytes']:>10} "
+                  f"{r['look_ms']:>8.1f} {r['beat_bytes'] * (n - 1) / 1024:>8.0f} "
+                  f"{r['fetch_s']:>8.2f} {r['cached_ms']:>9.1f} {r['analysis_s']:>10.2f} "
+                  f"{r['straggler_s']:>11.2f}  {r['root']} "
+                  f"({'right' if r['right'] else 'WRONG'}); {r['slow']} "
+                  f"({'right' if r['slow_right'] else 'WRONG'}); rejected {r['rejected']}",
+                  flush=True)
     if a.live:
         waits = live(a.live)
         print(f"two hosts, rank 3 on nodeB skips a broadcast: deadlock called "

@@ -12,7 +12,7 @@ lateness at a call is the longest wait of its members minus its own. Calls that 
 hosts.
 
 A step is one pass of the job's loop: the group's calls at its most repeated call site are one
-per step. The lateness table (``lateness_table``) gives per rank its lateness per call and per
+per step (where no call site repeats, each call is a step). The lateness table (``lateness_table``) gives per rank its lateness per call and per
 step, and its cost: at each call it was last to, how long its peers waited for it (their median
 lateness gap), per step and as a share of the step's time.
 """
@@ -38,19 +38,13 @@ class Arrival:
     events: dict[int, Event]
     across_hosts: bool  # measured from each rank's own time in the call
     t_ns: int  # when the last member arrived, on its own clock (for series)
-
-    @property
-    def last(self) -> int:
-        return max(self.late, key=self.late.__getitem__)
-
-    @property
-    def skew_ns(self) -> int:
-        return max(self.late.values())
+    last: int  # the last member to arrive
+    skew_ns: int  # how long after the first it arrived
 
     def waited_for(self, rank: int) -> float:
         """How long the other members waited for ``rank`` here, ns (their median gap)."""
         mine = self.late[rank]
-        return statistics.median(max(0, mine - t) for r, t in self.late.items() if r != rank)
+        return statistics.median([max(0, mine - t) for r, t in self.late.items() if r != rank])
 
 
 def _is_nccl(traces: TraceSet, group: str) -> bool:
@@ -58,9 +52,21 @@ def _is_nccl(traces: TraceSet, group: str) -> bool:
     return info is not None and "nccl" in info.backend
 
 
-def _blocking(e: Event) -> bool:
-    return (e.done and e.t_exit_ns is not None and not e.in_flight
-            and not (e.flags & (EventFlag.ASYNC | EventFlag.COALESCED)))
+_NOT_BLOCKING = EventFlag.ASYNC | EventFlag.COALESCED
+_NONE = EventFlag.NONE
+
+
+def _wait_ns(e: Event) -> int | None:
+    """A gloo rank's time inside a blocking call (None: it did not block, or has not
+    returned). (The leader reads 8,192 ranks' summaries at once: no enum arithmetic on the
+    common path.)"""
+    end = e.t_exit_ns
+    if end is None or e.in_flight:
+        return None
+    flags = e.flags
+    if flags is not _NONE and flags & _NOT_BLOCKING:
+        return None
+    return end - e.t_enter_ns
 
 
 @dataclass
@@ -92,7 +98,9 @@ def arrivals(traces: TraceSet) -> Arrivals:
                     out.unmeasured[group] += 1
                 continue
             late, t_last = found
-            out.calls.append(Arrival(group, seq, late, dict(calls), across, t_last))
+            last = max(late, key=late.__getitem__)
+            out.calls.append(Arrival(group, seq, late, dict(calls), across, t_last, last,
+                                     late[last]))
             if across:
                 out.across[group] += 1
     return out
@@ -115,9 +123,12 @@ def _across(calls: dict[int, Event], nccl: bool) -> tuple[dict[int, int], int] |
             return None
         waits = {r: (e.t_gpu_end_ns or 0) - (e.t_gpu_start_ns or 0) for r, e in calls.items()}
     else:
-        if not all(_blocking(e) for e in calls.values()):
-            return None
-        waits = {r: (e.t_exit_ns or 0) - e.t_enter_ns for r, e in calls.items()}
+        waits = {}
+        for r, e in calls.items():
+            wait = _wait_ns(e)
+            if wait is None:
+                return None
+            waits[r] = wait
     longest = max(waits.values())
     late = {r: longest - w for r, w in waits.items()}
     last = max(late, key=late.__getitem__)
@@ -155,7 +166,8 @@ class RankLateness:
 
 def steps_of(calls: list[Arrival]) -> tuple[float, float]:
     """(steps, seconds per step) the compared collectives span: per group, the calls at its
-    most repeated call site, one per step; the span on one rank's own clock."""
+    most repeated call site, one per step (where none repeats, each call is one); a step's time
+    is the period between those calls on one rank's own clock."""
     by_group: dict[str, list[Arrival]] = defaultdict(list)
     for a in calls:
         by_group[a.group].append(a)
@@ -163,13 +175,13 @@ def steps_of(calls: list[Arrival]) -> tuple[float, float]:
     for group_calls in by_group.values():
         rank = min(group_calls[0].events)
         sites = Counter(call_site(a.events[rank]) for a in group_calls)
-        steps = sites.most_common(1)[0][1]
-        enters = [a.events[rank].t_enter_ns for a in group_calls]
-        exits = [a.events[rank].t_exit_ns or a.events[rank].t_enter_ns for a in group_calls]
-        span = (max(exits) - min(enters)) / 1e9
+        site, steps = sites.most_common(1)[0]
+        marks = [a.events[rank].t_enter_ns for a in group_calls
+                 if steps < 2 or call_site(a.events[rank]) == site]
+        steps = len(marks)
+        period = (max(marks) - min(marks)) / 1e9 / (steps - 1) if steps > 1 else 0.0
         if steps > best[0]:
-            # n calls of a site span n - 1 steps between them, plus the last step's own call
-            best = (float(steps), span / max(1.0, steps - 1) if steps > 1 else span)
+            best = (float(steps), period)
     return best
 
 

@@ -160,7 +160,7 @@ def detect_straggler(traces: TraceSet) -> list[Finding]:
                 "chance": {str(r): float(f"{chance.get(r, 1.0):.3g}") for r in culprits},
                 "noise_ms": {str(r): round(noise.get(r, MIN_SKEW_NS / 1e6), 1) for r in culprits},
                 "doing": doing, "across_hosts": across,
-                "lateness": [row.to_json() for row in table.values()]}
+                "lateness": _table_rows(table, culprits)}
     if node is not None:
         share = node.cost_per_step_s / node.step_s if node.step_s > 0 else 0.0
         others = sorted(r for r in table if r not in node.ranks)
@@ -197,6 +197,19 @@ def detect_straggler(traces: TraceSet) -> list[Finding]:
                + (f"Cost: {costs}.\n" if costs else "") + where + ("" if doing else "."),
         ranks=tuple(culprits), hint=HINT_STRAGGLER, evidence=evidence,
     )]
+
+
+#: Rows of the lateness table a finding keeps (its culprits first, then the latest of the rest;
+#: the whole table: the Python API's ``lateness``).
+TABLE_ROWS = 16
+
+
+def _table_rows(table: dict, culprits: list[int]) -> list[dict]:
+    named = [table[r] for r in culprits if r in table]
+    rest = sorted((row for r, row in table.items() if r not in set(culprits)),
+                  key=lambda row: -row.per_step_s)
+    rows = named[:TABLE_ROWS] + rest[:max(0, TABLE_ROWS - len(named))]
+    return [row.to_json() for row in sorted(rows, key=lambda row: row.rank)]
 
 
 def _s(seconds: float) -> str:

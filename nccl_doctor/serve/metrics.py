@@ -121,6 +121,10 @@ def families(pub: Published) -> Iterator[Metric]:
 
 
 def _host_of(pub: Published, rank: int) -> str:
+    if pub.view is not None:
+        for r in pub.view.ranks:
+            if r.rank == rank and r.host:
+                return r.host
     if pub.report is not None:
         for r in pub.report.ranks:
             if r.rank == rank:

@@ -7,13 +7,16 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import subprocess
 import sys
 import time
+import urllib.request
 from pathlib import Path
 
 import pytest
 
+import nccl_doctor
 from nccl_doctor.reproducers.nodes import free_port
 from nccl_doctor.supervisor.federation.rendezvous import doctor_port
 
@@ -78,6 +81,77 @@ def test_a_slow_node_is_named_with_how_late_it_is_and_what_it_costs(tmp_path, ho
     node2 = found2["evidence"]["node"]
     assert node2["host"] == "nodeB" and node2["ranks"] == [2, 3]
     assert 0.75 * INJECTED <= node2["per_step_s"] <= 1.25 * INJECTED, node2
+    # the Python API's lateness table says the same, rank by rank
+    table = nccl_doctor.open(*(out / h for h in HOSTS)).lateness.set_index("rank")
+    for rank in (2, 3):
+        assert 0.75 * INJECTED <= table.loc[rank, "per_step_s"] <= 1.25 * INJECTED, table
+        assert table.loc[rank, "host"] == "nodeB"
+    assert (table.loc[[0, 1], "per_step_s"] < 0.25 * INJECTED).all(), table
+    assert 0.75 * INJECTED <= table.loc[[2, 3], "cost_per_step_s"].sum() <= 1.25 * INJECTED
+
+
+def test_the_leader_publishes_each_ranks_lateness_and_cost_while_the_job_runs(tmp_path):
+    """``run --serve`` on each node: while the job runs, the leader's /metrics carries nodeB's
+    ranks' lateness per step (from nodeB's summaries, every 10 s) and their growing cost."""
+    out = tmp_path / "out"
+    proc = nodes(out, {"SLOW_HOST": "nodeB", "SLOW_SECONDS": str(INJECTED), "STEPS": "90"},
+                 "--doctor-args", "--serve 127.0.0.1:0 --serve-linger 0", wait=False)
+    urls = []
+    try:
+        while len(urls) < 2:
+            urls.append(_line_matching(proc.stderr, r"serving (http://\S+/) ", 120).group(1))
+        seen: dict[str, dict[str, float]] = {}
+        deadline = time.monotonic() + 120
+        while proc.poll() is None and time.monotonic() < deadline:
+            metrics = _scrape(urls)
+            late = metrics.get("nccl_doctor_rank_lateness_seconds", {})
+            cost = metrics.get("nccl_doctor_straggler_cost_seconds_total", {})
+            if late.get("2", 0) > 0 and cost.get("2", 0) + cost.get("3", 0) > 1.0:
+                seen = {"late": late, "cost": cost,
+                        "hosts": metrics["nccl_doctor_rank_lateness_seconds:host"]}
+                break
+            time.sleep(1.0)
+        assert proc.poll() is None, "the job ended before the leader published the lateness"
+        assert seen, "no lateness published while the job ran"
+        for rank in ("2", "3"):
+            assert 0.75 * INJECTED <= seen["late"][rank] <= 1.25 * INJECTED, seen
+        assert seen["late"]["0"] < 0.25 * INJECTED and seen["late"]["1"] < 0.25 * INJECTED
+        assert seen["hosts"] == {"0": "nodeA", "1": "nodeA", "2": "nodeB", "3": "nodeB"}
+    finally:
+        proc.communicate(timeout=300)
+
+
+def _line_matching(stream, pattern: str, timeout: float) -> re.Match:
+    end, seen = time.monotonic() + timeout, []
+    while time.monotonic() < end:
+        line = stream.readline()
+        seen.append(line)
+        found = re.search(pattern, line)
+        if found:
+            return found
+    raise AssertionError(f"{pattern!r} not printed: {''.join(seen)[-2000:]}")
+
+
+def _scrape(urls: list[str]) -> dict[str, dict[str, float]]:
+    """The leader's metrics (whichever endpoint holds the other node's ranks): metric ->
+    rank -> value."""
+    best: dict[str, dict[str, float]] = {}
+    for url in urls:
+        try:
+            with urllib.request.urlopen(url + "metrics", timeout=10) as r:
+                text = r.read().decode()
+        except OSError:
+            continue
+        out: dict[str, dict[str, float]] = {}
+        for m in re.finditer(r'^(nccl_doctor_\w+)\{([^}]*)\} (\S+)$', text, re.M):
+            labels = dict(re.findall(r'(\w+)="([^"]*)"', m.group(2)))
+            if "rank" in labels:
+                out.setdefault(m.group(1), {})[labels["rank"]] = float(m.group(3))
+                out.setdefault(m.group(1) + ":host", {})[labels["rank"]] = labels.get("host", "")
+        if len(out.get("nccl_doctor_rank_lateness_seconds", {})) > len(
+                best.get("nccl_doctor_rank_lateness_seconds", {})):
+            best = out
+    return best
 
 
 def test_a_healthy_job_on_two_hosts_names_no_straggler(tmp_path):

@@ -1,0 +1,102 @@
+"""The slow node across hosts, without comparing clocks (analysis/lateness.py, straggler.py):
+each rank's time inside a blocking call, read on its own clock, says who arrived last. The
+hosts' clocks below are off by seconds (as without NTP); a rule that compared them would
+blame whichever host's clock runs ahead."""
+
+from __future__ import annotations
+
+from dataclasses import replace
+
+from conftest import make_event, make_trace, make_traceset
+
+from nccl_doctor.analysis.lateness import arrivals, lateness_table
+from nccl_doctor.analysis.straggler import detect_straggler
+from nccl_doctor.model import EventFlag
+
+MS = 1_000_000
+STEP_NS = 400 * MS
+
+
+def job(slow_host: str | None, late_ms: float, steps: int = 12, *, clock_ms=(0, 7_000, -3_000),
+        ranks_per_host: int = 2, flags: EventFlag = EventFlag.NONE, jitter_ms: float = 0.0):
+    """3 hosts x ``ranks_per_host`` ranks, ``steps`` steps of two all_reduces each; the ranks of
+    ``slow_host`` arrive ``late_ms`` late at each step's first call (the others wait that long in
+    it). Each host's clock is off by ``clock_ms``."""
+    hosts = ["h0", "h1", "h2"]
+    traces = []
+    world = len(hosts) * ranks_per_host
+    for r in range(world):
+        host = hosts[r // ranks_per_host]
+        offset = clock_ms[hosts.index(host)] * MS
+        slow = host == slow_host
+        events = []
+        for step in range(steps):
+            for k in range(2):
+                idx = 2 * step + k + 1
+                start = offset + step * STEP_NS + k * 10 * MS
+                late = int(late_ms * MS) if k == 0 else 0
+                noise = int(jitter_ms * MS * (((r * 7 + idx * 13) % 5) - 2) / 2)
+                enter = start + (late if slow else 0) + noise
+                exit_ = start + late + 2 * MS  # the call ends for everyone once the last came
+                e = make_event(idx, group_size=world, t_enter_ns=enter, flags=flags,
+                               line=40 + k)  # the loop's two lines
+                events.append(replace(e, t_exit_ns=exit_))
+        traces.append(make_trace(r, events, world_size=world, host=host))
+    return make_traceset(traces)
+
+
+def test_every_rank_of_the_slow_host_is_named_as_its_node_with_its_cost():
+    (f,) = detect_straggler(job("h1", 300))
+    node = f.evidence["node"]
+    assert node["host"] == "h1" and node["ranks"] == [2, 3] and f.ranks == (2, 3)
+    assert abs(node["per_step_s"] - 0.300) < 0.01, node
+    assert abs(node["cost_per_step_s"] - 0.300) < 0.01, node
+    assert abs(node["step_s"] - 0.400) < 0.01 and abs(node["cost_share"] - 0.75) < 0.03
+    assert f.evidence["across_hosts"] is True
+    assert f.title.startswith("node h1 (ranks 2, 3) is slow: late 300 ms per step")
+    assert "without comparing clocks" in f.detail
+
+
+def test_the_clocks_do_not_matter_and_a_healthy_job_has_no_straggler():
+    assert detect_straggler(job(None, 0, jitter_ms=6)) == []
+    for clocks in ((0, 0, 0), (0, 60_000, -60_000), (5, -5, 0)):
+        (f,) = detect_straggler(job("h2", 150, clock_ms=clocks))
+        assert f.evidence["node"]["host"] == "h2", clocks
+
+
+def test_the_lateness_table_gives_every_rank_its_lateness_and_cost():
+    rows = {row.rank: row for row in lateness_table(job("h0", 200), 20 * MS)}
+    assert set(rows) == set(range(6))
+    for r in (0, 1):
+        assert abs(rows[r].per_step_s - 0.200) < 0.005 and rows[r].host == "h0"
+    for r in (2, 3, 4, 5):
+        assert rows[r].per_step_s < 0.005 and rows[r].cost_s == 0
+    assert abs(rows[0].cost_s + rows[1].cost_s - 12 * 0.200) < 0.05
+    assert rows[0].steps == 12 and abs(rows[0].step_s - 0.400) < 0.01
+
+
+def test_without_a_repeated_call_site_each_call_is_a_step():
+    traces = job("h1", 300)
+    traces = replace(traces, ranks={r: replace(t, events=tuple(
+        replace(e, callsite=replace(e.callsite, line=100 + e.idx)) for e in t.events))
+        for r, t in traces.ranks.items()})
+    row = {row.rank: row for row in lateness_table(traces, 20 * MS)}[2]
+    assert row.steps == 24 and abs(row.per_step_s - 0.150) < 0.005, row
+
+
+def test_calls_that_do_not_block_are_not_compared_across_hosts():
+    traces = job("h1", 300, flags=EventFlag.ASYNC)
+    assert arrivals(traces).calls == [] and detect_straggler(traces) == []
+
+
+def test_one_late_rank_is_a_rank_not_a_node():
+    traces = job("h1", 300)
+    # rank 3 (h1) on time: only rank 2 is late
+    fixed = []
+    for e in traces.ranks[3].events:
+        fixed.append(replace(e, t_enter_ns=e.t_exit_ns - 302 * MS if e.idx % 2 else e.t_enter_ns))
+    traces = replace(traces, ranks={**traces.ranks, 3: replace(traces.ranks[3],
+                                                                 events=tuple(fixed))})
+    (f,) = detect_straggler(traces)
+    assert "node" not in f.evidence and f.ranks == (2,), f.title
+    assert "its peers waited" in f.detail
