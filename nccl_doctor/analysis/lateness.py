@@ -12,7 +12,8 @@ lateness at a call is the longest wait of its members minus its own. Calls that 
 hosts.
 
 A step is one pass of the job's loop: the group's calls at its most repeated call site are one
-per step (where no call site repeats, each call is a step). The lateness table (``lateness_table``) gives per rank its lateness per call and per
+per step (where no call site repeats, each call is a step); a rank's lateness per step is, per
+call site, its mean lateness there times the site's calls per step, summed. The lateness table (``lateness_table``) gives per rank its lateness per call and per
 step, and its cost: at each call it was last to, how long its peers waited for it (their median
 lateness gap), per step and as a share of the step's time.
 """
@@ -185,6 +186,24 @@ def steps_of(calls: list[Arrival]) -> tuple[float, float]:
     return best
 
 
+def sites_of(calls: list[Arrival]) -> tuple[list[tuple[str, str]], Counter]:
+    """Each compared collective's call site (its group's, from its lowest rank's call), and how
+    many of them each site holds."""
+    sites = [(a.group, call_site(a.events[min(a.events)])) for a in calls]
+    return sites, Counter(sites)
+
+
+def per_step(sums: dict, counts: Counter, steps: float) -> float:
+    """A step's share of what ``sums`` adds up per call site: each site's mean per call, times
+    the calls it makes per step (one, or more in a loop inside the step). Per site, not per
+    window: a window that cuts a step in two still counts whole steps."""
+    out = 0.0
+    for site, total in sums.items():
+        per = counts[site] / max(steps, 1.0)  # its calls per step (a site seen once: a fraction)
+        out += total / counts[site] * (round(per) if per >= 0.5 else per)
+    return out
+
+
 def lateness_table(traces: TraceSet, min_skew_ns: int = 0) -> list[RankLateness]:
     """Per rank that took part in a compared collective, its lateness and cost (cost counts
     only the collectives whose skew is at least ``min_skew_ns``: below it, order is noise)."""
@@ -192,21 +211,24 @@ def lateness_table(traces: TraceSet, min_skew_ns: int = 0) -> list[RankLateness]
     if not found:
         return []
     steps, step_s = steps_of(found)
+    sites, counts = sites_of(found)
     total: dict[int, float] = defaultdict(float)
+    by_site: dict[int, dict] = defaultdict(lambda: defaultdict(float))
     count: Counter = Counter()
     last: Counter = Counter()
-    cost: dict[int, float] = defaultdict(float)
-    for a in found:
+    cost: dict[int, dict] = defaultdict(lambda: defaultdict(float))
+    for a, site in zip(found, sites):
         for r, t in a.late.items():
-            total[r] += t / 1e9
+            total[r] += t
+            by_site[r][site] += t / 1e9
             count[r] += 1
         if a.skew_ns >= min_skew_ns and a.skew_ns > 0:
             late = a.last
             last[late] += 1
-            cost[late] += a.waited_for(late) / 1e9
-    per_step = max(steps, 1.0)
+            cost[late][site] += a.waited_for(late) / 1e9
     return [RankLateness(
         rank=r, host=traces.ranks[r].meta.host, calls=count[r], last=last[r],
-        per_call_s=total[r] / count[r], per_step_s=total[r] / per_step,
-        cost_per_step_s=cost[r] / per_step, cost_s=cost[r], step_s=step_s, steps=steps)
+        per_call_s=total[r] / 1e9 / count[r], per_step_s=per_step(by_site[r], counts, steps),
+        cost_per_step_s=per_step(cost[r], counts, steps), cost_s=sum(cost[r].values()),
+        step_s=step_s, steps=steps)
         for r in sorted(count)]

@@ -30,7 +30,9 @@ from collections import Counter, defaultdict
 
 from dataclasses import dataclass
 
-from nccl_doctor.analysis.lateness import Arrival, arrivals, lateness_table, steps_of
+from nccl_doctor.analysis.lateness import (
+    Arrival, arrivals, lateness_table, per_step, sites_of, steps_of,
+)
 from nccl_doctor.analysis.wording import call_site, ranks_text
 from nccl_doctor.diagnosis import Finding, FindingKind, Severity
 from nccl_doctor.model import TraceSet
@@ -172,31 +174,33 @@ def detect_straggler(traces: TraceSet) -> list[Finding]:
                               "per_step_s": round(node.per_step_s, 4),
                               "cost_per_step_s": round(node.cost_per_step_s, 4),
                               "cost_share": round(share, 3), "step_s": round(node.step_s, 4)})
-        return [Finding(
-            kind=FindingKind.STRAGGLER, severity=Severity.WARNING,
-            title=f"node {node.host} ({ranks_text(list(node.ranks))}) is slow: late "
-                  f"{_s(node.per_step_s)} per step; {cost}",
-            detail=f"One of its ranks was last to arrive at {node.last} of {considered} "
-                   f"collectives whose arrival skew exceeded {MIN_SKEW_NS / 1e6:.0f} ms (by "
-                   f"chance: {_one_in(node.chance)}), and every one of its ranks was late "
-                   f"(skew median {median:.0f} ms, p95 {p95:.0f} ms).{how}\n{where}"
-                   + ("" if doing else "."),
-            ranks=tuple(culprits), hint=HINT_SLOW_NODE, evidence=evidence)]
+        return _finding(
+            culprits, HINT_SLOW_NODE, evidence,
+            f"node {node.host} ({ranks_text(list(node.ranks))}) is slow: late "
+            f"{_s(node.per_step_s)} per step; {cost}",
+            f"One of its ranks was last to arrive at {node.last} of {considered} collectives "
+            f"whose arrival skew exceeded {MIN_SKEW_NS / 1e6:.0f} ms (by chance: "
+            f"{_one_in(node.chance)}), and every one of its ranks was late (skew median "
+            f"{median:.0f} ms, p95 {p95:.0f} ms).{how}\n{where}" + ("" if doing else "."))
     shares = ", ".join(f"rank {r} last in {last_counts[r]} of {considered}" for r in culprits)
     odds_text = ", ".join(f"{_one_in(chance[r])}" for r in culprits)
     costs = "; ".join(
         f"rank {r}: late {_s(table[r].per_step_s)} per step, its peers waited "
         f"{_s(table[r].cost_per_step_s)} per step for it ({table[r].cost_share:.0%} of a "
         f"{_s(table[r].step_s)} step)" for r in culprits if r in table)
-    return [Finding(
-        kind=FindingKind.STRAGGLER, severity=Severity.WARNING,
-        title=f"{ranks_text(culprits)} consistently last to arrive at collectives "
-              f"(skew median {median:.0f} ms, p95 {p95:.0f} ms)",
-        detail=f"{shares} collectives whose arrival skew exceeded "
-               f"{MIN_SKEW_NS / 1e6:.0f} ms (by chance: {odds_text}).{how}\n"
-               + (f"Cost: {costs}.\n" if costs else "") + where + ("" if doing else "."),
-        ranks=tuple(culprits), hint=HINT_STRAGGLER, evidence=evidence,
-    )]
+    return _finding(
+        culprits, HINT_STRAGGLER, evidence,
+        f"{ranks_text(culprits)} consistently last to arrive at collectives (skew median "
+        f"{median:.0f} ms, p95 {p95:.0f} ms)",
+        f"{shares} collectives whose arrival skew exceeded {MIN_SKEW_NS / 1e6:.0f} ms (by "
+        f"chance: {odds_text}).{how}\n" + (f"Cost: {costs}.\n" if costs else "") + where
+        + ("" if doing else "."))
+
+
+def _finding(culprits: list[int], hint: str, evidence: dict, title: str,
+             detail: str) -> list[Finding]:
+    return [Finding(kind=FindingKind.STRAGGLER, severity=Severity.WARNING, title=title,
+                    detail=detail, ranks=tuple(culprits), hint=hint, evidence=evidence)]
 
 
 #: Rows of the lateness table a finding keeps (its culprits first, then the latest of the rest;
@@ -249,16 +253,19 @@ def _slow_node(traces: TraceSet, skewed: list[Arrival],
                 and r in a.late]
         if sum(late) < SHARE * len(late):
             return None
-    steps, step_s = steps_of(arrivals(traces).calls)
-    steps = max(steps, 1.0)
-    per_step = sum(max(a.late[r] for r in a.late if hosts[r] == host) for a in across) / 1e9
-    cost = 0.0
-    for a in across:
+    compared = [a for a in arrivals(traces).calls if a.across_hosts]
+    steps, step_s = steps_of(compared)
+    sites, counts = sites_of(compared)
+    node_late: dict = defaultdict(float)  # call site -> the node's lateness there, s
+    node_cost: dict = defaultdict(float)  # call site -> how long the others waited for it, s
+    for a, site in zip(compared, sites):
         node_last = max(a.late[r] for r in a.late if hosts[r] == host)
+        node_late[site] += node_last / 1e9
         gaps = [node_last - t for r, t in a.late.items() if hosts[r] != host]
-        if gaps and node_last > 0:
-            cost += max(0.0, statistics.median(gaps)) / 1e9
-    return _Node(host, tuple(ranks), n, chance, per_step / steps, cost / steps, step_s)
+        if a.skew_ns >= MIN_SKEW_NS and hosts[a.last] == host and gaps:
+            node_cost[site] += max(0.0, statistics.median(gaps)) / 1e9
+    return _Node(host, tuple(ranks), n, chance, per_step(node_late, counts, steps),
+                 per_step(node_cost, counts, steps), step_s)
 
 
 def _noise_ms(lasts: list[tuple[int, float]], rank: int) -> float:

@@ -33,15 +33,17 @@ def activate() -> bool:
 
 def this_hosts_directory() -> None:
     """A job whose node doctors the cluster started (``--ray``, Slurm): on a host other than the
-    leader's, NCCL_DOCTOR_DIR becomes that host's node directory, where its node doctor reads. Done
-    once per process tree: the leader's host is forgotten, so a rank's own children inherit the
-    directory as it is."""
-    leader = os.environ.pop(env.LEADER_HOST, None)
+    leader's, NCCL_DOCTOR_DIR becomes that host's node directory, where its node doctor reads.
+    Done once per process tree there: the leader's host is then forgotten, so a rank's own
+    children inherit the directory as it is. On the leader's host nothing changes (a Ray driver
+    there hands the leader's host on to every worker through Ray's runtime_env)."""
+    leader = os.environ.get(env.LEADER_HOST)
     directory = os.environ.get(env.CAPTURE_DIR)
     if directory and leader and env.host_name() != leader:
         from nccl_doctor.capture.names import node_dir
 
         os.environ[env.CAPTURE_DIR] = str(node_dir(Path(directory), env.host_name()))
+        del os.environ[env.LEADER_HOST]
 
 
 def install(directory: Path, *, lazy: bool = False) -> Any:

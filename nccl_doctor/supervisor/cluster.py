@@ -4,7 +4,11 @@ and ends."""
 
 from __future__ import annotations
 
-from typing import Any, Protocol
+import json
+import queue
+import subprocess
+import threading
+from typing import Any, Iterator, Protocol
 
 
 class Cluster(Protocol):
@@ -25,3 +29,52 @@ class Cluster(Protocol):
 
     def close(self, wait: float) -> None:
         """The report is written: wait (up to ``wait`` s) for the node doctors to go."""
+
+
+class Said:
+    """What a node doctors' keeper says on its stdout (one JSON object a line: Ray's
+    ``fleet_main``, Slurm's step of ``node_main`` tasks), read in a thread, taken each tick."""
+
+    def __init__(self) -> None:
+        self._queue: queue.Queue[dict[str, Any]] = queue.Queue()
+
+    def put(self, record: dict[str, Any]) -> None:
+        self._queue.put(record)
+
+    def follow(self, proc: subprocess.Popen, name: str) -> None:
+        """Read ``proc``'s stdout until it ends."""
+        threading.Thread(target=self._read, args=(proc,), name=name, daemon=True).start()
+
+    def _read(self, proc: subprocess.Popen) -> None:
+        assert proc.stdout is not None
+        for line in proc.stdout:
+            try:
+                said = json.loads(line)
+            except ValueError:
+                continue
+            if isinstance(said, dict):
+                self._queue.put(said)
+
+    def taken(self) -> Iterator[dict[str, Any]]:
+        """What was said since the last tick, in order."""
+        while True:
+            try:
+                yield self._queue.get_nowait()
+            except queue.Empty:
+                return
+
+
+def tell(said: dict[str, Any], supervisor: Any, engine: str) -> None:
+    """What every keeper says alike, applied: a node doctor gone (its report written, or it
+    failed), an error (announced), a node doctor running (the leader waits for it while it
+    runs, however slow its start)."""
+    live, fed = supervisor.live, supervisor.federation
+    if "gone" in said and fed is not None:
+        fed.link.gone(str(said["gone"]))
+    if "error" in said:
+        live.announce(f"{engine}: {said['error']}")
+    elif "node" in said:
+        if fed is not None:
+            fed.link.coming(str(said["node"]))
+        live.announce(f"{engine}: a node doctor runs on {said['node']} (node "
+                      f"{said['node_rank']})")

@@ -119,6 +119,10 @@ def test_the_leader_publishes_each_ranks_lateness_and_cost_while_the_job_runs(tm
         assert seen["hosts"] == {"0": "nodeA", "1": "nodeA", "2": "nodeB", "3": "nodeB"}
     finally:
         proc.communicate(timeout=300)
+    # where nodeB's ranks spent the time: stack samples taken by nodeB's own doctor
+    (found,) = stragglers(report(out, "nodeA"))
+    frames = [d["frame"] for r in ("2", "3") for d in found["evidence"]["doing"].get(r, [])]
+    assert any("in fetch_batch" in f for f in frames), found["evidence"]["doing"]
 
 
 def _line_matching(stream, pattern: str, timeout: float) -> re.Match:
@@ -193,3 +197,4 @@ def test_forged_values_on_the_coordinator_are_ignored_and_counted(tmp_path):
     text = json.dumps(leader)  # nothing of what it wrote is echoed
     assert "rogue-host" not in text and "rogue-said" not in text
     assert "rogue-said" not in stderr and "HANG" not in stderr
+    assert replayed(out)["verdict"] == "ok"

@@ -166,3 +166,15 @@ def test_a_slow_collective_in_flight_is_not_a_deadlock_with_a_rank_one_call_behi
     merged = merge(traces, {0: dumps[0]})
     a = assess(merged, analyze(merged), {})
     assert a.situation is Situation.DEADLOCK and a.cause.seq == 2, a
+
+
+def test_kernel_start_and_completion_are_read_only_together() -> None:
+    """With TORCH_NCCL_ENABLE_TIMING=1 an entry has both; without it (the H100 fixtures' dumps)
+    only the completion, which says nothing of the time inside the collective."""
+    timed = {**nccl(0, 1, "completed", True), "time_discovered_started_ns": T0 + 10,
+             "time_discovered_completed_ns": T0 + 5_000}
+    untimed = {**nccl(1, 2, "completed", True), "time_discovered_started_ns": None,
+               "time_discovered_completed_ns": T0 + 9_000}
+    first, second = events_from_dump({"entries": [timed, untimed]})
+    assert (first.t_gpu_start_ns, first.t_gpu_end_ns) == (T0 + 10, T0 + 5_000)
+    assert (second.t_gpu_start_ns, second.t_gpu_end_ns) == (None, None)

@@ -100,3 +100,32 @@ def test_one_late_rank_is_a_rank_not_a_node():
     (f,) = detect_straggler(traces)
     assert "node" not in f.evidence and f.ranks == (2,), f.title
     assert "its peers waited" in f.detail
+
+
+def _nccl(traces, timed: bool):
+    """The job on NCCL: calls return once enqueued; Flight Recorder's kernel times (each on its
+    rank's own clock) say how long each rank was inside (``timed``), or nothing."""
+    from nccl_doctor.model import GroupInfo
+
+    ranks = {}
+    for r, t in traces.ranks.items():
+        events = []
+        for e in t.events:
+            start, end = e.t_enter_ns, e.t_exit_ns
+            events.append(replace(e, t_exit_ns=e.t_enter_ns + 50_000,  # enqueued, returned
+                                  t_gpu_start_ns=start if timed else None,
+                                  t_gpu_end_ns=end if timed else None))
+        ranks[r] = replace(t, events=tuple(events))
+    groups = {g: GroupInfo(g, info.ranks, "nccl") for g, info in traces.groups.items()}
+    return replace(traces, ranks=ranks, groups=groups)
+
+
+def test_on_nccl_the_kernels_time_names_the_slow_node_and_without_it_nothing_is_compared():
+    from nccl_doctor.analysis.straggler import unmeasured_note
+
+    (f,) = detect_straggler(_nccl(job("h2", 250), timed=True))
+    assert f.evidence["node"]["host"] == "h2"
+    assert abs(f.evidence["node"]["per_step_s"] - 0.250) < 0.01
+    untimed = _nccl(job("h2", 250), timed=False)
+    assert detect_straggler(untimed) == []
+    assert "TORCH_NCCL_ENABLE_TIMING=1" in unmeasured_note(untimed)

@@ -186,3 +186,25 @@ def test_every_report_says_which_actor_holds_each_rank(tb):
     assert ["3", "nodeB", "Engine 3a3b3c3d"] == next(r for r in rows if r[:1] == ["3"])[:3]
     groups = [li.text for li in tree.iter("li") if (li.text or "").startswith("group ")]
     assert "group 1: Trainer group (ranks 0, 1)" in groups
+
+
+def test_the_leaders_host_is_kept_on_its_own_host_and_forgotten_once_used_elsewhere(
+        monkeypatch, tmp_path):
+    """A Ray driver on the leader's host hands the leader's host on to every worker (Ray's
+    runtime_env copies it from the driver's environment); a rank elsewhere rewrites its directory
+    once, and its children inherit the result."""
+    import os
+
+    from nccl_doctor.rank import bootstrap
+
+    monkeypatch.setenv(env.CAPTURE_DIR, str(tmp_path / "out"))
+    monkeypatch.setenv(env.LEADER_HOST, "nodeA")
+    monkeypatch.setenv(env.HOSTNAME, "nodeA")
+    bootstrap.this_hosts_directory()
+    assert os.environ[env.LEADER_HOST] == "nodeA"
+    assert os.environ[env.CAPTURE_DIR] == str(tmp_path / "out")
+    monkeypatch.setenv(env.HOSTNAME, "nodeB")
+    bootstrap.this_hosts_directory()
+    bootstrap.this_hosts_directory()  # a child: nothing more
+    assert env.LEADER_HOST not in os.environ
+    assert os.environ[env.CAPTURE_DIR] == str(tmp_path / "out.nodeB")

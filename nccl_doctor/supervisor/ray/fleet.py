@@ -6,18 +6,16 @@ job ended."""
 
 from __future__ import annotations
 
-import json
-import queue
 import socket
 import subprocess
 import sys
-import threading
 import time
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 from nccl_doctor import env
+from nccl_doctor.supervisor.cluster import Said, tell
 
 
 @dataclass(frozen=True)
@@ -66,7 +64,7 @@ class RayFleet:
         self.cluster, self.out, self.leader_host, self.key = cluster, out, leader_host, key
         self.environ = environ
         self.proc: subprocess.Popen | None = None
-        self._said: queue.Queue[dict[str, Any]] = queue.Queue()
+        self._said = Said()
         self.surveyed = False  # the keeper said which nodes get a doctor (or could not)
         self._supervisor: Any = None
 
@@ -94,39 +92,17 @@ class RayFleet:
         except OSError as err:
             self._said.put({"error": f"cannot start the node doctors ({err.strerror})"})
             return
-        threading.Thread(target=self._read, name="nccl-doctor-ray", daemon=True).start()
-
-    def _read(self) -> None:
-        assert self.proc is not None and self.proc.stdout is not None
-        for line in self.proc.stdout:
-            try:
-                said = json.loads(line)
-            except ValueError:
-                continue
-            if isinstance(said, dict):
-                self._said.put(said)
+        self._said.follow(self.proc, "nccl-doctor-ray")
 
     def __call__(self, supervisor: Any) -> None:
         """Each tick: what the keeper said since, announced; the leader's count of nodes."""
-        while True:
-            try:
-                said = self._said.get_nowait()
-            except queue.Empty:
-                return
-            live, fed = supervisor.live, supervisor.federation
-            if "gone" in said and fed is not None:  # ended: its report written, or it failed
-                fed.link.gone(str(said["gone"]))
-            if "error" in said:
-                live.announce(f"Ray: {said['error']}")
-            elif "expect" in said:
+        for said in self._said.taken():
+            if "expect" in said and "error" not in said:
                 self.surveyed = True
+                fed = supervisor.federation
                 if fed is not None:  # the leader waits for these nodes too
                     fed.link.expect(1 + int(said["expect"]))
-            elif "node" in said:
-                if fed is not None:  # waited for while it runs, however slow its start
-                    fed.link.coming(str(said["node"]))
-                live.announce(f"Ray: a node doctor runs on {said['node']} (node "
-                              f"{said['node_rank']})")
+            tell(said, supervisor, "Ray")
 
     def end(self, survey_within: float = 60.0) -> None:
         """The driver's job ended: every node doctor ends its node's job (then reports). A job

@@ -7,14 +7,11 @@ a hang cancels the job's own steps through Slurm (``scancel``), on every node.""
 
 from __future__ import annotations
 
-import json
 import os
-import queue
 import signal
 import socket
 import subprocess
 import sys
-import threading
 import time
 from dataclasses import dataclass
 from pathlib import Path
@@ -23,6 +20,7 @@ from typing import Any
 import psutil
 
 from nccl_doctor import env
+from nccl_doctor.supervisor.cluster import Said, tell
 from nccl_doctor.supervisor.slurm import allocation as alloc
 
 #: The node doctors' step, as ``squeue`` and ``sacct`` list it.
@@ -68,7 +66,7 @@ class SlurmFleet:
     def __init__(self, run: SlurmRun, out: Path, key: bytes | None) -> None:
         self.run, self.out, self.key = run, out, key
         self.proc: subprocess.Popen | None = None
-        self._said: queue.Queue[dict[str, Any]] = queue.Queue()
+        self._said = Said()
         self._ready: set[str] = set()  # hosts whose doctor is up, skipped, or failed
         self._cancelled = False
         self._job_pid: int | None = None
@@ -117,7 +115,7 @@ class SlurmFleet:
             supervisor.live.announce(f"Slurm: cannot start the node doctors ({err.strerror}); "
                                      "diagnosing this node alone")
             return
-        threading.Thread(target=self._read, name="nccl-doctor-slurm", daemon=True).start()
+        self._said.follow(self.proc, "nccl-doctor-slurm")
         deadline = time.monotonic() + READY_WITHIN
         while (len(self._ready) < len(self.run.allocation.nodes) and self.proc.poll() is None
                and time.monotonic() < deadline):
@@ -130,40 +128,17 @@ class SlurmFleet:
                 f"Slurm: the node doctor{'s' if len(waiting) > 1 else ''} on "
                 f"{', '.join(waiting)} not up after {READY_WITHIN:.0f} s; the job starts now")
 
-    def _read(self) -> None:
-        assert self.proc is not None and self.proc.stdout is not None
-        for line in self.proc.stdout:
-            try:
-                said = json.loads(line)
-            except ValueError:
-                continue
-            if isinstance(said, dict):
-                self._said.put(said)
-
     # -- while the job runs ------------------------------------------------------------------
     def start(self, supervisor: Any) -> None:
         self._job_pid = supervisor.job.pid if supervisor.job is not None else None
 
     def __call__(self, supervisor: Any) -> None:
         """Each tick: what the node doctors said since, announced; who the leader waits for."""
-        while True:
-            try:
-                said = self._said.get_nowait()
-            except queue.Empty:
-                return
-            live, fed = supervisor.live, supervisor.federation
+        for said in self._said.taken():
             host = str(said.get("host", ""))
             if host:
                 self._ready.add(host)
-            if "gone" in said and fed is not None:
-                fed.link.gone(str(said["gone"]))
-            if "error" in said:
-                live.announce(f"Slurm: {said['error']}")
-            elif "node" in said:
-                if fed is not None:  # waited for while it runs, however slow its start
-                    fed.link.coming(str(said["node"]))
-                live.announce(f"Slurm: a node doctor runs on {said['node']} (node "
-                              f"{said['node_rank']})")
+            tell(said, supervisor, "Slurm")
 
     def stopping(self, sig: int) -> None:
         """The job is stopped (a hang, ``--on-hang kill``): its steps, on every node, through
