@@ -38,7 +38,8 @@ class Arrival:
     late: dict[int, int]  # rank -> ns after the first member arrived
     events: dict[int, Event]
     across_hosts: bool  # measured from each rank's own time in the call
-    t_ns: int  # when the last member arrived, on its own clock (for series)
+    t_ns: int  # when the last member arrived (on one host; across hosts, when the call ended
+    # on its lowest rank's clock): a series of them stays on one clock
     last: int  # the last member to arrive
     skew_ns: int  # how long after the first it arrived
 
@@ -132,9 +133,9 @@ def _across(calls: dict[int, Event], nccl: bool) -> tuple[dict[int, int], int] |
             waits[r] = wait
     longest = max(waits.values())
     late = {r: longest - w for r, w in waits.items()}
-    last = max(late, key=late.__getitem__)
-    e = calls[last]
-    return late, (e.t_exit_ns or e.t_enter_ns) if not nccl else (e.t_gpu_end_ns or 0)
+    # when the call ended, on one rank's clock (the lowest's: a series of them stays on it)
+    e = calls[min(calls)]
+    return late, (e.t_gpu_end_ns or 0) if nccl else (e.t_exit_ns or e.t_enter_ns)
 
 
 @dataclass(frozen=True)

@@ -93,9 +93,9 @@ def unmeasured_note(traces: TraceSet) -> str | None:
 
 
 def skew_series(traces: TraceSet) -> list[tuple[float, float, int]]:
-    """Every compared collective as (when the last rank arrived, seconds since the epoch on its
-    own clock; the arrival skew, ms; the last rank), in time order: the straggler's skew over
-    time."""
+    """Every compared collective as (when the last rank arrived, seconds since the epoch - across
+    hosts, when the call ended on its lowest rank's clock; the arrival skew, ms; the last rank),
+    in time order: the straggler's skew over time."""
     return sorted((a.t_ns / 1e9, a.skew_ns / 1e6, a.last) for a in arrivals(traces).calls)
 
 

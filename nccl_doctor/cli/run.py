@@ -220,10 +220,13 @@ def _supervise(args: argparse.Namespace, command: list[str],
     cluster = _ray_cluster(args, environ)
     allocation = _slurm_run(args, command, environ, err)
     # --ray, Slurm: this supervisor hosts the node doctors' coordinator (--coordinator gives its
-    # port)
-    meeting = (leader_rendezvous(cluster) if cluster is not None
-               else slurm_rendezvous(allocation) if allocation is not None
-               else _meeting(args, command, err))
+    # port); an allocation of this node alone has no other node to meet
+    if cluster is not None:
+        meeting = leader_rendezvous(cluster)
+    elif allocation is not None:
+        meeting = slurm_rendezvous(allocation) if allocation.followers else None
+    else:
+        meeting = _meeting(args, command, err)
     key = _federation_key(environ, own=cluster is not None or allocation is not None)
     if args.no_redact:  # the ranks (their argv) and the supervisor (the manifest) read it
         environ[NO_REDACT] = "1"

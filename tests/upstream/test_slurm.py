@@ -226,3 +226,24 @@ def test_a_slow_node_through_slurm(slurm, tmp_path):
     assert node["host"] == "nodeB" and node["ranks"] == [2, 3], found["title"]
     assert 0.225 <= node["per_step_s"] <= 0.375 and node["cost_per_step_s"] > 0.2, node
     no_job_left(slurm)
+
+
+def test_an_allocation_of_this_node_alone_needs_no_node_doctor(slurm, tmp_path):
+    """salloc -N1 on nodeA, the doctor there: no other node, so no node doctors' step and no
+    coordinator; the ranks Slurm started are still the doctor's, and a hang still cancels the
+    step."""
+    out = tmp_path / "out"
+    inner = (f"{shlex.quote(DOCTOR)} run --no-gpu --out {shlex.quote(str(out))} -- srun bash -c "
+             + shlex.quote(f"RANK=$SLURM_PROCID WORLD_SIZE=$SLURM_NTASKS exec {PY} "
+                           f"{JOBS / 'skip_broadcast.py'}"))
+    proc = slurm.run(["salloc", "-N1", "-w", "nodeA", "--ntasks-per-node=2", "bash", "-c", inner],
+                     host="nodeA", timeout=300,
+                     env={"MASTER_ADDR": "127.0.0.1", "MASTER_PORT": str(free_port()),
+                          "SKIPPER": "1"})
+    assert proc.returncode == ExitStatus.HANG_STOPPED, proc.stderr[-3000:]
+    assert "node doctor" not in proc.stderr and "coordinating" not in proc.stderr
+    rep = json.loads((out / "report.json").read_text())
+    assert root(rep)["ranks"] == [1]
+    assert not rep.get("nodes"), rep.get("nodes")
+    assert re.search(r"STEP \d+\.\d+ .*CANCELLED", proc.stderr), proc.stderr[-3000:]
+    no_job_left(slurm)

@@ -16,8 +16,12 @@ from nccl_doctor.supervisor.federation.transport import LinkState, Role, Transpo
 
 
 #: How often a follower whose ranks keep moving publishes their summary (bounded: TAIL calls a
-#: rank), for the leader's straggler watch, which looks every 10 s.
+#: rank), for the leader's straggler watch, which looks every 10 s...
 SUMMARY_EVERY = 10.0
+#: ... and at scale, no more than this many nodes' summaries a second in all (1,024 nodes: one
+#: each 102 s, 330 KB/s into the leader; its look then takes seconds, and the straggler watch
+#: looks no more often than 20 times a look's cost anyway).
+NODES_PER_S = 10.0
 
 
 @dataclass(frozen=True)
@@ -92,7 +96,7 @@ class Follower(Transport):
         due = key != self._summary_key and (
             now - self._moved_at >= self.quiet_for or local.ended
             or (notes_moved and now - self._summary_at >= 2.0)
-            or now - self._summary_at >= SUMMARY_EVERY)
+            or now - self._summary_at >= max(SUMMARY_EVERY, self.rdzv.nnodes / NODES_PER_S))
         if due:
             self.publish_summary(key)
         st.put(self._store, st.beat_key(self.id), self._beat(
