@@ -144,8 +144,9 @@ def test_torchrun_per_node_hang_on_node_2_is_named_and_the_step_cancelled(slurm,
     assert cause["ranks"] == [3] and cause["kind"] in ("collective_mismatch", "missing_collective"), cause
     assert line_of(JOBS / "skip_broadcast.py", "if step == 2 and rank == skipper") in \
         json.dumps(cause)
-    # stopped through Slurm: the step cancelled, nothing left on either node
-    assert re.search(r"STEP \d+\.\d+ .*CANCELLED", log), log[-3000:]
+    # stopped: each node's ranks asked to exit, the step cancelled through Slurm if still there;
+    # nothing left on either node
+    assert "stopped the job" in log or re.search(r"STEP \d+\.\d+ .*CANCELLED", log), log[-3000:]
     no_job_left(slurm)
     assert root(replayed(out, "nodeB"))["ranks"] == [3]
 
@@ -245,5 +246,46 @@ def test_an_allocation_of_this_node_alone_needs_no_node_doctor(slurm, tmp_path):
     rep = json.loads((out / "report.json").read_text())
     assert root(rep)["ranks"] == [1]
     assert not rep.get("nodes"), rep.get("nodes")
-    assert re.search(r"STEP \d+\.\d+ .*CANCELLED", proc.stderr), proc.stderr[-3000:]
     no_job_left(slurm)
+
+
+def test_stopping_cancels_the_jobs_own_steps_on_every_node_and_no_other(slurm, tmp_path,
+                                                                        monkeypatch):
+    """What a hang's stop does when the step is still there after the ranks were asked to exit
+    (a rank that did not answer, a node whose doctor is gone): ``scancel`` of the steps whose
+    srun is a process of the job - not another step of the same allocation."""
+    from types import SimpleNamespace
+
+    from nccl_doctor.supervisor.slurm.allocation import Allocation, steps
+    from nccl_doctor.supervisor.slurm.fleet import SlurmFleet, SlurmRun
+
+    for name, value in slurm.env().items():
+        if name.startswith("SLURM_"):
+            monkeypatch.setenv(name, value)
+    proc = slurm.run(["salloc", "-N2", "--no-shell"], timeout=60)
+    job_id = re.search(r"Granted job allocation (\d+)", proc.stderr).group(1)
+    env = slurm.env()
+    try:
+        ours = subprocess.Popen(["bash", "-c", f"srun --jobid={job_id} -N2 --overlap sleep 301"],
+                                env=env)
+        other = subprocess.Popen(["srun", f"--jobid={job_id}", "-N2", "--overlap", "sleep", "302"],
+                                 env=env)
+        deadline = time.monotonic() + 60
+        while len(steps(job_id)) < 2:
+            assert time.monotonic() < deadline, steps(job_id)
+            time.sleep(0.2)
+        fleet = SlurmFleet(SlurmRun(Allocation(job_id, ("nodeA", "nodeB")), 0, (), "nowhere"),
+                           tmp_path / "out", None)
+        fleet.start(SimpleNamespace(job=SimpleNamespace(pid=ours.pid)))
+        fleet.stopping(15)
+        assert ours.wait(60) != 0  # its step cancelled: srun ends
+        left = steps(job_id)
+        assert [s.srun_pid for s in left] == [other.pid], left
+        for host in slurm.hosts:
+            cmds = [" ".join(p.cmdline()) for p in slurm.node_processes(host)]
+            assert not any("sleep 301" in c for c in cmds), (host, cmds)
+            assert any("sleep 302" in c for c in cmds), (host, cmds)
+    finally:
+        slurm.run(["scancel", job_id])
+        for p in (ours, other):
+            p.wait(60)

@@ -65,24 +65,33 @@ class NodeDoctor:
         """The doctor's exit status if it ended (before the job did: it was refused)."""
         return self.proc.poll() if self.proc is not None else None
 
-    def end(self, wait: float) -> int | None:
-        """The job ended: end the node's job, wait for its supervisor (its report)."""
+    def end(self, wait: float) -> tuple[int | None, bool]:
+        """The job ended: end the node's job, wait for its supervisor (its report); its exit
+        status, and whether it had ended before (refused: its directory held, ...)."""
         if self.proc is None:
-            return None
+            return None, False
+        early = self.proc.poll()
+        if early is not None:
+            return early, True
         try:
             with open(self.end_file, "w"):
                 pass
         except OSError:
             self.proc.terminate()
         try:
-            return self.proc.wait(wait)
+            return self.proc.wait(wait), False
         except Exception:  # noqa: BLE001 - out of time: stopped, never left behind
             self.proc.kill()
-            return self.proc.wait()
+            return self.proc.wait(), False
         finally:
             import shutil
 
             shutil.rmtree(os.path.dirname(self.end_file), ignore_errors=True)
+
+
+def early_end(host: str, status: int) -> str:
+    return (f"the node doctor on {host} ended early (exit {status}: see docs/exit-status.md); "
+            "that node's ranks go unseen")
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -164,9 +173,7 @@ def main(argv: list[str] | None = None) -> int:
                 continue
             if status is not None:
                 ended.add(node_id)
-                say({"error": f"the node doctor on {names[node_id]} ended early (exit {status}: "
-                              "see docs/exit-status.md); that node's ranks go unseen",
-                     "gone": names[node_id]})
+                say({"error": early_end(names[node_id], status), "gone": names[node_id]})
         if select.select([sys.stdin], [], [], EVERY)[0] and not sys.stdin.readline():
             break  # the supervisor's job ended (or the supervisor is gone)
     ends = {names[n]: h.end.remote(args.wait) for n, h in doctors.items()
@@ -177,10 +184,13 @@ def main(argv: list[str] | None = None) -> int:
                            timeout=max(1.0, deadline - time.time()))
         for host in [h for h, ref in ends.items() if not done or ref in done]:
             try:
-                ray.get(ends.pop(host), timeout=1.0)
+                status, early = ray.get(ends.pop(host), timeout=1.0)
             except Exception:  # noqa: BLE001 - a doctor lost with its node, or out of time
-                pass
-            say({"gone": host})
+                status, early = None, False
+            if early and status:  # it ended before the job, unseen by the loop above
+                say({"error": early_end(host, status), "gone": host})
+            else:
+                say({"gone": host})
     ray.shutdown()
     return 0
 
