@@ -61,3 +61,49 @@ def test_the_key_comes_from_the_environment_or_a_file(tmp_path):
     with pytest.raises(st.FederationKeyError, match="is empty"):
         st.key_from({env.FEDERATION_KEY: "  "})
     assert len(st.new_key()) == 64 and st.new_key() != st.new_key()
+
+
+def _link(port: int, key: bytes | None, leader: bool):
+    from nccl_doctor.supervisor.federation.link import Link
+    from nccl_doctor.supervisor.federation.rendezvous import Rendezvous
+
+    said: list[str] = []
+    rdzv = Rendezvous("127.0.0.1", port, 2, 0 if leader else 1, "test", "job-1")
+    link = Link(rdzv, "leader" if leader else "follower", announce=said.append,
+                answer=lambda *a: {}, summaries=lambda ended: {}, key=key,
+                connect_within=20.0)
+    link.start(leader)
+    return link, said
+
+
+@pytest.mark.parametrize("follower_key, why", [
+    (None, "authenticates what the nodes exchange and this node has no key"),
+    (b"another-key", "is not this job's nccl-doctor coordinator (or its key differs"),
+])
+def test_a_node_without_the_jobs_key_is_refused_and_says_why(follower_key, why):
+    """A follower reaching a leader that seals with a key it lacks (or another key) does not
+    join: it diagnoses its node alone, and says why in one line."""
+    import time
+
+    port = free_port()
+    leader, _ = _link(port, b"the-job-key", leader=True)
+    leader.wait_started(30)
+    follower, said = _link(port, follower_key, leader=False)
+    try:
+        deadline = time.monotonic() + 60
+        while not follower._refused:
+            assert time.monotonic() < deadline, follower._error
+            time.sleep(0.1)
+        assert why in follower._error
+        follower.follow(_local())
+        assert follower.state.value == "alone" and why in follower.problem
+        assert any(why in line for line in said)
+    finally:
+        follower.close()
+        leader.close()
+
+
+def _local():
+    from nccl_doctor.supervisor.federation.link import Local
+
+    return Local({}, {}, (), False, 1)

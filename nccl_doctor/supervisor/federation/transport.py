@@ -11,6 +11,7 @@ import threading
 import time
 from typing import Any, Callable
 
+from nccl_doctor import env
 from nccl_doctor.supervisor.federation import store as st
 from nccl_doctor.supervisor.federation.rendezvous import Rendezvous
 
@@ -138,7 +139,16 @@ class Transport:
                     if st.has(store, st.MAGIC):
                         break
                     time.sleep(0.2)
-                magic = st.get(store, st.MAGIC) if st.has(store, st.MAGIC) else None
+                try:
+                    magic = st.get(store, st.MAGIC) if st.has(store, st.MAGIC) else None
+                except st.StoreError:  # not JSON: sealed, and this node has no key
+                    if self.key is not None:
+                        raise
+                    self._error = (f"{self.rdzv.address} authenticates what the nodes exchange "
+                                   f"and this node has no key: give it the job's "
+                                   f"{env.FEDERATION_KEY} or {env.FEDERATION_KEY_FILE}")
+                    self._refused = True
+                    return
                 if (not isinstance(magic, dict) or magic.get("format") != st.FORMAT
                         or magic.get("job") != self.rdzv.job):
                     self._error = (f"{self.rdzv.address} is not this job's nccl-doctor "
