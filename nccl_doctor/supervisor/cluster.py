@@ -78,3 +78,12 @@ def tell(said: dict[str, Any], supervisor: Any, engine: str) -> None:
             fed.link.coming(str(said["node"]))
         live.announce(f"{engine}: a node doctor runs on {said['node']} (node "
                       f"{said['node_rank']})")
+
+
+def hang_up(proc: subprocess.Popen | None) -> None:
+    """Close a keeper's standard input: its signal to end the node doctors' jobs."""
+    if proc is not None and proc.stdin is not None:
+        try:
+            proc.stdin.close()
+        except OSError:
+            pass

@@ -15,7 +15,7 @@ from pathlib import Path
 from typing import Any
 
 from nccl_doctor import env
-from nccl_doctor.supervisor.cluster import Said, tell
+from nccl_doctor.supervisor.cluster import Said, hang_up, tell
 
 
 @dataclass(frozen=True)
@@ -116,21 +116,13 @@ class RayFleet:
             time.sleep(0.1)
         if self._supervisor is not None:
             self(self._supervisor)
-        self._hang_up()
-
-    def _hang_up(self) -> None:
-        """Close the keeper's standard input: its signal to end the node doctors' jobs."""
-        if self.proc is not None and self.proc.stdin is not None:
-            try:
-                self.proc.stdin.close()
-            except OSError:
-                pass
+        hang_up(self.proc)
 
     def close(self, wait: float) -> None:
         """Wait (up to ``wait`` s) for the keeper to leave the cluster; stop it after that."""
         if self.proc is None:
             return
-        self._hang_up()
+        hang_up(self.proc)
         try:
             self.proc.wait(wait)
         except subprocess.TimeoutExpired:

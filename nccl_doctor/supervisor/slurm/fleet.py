@@ -20,7 +20,7 @@ from typing import Any
 import psutil
 
 from nccl_doctor import env
-from nccl_doctor.supervisor.cluster import Said, tell
+from nccl_doctor.supervisor.cluster import Said, hang_up, tell
 from nccl_doctor.supervisor.slurm import allocation as alloc
 
 #: The node doctors' step, as ``squeue`` and ``sacct`` list it.
@@ -158,11 +158,7 @@ class SlurmFleet:
     # -- after the job -----------------------------------------------------------------------
     def end(self) -> None:
         """The job ended: every node doctor ends its node's part (its standard input ends)."""
-        if self.proc is not None and self.proc.stdin is not None:
-            try:
-                self.proc.stdin.close()
-            except OSError:
-                pass
+        hang_up(self.proc)
 
     def close(self, wait: float) -> None:
         """Wait (up to ``wait`` s) for the node doctors' step to end; then stop it (Slurm first:
