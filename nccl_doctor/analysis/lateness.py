@@ -167,9 +167,11 @@ class RankLateness:
 
 
 def steps_of(calls: list[Arrival]) -> tuple[float, float]:
-    """(steps, seconds per step) the compared collectives span: per group, the calls at its
-    most repeated call site, one per step (where none repeats, each call is one); a step's time
-    is the period between those calls on one rank's own clock."""
+    """(steps, seconds per step) the compared collectives span. Per group, on one rank's own
+    clock, the calls at its most repeated call site (every call where none repeats): a step
+    ends at each long gap between them - at least half the longest - so several calls a step
+    from one line (DDP's buckets, a layer's all_reduce) still count one step; a step's time is
+    the period between the steps' first calls."""
     by_group: dict[str, list[Arrival]] = defaultdict(list)
     for a in calls:
         by_group[a.group].append(a)
@@ -177,11 +179,14 @@ def steps_of(calls: list[Arrival]) -> tuple[float, float]:
     for group_calls in by_group.values():
         rank = min(group_calls[0].events)
         sites = Counter(call_site(a.events[rank]) for a in group_calls)
-        site, steps = sites.most_common(1)[0]
-        marks = [a.events[rank].t_enter_ns for a in group_calls
-                 if steps < 2 or call_site(a.events[rank]) == site]
-        steps = len(marks)
-        period = (max(marks) - min(marks)) / 1e9 / (steps - 1) if steps > 1 else 0.0
+        site, count = sites.most_common(1)[0]
+        marks = sorted(a.events[rank].t_enter_ns for a in group_calls
+                       if count < 2 or call_site(a.events[rank]) == site)
+        gaps = [b - a for a, b in zip(marks, marks[1:])]
+        longest = max(gaps, default=0)
+        starts = [marks[0]] + [b for g, b in zip(gaps, marks[1:]) if longest and g >= longest / 2]
+        steps = len(starts)
+        period = (starts[-1] - starts[0]) / 1e9 / (steps - 1) if steps > 1 else 0.0
         if steps > best[0]:
             best = (float(steps), period)
     return best

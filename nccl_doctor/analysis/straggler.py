@@ -253,7 +253,8 @@ def _slow_node(traces: TraceSet, skewed: list[Arrival],
                 and r in a.late]
         if sum(late) < SHARE * len(late):
             return None
-    compared = [a for a in arrivals(traces).calls if a.across_hosts]
+    compared = [a for a in arrivals(traces).calls
+                if a.across_hosts and any(hosts[r] == host for r in a.late)]
     steps, step_s = steps_of(compared)
     sites, counts = sites_of(compared)
     node_late: dict = defaultdict(float)  # call site -> the node's lateness there, s

@@ -120,9 +120,18 @@ def _gpu_start(entry: Mapping[str, Any]) -> int | None:
 
 def _gpu_end(entry: Mapping[str, Any]) -> int | None:
     """When the entry's kernel completed on the GPU, if its start is known too (a completion
-    alone, without timing, says nothing of the time inside the collective)."""
+    alone, without timing, says nothing of the time inside the collective): its start plus the
+    kernel's own duration (``duration_ms``, CUDA events, with TORCH_NCCL_ENABLE_TIMING=1) where
+    the dump has it, else when the completion was discovered (the watchdog's polling bounds
+    that one's resolution)."""
+    start = _gpu_start(entry)
+    if not start:
+        return None
+    duration = entry.get("duration_ms")
+    if isinstance(duration, (int, float)) and not isinstance(duration, bool) and duration >= 0:
+        return start + int(duration * 1e6)
     value = entry.get("time_discovered_completed_ns")
-    return value if _gpu_start(entry) and isinstance(value, int) and value > 0 else None
+    return value if isinstance(value, int) and value > 0 else None
 
 
 def position(entry: Any) -> tuple[str, int] | None:

@@ -80,6 +80,8 @@ _INTS = (0, 1, 5, 6, 10, 12, 15, 16, 17)  # positions of the plain integers in a
 def _unevent(raw: Sequence[Any], sites: list[Location | None]) -> Event:
     """A packed event back. The leader reads thousands of ranks at once: the frozen
     dataclass's field-by-field __init__ is skipped (its values checked here instead)."""
+    if len(raw) == len(_FIELDS) - 1:  # a follower of the version before t_gpu_end_ns
+        raw = [*raw, None]
     if len(raw) != len(_FIELDS) or not all(type(raw[i]) is int for i in _INTS):
         raise ValueError("not a packed event")
     values = list(raw)

@@ -221,6 +221,9 @@ class Supervisor:
                 self.job = Job(self.command, environment, self.out_dir)
             except LaunchFailed:  # nothing ran: nothing is left behind to block --out
                 kept.forget_manifest()
+                if self.cluster is not None:  # nor node doctors started for it
+                    self.cluster.end()
+                    self.cluster.close(10.0)
                 raise
             self._to(State.RUNNING)
             if self.cluster is not None:

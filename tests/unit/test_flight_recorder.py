@@ -178,3 +178,10 @@ def test_kernel_start_and_completion_are_read_only_together() -> None:
     first, second = events_from_dump({"entries": [timed, untimed]})
     assert (first.t_gpu_start_ns, first.t_gpu_end_ns) == (T0 + 10, T0 + 5_000)
     assert (second.t_gpu_start_ns, second.t_gpu_end_ns) == (None, None)
+
+
+def test_the_kernels_own_duration_wins_over_the_discovered_completion() -> None:
+    timed = {**nccl(0, 1, "completed", True), "time_discovered_started_ns": T0 + 10,
+             "time_discovered_completed_ns": T0 + 90_000_000, "duration_ms": 2.5}
+    (e,) = events_from_dump({"entries": [timed]})
+    assert e.t_gpu_end_ns == T0 + 10 + 2_500_000

@@ -81,7 +81,20 @@ def test_without_a_repeated_call_site_each_call_is_a_step():
         replace(e, callsite=replace(e.callsite, line=100 + e.idx)) for e in t.events))
         for r, t in traces.ranks.items()})
     row = {row.rank: row for row in lateness_table(traces, 20 * MS)}[2]
-    assert row.steps == 24 and abs(row.per_step_s - 0.150) < 0.005, row
+    # the steps are told by the long gaps between calls: 12 of them, 300 ms late each
+    assert row.steps == 12 and abs(row.per_step_s - 0.300) < 0.005, row
+
+
+def test_several_calls_a_step_from_one_line_are_one_step():
+    """Tensor parallel's per-layer all_reduce, DDP's buckets: 4 calls a step from one line,
+    the first of them 300 ms late on h1."""
+    traces = job("h1", 300)
+    traces = replace(traces, ranks={r: replace(t, events=tuple(
+        replace(e, callsite=replace(e.callsite, line=40)) for e in t.events))
+        for r, t in traces.ranks.items()})
+    (f,) = detect_straggler(traces)
+    node = f.evidence["node"]
+    assert abs(node["per_step_s"] - 0.300) < 0.01 and abs(node["step_s"] - 0.400) < 0.01, node
 
 
 def test_calls_that_do_not_block_are_not_compared_across_hosts():
@@ -129,3 +142,35 @@ def test_on_nccl_the_kernels_time_names_the_slow_node_and_without_it_nothing_is_
     untimed = _nccl(job("h2", 250), timed=False)
     assert detect_straggler(untimed) == []
     assert "TORCH_NCCL_ENABLE_TIMING=1" in unmeasured_note(untimed)
+
+
+def test_a_group_without_the_slow_hosts_ranks_changes_nothing():
+    """A second group spanning the other two hosts (found by review: the node's cost over it
+    asked for the largest of no lateness at all)."""
+    traces = job("h2", 300)
+    extra = {}
+    for r in (0, 2):
+        events = list(traces.ranks[r].events)
+        base = events[-1].idx
+        for i in range(1, 7):
+            e = make_event(base + i, group="1", seq=i, group_size=2,
+                           t_enter_ns=events[-1].t_enter_ns + i * STEP_NS)
+            events.append(replace(e, t_exit_ns=e.t_enter_ns + 2 * MS))
+        extra[r] = replace(traces.ranks[r], events=tuple(events))
+    traces = replace(traces, ranks={**traces.ranks, **extra},
+                     groups={**traces.groups, "1": replace(traces.groups["0"], name="1",
+                                                           ranks=(0, 2))})
+    (f,) = detect_straggler(traces)
+    assert f.evidence["node"]["host"] == "h2"
+
+
+def test_a_summary_from_the_version_before_gpu_end_times_still_reads():
+    from nccl_doctor.capture import summary
+
+    trace = job("h1", 300).ranks[2]
+    packed = summary.summarize(trace)
+    packed["events"] = [raw[:-1] for raw in packed["events"]]  # 25 fields, as before
+    back = summary.unsummarize(packed)
+    assert [e.t_gpu_end_ns for e in back.events] == [None] * len(back.events)
+    assert [e.t_exit_ns for e in back.events] == [e.t_exit_ns for e in trace.events][-len(
+        back.events):]

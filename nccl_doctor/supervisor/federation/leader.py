@@ -66,11 +66,6 @@ def unseen_rank(rank: int, host: str, node_rank: int | None, world_size: int = 0
         events=(), exit=RankExit(ExitKind.RUNNING), integrity=Integrity(), path="")
 
 
-#: The most node ids the leader reads from the store's count at one look (a forged count that
-#: is absurd costs it nothing more).
-MAX_NODES = 65_536
-
-
 class Leader(Transport):
     def wait_started(self, timeout: float) -> None:
         """Until the leader's store is up or failed (a benchmark, a test)."""
@@ -115,9 +110,11 @@ class Leader(Transport):
         now = self.clock()
         try:
             registered = st.add(self._store, st.NODES, 0)
-            if registered > self._registered:  # (a forged count: only ids that exist are read)
+            if registered > self._registered:  # (a forged count: only ids that exist are read,
+                # and no more of them looked for than the nodes expected could write)
+                room = max(64, 2 * self.rdzv.nnodes) - len(self._unread)
                 for i in range(self._registered + 1,
-                               min(registered, self._registered + MAX_NODES) + 1):
+                               min(registered, self._registered + max(0, room)) + 1):
                     self._unread[i] = now
                 self._registered = registered
             # a follower writes its id right after counting itself: one never written in a

@@ -25,7 +25,8 @@ from nccl_doctor.supervisor.slurm import allocation as alloc
 
 #: The node doctors' step, as ``squeue`` and ``sacct`` list it.
 STEP_NAME = "nccl-doctor"
-#: How long the job's start waits for the node doctors to be up (their directories claimed).
+#: How long the job's start waits for the node doctors to be up (their directories claimed);
+#: a node doctor waits as long for its own.
 READY_WITHIN = 60.0
 
 
@@ -76,7 +77,7 @@ class SlurmFleet:
         run = self.run
         return ["srun", "--overlap", f"--jobid={run.allocation.job_id}",
                 f"--nodes={len(run.allocation.nodes)}", "--ntasks-per-node=1",
-                f"--job-name={STEP_NAME}", "--input=all", "--kill-on-bad-exit=0",
+                f"--job-name={STEP_NAME}", "--input=all", "--kill-on-bad-exit=0", "--wait=0",
                 "--cpu-bind=none", sys.executable, "-m", "nccl_doctor.supervisor.slurm.node_main",
                 "--leader-host", run.leader_host, "--port", str(run.port),
                 "--out", str(self.out.absolute()),
@@ -148,7 +149,8 @@ class SlurmFleet:
         self._cancelled = True
         try:
             pids = _tree(self._job_pid)
-            hosts = {socket.gethostname(), self.run.leader_host}
+            name = socket.gethostname()  # (Slurm may record the short name)
+            hosts = {name, name.split(".")[0], self.run.leader_host}
             mine = [s.id for s in alloc.steps(self.run.allocation.job_id)
                     if s.srun_pid in pids and s.srun_host in hosts and s.name != STEP_NAME]
             alloc.scancel(mine)

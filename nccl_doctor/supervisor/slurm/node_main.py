@@ -22,6 +22,16 @@ import time
 from pathlib import Path
 from typing import Any
 
+from nccl_doctor.supervisor.slurm.fleet import READY_WITHIN
+
+
+def _fresh(path: Path, since: float) -> bool:
+    """Whether ``path`` was written since ``since`` (an earlier run's manifest is not)."""
+    try:
+        return path.stat().st_mtime >= since - 1.0
+    except OSError:
+        return False
+
 
 def say(record: dict[str, Any]) -> None:
     sys.stdout.write(json.dumps(record) + "\n")
@@ -45,7 +55,7 @@ def main(argv: list[str] | None = None) -> int:
     host = env.host_name()
     if host == args.leader_host:  # the leader's own node: it reads it itself
         say({"host": host, "skip": host})
-        return 0
+        return 0  # (the step runs with --wait=0: the other tasks are not ended for it)
     node_rank = int(os.environ.get("SLURM_NODEID", "0")) + args.node_offset
     # srun's host: where the leader runs (Slurm's own word for it in every task)
     address = os.environ.get("SLURM_LAUNCH_NODE_IPADDR") or args.leader_host
@@ -57,23 +67,24 @@ def main(argv: list[str] | None = None) -> int:
                *follower, "--coordinator", f"{address}:{args.port}", "--node-rank",
                str(node_rank), "--", sys.executable, "-m", "nccl_doctor.supervisor.node_ranks",
                end, str(os.getpid())]
+    started = time.time()
     try:
         doctor = subprocess.Popen(command, env=child, stdin=subprocess.DEVNULL)
     except OSError as err:
         say({"host": host, "error": f"no node doctor on {host} ({err.strerror})", "gone": host})
         return 1
     try:
-        return _keep(doctor, out, host, node_rank, end, args.wait)
+        return _keep(doctor, out, host, node_rank, end, args.wait, started)
     finally:
         shutil.rmtree(scratch, ignore_errors=True)
 
 
 def _keep(doctor: subprocess.Popen, out: Path, host: str, node_rank: int, end: str,
-          wait: float) -> int:
-    # up: its supervisor wrote the run's manifest (the directory is its own; --force cleared an
-    # earlier run's files before the ranks start writing there)
-    deadline = time.monotonic() + 120.0
-    while (doctor.poll() is None and not (out / "manifest.json").is_file()
+          wait: float, started: float) -> int:
+    # up: its supervisor wrote this run's manifest (the directory is its own; --force cleared an
+    # earlier run's files, that run's manifest among them, before the ranks write there)
+    deadline = time.monotonic() + READY_WITHIN
+    while (doctor.poll() is None and not _fresh(out / "manifest.json", started)
            and time.monotonic() < deadline):
         time.sleep(0.05)
     if doctor.poll() is not None:
