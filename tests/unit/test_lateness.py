@@ -7,8 +7,6 @@ from __future__ import annotations
 
 from dataclasses import replace
 
-from conftest import make_event, make_trace, make_traceset
-
 from nccl_doctor.analysis.lateness import arrivals, lateness_table
 from nccl_doctor.analysis.straggler import detect_straggler
 from nccl_doctor.model import EventFlag
@@ -17,8 +15,9 @@ MS = 1_000_000
 STEP_NS = 400 * MS
 
 
-def job(slow_host: str | None, late_ms: float, steps: int = 12, *, clock_ms=(0, 7_000, -3_000),
-        ranks_per_host: int = 2, flags: EventFlag = EventFlag.NONE, jitter_ms: float = 0.0):
+def job(tb, slow_host: str | None, late_ms: float, steps: int = 12, *,
+        clock_ms=(0, 7_000, -3_000), ranks_per_host: int = 2, flags: EventFlag = EventFlag.NONE,
+        jitter_ms: float = 0.0):
     """3 hosts x ``ranks_per_host`` ranks, ``steps`` steps of two all_reduces each; the ranks of
     ``slow_host`` arrive ``late_ms`` late at each step's first call (the others wait that long in
     it). Each host's clock is off by ``clock_ms``."""
@@ -38,15 +37,15 @@ def job(slow_host: str | None, late_ms: float, steps: int = 12, *, clock_ms=(0, 
                 noise = int(jitter_ms * MS * (((r * 7 + idx * 13) % 5) - 2) / 2)
                 enter = start + (late if slow else 0) + noise
                 exit_ = start + late + 2 * MS  # the call ends for everyone once the last came
-                e = make_event(idx, group_size=world, t_enter_ns=enter, flags=flags,
+                e = tb.event(idx, group_size=world, t_enter_ns=enter, flags=flags,
                                line=40 + k)  # the loop's two lines
                 events.append(replace(e, t_exit_ns=exit_))
-        traces.append(make_trace(r, events, world_size=world, host=host))
-    return make_traceset(traces)
+        traces.append(tb.trace(r, events, world_size=world, host=host))
+    return tb.traceset(traces)
 
 
-def test_every_rank_of_the_slow_host_is_named_as_its_node_with_its_cost():
-    (f,) = detect_straggler(job("h1", 300))
+def test_every_rank_of_the_slow_host_is_named_as_its_node_with_its_cost(tb):
+    (f,) = detect_straggler(job(tb, "h1", 300))
     node = f.evidence["node"]
     assert node["host"] == "h1" and node["ranks"] == [2, 3] and f.ranks == (2, 3)
     assert abs(node["per_step_s"] - 0.300) < 0.01, node
@@ -57,15 +56,15 @@ def test_every_rank_of_the_slow_host_is_named_as_its_node_with_its_cost():
     assert "without comparing clocks" in f.detail
 
 
-def test_the_clocks_do_not_matter_and_a_healthy_job_has_no_straggler():
-    assert detect_straggler(job(None, 0, jitter_ms=6)) == []
+def test_the_clocks_do_not_matter_and_a_healthy_job_has_no_straggler(tb):
+    assert detect_straggler(job(tb, None, 0, jitter_ms=6)) == []
     for clocks in ((0, 0, 0), (0, 60_000, -60_000), (5, -5, 0)):
-        (f,) = detect_straggler(job("h2", 150, clock_ms=clocks))
+        (f,) = detect_straggler(job(tb, "h2", 150, clock_ms=clocks))
         assert f.evidence["node"]["host"] == "h2", clocks
 
 
-def test_the_lateness_table_gives_every_rank_its_lateness_and_cost():
-    rows = {row.rank: row for row in lateness_table(job("h0", 200), 20 * MS)}
+def test_the_lateness_table_gives_every_rank_its_lateness_and_cost(tb):
+    rows = {row.rank: row for row in lateness_table(job(tb, "h0", 200), 20 * MS)}
     assert set(rows) == set(range(6))
     for r in (0, 1):
         assert abs(rows[r].per_step_s - 0.200) < 0.005 and rows[r].host == "h0"
@@ -75,8 +74,8 @@ def test_the_lateness_table_gives_every_rank_its_lateness_and_cost():
     assert rows[0].steps == 12 and abs(rows[0].step_s - 0.400) < 0.01
 
 
-def test_without_a_repeated_call_site_each_call_is_a_step():
-    traces = job("h1", 300)
+def test_without_a_repeated_call_site_each_call_is_a_step(tb):
+    traces = job(tb, "h1", 300)
     traces = replace(traces, ranks={r: replace(t, events=tuple(
         replace(e, callsite=replace(e.callsite, line=100 + e.idx)) for e in t.events))
         for r, t in traces.ranks.items()})
@@ -85,10 +84,10 @@ def test_without_a_repeated_call_site_each_call_is_a_step():
     assert row.steps == 12 and abs(row.per_step_s - 0.300) < 0.005, row
 
 
-def test_several_calls_a_step_from_one_line_are_one_step():
+def test_several_calls_a_step_from_one_line_are_one_step(tb):
     """Tensor parallel's per-layer all_reduce, DDP's buckets: 4 calls a step from one line,
     the first of them 300 ms late on h1."""
-    traces = job("h1", 300)
+    traces = job(tb, "h1", 300)
     traces = replace(traces, ranks={r: replace(t, events=tuple(
         replace(e, callsite=replace(e.callsite, line=40)) for e in t.events))
         for r, t in traces.ranks.items()})
@@ -97,13 +96,13 @@ def test_several_calls_a_step_from_one_line_are_one_step():
     assert abs(node["per_step_s"] - 0.300) < 0.01 and abs(node["step_s"] - 0.400) < 0.01, node
 
 
-def test_calls_that_do_not_block_are_not_compared_across_hosts():
-    traces = job("h1", 300, flags=EventFlag.ASYNC)
+def test_calls_that_do_not_block_are_not_compared_across_hosts(tb):
+    traces = job(tb, "h1", 300, flags=EventFlag.ASYNC)
     assert arrivals(traces).calls == [] and detect_straggler(traces) == []
 
 
-def test_one_late_rank_is_a_rank_not_a_node():
-    traces = job("h1", 300)
+def test_one_late_rank_is_a_rank_not_a_node(tb):
+    traces = job(tb, "h1", 300)
     # rank 3 (h1) on time: only rank 2 is late
     fixed = []
     for e in traces.ranks[3].events:
@@ -133,27 +132,27 @@ def _nccl(traces, timed: bool):
     return replace(traces, ranks=ranks, groups=groups)
 
 
-def test_on_nccl_the_kernels_time_names_the_slow_node_and_without_it_nothing_is_compared():
+def test_on_nccl_the_kernels_time_names_the_slow_node_and_without_it_nothing_is_compared(tb):
     from nccl_doctor.analysis.straggler import unmeasured_note
 
-    (f,) = detect_straggler(_nccl(job("h2", 250), timed=True))
+    (f,) = detect_straggler(_nccl(job(tb, "h2", 250), timed=True))
     assert f.evidence["node"]["host"] == "h2"
     assert abs(f.evidence["node"]["per_step_s"] - 0.250) < 0.01
-    untimed = _nccl(job("h2", 250), timed=False)
+    untimed = _nccl(job(tb, "h2", 250), timed=False)
     assert detect_straggler(untimed) == []
     assert "TORCH_NCCL_ENABLE_TIMING=1" in unmeasured_note(untimed)
 
 
-def test_a_group_without_the_slow_hosts_ranks_changes_nothing():
+def test_a_group_without_the_slow_hosts_ranks_changes_nothing(tb):
     """A second group spanning the other two hosts (found by review: the node's cost over it
     asked for the largest of no lateness at all)."""
-    traces = job("h2", 300)
+    traces = job(tb, "h2", 300)
     extra = {}
     for r in (0, 2):
         events = list(traces.ranks[r].events)
         base = events[-1].idx
         for i in range(1, 7):
-            e = make_event(base + i, group="1", seq=i, group_size=2,
+            e = tb.event(base + i, group="1", seq=i, group_size=2,
                            t_enter_ns=events[-1].t_enter_ns + i * STEP_NS)
             events.append(replace(e, t_exit_ns=e.t_enter_ns + 2 * MS))
         extra[r] = replace(traces.ranks[r], events=tuple(events))
@@ -164,10 +163,10 @@ def test_a_group_without_the_slow_hosts_ranks_changes_nothing():
     assert f.evidence["node"]["host"] == "h2"
 
 
-def test_a_summary_from_the_version_before_gpu_end_times_still_reads():
+def test_a_summary_from_the_version_before_gpu_end_times_still_reads(tb):
     from nccl_doctor.capture import summary
 
-    trace = job("h1", 300).ranks[2]
+    trace = job(tb, "h1", 300).ranks[2]
     packed = summary.summarize(trace)
     packed["events"] = [raw[:-1] for raw in packed["events"]]  # 25 fields, as before
     back = summary.unsummarize(packed)
