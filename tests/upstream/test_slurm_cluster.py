@@ -132,9 +132,10 @@ def test_an_overlapping_step_runs_beside_a_long_one(slurm):
 
 def test_scancel_of_a_step_kills_its_tasks_on_both_nodes(slurm):
     with allocation(slurm) as job:
-        # each task a shell and its child: the whole tree goes (proctrack/linuxproc)
+        # each task a shell and its child: the whole tree goes (proctrack/linuxproc; "&&": a
+        # shell whose sleep was killed first never says done, whichever is signalled first)
         run = slurm.on("nodeA", ["srun", f"--jobid={job}", "-N2", "--ntasks-per-node=1",
-                                 "sh", "-c", "sleep 302; echo done"],
+                                 "sh", "-c", "sleep 302 && echo done"],
                        stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
         wait_for("the step's tasks on both nodes",
                  lambda: all(len(tasks(slurm, h, "sleep 302")) == 2 for h in slurm.hosts),
