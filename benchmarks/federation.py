@@ -39,7 +39,7 @@ from pathlib import Path
 
 from nccl_doctor.analysis import analyze
 from nccl_doctor.analysis.lateness import lateness_table
-from nccl_doctor.analysis.straggler import MIN_SKEW_NS, detect_straggler
+from nccl_doctor.analysis.straggler import detect_straggler
 from nccl_doctor.capture import summary
 from nccl_doctor.capture.union import union
 from nccl_doctor.location import Location
@@ -137,7 +137,7 @@ def synthetic(nodes: int, ranks: int, events: int, repeat: int, key: bytes | Non
         job = union([own, part])  # a fresh look: nothing the analysis kept is reused
         t = time.perf_counter()
         found = detect_straggler(job)
-        lateness_table(job, MIN_SKEW_NS)
+        lateness_table(job)
         passes.append(time.perf_counter() - t)
         slow = found[0].evidence.get("node", {}).get("host") if found else None
     leader.close()

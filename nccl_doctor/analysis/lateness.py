@@ -5,17 +5,19 @@ On one host the ranks share a clock: a rank arrives when it enters the call (glo
 kernel starts on the GPU (NCCL with Flight Recorder's timing: an NCCL call returns once
 enqueued). Across hosts the clocks differ, so no two ranks' times are compared. In a blocking
 collective, the last rank to arrive waits the least, and each rank's time inside the call is
-measured on its own clock: ``wait = exit - enter`` (gloo), or the kernel's start to completion
-(NCCL, Flight Recorder's ``time_discovered_started_ns`` to ``..._completed_ns``). A rank's
-lateness at a call is the longest wait of its members minus its own. Calls that do not block
-(``async_op``, coalesced work) and NCCL calls without both kernel times are not compared across
-hosts.
+measured on its own clock: ``wait = exit - enter`` (gloo), or the kernel's time (NCCL: Flight
+Recorder's ``duration_ms``, else its discovered start to completion; capture/flight_recorder.py).
+A rank's lateness at a call is the longest wait of its members minus its own. Calls that do not
+block (``async_op``, coalesced work) and NCCL calls without both kernel times are not compared
+across hosts.
 
-A step is one pass of the job's loop: the group's calls at its most repeated call site are one
-per step (where no call site repeats, each call is a step); a rank's lateness per step is, per
-call site, its mean lateness there times the site's calls per step, summed. The lateness table (``lateness_table``) gives per rank its lateness per call and per
-step, and its cost: at each call it was last to, how long its peers waited for it (their median
-lateness gap), per step and as a share of the step's time.
+A step is one pass of the job's loop (``steps_of``: the long gaps between the calls at the
+group's most repeated call site); a rank's lateness per step is, per call site, its mean lateness
+there times the site's calls per step, summed. The lateness table (``lateness_table``) gives per
+rank its lateness per call and per step, and its cost: at each call it was last to, how long its
+peers waited for it (their median lateness gap), per step and as a share of the step's time.
+Only collectives whose skew is at least ``MIN_SKEW_NS`` count as having a last rank: below it,
+arrival order is noise.
 """
 
 from __future__ import annotations
@@ -27,6 +29,8 @@ from dataclasses import dataclass, field
 from nccl_doctor.analysis.align import keep_last, timelines
 from nccl_doctor.analysis.wording import call_site
 from nccl_doctor.model import Event, EventFlag, TraceSet
+
+MIN_SKEW_NS = 20_000_000  # 20 ms
 
 
 @dataclass(frozen=True)
@@ -77,7 +81,6 @@ class Arrivals:
 
     calls: list[Arrival] = field(default_factory=list)
     unmeasured: Counter = field(default_factory=Counter)  # NCCL group -> calls without times
-    across: Counter = field(default_factory=Counter)  # group spanning hosts -> calls compared
 
 
 @keep_last  # the passes, the table and the notes ask in turn for the same traces
@@ -103,8 +106,6 @@ def arrivals(traces: TraceSet) -> Arrivals:
             last = max(late, key=late.__getitem__)
             out.calls.append(Arrival(group, seq, late, dict(calls), across, t_last, last,
                                      late[last]))
-            if across:
-                out.across[group] += 1
     return out
 
 
@@ -210,9 +211,10 @@ def per_step(sums: dict, counts: Counter, steps: float) -> float:
     return out
 
 
-def lateness_table(traces: TraceSet, min_skew_ns: int = 0) -> list[RankLateness]:
+@keep_last  # the straggler pass, the watch and the Python API ask for the same traces
+def lateness_table(traces: TraceSet) -> list[RankLateness]:
     """Per rank that took part in a compared collective, its lateness and cost (cost counts
-    only the collectives whose skew is at least ``min_skew_ns``: below it, order is noise)."""
+    only the collectives whose skew is at least ``MIN_SKEW_NS``)."""
     found = arrivals(traces).calls
     if not found:
         return []
@@ -228,7 +230,7 @@ def lateness_table(traces: TraceSet, min_skew_ns: int = 0) -> list[RankLateness]
             total[r] += t
             by_site[r][site] += t / 1e9
             count[r] += 1
-        if a.skew_ns >= min_skew_ns and a.skew_ns > 0:
+        if a.skew_ns >= MIN_SKEW_NS:
             late = a.last
             last[late] += 1
             cost[late][site] += a.waited_for(late) / 1e9

@@ -27,17 +27,15 @@ from __future__ import annotations
 import math
 import statistics
 from collections import Counter, defaultdict
-
 from dataclasses import dataclass
 
 from nccl_doctor.analysis.lateness import (
-    Arrival, arrivals, lateness_table, per_step, sites_of, steps_of,
+    MIN_SKEW_NS, Arrival, arrivals, lateness_table, per_step, sites_of, steps_of,
 )
 from nccl_doctor.analysis.wording import call_site, ranks_text
 from nccl_doctor.diagnosis import Finding, FindingKind, Severity
 from nccl_doctor.model import TraceSet
 
-MIN_SKEW_NS = 20_000_000  # 20 ms
 MIN_CALLS = 5
 SHARE = 0.6
 CHANCE = 1e-3  # at most 1 in 1,000 that noise puts the rank last this often
@@ -132,7 +130,7 @@ def detect_straggler(traces: TraceSet) -> list[Finding]:
         return []
     p = sum(odds) / considered
     chance = {r: chance_of(n, considered, p) for r, n in last_counts.items()}
-    noise = {r: _noise_ms(lasts, r) for r in last_counts}
+    noise = {r: _noise_ms(lasts, {r}) for r in last_counts}
     culprits = sorted(r for r, n in last_counts.items() if n / considered >= SHARE
                       and (chance[r] <= CHANCE or statistics.median(skews[r])
                            >= NOISE_FACTOR * noise[r]))
@@ -141,7 +139,7 @@ def detect_straggler(traces: TraceSet) -> list[Finding]:
         culprits = sorted(set(node.ranks))
     if not culprits:
         return []
-    table = {row.rank: row for row in lateness_table(traces, MIN_SKEW_NS)}
+    table = {row.rank: row for row in lateness_table(traces)}
     all_skews = [s for r in culprits for s in skews[r]]
     median, p95 = statistics.median(all_skews), _p95(all_skews)
     where = "; ".join(f"rank {r} arrives last at {site} ({n}x)" for r in culprits
@@ -210,7 +208,7 @@ TABLE_ROWS = 16
 
 def _table_rows(table: dict, culprits: list[int]) -> list[dict]:
     named = [table[r] for r in culprits if r in table]
-    rest = sorted((row for r, row in table.items() if r not in set(culprits)),
+    rest = sorted((row for r, row in table.items() if r not in culprits),
                   key=lambda row: -row.per_step_s)
     rows = named[:TABLE_ROWS] + rest[:max(0, TABLE_ROWS - len(named))]
     return [row.to_json() for row in sorted(rows, key=lambda row: row.rank)]
@@ -242,8 +240,7 @@ def _slow_node(traces: TraceSet, skewed: list[Arrival],
                          for a in across)
     chance = chance_of(n, len(across), p)
     mine = [a.skew_ns / 1e6 for a in across if hosts[a.last] == host]
-    others = [skew for late, skew in lasts if hosts.get(late) != host]
-    noise = max(MIN_SKEW_NS / 1e6, _p95(others) if others else 0.0)
+    noise = _noise_ms(lasts, {r for r, h in hosts.items() if h == host})
     if chance > CHANCE and statistics.median(mine) < NOISE_FACTOR * noise:
         return None
     # every rank of the node late: at most of the collectives the node was last to, each of
@@ -269,10 +266,11 @@ def _slow_node(traces: TraceSet, skewed: list[Arrival],
                  per_step(node_cost, counts, steps), step_s)
 
 
-def _noise_ms(lasts: list[tuple[int, float]], rank: int) -> float:
-    """The job's arrival noise as seen without ``rank``: the p95 skew of the collectives at which
-    another rank was last (at least ``MIN_SKEW_NS``, below which order is not counted)."""
-    others = [skew for late, skew in lasts if late != rank]
+def _noise_ms(lasts: list[tuple[int, float]], ranks: set[int]) -> float:
+    """The job's arrival noise as seen without ``ranks`` (a late rank, or a slow node's): the
+    p95 skew of the collectives at which another rank was last (at least ``MIN_SKEW_NS``, below
+    which order is not counted)."""
+    others = [skew for late, skew in lasts if late not in ranks]
     return max(MIN_SKEW_NS / 1e6, _p95(others) if others else 0.0)
 
 

@@ -284,9 +284,15 @@ def _ray_cluster(args: argparse.Namespace, environ: dict[str, str]) -> RayCluste
         raise UsageError(f"--ray {address}: a Ray Client address; run the driver on a node of "
                          "the cluster (give the cluster's HOST:PORT, or nothing for 'auto')")
     follower = _follower_args(args)
-    port = rendezvous.split_address(args.coordinator, "--coordinator")[1] \
-        if args.coordinator else free_port()
-    return RayCluster(address, port, tuple(follower))
+    return RayCluster(address, _coordinator_port(args), tuple(follower))
+
+
+def _coordinator_port(args: argparse.Namespace) -> int:
+    """The port this supervisor hosts its node doctors' coordinator on: --coordinator's, else a
+    free one."""
+    if args.coordinator:
+        return rendezvous.split_address(args.coordinator, "--coordinator")[1]
+    return free_port()
 
 
 def _follower_args(args: argparse.Namespace) -> list[str]:
@@ -321,9 +327,7 @@ def _slurm_run(args: argparse.Namespace, command: list[str], environ: dict[str, 
         err.write("nccl-doctor: srun outside an allocation: the other nodes go unwatched; run "
                   "it inside salloc or an sbatch script (docs/slurm.md)\n")
         return None
-    port = rendezvous.split_address(args.coordinator, "--coordinator")[1] \
-        if args.coordinator else free_port()
-    return SlurmRun(found, port, tuple(_follower_args(args)), host_name())
+    return SlurmRun(found, _coordinator_port(args), tuple(_follower_args(args)), host_name())
 
 
 def _federation_key(environ: dict[str, str], own: bool) -> bytes | None:

@@ -148,9 +148,8 @@ class Job:
         of the step's time. Across hosts it is measured without comparing clocks
         (analysis/lateness.py; docs/stragglers.md)."""
         from nccl_doctor.analysis.lateness import lateness_table
-        from nccl_doctor.analysis.straggler import MIN_SKEW_NS
 
-        rows = [row.to_json() for row in lateness_table(self.traces, MIN_SKEW_NS)]
+        rows = [row.to_json() for row in lateness_table(self.traces)]
         return pd.DataFrame(rows, columns=list(_LATENESS_COLUMNS))
 
     @property

@@ -13,7 +13,7 @@ cause, labelled with the finding's kind, the rank's host and the call site),
 from __future__ import annotations
 
 from collections import Counter
-from typing import Iterator
+from typing import Callable, Iterator, Mapping
 
 from prometheus_client import CollectorRegistry, generate_latest
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
@@ -97,17 +97,13 @@ def families(pub: Published) -> Iterator[Metric]:
                              "collectives per step, after the first member (across hosts "
                              "without comparing clocks; the straggler watch's latest)",
                              labels=["rank", "host"])
-    for rank, seconds in sorted(pub.lateness_s.items()):
-        late.add_metric([str(rank), _host_of(pub, rank)], seconds)
-    yield late
+    yield _per_rank(late, pub.lateness_s, lambda rank: hosts.get(rank) or _host_of(pub, rank))
 
     cost = CounterMetricFamily(f"{PREFIX}_straggler_cost_seconds", "time the other ranks "
                                "waited for this rank, the last to arrive, at collectives "
                                "skewed past 20 ms (their median wait, summed per collective)",
                                labels=["rank", "host"])
-    for rank, seconds in sorted(pub.cost_s.items()):
-        cost.add_metric([str(rank), _host_of(pub, rank)], seconds)
-    yield cost
+    yield _per_rank(cost, pub.cost_s, lambda rank: hosts.get(rank) or _host_of(pub, rank))
 
     nodes = GaugeMetricFamily(f"{PREFIX}_nodes", "nodes of the job: joined, lost, expected "
                               "(multi-node and Ray jobs; 1 joined otherwise)", labels=["state"])
@@ -120,11 +116,15 @@ def families(pub: Published) -> Iterator[Metric]:
                                 "call", value=view.quiet_s)
 
 
+def _per_rank(family: Metric, values: Mapping[int, float],
+              host: Callable[[int], str]) -> Metric:
+    """``family`` with one sample per rank of ``values``, labelled with the rank and its host."""
+    for rank, value in sorted(values.items()):
+        family.add_metric([str(rank), host(rank)], value)
+    return family
+
+
 def _host_of(pub: Published, rank: int) -> str:
-    if pub.view is not None:
-        for r in pub.view.ranks:
-            if r.rank == rank and r.host:
-                return r.host
     if pub.report is not None:
         for r in pub.report.ranks:
             if r.rank == rank:

@@ -87,3 +87,10 @@ def hang_up(proc: subprocess.Popen | None) -> None:
             proc.stdin.close()
         except OSError:
             pass
+
+
+def early_end(host: str, status: int) -> str:
+    """What a keeper says of a node doctor that ended before the job (refused: its directory
+    held, ...)."""
+    return (f"the node doctor on {host} ended early (exit {status}: see docs/exit-status.md); "
+            "that node's ranks go unseen")

@@ -21,8 +21,8 @@ import time
 from typing import Callable
 
 from nccl_doctor.analysis.align import blocked_event, timelines
-from nccl_doctor.analysis.lateness import arrivals, lateness_table
-from nccl_doctor.analysis.straggler import MIN_SKEW_NS, detect_straggler
+from nccl_doctor.analysis.lateness import MIN_SKEW_NS, arrivals, lateness_table
+from nccl_doctor.analysis.straggler import detect_straggler
 from nccl_doctor.analysis.threads import focused
 from nccl_doctor.model import TraceSet
 from nccl_doctor.stacks import summary
@@ -110,7 +110,7 @@ class StragglerWatch:
         """The lateness table's per-step lateness, and the waits of the collectives not counted
         yet added to each last rank's cost."""
         self.lateness = {row.rank: row.per_step_s
-                         for row in lateness_table(traces, MIN_SKEW_NS)}
+                         for row in lateness_table(traces)}
         newest: dict[str, int] = {}
         for a in arrivals(traces).calls:
             newest[a.group] = max(newest.get(a.group, -1), a.seq)

@@ -112,11 +112,12 @@ class Federation:
                     "torch's own store: any process that reaches that port could write to it. "
                     f"Give every node the same key ({env.FEDERATION_KEY} or "
                     f"{env.FEDERATION_KEY_FILE}) to authenticate what they exchange",)
-        if link.rejected:
-            return (f"{link.rejected} value{'s' if link.rejected != 1 else ''} on the "
-                    f"coordinator's store at {self.rdzv.address} failed authentication and "
-                    "{} ignored: something other than this job's doctors wrote there, or a "
-                    "node runs with another key".format("were" if link.rejected != 1 else "was"),)
+        n = link.rejected
+        if n:
+            values, were = (f"{n} values", "were") if n != 1 else ("1 value", "was")
+            return (f"{values} on the coordinator's store at {self.rdzv.address} failed "
+                    f"authentication and {were} ignored: something other than this job's doctors "
+                    "wrote there, or a node runs with another key",)
         return ()
 
     # -- the leader's report -------------------------------------------------------------------

@@ -102,8 +102,9 @@ def key_from(environ: dict[str, str] | os._Environ) -> bytes | None:
     if text is None:
         return None
     if not text.strip():
-        raise FederationKeyError(f"{env.FEDERATION_KEY} is empty; give the job's key (any secret text, "
-                        "the same on every node), e.g. from `openssl rand -hex 32`")
+        raise FederationKeyError(f"{env.FEDERATION_KEY} is empty; give the job's key (any "
+                                 "secret text, the same on every node), e.g. from `openssl rand "
+                                 "-hex 32`")
     return text.strip().encode()
 
 
@@ -116,7 +117,8 @@ class Sealed:
         self.rejected = 0  # values that failed authentication, read so far
 
     def _mac(self, name: str, value: bytes) -> bytes:
-        return hmac.new(self._key, name.encode() + b"\0" + value, hashlib.sha256).hexdigest().encode()
+        mac = hmac.new(self._key, name.encode() + b"\0" + value, hashlib.sha256)
+        return mac.hexdigest().encode()
 
     def set(self, name: str, value: str) -> None:
         data = value.encode()
@@ -224,10 +226,7 @@ def delete(store: Any, key: str) -> None:
 
 
 def has(store: Any, key: str) -> bool:
-    try:
-        return bool(store.check([key]))
-    except Exception as err:
-        raise StoreError(_first_line(err)) from None
+    return has_all(store, [key])
 
 
 def has_all(store: Any, keys: list[str]) -> bool:

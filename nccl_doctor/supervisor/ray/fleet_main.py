@@ -89,11 +89,6 @@ class NodeDoctor:
             shutil.rmtree(os.path.dirname(self.end_file), ignore_errors=True)
 
 
-def early_end(host: str, status: int) -> str:
-    return (f"the node doctor on {host} ended early (exit {status}: see docs/exit-status.md); "
-            "that node's ranks go unseen")
-
-
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(prog="nccl_doctor.supervisor.ray.fleet_main")
     p.add_argument("--address", required=True)
@@ -105,6 +100,7 @@ def main(argv: list[str] | None = None) -> int:
     args = p.parse_args(argv)
     follower = args.follower[1:] if args.follower[:1] == ["--"] else args.follower
     from nccl_doctor import env
+    from nccl_doctor.supervisor.cluster import early_end
 
     os.environ.pop(env.RAY_RUNTIME_ENV_HOOK, None)  # this driver's workers are not the job's
     job = os.environ.get(env.COORDINATOR_JOB, "")

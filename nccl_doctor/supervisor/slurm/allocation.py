@@ -86,10 +86,11 @@ def steps(job_id: str) -> list[Step]:
     return out
 
 
-def steps_of(job_id: str, host: str, pids: Iterable[int]) -> list[Step]:
-    """The allocation's steps launched by an srun among ``pids`` on ``host``."""
-    mine = set(pids)
-    return [s for s in steps(job_id) if s.srun_pid in mine and s.srun_host in (host, "")]
+def launched_by(job_id: str, pids: Iterable[int], hosts: Iterable[str]) -> list[Step]:
+    """The allocation's steps launched by an srun among ``pids`` on one of ``hosts`` (this
+    host's names: Slurm may record the short one)."""
+    mine, here = set(pids), set(hosts)
+    return [s for s in steps(job_id) if s.srun_pid in mine and s.srun_host in here]
 
 
 def scancel(step_ids: Sequence[str]) -> None:

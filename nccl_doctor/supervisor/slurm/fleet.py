@@ -55,12 +55,6 @@ class SlurmRun:
         return len(self.allocation.nodes) - (1 if self.leader_inside else 0)
 
 
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("", 0))
-        return int(s.getsockname()[1])
-
-
 class SlurmFleet:
     """The node doctors of one run, as the supervisor sees them (a ``Cluster``)."""
 
@@ -102,9 +96,6 @@ class SlurmFleet:
     def prepare(self, supervisor: Any) -> None:
         """Start the node doctors and wait (up to ``READY_WITHIN`` s) until each is up: a
         doctor's directory must be its own before the ranks there write into it."""
-        fed = supervisor.federation
-        if fed is not None:
-            fed.link.expect(1 + self.run.followers)
         if self.run.followers == 0:
             return
         try:
@@ -148,14 +139,16 @@ class SlurmFleet:
             return
         self._cancelled = True
         try:
-            pids = _tree(self._job_pid)
-            name = socket.gethostname()  # (Slurm may record the short name)
-            hosts = {name, name.split(".")[0], self.run.leader_host}
-            mine = [s.id for s in alloc.steps(self.run.allocation.job_id)
-                    if s.srun_pid in pids and s.srun_host in hosts and s.name != STEP_NAME]
-            alloc.scancel(mine)
+            mine = alloc.launched_by(self.run.allocation.job_id, _tree(self._job_pid),
+                                     self._hosts())
+            alloc.scancel([s.id for s in mine if s.name != STEP_NAME])
         except alloc.SlurmError:
             pass  # the signals to srun still stop the step (srun forwards them to its tasks)
+
+    def _hosts(self) -> set[str]:
+        """This host's names as a step's SrunHost may hold them."""
+        name = socket.gethostname()  # (Slurm may record the short name)
+        return {name, name.split(".")[0], self.run.leader_host}
 
     # -- after the job -----------------------------------------------------------------------
     def end(self) -> None:
@@ -174,8 +167,8 @@ class SlurmFleet:
         except subprocess.TimeoutExpired:
             pass
         try:
-            alloc.scancel([s.id for s in alloc.steps(self.run.allocation.job_id)
-                           if s.srun_pid == self.proc.pid])
+            alloc.scancel([s.id for s in alloc.launched_by(self.run.allocation.job_id,
+                                                            [self.proc.pid], self._hosts())])
         except alloc.SlurmError:
             pass
         try:

@@ -22,6 +22,7 @@ import time
 from pathlib import Path
 from typing import Any
 
+from nccl_doctor.supervisor.cluster import early_end
 from nccl_doctor.supervisor.slurm.fleet import READY_WITHIN
 
 
@@ -88,9 +89,7 @@ def _keep(doctor: subprocess.Popen, out: Path, host: str, node_rank: int, end: s
            and time.monotonic() < deadline):
         time.sleep(0.05)
     if doctor.poll() is not None:
-        say({"host": host, "error": f"the node doctor on {host} ended early (exit "
-             f"{doctor.returncode}: see docs/exit-status.md); that node's ranks go unseen",
-             "gone": host})
+        say({"host": host, "error": early_end(host, doctor.returncode), "gone": host})
         return 1
     say({"host": host, "node": host, "node_rank": node_rank, "pid": doctor.pid})
     stdin_open = True
