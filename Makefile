@@ -22,20 +22,27 @@ install: $(STAMP)
 # hangs), run under the doctor, which diagnoses the hang and stops the job. It hangs on purpose,
 # so its exit status (124) is not make's: the diagnosis is what this target shows.
 demo: $(STAMP)
+	@$(COMPILE)
 	-$(BIN)/nccl-doctor demo --force --out $(DEMO_OUT)
 	@echo "Replay it any time with: $(BIN)/nccl-doctor replay $(DEMO_OUT)"
 	@echo "The other reproducers: $(BIN)/nccl-doctor demo --list"
 	@echo "The report as a page (open it in a browser): $(DEMO_OUT)/report.html"
 
-# Two pytest-xdist workers taking tests one by one (the suite is mostly real multi-process jobs,
-# each starting torch); the files whose tests share one real job stay on one worker, so that
-# the job runs once (tests/conftest.py SHARED). TEST_WORKERS=0 runs it in one process.
+# Two pytest-xdist workers taking tests one by one (the suite is mostly real multi-process jobs;
+# their ranks are forked by a fork server that imported torch once: nccl_doctor/testing/zygote.py);
+# the files whose tests share one real job stay on one worker, so that the job runs once
+# (tests/conftest.py SHARED). TEST_WORKERS=0 runs it in one process.
 TEST_WORKERS ?= 2
+PYTEST := $(BIN)/python -m pytest -rs --durations=30 -n $(TEST_WORKERS) --dist loadgroup
+# Bytecode for the package, written once (every rank, supervisor and test process imports it;
+# where PYTHONDONTWRITEBYTECODE is set, each would compile ~150 modules again, 0.1-0.3 s a process)
+COMPILE := $(BIN)/python -m compileall -q nccl_doctor plugins reproducers >/dev/null
 
-# The tools the tests drive for real, as command:Debian package pairs, installed when the command
-# is missing (as root with apt-get, as on CI); elsewhere it says what to install. Prometheus and
-# Chromium: the servers tests/e2e/test_serve.py scrapes and loads its page in; Slurm and MUNGE: the
-# private 2-node cluster of tests/upstream/slurm_cluster.py.
+# The tools the heavy tiers drive for real, as command:Debian package pairs, installed when the
+# command is missing (as root with apt-get, as on CI); elsewhere it says what to install.
+# Prometheus and Chromium: the servers tests/e2e/test_serve.py scrapes and loads its page in
+# (the serve tier); Slurm and MUNGE: the private 2-node cluster of tests/upstream/slurm_cluster.py
+# (the slurm tier).
 TOOLS := prometheus:prometheus chromium:chromium slurmctld:slurmctld slurmd:slurmd \
 	srun:slurm-client munged:munge
 
@@ -48,22 +55,26 @@ tools:
 	    apt-get install -y -q $$missing >/dev/null || \
 	      { apt-get update -q >/dev/null && apt-get install -y -q $$missing >/dev/null; }; \
 	  else \
-	    echo "make test: install the Debian packages$$missing (tests/e2e/test_serve.py," \
+	    echo "make test-all: install the Debian packages$$missing (tests/e2e/test_serve.py," \
 	      "tests/upstream/test_slurm_cluster.py)" >&2; \
 	  fi; \
 	fi
 
-test: $(STAMP) tools
-	$(BIN)/python -m pytest -q -rs --durations=30 -n $(TEST_WORKERS) --dist loadgroup
+# The default tier (tests/conftest.py TIERS): the unit tests first, the core real gloo jobs,
+# replay, the CLI, the docs, the pytest plugin, the faults; the other tiers are deselected.
+test: $(STAMP)
+	@$(COMPILE)
+	$(PYTEST)
 
-# make test and the heavy tiers it skips: the frameworks tier (tests/frameworks: real Lightning,
-# Accelerate, transformers Trainer and DeepSpeed jobs in an environment of their own).
+# Every tier: the default one, upstream (TRL), frameworks (Lightning, Accelerate, Trainer,
+# DeepSpeed), ray, slurm, serve (Prometheus, Chromium), demos, nodes, soak and fuzz. CI runs it.
 test-all: $(STAMP) tools
-	NCCL_DOCTOR_FRAMEWORKS=1 $(BIN)/python -m pytest -q -rs --durations=30 -n $(TEST_WORKERS) \
-	  --dist loadgroup
+	@$(COMPILE)
+	$(PYTEST) --tier all
 
 bench: $(STAMP)
 	$(BIN)/python benchmarks/recorder_overhead.py
+	$(BIN)/python benchmarks/fork_start.py
 
 clean:
 	rm -rf $(VENV) nccl-doctor-out .pytest_cache build nccl_doctor/capture/_ring*.so

@@ -6,8 +6,8 @@ and, as when the job is quiet, one summary of its ``--ranks`` ranks, each rank's
 ``--events`` calls) with nccl-doctor's own code (capture/summary.py, federation/link.py). Then
 the leader's side is timed, as its supervisor does it:
 
-  look       Link.gather(): every beat in one round trip, parsed (every tick of a running job)
-  traces     Link.remote_traces(): every summary fetched and parsed (only once the job is quiet)
+  look       Leader.gather(): every beat in one round trip, parsed (every tick of a running job)
+  traces     Leader.remote_traces(): every summary fetched and parsed (only once the job is quiet)
   analysis   the union with the leader's own ranks, and analyze() on it (the watchdog's look)
   straggler  the straggler pass alone (detect_straggler and the lateness table) on that union,
              whose node 1 is slow: its ranks arrive 50 ms late at every call, and every node's
@@ -49,7 +49,7 @@ from nccl_doctor.model import (
 )
 from nccl_doctor.reproducers.nodes import free_port
 from nccl_doctor.supervisor.federation import store as st
-from nccl_doctor.supervisor.federation.link import Link
+from nccl_doctor.supervisor.federation.link import new_link
 from nccl_doctor.supervisor.federation.rendezvous import Rendezvous
 
 SITE = Location("/job/train.py", 120, "train_step")
@@ -86,11 +86,11 @@ def synthetic(nodes: int, ranks: int, events: int, repeat: int, key: bytes | Non
     culprit = world - 1
     port = free_port()
     rdzv = Rendezvous("127.0.0.1", port, nodes, 0, "benchmark", f"127.0.0.1:{port - 1000}")
-    leader = Link(rdzv, "leader", announce=lambda _m: None, answer=lambda *a: {},
+    leader = new_link(rdzv, "leader", leader=True, announce=lambda _m: None, answer=lambda *a: {},
                   summaries=lambda ended: [], key=key)
-    leader.start(True)
+    leader.start()
     leader.wait_started(60)
-    store = leader._store  # the followers' writes, as a follower's Link makes them (sealed
+    store = leader.t.store  # the followers' writes, as a Follower makes them (sealed
     # under the key, when there is one)
     beat_bytes = summary_bytes = 0
     t0 = time.perf_counter()
@@ -147,7 +147,7 @@ def synthetic(nodes: int, ranks: int, events: int, repeat: int, key: bytes | Non
         "fetch_s": statistics.median(fetches), "cached_ms": statistics.median(cached) * 1e3,
         "analysis_s": statistics.median(analyses),
         "straggler_s": statistics.median(passes), "slow": slow or "none",
-        "slow_right": slow == f"node{SLOW_NODE:04d}", "rejected": leader.rejected,
+        "slow_right": slow == f"node{SLOW_NODE:04d}", "rejected": leader.t.rejected,
         "root": f"{root.kind.value} ranks {list(root.ranks)}" if root else "none",
         "right": bool(root and root.ranks == (culprit,)),
     }

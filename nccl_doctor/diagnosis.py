@@ -1,6 +1,9 @@
 """The typed result of an analysis: a ``Diagnosis`` made of ``Finding``s and ``RankSummary``s.
 
 Reporters render it; ``to_json`` is ``report.json`` (schema_version 1, docs/report-json.md).
+Its sections are typed: a finding's evidence (one class per kind, finding_evidence.py), its
+call path and branch, the stack classes, each rank's last collective and capture, the nodes and
+the Ray actors (sections.py), each with its JSON form beside it.
 """
 
 from __future__ import annotations
@@ -10,8 +13,12 @@ import json
 from dataclasses import dataclass, field
 from typing import Any, Mapping
 
-from nccl_doctor import paths
 from nccl_doctor._version import __version__
+from nccl_doctor.finding_evidence import Evidence, MissingEvidence, evidence_for
+from nccl_doctor.sections import (
+    Branch, CallFrame, CaptureInfo, LastCollective, Nodes, Ray, StackClass, call_path_from_json,
+    stack_classes_from_json)
+from nccl_doctor.watch_account import WatchAccount
 
 SCHEMA_VERSION = 1
 
@@ -62,44 +69,44 @@ class Finding:
     callsite: str | None = None  # "path:line" of the culprit's call: the line that issued it
     # the user's line that led to ``callsite`` when a library issued the call ("path:line")
     entry_callsite: str | None = None
-    # the call's frames outside torch, innermost first: {path, line, function, package, version}
-    call_path: tuple[Mapping[str, Any], ...] = ()
-    evidence: Mapping[str, Any] = field(default_factory=dict)
+    # the call's frames outside torch, innermost first
+    call_path: tuple[CallFrame, ...] = ()
+    # the kind's evidence (finding_evidence.BY_KIND); a JSON mapping given is parsed into it
+    evidence: Evidence = field(default_factory=Evidence)
     root_cause: bool = False
     time_ns: int | None = None  # when the divergence happened (orders findings)
-    # the branch on the rank that split the ranks (analysis/blame.py): {path, line, text, kind,
-    # function, ranks (the side that took it), skips, library, names, culprit}; None: none found
-    branch: Mapping[str, Any] | None = None
+    # the branch on the rank that split the ranks (analysis/blame.py); None: none found
+    branch: Branch | None = None
+
+    def __post_init__(self) -> None:
+        # Annotators written against report.json's shape hand back mappings (docs/plugins.md):
+        # parsed here, once, into the typed sections.
+        evidence = evidence_for(self.kind.value, self.evidence)
+        if evidence is not self.evidence:
+            object.__setattr__(self, "evidence", evidence)
+        if any(not isinstance(frame, CallFrame) for frame in self.call_path):
+            object.__setattr__(self, "call_path", call_path_from_json(self.call_path))
+        if self.branch is not None and not isinstance(self.branch, Branch):
+            object.__setattr__(self, "branch", Branch.from_json(self.branch))
+
+    def same_call(self, other: Finding) -> bool:
+        """Whether ``other`` names the same divergence (kind, group, sequence number)."""
+        return (self.kind, self.group, self.seq) == (other.kind, other.group, other.seq)
 
     @property
     def absent(self) -> tuple[int, ...]:
         """A ``missing_collective``'s ranks that never entered the collective (its culprits may
         be the ranks that did, once the branch on the rank says so); else its culprits."""
-        if self.kind is FindingKind.MISSING_COLLECTIVE:
-            raw = self.evidence.get("missing_ranks")
-            if isinstance(raw, list):
-                return tuple(int(r) for r in raw)
+        ev = self.evidence
+        if isinstance(ev, MissingEvidence) and ev.waiting_ranks:
+            return ev.missing_ranks
         return self.ranks
 
     @property
     def branch_line(self) -> str | None:
         """The branch as reports print it: ``train.py:28  if batch_idx == 3 and
         trainer.is_global_zero:`` (its else branch, a jump, the library, said after)."""
-        b = self.branch
-        if not b:
-            return None
-        where = f"{paths.short_path(str(b.get('path', '?')))}:{b.get('line', '?')}"
-        text = f"{where}  {b.get('text', '')}"
-        if b.get("kind") == "else":
-            text += "  (its else branch)"
-        if b.get("skips"):
-            ranks = [str(r) for r in b.get("ranks") or ()]
-            who = (f"rank {ranks[0]}" if len(ranks) == 1 else f"ranks {', '.join(ranks)}"
-                   if ranks else "the odd ranks")
-            text += f"  (it kept {who} out of the call the others made)"
-        if b.get("library"):
-            text += f"  (in {b['library']})"
-        return text
+        return self.branch.line_text if self.branch is not None else None
 
     def to_json(self) -> dict[str, Any]:
         return {
@@ -107,9 +114,9 @@ class Finding:
             "detail": self.detail, "ranks": list(self.ranks), "hint": self.hint,
             "group": self.group, "seq": self.seq, "op": self.op, "callsite": self.callsite,
             "entry_callsite": self.entry_callsite,
-            "call_path": [dict(frame) for frame in self.call_path],
-            "branch": dict(self.branch) if self.branch else None,
-            "root_cause": self.root_cause, "evidence": dict(self.evidence),
+            "call_path": [frame.to_json() for frame in self.call_path],
+            "branch": self.branch.to_json() if self.branch is not None else None,
+            "root_cause": self.root_cause, "evidence": self.evidence.to_json(),
         }
 
     @classmethod
@@ -118,8 +125,9 @@ class Finding:
         try:
             ranks = raw.get("ranks", [])
             seq = raw.get("seq")
+            kind = FindingKind(raw["kind"])
             return cls(
-                kind=FindingKind(raw["kind"]), severity=Severity(raw["severity"]),
+                kind=kind, severity=Severity(raw["severity"]),
                 title=str(raw["title"]), detail=str(raw.get("detail", "")),
                 ranks=tuple(int(r) for r in ranks), hint=str(raw.get("hint", "")),
                 group=None if raw.get("group") is None else str(raw["group"]),
@@ -128,10 +136,10 @@ class Finding:
                 callsite=None if raw.get("callsite") is None else str(raw["callsite"]),
                 entry_callsite=(None if raw.get("entry_callsite") is None
                                 else str(raw["entry_callsite"])),
-                call_path=tuple(dict(x) for x in raw.get("call_path") or () if isinstance(x, dict)),
-                evidence=dict(raw.get("evidence") or {}),
+                call_path=call_path_from_json(raw.get("call_path")),
+                evidence=evidence_for(kind.value, _object(raw.get("evidence") or {})),
                 root_cause=bool(raw.get("root_cause", False)),
-                branch=dict(raw["branch"]) if isinstance(raw.get("branch"), dict) else None,
+                branch=Branch.from_json(raw["branch"]) if raw.get("branch") else None,
             )
         except (KeyError, TypeError, ValueError, AttributeError):
             return None
@@ -146,17 +154,34 @@ class RankSummary:
     exit_code: int | None
     signal: str | None
     exit_detail: str
-    last_collective: Mapping[str, Any] | None
+    last_collective: LastCollective | None
     stack_summary: str | None
-    capture: Mapping[str, Any]
+    capture: CaptureInfo | None  # None: the rank left no capture
 
     def to_json(self) -> dict[str, Any]:
         return {
             "rank": self.rank, "host": self.host, "pid": self.pid, "state": self.state,
             "exit_code": self.exit_code, "signal": self.signal, "exit_detail": self.exit_detail,
-            "last_collective": dict(self.last_collective) if self.last_collective else None,
-            "stack_summary": self.stack_summary, "capture": dict(self.capture),
+            "last_collective": (self.last_collective.to_json()
+                                if self.last_collective is not None else None),
+            "stack_summary": self.stack_summary,
+            "capture": self.capture.to_json() if self.capture is not None else {},
         }
+
+    @classmethod
+    def from_json(cls, raw: Mapping[str, Any]) -> RankSummary:
+        """The summary ``to_json`` wrote (raises ``KeyError``/``ValueError``/``TypeError`` for
+        anything else)."""
+        code, last = raw.get("exit_code"), raw.get("last_collective")
+        return cls(
+            rank=int(raw["rank"]), host=str(raw.get("host", "")), pid=int(raw.get("pid") or 0),
+            state=str(raw.get("state", "")), exit_code=None if code is None else int(code),
+            signal=None if raw.get("signal") is None else str(raw["signal"]),
+            exit_detail=str(raw.get("exit_detail", "")),
+            last_collective=LastCollective.from_json(last) if last else None,
+            stack_summary=(None if raw.get("stack_summary") is None
+                           else str(raw["stack_summary"])),
+            capture=CaptureInfo.from_json(raw.get("capture") or {}))
 
 
 @dataclass(frozen=True)
@@ -170,17 +195,16 @@ class Diagnosis:
     notes: tuple[str, ...] = ()  # what the analysis could not see (incomplete captures, ...)
     groups: Mapping[str, tuple[int, ...]] = field(default_factory=dict)
     source: str = ""
-    # Live diagnoses only: the ranks' stacks grouped STAT-style ({ranks, odd, frames root-first,
-    # sources}), and how the watchdog came to its verdict ({situation, waited_s, policy, action}).
-    stack_classes: tuple[Mapping[str, Any], ...] = ()
-    watchdog: Mapping[str, Any] = field(default_factory=dict)
+    # Live diagnoses only: the ranks' stacks grouped STAT-style, and how the watchdog came to
+    # its verdict.
+    stack_classes: tuple[StackClass, ...] = ()
+    watchdog: WatchAccount = field(default_factory=WatchAccount)
     # Multi-node jobs: which node diagnosed the job, the nodes and what became of each
-    nodes: Mapping[str, Any] = field(default_factory=dict)
+    nodes: Nodes | None = None
     # why the diagnosis is partial ("": it is not): ranks whose captures are damaged
     partial: str = ""
     # A job of Ray actors: which actor holds each rank, and what each group is between them
-    # ({"actors": {rank: {class, id, name, host}}, "groups": {name: {ranks, role}}})
-    ray: Mapping[str, Any] = field(default_factory=dict)
+    ray: Ray | None = None
 
     @property
     def root_cause(self) -> Finding | None:
@@ -195,10 +219,11 @@ class Diagnosis:
             "findings": [f.to_json() for f in self.findings],
             "groups": {name: list(ranks) for name, ranks in self.groups.items()},
             "notes": list(self.notes), "source": self.source,
-            "stack_classes": [dict(c) for c in self.stack_classes],
-            "watchdog": dict(self.watchdog), **({"nodes": dict(self.nodes)} if self.nodes else {}),
+            "stack_classes": [c.to_json() for c in self.stack_classes],
+            "watchdog": self.watchdog.to_json(),
+            **({"nodes": self.nodes.to_json()} if self.nodes is not None else {}),
             **({"partial": self.partial} if self.partial else {}),
-            **({"ray": dict(self.ray)} if self.ray else {}),
+            **({"ray": self.ray.to_json()} if self.ray is not None else {}),
         }
 
     @classmethod
@@ -207,12 +232,7 @@ class Diagnosis:
         try:
             findings = tuple(f for f in (Finding.from_json(x) for x in raw.get("findings", []))
                              if f is not None)
-            ranks = tuple(RankSummary(
-                rank=int(r["rank"]), host=str(r.get("host", "")), pid=int(r.get("pid") or 0),
-                state=str(r.get("state", "")), exit_code=r.get("exit_code"),
-                signal=r.get("signal"), exit_detail=str(r.get("exit_detail", "")),
-                last_collective=r.get("last_collective"), stack_summary=r.get("stack_summary"),
-                capture=dict(r.get("capture") or {})) for r in raw.get("ranks", []))
+            ranks = tuple(RankSummary.from_json(_object(r)) for r in raw.get("ranks", []))
             return cls(
                 verdict=Verdict(raw["verdict"]), findings=findings, ranks=ranks,
                 world_size=int(raw.get("world_size") or 0),
@@ -221,9 +241,10 @@ class Diagnosis:
                 notes=tuple(str(n) for n in raw.get("notes", [])),
                 groups={str(k): tuple(v) for k, v in (raw.get("groups") or {}).items()},
                 source=str(raw.get("source", "")),
-                stack_classes=tuple(raw.get("stack_classes") or ()),
-                watchdog=dict(raw.get("watchdog") or {}), nodes=dict(raw.get("nodes") or {}),
-                ray=dict(raw.get("ray") or {}),
+                stack_classes=stack_classes_from_json(raw.get("stack_classes") or ()),
+                watchdog=WatchAccount.from_json(raw.get("watchdog")),
+                nodes=Nodes.from_json(raw.get("nodes") or {}),
+                ray=Ray.from_json(raw.get("ray") or {}),
                 partial=str(raw.get("partial") or ""))
         except (KeyError, TypeError, ValueError, AttributeError):
             return None
@@ -231,3 +252,9 @@ class Diagnosis:
     def to_json_text(self) -> str:
         """``report.json``'s text."""
         return json.dumps(self.to_json(), indent=2, sort_keys=False) + "\n"
+
+
+def _object(raw: Any) -> Mapping[str, Any]:
+    if not isinstance(raw, Mapping):
+        raise ValueError(f"expected a JSON object, not {type(raw).__name__}")
+    return raw

@@ -10,14 +10,19 @@ import enum
 import functools
 import re
 from dataclasses import dataclass, field
-from typing import Any, Mapping
+from typing import TYPE_CHECKING, Any, Mapping
 
 from nccl_doctor import call_path
-from nccl_doctor.gpu.readings import GpuTrace
 from nccl_doctor.location import Location
-from nccl_doctor.stacks.rank_stack import RankStack
-from nccl_doctor.stacks.samples import StackSample
-from nccl_doctor.watch_log import BY_USER, WatchLog
+
+if TYPE_CHECKING:  # (a rank imports this module to record: only the types it holds)
+    from nccl_doctor.gpu.readings import GpuTrace
+    from nccl_doctor.stacks.rank_stack import RankStack
+    from nccl_doctor.stacks.samples import StackSample
+    from nccl_doctor.watch_log import WatchLog
+
+#: how a stopped rank's signal reads when the user sent it (``run`` forwarded it to the job)
+BY_USER = " by the user"
 
 __all__ = [
     "EventSource", "Location", "Event", "EventFlag", "EventKind", "EventState", "ExitKind",

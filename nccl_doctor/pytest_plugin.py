@@ -18,6 +18,13 @@ in ``world_size`` processes with torch.distributed initialised (testing/spawn.py
 under the recorder and the watchdog. A deadlock, a mismatch, a crash of any rank or the timeout fails the
 test with the diagnosis as its failure text and an ``nccl-doctor`` report section; an assertion
 error on any rank shows that rank's traceback. A passing test passes quietly.
+
+The ranks are forked by a fork server (testing/zygote.py: one per pytest process or xdist worker,
+started when the session collects a distributed test, stopped at its end) that has imported torch
+and the recorder already: a rank starts in milliseconds, not the second and more of a fresh
+process importing torch. Each forked rank is what a fresh ``python`` would be under the doctor
+(its environment, recorder, capture, pid, stdio, exit status). ``NCCL_DOCTOR_FORK_SERVER=0``
+starts every rank fresh; so does a platform other than Linux, or CUDA initialised in the server.
 """
 
 from __future__ import annotations
@@ -167,6 +174,25 @@ def pytest_configure(config: pytest.Config) -> None:
         "torch.distributed processes under nccl-doctor; a hang or desync fails it with the "
         "diagnosis",
     )
+
+
+@pytest.hookimpl(trylast=True)
+def pytest_collection_modifyitems(session: pytest.Session, config: pytest.Config,
+                                  items: list[pytest.Item]) -> None:
+    """A session with distributed tests starts its fork server now: it imports torch while
+    the other tests run."""
+    if any(item.get_closest_marker(MARKER) for item in items):
+        from nccl_doctor.testing import zygote
+
+        zygote.start()
+
+
+def pytest_unconfigure(config: pytest.Config) -> None:
+    import sys
+
+    zygote = sys.modules.get("nccl_doctor.testing.zygote")
+    if zygote is not None:
+        zygote.shutdown()
 
 
 def _options(marker: pytest.Mark) -> dict:

@@ -1,76 +1,223 @@
-"""The live watchdog's decisions and actions as kept in a capture directory (``watchdog.json``,
-nccl_doctor/capture/watch_record.py), for the analysis to reach the live verdict offline."""
+"""The live watchdog's decisions and actions as typed values: what the supervisor holds while it
+runs, and what ``watchdog.json`` keeps beside the captures (written and read by
+nccl_doctor/capture/watch_record.py through ``to_json`` / ``event_from_json`` here, the one
+JSON form), so that the end of a run and a replay analyse the same events.
+
+- ``HangCalled``: a hang called - how (``WatchAccount``), its root finding, the calls the ranks
+  were stuck in, and the live report itself;
+- ``Stopped``: the job being stopped (the signals sent, or an exit request);
+- ``Interrupted``: the user's interrupt, forwarded to the job;
+- ``Retracted``: progress resumed after a reported hang;
+- ``Aftermath``: what the backend did to the stuck calls after the hang was called;
+- ``SupervisorLost``: the reaper's record that the supervisor was lost and the job stopped.
+"""
 
 from __future__ import annotations
 
-from dataclasses import dataclass
-from typing import Any, Mapping
+import time
+from dataclasses import dataclass, field, replace
+from typing import Any, ClassVar, Mapping, Union
 
-from nccl_doctor.diagnosis import Finding
+from nccl_doctor.diagnosis import Diagnosis, Finding
+from nccl_doctor.model import BY_USER
+from nccl_doctor.watch_account import WatchAccount
 
-#: how a stopped rank's signal reads when the user sent it (``run`` forwarded it to the job)
-BY_USER = " by the user"
-#: What a "stop" event names when the supervisor asked the ranks' agents to exit (no signal).
+#: What a ``Stopped`` event names when the supervisor asked the ranks' agents to exit (no signal).
 EXIT_REQUEST = "exit request"
+
+
+def now() -> float:
+    return round(time.time(), 3)
+
+
+def _signals(raw: Any) -> tuple[str, ...]:
+    return tuple(str(s) for s in raw) if isinstance(raw, list) else ()
+
+
+@dataclass(frozen=True)
+class HangCalled:
+    KIND: ClassVar[str] = "hang"
+    account: WatchAccount
+    root: Finding | None = None
+    stuck: Mapping[int, tuple[str, int]] = field(default_factory=dict)  # rank -> (group, seq)
+    # the live report when the hang was called (None in records of nccl-doctor before 0.9,
+    # which kept the root finding only: replay rebuilds the report from it)
+    report: Diagnosis | None = None
+    at: float = field(default_factory=now)
+
+    def to_json(self) -> dict[str, Any]:
+        return {"event": self.KIND, "at": self.at, "watchdog": self.account.to_json(),
+                "root": self.root.to_json() if self.root is not None else None,
+                "stuck": {str(r): [g, q] for r, (g, q) in self.stuck.items()},
+                **({"report": self.report.to_json()} if self.report is not None else {})}
+
+    @classmethod
+    def from_json(cls, raw: Mapping[str, Any], at: float) -> HangCalled:
+        root = raw.get("root")
+        report = raw.get("report")
+        stuck: dict[int, tuple[str, int]] = {}
+        for r, gq in (raw.get("stuck") or {}).items() if isinstance(raw.get("stuck"), dict) else ():
+            if str(r).isdigit() and isinstance(gq, list) and len(gq) == 2:
+                try:
+                    stuck[int(r)] = (str(gq[0]), int(gq[1]))
+                except (TypeError, ValueError):
+                    continue
+        return cls(account=WatchAccount.from_json(raw.get("watchdog")),
+                   root=Finding.from_json(root) if isinstance(root, dict) else None,
+                   stuck=stuck,
+                   report=Diagnosis.from_json(report) if isinstance(report, dict) else None,
+                   at=at)
+
+
+@dataclass(frozen=True)
+class Stopped:
+    KIND: ClassVar[str] = "stop"
+    signals: tuple[str, ...] = ()  # in the order sent (or ``EXIT_REQUEST``)
+    at: float = field(default_factory=now)
+
+    def to_json(self) -> dict[str, Any]:
+        return {"event": self.KIND, "at": self.at, "signals": list(self.signals)}
+
+    @classmethod
+    def from_json(cls, raw: Mapping[str, Any], at: float) -> Stopped:
+        return cls(_signals(raw.get("signals")), at)
+
+
+@dataclass(frozen=True)
+class Interrupted:
+    KIND: ClassVar[str] = "interrupted"
+    signals: tuple[str, ...] = ()
+    by: str = "user"
+    at: float = field(default_factory=now)
+
+    def to_json(self) -> dict[str, Any]:
+        return {"event": self.KIND, "at": self.at, "signals": list(self.signals), "by": self.by}
+
+    @classmethod
+    def from_json(cls, raw: Mapping[str, Any], at: float) -> Interrupted:
+        return cls(_signals(raw.get("signals")), str(raw.get("by") or "user"), at)
+
+
+@dataclass(frozen=True)
+class Retracted:
+    KIND: ClassVar[str] = "retracted"
+    at: float = field(default_factory=now)
+
+    def to_json(self) -> dict[str, Any]:
+        return {"event": self.KIND, "at": self.at}
+
+    @classmethod
+    def from_json(cls, raw: Mapping[str, Any], at: float) -> Retracted:
+        return cls(at)
+
+
+@dataclass(frozen=True)
+class Aftermath:
+    KIND: ClassVar[str] = "aftermath"
+    what: str
+    at: float = field(default_factory=now)
+
+    def to_json(self) -> dict[str, Any]:
+        return {"event": self.KIND, "at": self.at, "what": self.what}
+
+    @classmethod
+    def from_json(cls, raw: Mapping[str, Any], at: float) -> Aftermath:
+        return cls(str(raw.get("what") or ""), at)
+
+
+@dataclass(frozen=True)
+class SupervisorLost:
+    KIND: ClassVar[str] = "supervisor_lost"
+    signals: tuple[str, ...] = ()  # what the reaper sent the job
+    at: float = field(default_factory=now)
+
+    def to_json(self) -> dict[str, Any]:
+        return {"event": self.KIND, "at": self.at, "signals": list(self.signals)}
+
+    @classmethod
+    def from_json(cls, raw: Mapping[str, Any], at: float) -> SupervisorLost:
+        return cls(_signals(raw.get("signals")), at)
+
+
+WatchEvent = Union[HangCalled, Stopped, Interrupted, Retracted, Aftermath, SupervisorLost]
+_KINDS: dict[str, Any] = {c.KIND: c for c in (HangCalled, Stopped, Interrupted, Retracted,
+                                               Aftermath, SupervisorLost)}
+
+
+def event_from_json(raw: Any) -> WatchEvent | None:
+    """The event ``to_json`` wrote; None for anything else (a kept record is input; an event
+    of a later nccl-doctor is passed over)."""
+    if not isinstance(raw, Mapping):
+        return None
+    kind = _KINDS.get(raw.get("event"))  # type: ignore[arg-type]
+    at = raw.get("at")
+    if kind is None or not isinstance(at, (int, float)) or isinstance(at, bool):
+        return None
+    return kind.from_json(raw, float(at))
+
+
+def events_json(events: tuple[WatchEvent, ...]) -> list[dict[str, Any]]:
+    """The events' JSON form; the live report is kept with the standing hang only (an earlier,
+    retracted one keeps its root finding), which bounds the file."""
+    last_hang = max((i for i, e in enumerate(events) if isinstance(e, HangCalled)), default=-1)
+    return [(replace(e, report=None) if isinstance(e, HangCalled) and i != last_hang else e)
+            .to_json() for i, e in enumerate(events)]
 
 
 @dataclass(frozen=True)
 class WatchLog:
-    """The watchdog's decisions and actions, oldest first (each a JSON object with ``event``:
-    hang | stop | retracted | aftermath, and ``at``: seconds since the epoch)."""
+    """The watchdog's decisions and actions, oldest first."""
 
-    events: tuple[Mapping[str, Any], ...] = ()
+    events: tuple[WatchEvent, ...] = ()
 
     @property
-    def hang(self) -> Mapping[str, Any] | None:
+    def hang(self) -> HangCalled | None:
         """The hang that stands: the last one called and not retracted."""
         for e in reversed(self.events):
-            if e.get("event") == "retracted":
+            if isinstance(e, Retracted):
                 return None
-            if e.get("event") == "hang":
+            if isinstance(e, HangCalled):
                 return e
         return None
 
-    def after_hang(self, kind: str) -> list[Mapping[str, Any]]:
-        """The ``kind`` events since the standing hang was called."""
+    def _since_hang(self) -> tuple[WatchEvent, ...]:
         hang = self.hang
-        if hang is None:
-            return []
-        start = self.events.index(hang)
-        return [e for e in self.events[start:] if e.get("event") == kind]
+        return () if hang is None else self.events[self.events.index(hang):]
+
+    @property
+    def aftermath(self) -> tuple[str, ...]:
+        """What the backend did to the stuck calls since the standing hang was called."""
+        return tuple(e.what for e in self._since_hang() if isinstance(e, Aftermath) and e.what)
 
     @property
     def stopped_at(self) -> float | None:
         """When the job began to be stopped - by nccl-doctor for the standing hang, else by the
         user's interrupt (None: neither)."""
         stops = self._stops()
-        at = stops[0].get("at") if stops else None
-        return float(at) if isinstance(at, (int, float)) else None
+        return stops[0].at if stops else None
 
     @property
-    def interrupted(self) -> Mapping[str, Any] | None:
+    def interrupted(self) -> Interrupted | None:
         """The user's first interrupt (Ctrl-C, a scheduler's SIGTERM), forwarded to the job."""
-        return next((e for e in self.events if e.get("event") == "interrupted"), None)
+        return next((e for e in self.events if isinstance(e, Interrupted)), None)
 
-    def _stops(self) -> list[Mapping[str, Any]]:
+    def _stops(self) -> list[Stopped | Interrupted]:
         """What began stopping the job: nccl-doctor, for the standing hang; else the user."""
         if self.hang is not None:
-            return self.after_hang("stop")
+            return [e for e in self._since_hang() if isinstance(e, Stopped)]
         return [self.interrupted] if self.interrupted is not None else []
 
     @property
-    def lost(self) -> Mapping[str, Any] | None:
+    def lost(self) -> SupervisorLost | None:
         """The reaper's record that the supervisor was lost and the job stopped (the last)."""
-        return next((e for e in reversed(self.events) if e.get("event") == "supervisor_lost"),
-                    None)
+        return next((e for e in reversed(self.events) if isinstance(e, SupervisorLost)), None)
 
     @property
     def signals(self) -> tuple[str, ...]:
-        return tuple(f"{s}{BY_USER if e.get('by') == 'user' else ''}" for e in self._stops()
-                     for s in e.get("signals", ()))
+        return tuple(f"{s}{BY_USER if isinstance(e, Interrupted) and e.by == 'user' else ''}"
+                     for e in self._stops() for s in e.signals)
 
     @property
     def root(self) -> Finding | None:
         hang = self.hang
-        raw = hang.get("root") if hang is not None else None
-        return Finding.from_json(raw) if isinstance(raw, dict) else None
+        return hang.root if hang is not None else None

@@ -232,7 +232,8 @@ def _sides(d: Diagnosis, f: Finding) -> list[_Side]:
     """Where the finding's ranks are: its call path (a missing_collective's is the waiting
     ranks'), each side's, each rank's that was elsewhere ("instead"), and their stacks."""
     ev = f.evidence
-    out = [_Side(_call_path_ranks(f), _frames(f.call_path), "call path")]
+    out = [_Side(_call_path_ranks(f), _frames([fr.to_json() for fr in f.call_path]),
+                 "call path")]
     for side in ev.get("sides") or ():
         if isinstance(side, Mapping):
             out.append(_Side(_ranks(side.get("ranks")), _frames(side.get("call_path")),
@@ -244,11 +245,11 @@ def _sides(d: Diagnosis, f: Finding) -> list[_Side]:
                 out.append(_Side(_ranks([rank]), _frames(what.get("call_path")), "call path"))
     relevant = set(f.ranks).union(*(s.ranks for s in out))
     for c in d.stack_classes:
-        ranks = set(_ranks(c.get("ranks")))
+        ranks = set(c.ranks)
         if relevant and not ranks & relevant:
             continue
         out.append(_Side(tuple(sorted(ranks & relevant if relevant else ranks)),
-                         tuple(reversed(_frames(c.get("frames")))), "stack"))
+                         tuple(reversed(_frames(list(c.frames)))), "stack"))
     return [s for s in out if s.frames]
 
 

@@ -165,15 +165,15 @@ def _frames(d: Diagnosis, f: Finding) -> str:
     for side in _sides(f):
         parts.append(str(side.get("callsite", "")))
     for c in d.stack_classes:
-        if not f.ranks or set(c.get("ranks", [])) & set(f.ranks):
-            parts.extend(str(x) for x in c.get("frames", []))
+        if not f.ranks or set(c.ranks) & set(f.ranks):
+            parts.extend(c.frames)
     return "\n".join(parts)
 
 
 def _call_paths(f: Finding) -> str:
     """The finding's call paths (its own and each side's), a frame a line: where a library's
     file must be for its upstream issue to be named."""
-    frames = list(f.call_path) + [frame for side in _sides(f)
+    frames = [frame.to_json() for frame in f.call_path] + [frame for side in _sides(f)
                                   for frame in side.get("call_path") or []]
     return "\n".join(f"{frame.get('path')}:{frame.get('line')} {frame.get('function')}"
                      for frame in frames if isinstance(frame, Mapping))

@@ -1,10 +1,13 @@
-"""The suite's shared set-up: the ``gpu`` tier (tests marked ``gpu`` run the reproducers and
-trainers on CUDA with NCCL; they need an NVIDIA GPU that torch sees, elsewhere each is skipped
-with the reason, and the session's header and last lines say whether the tier ran), and how
-``make test`` spreads the tests over its pytest-xdist workers (``SHARED``)."""
+"""The suite's shared set-up: its tiers (``TIERS``: ``make test`` runs the default tier,
+``make test-all`` every tier; the others are deselected, never skipped), the ``gpu`` tier (tests
+marked ``gpu`` run the reproducers and trainers on CUDA with NCCL; they need an NVIDIA GPU that
+torch sees, elsewhere each is skipped with the reason, and the session's header and last lines
+say whether the tier ran), and how ``make test`` spreads the tests over its pytest-xdist workers
+(``SHARED``)."""
 
 from __future__ import annotations
 
+import os
 from pathlib import Path
 
 import pytest
@@ -58,14 +61,92 @@ def pytest_xdist_make_scheduler(config, log):
     return SharedJobs(config, log)
 
 
+#: The tiers beyond the default one -> the test files (or directories) that make them. Each test
+#: of a tier gets its marker (``-m ray`` selects it). ``pytest`` and ``make test`` run the
+#: default tier: everything else (unit tests, the core real gloo jobs, replay, the CLI, the docs,
+#: the pytest plugin, the faults of tests/reliability). ``--tier all`` (``make test-all``, CI)
+#: runs every tier; ``--tier ray,slurm`` the tiers named (``default`` names the default one).
+#: A tier's files named on the command line, or ``-m``, run whatever the tier.
+TIERS: dict[str, tuple[str, ...]] = {
+    "upstream": ("tests/upstream/test_trl.py",),  # TRL's buggy releases, their own venvs
+    "ray": ("tests/upstream/test_ray.py", "tests/upstream/test_ray_cluster.py"),
+    "slurm": ("tests/upstream/test_slurm.py", "tests/upstream/test_slurm_cluster.py"),
+    "frameworks": ("tests/frameworks/",),  # Lightning, Accelerate, Trainer, DeepSpeed
+    "serve": ("tests/e2e/test_serve.py",),  # run --serve: Prometheus and Chromium
+    "demos": ("tests/e2e/test_demo.py",),  # every reproducer through nccl-doctor demo
+    "nodes": ("tests/integration/test_nodes.py", "tests/integration/test_slow_node.py",
+              "tests/integration/test_federation_link.py"),  # several node doctors at once
+    "soak": ("tests/reliability/test_soak.py",),
+    "fuzz": ("tests/reliability/test_fuzz.py",),
+}
+DEFAULT = "default"
+#: The frameworks tier's older switch (still honoured): "1" runs it with the default tier.
+FRAMEWORKS_ENV = "NCCL_DOCTOR_FRAMEWORKS"
+
+
+def pytest_addoption(parser: pytest.Parser) -> None:
+    parser.addoption("--tier", default=DEFAULT, metavar="TIERS",
+                     help=f"the test tiers to run: 'all', or names separated by commas "
+                          f"({DEFAULT}, {', '.join(TIERS)}); default: {DEFAULT} "
+                          "(tests/conftest.py TIERS)")
+
+
+def tier_of(nodeid: str) -> str:
+    path = nodeid.split("::", 1)[0]
+    return next((tier for tier, files in TIERS.items()
+                 if any(path == f or f.endswith("/") and path.startswith(f) for f in files)),
+                DEFAULT)
+
+
+def _chosen(config: pytest.Config) -> set[str] | None:
+    """The tiers this session runs (None: all of them)."""
+    value = config.getoption("--tier")
+    if value == "all" or config.getoption("markexpr", ""):
+        return None
+    chosen = {t.strip() for t in value.split(",") if t.strip()}
+    unknown = chosen - set(TIERS) - {DEFAULT}
+    if unknown:
+        raise pytest.UsageError(f"--tier {value}: no tier {', '.join(sorted(unknown))}; the "
+                                f"tiers: all, {DEFAULT}, {', '.join(TIERS)}")
+    if os.environ.get(FRAMEWORKS_ENV) == "1":
+        chosen.add("frameworks")
+    return chosen
+
+
+def _named(config: pytest.Config, nodeid: str) -> bool:
+    """Whether the command line names this test's tier files (or a part of them) itself."""
+    root = Path(config.rootpath)
+    path = nodeid.split("::", 1)[0]
+    tier_files = TIERS.get(tier_of(nodeid), ())
+    for arg in config.args:
+        try:
+            named = Path(arg.split("::", 1)[0]).resolve().relative_to(root).as_posix()
+        except ValueError:
+            continue
+        if named in ("", ".", "tests"):
+            continue
+        if path.startswith(named) or any(f.startswith(named.rstrip("/") + "/") or f == named
+                                         for f in tier_files):
+            return True
+    return False
+
+
 def _tier() -> str:
     gpus, why = _GPUS
     return (f"gpu tier: runs on {gpus} GPU{'s' if gpus > 1 else ''}" if gpus
             else f"gpu tier: skipped - {why}")
 
 
-def pytest_report_header(config) -> str:
-    return _tier()
+def pytest_report_header(config) -> list[str]:
+    chosen = _chosen(config)
+    if chosen is None:
+        tiers = "tiers: all"
+    else:
+        left = [t for t in TIERS if t not in chosen]
+        tiers = (f"tiers: {', '.join(sorted(chosen))}"
+                 + (f" (not run: {', '.join(left)}; make test-all or --tier all runs them)"
+                    if left else ""))
+    return [tiers, _tier()]
 
 
 def pytest_terminal_summary(terminalreporter) -> None:  # shown under -q too
@@ -73,6 +154,26 @@ def pytest_terminal_summary(terminalreporter) -> None:  # shown under -q too
 
 
 def pytest_collection_modifyitems(config, items) -> None:
+    chosen = _chosen(config)
+    kept, deselected = [], []
+    for item in items:
+        tier = tier_of(item.nodeid)
+        if tier != DEFAULT:
+            item.add_marker(getattr(pytest.mark, tier))
+        if chosen is None or tier in chosen or _named(config, item.nodeid):
+            kept.append(item)
+        else:
+            deselected.append(item)
+    if deselected:  # (deselected, as -m does: counted in the summary, never a skip)
+        config.hook.pytest_deselected(items=deselected)
+    # the unit tests first (seconds for hundreds): the run's progress moves from the start
+    kept.sort(key=lambda item: not item.nodeid.startswith("tests/unit/"))
+    items[:] = kept
+    if not config.option.collectonly and any(item.nodeid.startswith("tests/integration/")
+                                             for item in kept):
+        from nccl_doctor.testing import zygote
+
+        zygote.start()  # the jobs' fork server imports torch while the unit tests run
     gpus, why = _GPUS
     if gpus:
         return

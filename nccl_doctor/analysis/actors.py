@@ -10,10 +10,10 @@ rollout engines: OpenRLHF's and verl's layout, docs/bugs.md D).
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Any
 
 from nccl_doctor.analysis.wording import ranks_text
 from nccl_doctor.model import TraceSet
+from nccl_doctor.sections import Ray, RayActor, RayGroup
 
 
 @dataclass(frozen=True)
@@ -78,16 +78,15 @@ def group_roles(traces: TraceSet, held: dict[int, Actor] | None = None) -> dict[
     return out
 
 
-def summary(traces: TraceSet) -> dict[str, Any]:
-    """report.json's ``ray``: each actor's rank and the groups between them ({} for a job with
-    no Ray actor)."""
+def summary(traces: TraceSet) -> Ray | None:
+    """The report's ``ray``: each actor's rank and the groups between them (None for a job
+    with no Ray actor)."""
     held = actors(traces)
     if not held:
-        return {}
+        return None
     roles = group_roles(traces, held)
-    return {
-        "actors": {str(r): {"class": a.cls, "id": a.id, "name": a.name, "host": a.host}
-                   for r, a in sorted(held.items())},
-        "groups": {name: {"ranks": list(traces.groups[name].ranks), "role": role}
-                   for name, role in sorted(roles.items())},
-    }
+    return Ray(
+        actors={r: RayActor(class_name=a.cls, id=a.id, name=a.name, host=a.host)
+                for r, a in sorted(held.items())},
+        groups={name: RayGroup(ranks=tuple(traces.groups[name].ranks), role=role)
+                for name, role in sorted(roles.items())})

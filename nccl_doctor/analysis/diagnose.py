@@ -23,7 +23,10 @@ from nccl_doctor.analysis.degenerate import detect_degenerate_signal
 from nccl_doctor.analysis.straggler import detect_straggler
 from nccl_doctor.capture.format import CAPTURE_SUFFIX
 from nccl_doctor.diagnosis import Diagnosis, Finding, FindingKind, RankSummary, Severity, Verdict
+from nccl_doctor.finding_evidence import DesyncEvidence, ExitEvidence
 from nccl_doctor.model import EventKind, EventState, ExitKind, RankTrace, TraceSet
+from nccl_doctor.sections import CaptureInfo, LastCollective
+from nccl_doctor.watch_log import WatchLog
 
 Pass = Callable[[TraceSet], list[Finding]]
 
@@ -61,10 +64,13 @@ _STATE = {
 
 
 def analyze(traces: TraceSet, passes: tuple[Pass, ...] = PASSES,
-            annotators: Sequence[annotate.Annotator] | None = None) -> Diagnosis:
+            annotators: Sequence[annotate.Annotator] | None = None,
+            watch: WatchLog | None = None) -> Diagnosis:
     """The passes' findings, ranked, as a ``Diagnosis``, then through ``annotators`` (default:
-    every installed known-issue plugin, nccl_doctor.analysis.annotate)."""
-    traces = ends.judged(traces)
+    every installed known-issue plugin, nccl_doctor.analysis.annotate); a hang the watchdog
+    called stands (``watch``: its events, typed, default the record the traces carry: the live
+    report it made is one of them, taken as it is)."""
+    traces = ends.with_finished_marked(traces)
     found, notes = [], list(traces.problems)
     for p in passes:
         try:
@@ -129,7 +135,7 @@ def analyze(traces: TraceSet, passes: tuple[Pass, ...] = PASSES,
         partial=damage_partial(traces), ray=actors.summary(traces),
     ), annotators, annotate.versions_of(traces))
     # a hang the live watchdog called stands (its kept record: replay reaches the live verdict)
-    return replayed.with_watch(diagnosis, traces, annotators)
+    return replayed.with_watch(diagnosis, traces, annotators, watch)
 
 
 def damage_partial(traces: TraceSet) -> str:
@@ -150,8 +156,7 @@ def _inside_a_mismatch(findings: list[Finding]) -> list[Finding]:
     mismatched = {(f.group, f.seq) for f in findings
                   if f.kind is FindingKind.COLLECTIVE_MISMATCH and f.group is not None}
     return [f for f in findings if not (
-        f.kind is FindingKind.RANK_EXITED and f.evidence.get("exit") == ExitKind.VANISHED.value
-        and (f.group, f.seq) in mismatched)]
+        _vanished(f) and (f.group, f.seq) in mismatched)]
 
 
 #: what only the job's end can tell: a rank behind its peers while the job still runs (or was
@@ -185,7 +190,7 @@ def _rank_findings(findings: list[Finding], traces: TraceSet) -> list[Finding]:
         # A rank missing from a collective because it exited: the exit is the cause.
         explained = f.kind is FindingKind.MISSING_COLLECTIVE and any(
             set(f.absent) <= set(x.ranks) for x in exits
-        ) and f.evidence.get("blame") != "branch"  # (the branch sent them away, not the exit)
+        ) and not _blamed_branch(f)  # (the branch sent them away, not the exit)
         if not explained:
             candidates.append(f)
     # Ranks missing from a collective of one group because they wait, in their own order, in
@@ -226,28 +231,45 @@ def _with_unseen(findings: list[Finding], traces: TraceSet) -> list[Finding]:
             f"{', '.join(f'#{n}' for n in s)} of group {f.group} that "
             f"{'was' if len(s) == 1 else 'were'} not recorded" for r, s in sorted(near.items()))
         detail = f"{f.detail}\n{said}: {UNSEEN_WHY}; the numbers above are torch's own."
-        out.append(replace(f, detail=detail, evidence={
-            **f.evidence, "unseen": {str(r): s for r, s in sorted(near.items())}}))
+        out.append(replace(f, detail=detail, evidence=replace(
+            f.evidence, unseen={r: s for r, s in sorted(near.items())})))
     return out
 
 
 def _with_unanswered(root: Finding, findings: list[Finding]) -> Finding:
     """A rank that left while its peers needed it: the call it left unanswered, and the branch
     on the rank that kept it from that call (its missing_collective's, analysis/blame.py)."""
-    if root.kind is not FindingKind.RANK_EXITED or not root.evidence.get("needed_in"):
+    if not _needed(root):
         return root
     missing = next((f for f in findings if f.kind is FindingKind.MISSING_COLLECTIVE
-                    and f.branch is not None and f.evidence.get("blame") == "branch"
+                    and f.branch is not None and _blamed_branch(f)
                     and set(f.ranks) & set(root.ranks)), None)
-    if missing is None:
+    if missing is None or missing.branch is None:
         return root
     b = missing.branch
     detail = (f"{root.detail}\nThe call it left unanswered: {missing.title}. "
-              f"{ranks_text(list(b.get('ranks') or root.ranks))} skipped it at the "
-              f"rank-dependent branch {paths.short_path(b['path'])}:{b['line']} (`{b['text']}`).")
+              f"{ranks_text(list(b.ranks or root.ranks))} skipped it at the "
+              f"rank-dependent branch {paths.short_path(b.path)}:{b.line} (`{b.text}`).")
     return replace(root, detail=detail, branch=b, hint=missing.hint,
-                   evidence={**root.evidence, "unanswered": {
-                       "group": missing.group, "seq": missing.seq, "op": missing.op}})
+                   evidence=replace(root.evidence, unanswered={
+                       "group": missing.group, "seq": missing.seq, "op": missing.op}))
+
+
+def _needed(f: Finding) -> tuple[dict, ...]:
+    """A rank_exited's calls its peers still needed it in ({group, seq}); () for the rest."""
+    ev = f.evidence
+    return tuple(ev.needed_in) if isinstance(ev, ExitEvidence) else ()
+
+
+def _vanished(f: Finding) -> bool:
+    ev = f.evidence
+    return (f.kind is FindingKind.RANK_EXITED and isinstance(ev, ExitEvidence)
+            and ev.exit == ExitKind.VANISHED.value)
+
+
+def _blamed_branch(f: Finding) -> bool:
+    """The branch on the rank (analysis/blame.py), not the absent ranks, decided the culprit."""
+    return isinstance(f.evidence, DesyncEvidence) and f.evidence.blame == "branch"
 
 
 def _who_left_first(candidates: list[Finding], traces: TraceSet) -> list[Finding]:
@@ -256,16 +278,15 @@ def _who_left_first(candidates: list[Finding], traces: TraceSet) -> list[Finding
     closed by peer", NCCL's "remote process exited", a DistBackendError), is its consequence,
     whatever the clocks say: a rank's teardown can be stamped after the error it caused.
     Decided by the recorded sequence numbers (analysis/align.py), not by time."""
-    left = [f for f in candidates if f.kind is FindingKind.RANK_EXITED
-            and f.evidence.get("needed_in")]
+    left = [f for f in candidates if _needed(f)]
     if not left:
         return candidates
     lines = timelines(traces)
-    needed = {(n["group"], n["seq"]) for f in left for n in f.evidence["needed_in"]}
+    needed = {(n["group"], n["seq"]) for f in left for n in _needed(f)}
 
     def after_them(f: Finding) -> bool:
-        if (f.kind is not FindingKind.RANK_EXITED or f.evidence.get("needed_in")
-                or f.evidence.get("before_joining")):
+        ev = f.evidence
+        if not isinstance(ev, ExitEvidence) or ev.needed_in or ev.before_joining:
             return False
         for group, seq in needed:
             line = lines.get(group)
@@ -283,8 +304,7 @@ def _vanished_beside(f: Finding, lost: set[int]) -> bool:
     makes Ray end the job's other actors (its driver fails) or a launcher kill the ranks left.
     The lost node is the cause (a rank that raised or was signalled, its end time known, still
     competes by time)."""
-    return (f.kind is FindingKind.RANK_EXITED and not set(f.ranks) & lost
-            and f.evidence.get("exit") == ExitKind.VANISHED.value)
+    return _vanished(f) and not set(f.ranks) & lost
 
 
 def _waiting_in_order(f: Finding, traces: TraceSet) -> bool:
@@ -337,13 +357,14 @@ def _on_hosts(findings: list[Finding], traces: TraceSet) -> list[Finding]:
             shown.append(f"group {f.group}: {role}")
         where = "; ".join(shown)
         title = f.title if f.kind is FindingKind.NODE_LOST else f"{f.title} [{where}]"
-        evidence = dict(f.evidence)
+        evidence = f.evidence
         if several:
-            evidence["hosts"] = {str(r): h for r, h in sorted(mine.items()) if h}
+            evidence = replace(evidence, hosts={r: h for r, h in sorted(mine.items()) if h})
         if held:
-            evidence["actors"] = {str(r): held[r].label for r in sorted(mine) if r in held}
+            evidence = replace(evidence, actors={r: held[r].label for r in sorted(mine)
+                                                 if r in held})
         if role is not None:
-            evidence["group_role"] = role
+            evidence = replace(evidence, group_role=role)
         out.append(replace(f, title=title, evidence=evidence))
     return out
 
@@ -386,7 +407,7 @@ def _consequences(root: Finding, traces: TraceSet) -> dict:
         return {}
     lines = [f"{ranks_text(ranks)} {what}" for what, ranks in alike.items()]
     detail = root.detail + "\nAfterwards (consequences, not causes): " + "; ".join(lines) + "."
-    return {"detail": detail, "evidence": {**root.evidence, "consequences": items}}
+    return {"detail": detail, "evidence": replace(root.evidence, consequences=tuple(items))}
 
 
 def _verdict(findings: list[Finding], traces: TraceSet) -> Verdict:
@@ -422,7 +443,7 @@ def _summaries(traces: TraceSet) -> list[RankSummary]:
                 state="stopped" if rank in stopped else "exception", exit_code=None,
                 signal=None, exit_detail=f"raised {first_line(e.exception, 60)}{where} before "
                                          "joining a process group",
-                last_collective=None, stack_summary=None, capture={},
+                last_collective=None, stack_summary=None, capture=None,
             ))
     for rank in range(traces.world_size):
         if rank not in traces.ranks and rank not in traces.early_exits:
@@ -431,7 +452,7 @@ def _summaries(traces: TraceSet) -> list[RankSummary]:
                 rank=rank, host=u.host if u else "", pid=0, state="no_capture", exit_code=None,
                 signal=None, exit_detail=("capture damaged (see the note)" if u and u.damaged
                                           else "not recorded (see the note)" if u else unseen),
-                last_collective=None, stack_summary=None, capture={},
+                last_collective=None, stack_summary=None, capture=None,
             ))
     return sorted(out, key=lambda s: s.rank)
 
@@ -440,19 +461,17 @@ def _summary(trace: RankTrace) -> RankSummary:
     ex = trace.exit
     state = _STATE.get(ex.kind) or ("blocked" if blocked_event(trace) else "running")
     last = last_leaf(trace)
-    last_json = None
+    last_call = None
     if last is not None:
-        last_json = {
-            "group": last.group, "seq": last.align_seq, "op": last.op,
-            "state": last.state.name.lower(), "callsite": call_site(last, trace.meta.versions),
-            "input": last.input, "source": last.source.value,
-        }
+        last_call = LastCollective(
+            group=last.group, seq=last.align_seq, op=last.op, state=last.state.name.lower(),
+            callsite=call_site(last, trace.meta.versions), input=last.input,
+            source=last.source.value)
     return RankSummary(
         rank=trace.rank, host=trace.meta.host, pid=trace.meta.pid, state=state,
         exit_code=ex.code, signal=ex.signal, exit_detail=ex.describe(short=True),
-        last_collective=last_json, stack_summary=None,
-        capture={
-            "file": Path(trace.path).name, "events": trace.records,
-            "complete": trace.integrity.complete, "integrity": trace.integrity.describe(),
-        },
+        last_collective=last_call, stack_summary=None,
+        capture=CaptureInfo(file=Path(trace.path).name, events=trace.records,
+                            complete=trace.integrity.complete,
+                            integrity=trace.integrity.describe()),
     )

@@ -1,6 +1,6 @@
 """How each rank ended (pure): one pass for the loader, the supervisor's post mortem, the
-federation and replay alike (``decided``), and the judgement of a rank without an exit record
-from what it finished (``judged``, in the analysis).
+federation and replay alike (``with_ends_known``), and the judgement of a rank without an exit record
+from what it finished (``with_finished_marked``, in the analysis).
 
 A rank's capture says how it ended when it could (clean, an exception, a signal, a fault); what
 the rest means depends on what is known beside it: a rank whose node was lost is ``LOST``; one
@@ -46,7 +46,7 @@ class Ending:
                    signals=watch.signals if watch is not None else (), lost=lost or {})
 
 
-def decided(traces: TraceSet, ending: Ending) -> TraceSet:
+def with_ends_known(traces: TraceSet, ending: Ending) -> TraceSet:
     """``traces`` with each rank's end decided from ``ending``: a rank still running on a lost
     host is lost; a rank that ended abnormally, cleanly with a known time, or not at all after
     the stop was stopped; a rank with no exit record in a job that ended vanished."""
@@ -149,7 +149,7 @@ def _ended_at(trace: RankTrace) -> int | None:
     return min(times) if times else None
 
 
-def judged(traces: TraceSet) -> TraceSet:
+def with_finished_marked(traces: TraceSet) -> TraceSet:
     """``traces`` with each vanished rank whose work had finished marked ``FINISHED``."""
     vanished = [r for r, t in traces.ranks.items() if t.exit.kind is ExitKind.VANISHED]
     if not vanished:

@@ -5,7 +5,7 @@ says *what*: a peer stuck outside collectives, a stall, and the hang report with
 from __future__ import annotations
 
 from dataclasses import replace
-from typing import Any, Mapping, Sequence
+from typing import Mapping, Sequence
 
 from nccl_doctor.analysis import annotate, threads
 from nccl_doctor.analysis.situation import Assessment
@@ -14,6 +14,7 @@ from nccl_doctor.diagnosis import Diagnosis, Finding, FindingKind, Severity, Ver
 from nccl_doctor.stacks import summary
 from nccl_doctor.model import TraceSet
 from nccl_doctor.stacks.rank_stack import RankStack
+from nccl_doctor.watch_account import WatchAccount
 
 HINT_STUCK = (
     "The waiting ranks can only go on once the stuck rank reaches the same collective. Its stack "
@@ -38,7 +39,7 @@ HINT_STALL_COMPUTE = (
 
 
 def hang_diagnosis(analysis: Diagnosis, root: Finding | None, stacks: dict[int, RankStack],
-                   watch: dict[str, Any], versions: Mapping[str, str] | None = None,
+                   watch: WatchAccount, versions: Mapping[str, str] | None = None,
                    annotators: Sequence[annotate.Annotator] | None = None,
                    traces: TraceSet | None = None) -> Diagnosis:
     """The hang report: ``root`` first, the stacks (of the threads that make the collectives:
@@ -50,7 +51,7 @@ def hang_diagnosis(analysis: Diagnosis, root: Finding | None, stacks: dict[int, 
     if root is not None:
         findings = [replace(root, root_cause=True)] + [
             replace(f, root_cause=False) for f in findings
-            if not (f.kind is root.kind and f.group == root.group and f.seq == root.seq)
+            if not f.same_call(root)
         ]
     ranks = tuple(
         replace(r, stack_summary=summary.stack_summary(stacks[r.rank]))

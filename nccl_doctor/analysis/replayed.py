@@ -1,11 +1,13 @@
 """The live watchdog's verdict, reached again offline from what it kept (``TraceSet.watch``).
 
-A hang the watchdog called and did not retract stands in the replay, with the root finding it
-recorded (the evidence of a peer seen stuck over several samples, or of a stall past
---hang-after, exists only in its record); ``watchdog.root_from_captures`` says whether the
-analysis of the captures and the kept Flight Recorder pulls names the same divergence by itself
-(it does for a desync). What the backend did afterwards (an NCCL abort, a gloo timeout) is added
-as such.
+A hang the watchdog called and did not retract stands, in the report at the end of the run and
+in a replay alike: the live report it made (held as a value by the supervisor, kept in
+``watchdog.json`` for replay) gives the root cause, the stacks and the account (the evidence of
+a peer seen stuck over several samples, or of a stall past --hang-after, exists only there); the
+post mortem gives the ranks' ends, the exit status and the other findings.
+``watchdog.root_from_captures`` says whether the analysis of the captures and the kept Flight
+Recorder pulls names the same divergence by itself (it does for a desync). What the backend did
+afterwards (an NCCL abort, a gloo timeout) is added as such.
 
 A job the user interrupted (Ctrl-C, or a scheduler's SIGTERM forwarded by ``run``) is diagnosed
 as it was when the interrupt came: the ranks' ends after it were marked stopped by the loader,
@@ -23,48 +25,61 @@ from nccl_doctor.analysis import annotate
 from nccl_doctor.analysis.hang import hang_diagnosis
 from nccl_doctor.diagnosis import Diagnosis, Finding, Severity, Verdict
 from nccl_doctor.model import TraceSet
-
-
-def same_root(a: Finding | None, b: Finding | None) -> bool:
-    """Whether two root findings name the same divergence (kind, group, sequence number)."""
-    return a is not None and b is not None and (a.kind, a.group, a.seq) == (b.kind, b.group, b.seq)
+from nccl_doctor.watch_log import Interrupted, WatchLog
 
 
 def with_watch(diagnosis: Diagnosis, traces: TraceSet,
-               annotators: Sequence[annotate.Annotator] | None = None) -> Diagnosis:
-    """``diagnosis`` as the watchdog left it: unchanged unless a hang it called stands."""
-    watch = traces.watch
+               annotators: Sequence[annotate.Annotator] | None = None,
+               watch: WatchLog | None = None) -> Diagnosis:
+    """``diagnosis`` (the post mortem) as the watchdog left it (``watch``, default the record
+    the traces carry): unchanged unless a hang it called stands."""
+    watch = watch if watch is not None else traces.watch
     hang = watch.hang if watch is not None else None
     if watch is not None and hang is None and watch.interrupted is not None:
         return interrupted(diagnosis, watch.interrupted)
     if watch is None or hang is None:
         return diagnosis
-    recorded, own = watch.root, diagnosis.root_cause
-    root = recorded or own
-    account = dict(hang.get("watchdog") or {})
-    # whether the captures alone lead to the same root cause (a desync does; a peer seen stuck
-    # over several samples is the watchdog's own evidence)
-    account["root_from_captures"] = same_root(own, recorded)
-    notes = [str(e.get("what")) for e in watch.after_hang("aftermath") if e.get("what")]
-    if notes:
-        account["aftermath"] = list(notes)
+    own = diagnosis.root_cause
+    if hang.report is not None:  # the live report, as a value (live) or as kept (replay)
+        d = _standing(diagnosis, hang.report, own)
+    else:  # a record of an nccl-doctor that kept the root finding only
+        d = hang_diagnosis(diagnosis, hang.root or own, dict(traces.stacks), hang.account,
+                           annotate.versions_of(traces), annotators, traces)
+    root = d.root_cause
+    account = replace(d.watchdog, aftermath=watch.aftermath,
+                      root_from_captures=root is not None and own is not None
+                      and root.same_call(own))
+    notes = list(watch.aftermath)
     if watch.stopped_at is not None:
         sent = ", then ".join(dict.fromkeys(watch.signals)) or "signals"
         notes.append(f"nccl-doctor stopped the job after diagnosing the hang ({sent}); the "
                      "ranks' ends that followed are its doing, not failures")
     else:
         notes.append("the job ended after the hang was diagnosed")
-    d = hang_diagnosis(diagnosis, root, dict(traces.stacks), account,
-                       annotate.versions_of(traces), annotators, traces)
-    return replace(d, notes=d.notes + tuple(n for n in notes if n not in d.notes))
+    return replace(d, watchdog=account,
+                   notes=d.notes + tuple(n for n in notes if n not in d.notes))
 
 
-def interrupted(diagnosis: Diagnosis, event) -> Diagnosis:
+def _standing(post: Diagnosis, live: Diagnosis, own: Finding | None) -> Diagnosis:
+    """The post mortem with the hang the watchdog called on top: its root cause first, the
+    stacks it took (stack classes, each rank's stack summary) and its account; the ranks' ends,
+    the exit status and the other findings are the post mortem's."""
+    root = live.root_cause or own
+    findings = post.findings
+    if root is not None:
+        findings = (replace(root, root_cause=True),) + tuple(
+            replace(f, root_cause=False) for f in post.findings if not f.same_call(root))
+    stacked = {r.rank: r.stack_summary for r in live.ranks if r.stack_summary}
+    ranks = tuple(replace(r, stack_summary=stacked[r.rank]) if r.rank in stacked else r
+                  for r in post.ranks)
+    return replace(post, verdict=Verdict.HANG, findings=findings, ranks=ranks,
+                   stack_classes=live.stack_classes, watchdog=live.watchdog)
+
+
+def interrupted(diagnosis: Diagnosis, event: Interrupted) -> Diagnosis:
     """``diagnosis`` of a job the user interrupted: said so, and not a crash for that alone."""
-    sent = ", ".join(str(s) for s in event.get("signals", ())) or "a signal"
-    at = event.get("at")
-    when = (f" at {time.strftime('%H:%M:%S', time.localtime(at))}"
-            if isinstance(at, (int, float)) else "")
+    sent = ", ".join(event.signals) or "a signal"
+    when = f" at {time.strftime('%H:%M:%S', time.localtime(event.at))}"
     note = (f"interrupted by the user ({sent}{when}): the ranks' ends that followed are the "
             "interrupt's doing, not failures; this is the job as it was when it came")
     verdict = diagnosis.verdict

@@ -1,7 +1,7 @@
 """What a live job is doing right now, from one look at its captures and processes (pure).
 
 The watchdog calls ``assess`` on every look and adds time: a situation only becomes a hang once
-it has held long enough (see watchdog.py and DESIGN.md, "Hang policy").
+it has held long enough (nccl_doctor/supervisor/watchdog.py; docs/watchdog.md says the policy).
 """
 
 from __future__ import annotations

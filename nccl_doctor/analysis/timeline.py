@@ -13,7 +13,7 @@ from collections import Counter
 
 from nccl_doctor.diagnosis import Diagnosis
 from nccl_doctor.model import Event, EventKind, EventState, TraceSet
-from nccl_doctor.page import Cell, Lane, Row, Timeline
+from nccl_doctor.page_model import Cell, Lane, Row, Timeline
 
 #: Columns per group: the sequence numbers shown.
 WIDTH = 24

@@ -5,7 +5,7 @@ before joining a process group, the GPU and stack samples beside them. Shared by
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Any
+from typing import Any, Callable, Sequence
 
 from nccl_doctor.capture import format as fmt
 from nccl_doctor.capture.early_exit import read_early_exits
@@ -21,9 +21,11 @@ from nccl_doctor.model import EarlyExit, GroupInfo, RankTrace, TraceSet, Unrecor
 from nccl_doctor.stacks.samples import STRAGGLERS_JSONL, StackSample, read_samples
 
 
-def contents(path: Path) -> tuple[Manifest | None, list[Path], list[str]]:
+def contents(path: Path, manifest_of: Callable[[Path], Manifest | None] = read_manifest,
+             ) -> tuple[Manifest | None, list[Path], list[str]]:
     """(the manifest, the capture files, notes) of a capture directory or file. A damaged
-    manifest beside captures is a note: the captures that read fine are replayed."""
+    manifest beside captures is a note: the captures that read fine are replayed.
+    ``manifest_of``: how the manifest is read (a ``CaptureSet`` reads it once)."""
     if not path.exists():
         raise CaptureNotFound(
             f"{path} does not exist: pass the --out directory of an `nccl-doctor run`"
@@ -41,7 +43,7 @@ def contents(path: Path) -> tuple[Manifest | None, list[Path], list[str]]:
         raise CaptureNotFound(f"{path} is empty: it holds no capture (was the job ever run?)")
     files, odd = capture_files(path), odd_captures(path)
     try:
-        manifest = read_manifest(path)
+        manifest = manifest_of(path)
     except DamagedManifest as err:
         if not files:
             raise
@@ -75,15 +77,20 @@ def beside(path: Path) -> tuple[GpuTrace | None, tuple[StackSample, ...], list[s
 
 
 def assemble(path: Path, manifest: Manifest | None, files: list[Path],
-              read: list[RankTrace | DoctorError], gpu: GpuTrace | None,
-              samples: tuple[StackSample, ...], beside_problems: list[str]) -> TraceSet:
-    """The ``TraceSet`` of what was read from ``files`` (a trace, or why not, for each); each
-    rank's end as its capture says it (analysis/ends.py decides the rest)."""
+             read: list[RankTrace | DoctorError | None], gpu: GpuTrace | None,
+             samples: tuple[StackSample, ...], beside_problems: list[str],
+             notes: Sequence[str] = ()) -> TraceSet:
+    """The ``TraceSet`` of what was read from ``files``: for each, a trace, why not, or None for
+    a rank's older capture passed over (``union.newest_per_rank``); ``notes``: what the reader
+    says of them (the captures passed over, a window). Each rank's end as its capture says it
+    (analysis/ends.py decides the rest)."""
     traces: dict[int, RankTrace] = {}
     problems: list[str] = []
     errors: list[DoctorError] = []
     unreadable: dict[int, Unrecorded] = {}  # rank -> its capture, which cannot be read
     for file, trace in zip(files, read):
+        if trace is None:
+            continue
         if isinstance(trace, DoctorError):
             errors.append(trace)
             named = named_rank(file)  # (another version beside readable ones: damage too)
@@ -94,15 +101,9 @@ def assemble(path: Path, manifest: Manifest | None, files: list[Path],
                                                   f"({_why(trace, file)})", host=named[1],
                                                   damaged=True)
             continue
-        previous = traces.get(trace.rank)
-        if previous is not None:
-            older, trace = sorted((previous, trace), key=lambda t: t.meta.started_ns)
-            problems.append(
-                f"rank {trace.rank} has several captures (a restarted job?): using "
-                f"{Path(trace.path).name}, ignoring {Path(older.path).name}"
-            )
         traces[trace.rank] = trace
-    if files and not traces:
+    problems += notes
+    if files and len(errors) == len(files):  # (a capture passed over is readable)
         if all(isinstance(e, UnsupportedVersion) for e in errors):
             raise errors[0]
         if len(errors) == 1:

@@ -19,7 +19,7 @@ from __future__ import annotations
 import os
 from dataclasses import dataclass, replace
 from pathlib import Path
-from typing import Any
+from typing import Any, Sequence
 
 import numpy as np
 
@@ -69,12 +69,14 @@ class CaptureFollower:
         self._strings: dict[int, str] = {0: ""}
         self._notes: list[dict[str, Any]] = []
         self._str_pos, self._bad_json, self._str_damaged = 0, 0, False
-        # the ring, slot by slot: slot -> (idx, its Event); slots to look at again
-        self._slots: dict[int, tuple[int, Event]] = {}
-        # the same records as columns, slot by slot (``columns``: a window picked on them)
+        # the ring, slot by slot, as columns: the one form the records are held in; ``Event``s
+        # are views made for the trace ``read`` returns, remade only for the slots decoded
+        # since (``_dirty``), the rest taken from the previous trace (``_built``: their idx)
         self._cols = np.zeros(self._available, dtype=records.RECORD)
         self._exited = np.zeros(self._available, dtype=bool)
         self._held = np.zeros(self._available, dtype=bool)
+        self._dirty: set[int] = set()
+        self._built: tuple[np.ndarray, tuple[Event, ...]] = (np.zeros(0, dtype=np.uint64), ())
         self._torn: set[int] = set()  # slots holding a torn record (or a torn exit part)
         self._open: set[int] = set()  # slots whose record awaits its exit, or a string
         self._frontier = 1  # lowest record index not yet seen in its slot
@@ -215,7 +217,6 @@ class CaptureFollower:
     def _read_ring(self, started: int) -> bool:
         capacity = self.capacity
         if self._started < 0 or started - self._frontier >= capacity:  # first read, or a lap
-            self._slots.clear()
             self._held[:] = False
             self._torn.clear()
             self._open.clear()
@@ -242,8 +243,8 @@ class CaptureFollower:
         write): it is looked at again on each read until the ring laps it."""
         while self._frontier <= started + LOOKAHEAD:
             slot = (self._frontier - 1) % self.capacity
-            held = self._slots.get(slot)
-            if held is not None and held[0] == self._frontier:
+            if (slot < self._available and self._held[slot]
+                    and int(self._cols["idx"][slot]) == self._frontier):
                 self._frontier += 1
             elif started - self._frontier >= _PATIENCE:
                 if slot < self._available:
@@ -258,24 +259,25 @@ class CaptureFollower:
             return False
         decoded = records.decode(self._rows(slots), slots, self.capacity)
         touched = slots.tolist()
-        before = {s: self._slots.pop(s, None) for s in touched}
+        before = (self._held[slots].copy(), self._exited[slots].copy(),
+                  self._cols[slots].view(np.uint8).copy())
         torn_before = self._torn.intersection(touched)
         self._open.difference_update(touched)
         self._torn.difference_update(touched)
         self._torn.update(decoded.torn_slots.tolist())
-        missing = records.unresolved(decoded.rows, self._strings).tolist()
-        row_slots = decoded.slots.tolist()
-        made = records.events(decoded, self._strings, self._paths)
+        missing = records.unresolved(decoded.rows, self._strings)
         self._held[slots] = False
         self._cols[decoded.slots] = decoded.rows
         self._exited[decoded.slots] = decoded.exited
         self._held[decoded.slots] = True
-        for slot, e, unnamed in zip(row_slots, made, missing):
-            self._slots[slot] = (e.idx, e)
-            if not e.done or unnamed:
-                self._open.add(slot)  # its exit, or a name, is still to come
-        return (torn_before != self._torn.intersection(touched)
-                or any(before[s] != self._slots.get(s) for s in touched))
+        # its exit, or a name, is still to come
+        self._open.update(decoded.slots[~decoded.exited | missing].tolist())
+        self._dirty.update(decoded.slots.tolist())
+        held, exited = self._held[slots], self._exited[slots]
+        same = (held == before[0]) & (~held | ((exited == before[1]) & (
+            self._cols[slots].view(np.uint8).reshape(len(slots), -1)
+            == before[2].reshape(len(slots), -1)).all(axis=1)))
+        return torn_before != self._torn.intersection(touched) or not bool(same.all())
 
     def _rows(self, slots: np.ndarray) -> np.ndarray:
         """The RECORD rows of ``slots`` (sorted), read in runs of adjacent slots."""
@@ -322,15 +324,51 @@ class CaptureFollower:
         return self._meta_now
 
     def _build(self) -> RankTrace:
-        held = sorted(self._slots.values(), key=lambda t: t[0])
-        count = held[-1][0] if held else 0
+        slots = np.flatnonzero(self._held)
+        idx = self._cols["idx"][slots]
+        order = np.argsort(idx, kind="stable")
+        slots, idx = slots[order], idx[order]
+        # the previous trace's events where their slots were not decoded since: the same
+        # records, the same views
+        built, before = self._built
+        at = np.minimum(np.searchsorted(built, idx), max(len(built) - 1, 0))
+        reuse = np.zeros(len(idx), dtype=bool) if not len(before) else (
+            (built[at] == idx) & ~np.isin(slots, np.fromiter(
+                self._dirty, dtype=np.int64, count=len(self._dirty))))
+        fresh = slots[~reuse]
+        made = records.events(records.Decoded(self._cols[fresh], self._exited[fresh], fresh,
+                                              np.zeros(0, dtype=np.int64)),
+                              self._strings, self._paths)
+        views = tuple(_spliced(before, made, reuse, at))
+        self._built, self._dirty = (idx, views), set()
+        count = int(idx[-1]) if len(idx) else 0
         bad = self._bad_json + (1 if self._str_damaged else 0)
         return RankTrace(
-            meta=self.meta, events=tuple(e for _, e in held),
+            meta=self.meta, events=views,
             exit=_exit_from(self._notes, self._fault_text),
             integrity=self._integrity(len(self._torn), count, bad),
             path=str(self.path), notes=tuple(self._notes), paths_recorded=self._paths,
         )
+
+
+def _spliced(before: Sequence[Event], made: list[Event], reuse: np.ndarray,
+             at: np.ndarray) -> list[Event]:
+    """The events in order: where ``reuse``, ``before[at]``, else the next of ``made`` - in
+    runs (a read changes a few slots, mostly at the ring's head: a few slices)."""
+    n = len(reuse)
+    if not n:
+        return []
+    cut = np.flatnonzero((reuse[1:] != reuse[:-1]) | (reuse[1:] & (at[1:] != at[:-1] + 1))) + 1
+    out: list[Event] = []
+    taken = 0
+    for lo, hi in zip([0, *cut.tolist()], [*cut.tolist(), n]):
+        if reuse[lo]:
+            first = int(at[lo])
+            out.extend(before[first:first + hi - lo])
+        else:
+            out.extend(made[taken:taken + hi - lo])
+            taken += hi - lo
+    return out
 
 
 @dataclass(frozen=True)

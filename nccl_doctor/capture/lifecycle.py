@@ -21,10 +21,10 @@ import time
 from dataclasses import dataclass, replace
 from pathlib import Path
 
-from nccl_doctor.capture import watch_record
 from nccl_doctor.capture.manifest import Manifest
 from nccl_doctor.env import host_name
 from nccl_doctor.processes import started
+from nccl_doctor.watch_log import WatchLog
 
 LOST = "supervisor_lost_at"
 
@@ -41,22 +41,19 @@ class Lost:
     signals: tuple[str, ...] = ()
 
 
-def lost(directory: Path, manifest: Manifest | None) -> Lost | None:
+def lost(manifest: Manifest | None, log: WatchLog | None) -> Lost | None:
     """Whether the run's supervisor was lost (the manifest a replay finished, else the reaper's
-    event in ``watchdog.json``, which also says what the reaper sent)."""
+    event in ``log``, its ``watchdog.json`` as read once: capture/evidence.py, which also says
+    what the reaper sent)."""
     if manifest is None:
         return None
-    try:
-        log = watch_record.read_watch_log(directory)
-    except ValueError:
-        log = None
     event = log.lost if log is not None else None
-    signals = tuple(str(s) for s in (event or {}).get("signals", ()))
+    signals = event.signals if event is not None else ()
     at = manifest.extra.get(LOST)
     if not isinstance(at, (int, float)):
         if manifest.ended_at is not None or event is None:
             return None
-        at = event.get("at")
+        at = event.at
     return Lost(float(at), signals) if isinstance(at, (int, float)) else None
 
 

@@ -20,8 +20,6 @@ from nccl_doctor.capture import format as fmt, watch_record
 from nccl_doctor.capture.claim import LOCK
 from nccl_doctor.capture.manifest import MANIFEST
 from nccl_doctor.capture.unrecorded import MAX_WORLD
-from nccl_doctor.diagnosis import Diagnosis
-from nccl_doctor.files import write_atomic
 from nccl_doctor.gpu.series import GPU_JSONL
 from nccl_doctor.stacks.samples import STRAGGLERS_JSONL
 
@@ -101,11 +99,3 @@ def _kind(path: Path) -> str:
 
 def report_path(directory: Path) -> Path:
     return directory / REPORT_JSON
-
-
-def write_report(directory: Path, diagnosis: Diagnosis) -> Path:
-    """``report.json`` (its schema: docs), written atomically: a reader never sees half a
-    report."""
-    path = report_path(directory)
-    write_atomic(path, diagnosis.to_json_text())
-    return path

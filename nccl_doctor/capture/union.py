@@ -11,9 +11,31 @@ from __future__ import annotations
 
 from dataclasses import replace
 from pathlib import Path
-from typing import Sequence
+from typing import Callable, Iterable, Sequence, TypeVar
 
 from nccl_doctor.model import GroupInfo, RankTrace, TraceSet
+
+T = TypeVar("T")
+
+
+def newest_per_rank(found: Iterable[T], rank_started: Callable[[T], tuple[int, int]],
+                    ) -> tuple[dict[int, T], list[tuple[T, T]]]:
+    """rank -> the newest of ``found`` (by start time; of two that started together, the later
+    given), and (older, newer) for each one passed over: the one rule by which replay, the
+    Python API, the live reader and the union keep a restarted rank's latest capture."""
+    newest: dict[int, T] = {}
+    passed: list[tuple[T, T]] = []
+    for item in found:
+        rank, started = rank_started(item)
+        held = newest.get(rank)
+        if held is None:
+            newest[rank] = item
+        elif rank_started(held)[1] <= started:
+            newest[rank] = item
+            passed.append((held, item))
+        else:
+            passed.append((item, held))
+    return newest, passed
 
 
 def union(sets: Sequence[TraceSet], source: str = "") -> TraceSet:
@@ -21,20 +43,12 @@ def union(sets: Sequence[TraceSet], source: str = "") -> TraceSet:
     record lead (put the leader's node first); GPU samples are kept for one host only."""
     if len(sets) == 1:
         return replace(sets[0], source=source or sets[0].source)
-    ranks: dict[int, RankTrace] = {}
-    problems: list[str] = []
-    for part in sets:
-        problems.extend(part.problems)
-        for rank, trace in part.ranks.items():
-            previous = ranks.get(rank)
-            if previous is None:
-                ranks[rank] = trace
-                continue
-            older, newer = sorted((previous, trace), key=lambda t: t.meta.started_ns)
-            ranks[rank] = newer
-            problems.append(
-                f"rank {rank} has captures on two nodes ({_where(older)} and {_where(newer)}): "
-                f"using the newer, {_where(newer)}")
+    problems = [p for part in sets for p in part.problems]
+    ranks, passed = newest_per_rank((t for part in sets for t in part.ranks.values()),
+                                    lambda t: (t.rank, t.meta.started_ns))
+    for older, newer in passed:
+        problems.append(f"rank {newer.rank} has captures on two nodes ({_where(older)} and "
+                        f"{_where(newer)}): using the newer, {_where(newer)}")
     groups: dict[str, GroupInfo] = {}
     for part in sets:
         for name, info in part.groups.items():

@@ -13,13 +13,12 @@ verdict (versioned files, written by the supervisor only):
 from __future__ import annotations
 
 import json
-import time
 from pathlib import Path
-from typing import Any, Mapping, Sequence
+from typing import Any, Mapping
 
 from nccl_doctor.files import write_atomic
 from nccl_doctor.stacks.rank_stack import RankStack, stack_from_json
-from nccl_doctor.watch_log import WatchLog
+from nccl_doctor.watch_log import WatchEvent, WatchLog, event_from_json, events_json
 from nccl_doctor import bounded_json
 
 WATCH_JSON = "watchdog.json"
@@ -31,22 +30,18 @@ MAX_EVENTS = 200  # a job retracted and re-called many times keeps its latest de
 MAX_FR_ENTRIES = 4096  # per rank: Flight Recorder's own default buffer is 2,000
 
 
-def event(kind: str, **fields: Any) -> dict[str, Any]:
-    return {"event": kind, "at": round(time.time(), 3), **fields}
-
-
-def watch_text(events: Sequence[Mapping[str, Any]]) -> str:
+def watch_text(events: tuple[WatchEvent, ...]) -> str:
     """``watchdog.json`` holding ``events`` (the newest ``MAX_EVENTS``)."""
     doc = {"format": WATCH_FORMAT, "version": VERSION,
-           "events": [dict(e) for e in events[-MAX_EVENTS:]]}
+           "events": events_json(events[-MAX_EVENTS:])}
     return json.dumps(doc, indent=1, default=str) + "\n"
 
 
-def append_event(directory: Path, entry: Mapping[str, Any]) -> None:
+def append_event(directory: Path, entry: WatchEvent) -> None:
     """Add one event to another process's ``watchdog.json`` (the reaper's, once the supervisor
     that kept it is gone; rewritten atomically)."""
     log = read_watch_log(directory) or WatchLog()
-    write_atomic(directory / WATCH_JSON, watch_text([*log.events, entry]))
+    write_atomic(directory / WATCH_JSON, watch_text((*log.events, entry)))
 
 
 def _read_doc(path: Path, fmt: str) -> dict[str, Any] | None:
@@ -75,7 +70,7 @@ def read_watch_log(directory: Path) -> WatchLog | None:
     events = doc.get("events")
     if not isinstance(events, list):
         raise ValueError(f"{WATCH_JSON} has no events list")
-    return WatchLog(tuple(e for e in events if isinstance(e, dict)))
+    return WatchLog(tuple(e for e in map(event_from_json, events) if e is not None))
 
 
 def stacks_text(stacks: Mapping[int, RankStack]) -> str:

@@ -11,14 +11,9 @@ from typing import Iterator, TextIO
 from dataclasses import replace
 
 from nccl_doctor import paths
-from nccl_doctor.analysis import analyze
-from nccl_doctor.capture import sources
-from nccl_doctor.cli.output import emit, verdict_status
 from nccl_doctor.cli.run import code_pattern
 from nccl_doctor.errors import CaptureNotFound, ExitStatus
-from nccl_doctor.reporters import REPORTERS
-from nccl_doctor.capture import metrics_log
-from nccl_doctor.capture.loading import reading_progress
+from nccl_doctor.reporters import FORMATS
 
 #: Captures from which replay shows a progress bar while it reads them (on a terminal only).
 BAR_FROM = 16
@@ -33,6 +28,8 @@ def reading_bar(stream: TextIO) -> Iterator[None]:
         return
     from rich.console import Console
     from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn
+
+    from nccl_doctor.capture.capture_set import reading_progress
 
     bar = Progress(TextColumn("reading captures"), BarColumn(), MofNCompleteColumn(),
                    console=Console(file=stream), transient=True)
@@ -70,7 +67,7 @@ def register(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--fr", type=Path, default=None, metavar="DIR",
                    help="the job's own Flight Recorder dumps, merged with the capture "
                         "(TORCH_FR_DUMP_TEMP_FILE's directory)")
-    p.add_argument("--format", choices=sorted(REPORTERS), default=None,
+    p.add_argument("--format", choices=FORMATS, default=None,
                    help="report format (default: console; for an -o FILE ending in .json, json; "
                         "in .html, html: one self-contained page)")
     p.add_argument("-o", "--output", type=Path, default=None, metavar="FILE",
@@ -92,8 +89,15 @@ def register(sub: argparse._SubParsersAction) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
+    # what replay reads and writes with, imported by the replay itself: the parser of every
+    # command imports this module
+    from nccl_doctor.analysis import analyze
+    from nccl_doctor.analysis.loaded import load
+    from nccl_doctor.capture import metrics_log
+    from nccl_doctor.cli.output import emit, verdict_status
+
     with reading_bar(sys.stderr):
-        traces = sources.load_many(args.capture, args.fr)
+        traces = load(*args.capture, fr=args.fr)
     if args.log is not None:
         if not args.log.is_file():
             raise CaptureNotFound(f"--log {args.log} does not exist or is not a file")

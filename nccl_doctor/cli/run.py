@@ -8,9 +8,9 @@ import sys
 from dataclasses import replace
 from pathlib import Path
 
+from typing import TYPE_CHECKING
+
 from nccl_doctor.cli import serving
-from nccl_doctor.cli.live import make_display
-from nccl_doctor.cli.output import PageFile, verdict_status
 from nccl_doctor.reporters.escape import visible
 from nccl_doctor.capture import claim
 from nccl_doctor.capture.names import REPORT_HTML, remove_own_files
@@ -18,20 +18,17 @@ from nccl_doctor import paths
 from nccl_doctor.env import COORDINATOR, COORDINATOR_JOB, LEADER_HOST, NO_REDACT, host_name
 from nccl_doctor.errors import ExitStatus, OutDirInUse, OutputExists, UsageError, unwritable
 from nccl_doctor.supervisor.federation import rendezvous
-from nccl_doctor.supervisor.gpu.nvml import Nvml
 from nccl_doctor.supervisor.federation import store as federation_store
-from nccl_doctor.supervisor.ray.fleet import (
-    RayCluster, RayFleet, free_port, job_environment as ray_job_environment, leader_rendezvous,
-)
 from nccl_doctor.supervisor.slurm import allocation as slurm
-from nccl_doctor.supervisor.slurm.fleet import (
-    SlurmFleet, SlurmRun, leader_rendezvous as slurm_rendezvous,
-)
-from nccl_doctor.reporters.console import ConsoleReporter
-from nccl_doctor.supervisor.supervisor import Supervisor
 from nccl_doctor.supervisor.policy import (
     DEFAULT_HANG_AFTER, DEFAULT_ON_HANG, DEFAULT_STUCK_AFTER, HangPolicy, OnHang,
 )
+
+# The supervisor, the display, the reporters and the clusters' fleets are imported by the run
+# that uses them: the parser of every command imports this module for its options.
+if TYPE_CHECKING:
+    from nccl_doctor.supervisor.ray.fleet import RayCluster, RayFleet
+    from nccl_doctor.supervisor.slurm.fleet import SlurmFleet, SlurmRun
 
 HELP = "run a launch command (torchrun, accelerate launch, deepspeed, python) under the doctor"
 
@@ -211,6 +208,11 @@ def supervise(args: argparse.Namespace, command: list[str]) -> int:
 
 def _supervise(args: argparse.Namespace, command: list[str],
                served: serving.Serving | None) -> int:
+    from nccl_doctor.cli.status_bar import make_display
+    from nccl_doctor.cli.output import PageFile, verdict_status
+    from nccl_doctor.supervisor.gpu.nvml import Nvml
+    from nccl_doctor.supervisor.supervisor import Supervisor
+
     out = prepare_out_dir(args.out, args.force)
     err = sys.stderr
     policy = None if args.no_watch else HangPolicy(on_hang=OnHang(args.on_hang),
@@ -222,8 +224,10 @@ def _supervise(args: argparse.Namespace, command: list[str],
     # --ray, Slurm: this supervisor hosts the node doctors' coordinator (--coordinator gives its
     # port); an allocation of this node alone has no other node to meet
     if cluster is not None:
+        from nccl_doctor.supervisor.ray.fleet import leader_rendezvous
         meeting = leader_rendezvous(cluster)
     elif allocation is not None:
+        from nccl_doctor.supervisor.slurm.fleet import leader_rendezvous as slurm_rendezvous
         meeting = slurm_rendezvous(allocation) if allocation.followers else None
     else:
         meeting = _meeting(args, command, err)
@@ -235,11 +239,13 @@ def _supervise(args: argparse.Namespace, command: list[str],
     paths.configure_from(environ)
     fleet: RayFleet | SlurmFleet | None = None
     if cluster is not None:
-        environ = ray_job_environment(environ, host_name())
-        fleet = RayFleet(cluster, out, host_name(), environ, key)
+        from nccl_doctor.supervisor.ray import fleet as ray_fleet
+        environ = ray_fleet.job_environment(environ, host_name())
+        fleet = ray_fleet.RayFleet(cluster, out, host_name(), environ, key)
     elif allocation is not None:
+        from nccl_doctor.supervisor.slurm import fleet as slurm_fleet
         environ[LEADER_HOST] = allocation.leader_host  # the other nodes' ranks: their directory
-        fleet = SlurmFleet(allocation, out, key)
+        fleet = slurm_fleet.SlurmFleet(allocation, out, key)
     if meeting is not None:
         # torch's C++ log would print every retry of a store connection on the user's terminal
         os.environ.setdefault("TORCH_CPP_LOG_LEVEL", "FATAL")
@@ -253,6 +259,7 @@ def _supervise(args: argparse.Namespace, command: list[str],
     if not args.quiet:
         display = make_display(err, supervisor.watchdog.view if supervisor.watchdog else None)
         supervisor.attach(display, announce=display.announce)
+    page_file.prepare(console=not args.quiet)  # while the job starts
     try:
         result = supervisor.run()
     finally:
@@ -264,6 +271,7 @@ def _supervise(args: argparse.Namespace, command: list[str],
         err.write(f"nccl-doctor: could not analyse the capture: "
                   f"{visible(result.analysis_error)}\n")
     elif result.diagnosis is not None and not args.quiet:
+        from nccl_doctor.reporters.console import ConsoleReporter
         err.write("\n")
         ConsoleReporter().render(result.diagnosis, err, color=err.isatty())
     if result.report_path is not None and not args.quiet:
@@ -283,6 +291,7 @@ def _ray_cluster(args: argparse.Namespace, environ: dict[str, str]) -> RayCluste
     if address.startswith("ray://"):
         raise UsageError(f"--ray {address}: a Ray Client address; run the driver on a node of "
                          "the cluster (give the cluster's HOST:PORT, or nothing for 'auto')")
+    from nccl_doctor.supervisor.ray.fleet import RayCluster
     follower = _follower_args(args)
     return RayCluster(address, _coordinator_port(args), tuple(follower))
 
@@ -290,6 +299,7 @@ def _ray_cluster(args: argparse.Namespace, environ: dict[str, str]) -> RayCluste
 def _coordinator_port(args: argparse.Namespace) -> int:
     """The port this supervisor hosts its node doctors' coordinator on: --coordinator's, else a
     free one."""
+    from nccl_doctor.supervisor.ray.fleet import free_port
     if args.coordinator:
         return rendezvous.split_address(args.coordinator, "--coordinator")[1]
     return free_port()
@@ -327,6 +337,7 @@ def _slurm_run(args: argparse.Namespace, command: list[str], environ: dict[str, 
         err.write("nccl-doctor: srun outside an allocation: the other nodes go unwatched; run "
                   "it inside salloc or an sbatch script (docs/slurm.md)\n")
         return None
+    from nccl_doctor.supervisor.slurm.fleet import SlurmRun
     return SlurmRun(found, _coordinator_port(args), tuple(_follower_args(args)), host_name())
 
 

@@ -7,9 +7,7 @@ import argparse
 import time
 from typing import TYPE_CHECKING, Callable, TextIO
 
-from nccl_doctor.serve.server import parse_address
-
-if TYPE_CHECKING:
+if TYPE_CHECKING:  # the endpoint (http.server, prometheus_client) is imported for --serve only
     from nccl_doctor.serve.publisher import Publisher
     from nccl_doctor.serve.server import Endpoint
     from nccl_doctor.supervisor.supervisor import Supervisor
@@ -33,6 +31,8 @@ def add_options(p: argparse.ArgumentParser) -> None:
 
 
 def _address(text: str) -> tuple[str, int]:
+    from nccl_doctor.serve.server import parse_address
+
     try:
         return parse_address(text)
     except ValueError as err:

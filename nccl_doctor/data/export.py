@@ -12,13 +12,10 @@ import os
 from pathlib import Path
 from typing import TYPE_CHECKING, Iterable
 
-import pandas as pd
-
-from nccl_doctor.data import columns
-from nccl_doctor.data.columns import COLUMNS, TEXT
 from nccl_doctor.errors import UsageError
 
-if TYPE_CHECKING:
+if TYPE_CHECKING:  # pandas (and the columns, which need it) at the write: the CLI's parser
+    import pandas as pd  # imports this module for FORMATS, and `run` must not pay for pandas
     import pyarrow as pa
 
 FORMATS = ("parquet", "csv")
@@ -50,6 +47,8 @@ def write(chunks: Iterable[pd.DataFrame], path: Path, fmt: str) -> int:
 
 
 def _csv(chunks: Iterable[pd.DataFrame], part: Path) -> int:
+    from nccl_doctor.data.columns import COLUMNS
+
     rows, first = 0, True
     with part.open("w", newline="") as fh:
         for chunk in chunks:
@@ -63,6 +62,8 @@ def _csv(chunks: Iterable[pd.DataFrame], part: Path) -> int:
 def _parquet(chunks: Iterable[pd.DataFrame], part: Path) -> int:
     import pyarrow as pa
     import pyarrow.parquet as pq
+
+    from nccl_doctor.data import columns
 
     writer: pq.ParquetWriter | None = None
     schema: pa.Schema | None = None
@@ -90,6 +91,8 @@ def _schema(schema: pa.Schema) -> pa.Schema:
     """One schema for every chunk: text columns as dictionaries of 32-bit indices (a chunk's
     pandas codes may be narrower), without pandas' per-chunk metadata."""
     import pyarrow as pa
+
+    from nccl_doctor.data.columns import TEXT
 
     fields = []
     for f in schema:

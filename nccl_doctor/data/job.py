@@ -1,8 +1,9 @@
 """``nccl_doctor.open(...)``: a recorded job as pandas tables, and the diagnosis replay gives.
 
-``Job.calls`` is built from the captures read as columns (nccl_doctor/data/columns.py): every
-record of every rank, no Python object per record. ``ranks``, ``groups``, ``notes`` and
-``diagnose()`` come from the job as ``nccl-doctor replay`` loads it (capture/sources.py), so
+The job's captures are one ``CaptureSet`` (capture/capture_set.py), read once whichever is
+asked for first: ``Job.calls`` is built from the captures as columns (nccl_doctor/data/columns.py):
+every record of every rank, no Python object per record. ``ranks``, ``groups``, ``notes`` and
+``diagnose()`` come from the job as ``nccl-doctor replay`` loads it (analysis/loaded.py), so
 what they say is what replay says.
 """
 
@@ -14,14 +15,13 @@ from collections import deque
 from concurrent.futures import Future, ThreadPoolExecutor
 from functools import cached_property
 from pathlib import Path
-from typing import Iterator, Sequence
+from typing import Callable, Iterator
 
 import pandas as pd
 
-from nccl_doctor.capture import metrics_log, sources, watch_record
-from nccl_doctor.capture.assemble import contents
-from nccl_doctor.capture.reader import read_counters
-from nccl_doctor.capture.fr_dump import is_dump_dir
+from nccl_doctor.capture import metrics_log, watch_record
+from nccl_doctor.capture.capture_set import CaptureSet
+from nccl_doctor.capture.follow import Scan
 from nccl_doctor.data import columns
 from nccl_doctor.diagnosis import Diagnosis
 from nccl_doctor.errors import CaptureNotFound, DoctorError
@@ -45,6 +45,9 @@ class Job:
             if not p.exists():
                 raise CaptureNotFound(f"{p} does not exist: pass the --out directory of an "
                                       "`nccl-doctor run`, a capture file or Flight Recorder dumps")
+        # the job's captures, read once: each capture's columns held, shared by the tables and
+        # the traces
+        self._captures = CaptureSet(*self.paths, fr=self.fr, hold_columns=True)
 
     def __repr__(self) -> str:
         where = ", ".join(map(str, self.paths))
@@ -54,7 +57,8 @@ class Job:
     @cached_property
     def traces(self) -> TraceSet:
         """The job as ``nccl-doctor replay`` loads it (the typed model of nccl_doctor.model)."""
-        return sources.load_many(list(self.paths), self.fr)
+        from nccl_doctor.analysis.loaded import loaded
+        return loaded(self._captures)
 
     def diagnose(self, log: PathLike | None = None) -> Diagnosis:
         """The diagnosis ``nccl-doctor replay`` gives (``log``: as its ``--log``)."""
@@ -72,14 +76,14 @@ class Job:
         """One row per recorded collective or point-to-point call, every rank, sorted by rank
         and record number (columns: ``nccl_doctor.data.columns.COLUMNS``)."""
         cats = columns.categories()
-        return columns.frame(list(self._call_parts(cats)), cats)
+        return columns.frame(list(self._call_parts(cats, self._captures.scan)), cats)
 
     def iter_calls(self, ranks_per_chunk: int = 64) -> Iterator[pd.DataFrame]:
         """``calls`` in pieces of ``ranks_per_chunk`` ranks, for a table too large to hold twice
         (``nccl-doctor export``): the same rows and columns, in the same order."""
         cats = columns.categories()
         chunk: list[columns.Columns] = []
-        for part in self._call_parts(cats):
+        for part in self._call_parts(cats, self._captures.held_scan):
             chunk.append(part)
             if len(chunk) >= ranks_per_chunk:
                 yield columns.frame(chunk, cats)
@@ -90,8 +94,8 @@ class Job:
     @cached_property
     def ranks(self) -> pd.DataFrame:
         """One row per rank: where it ran, how it ended (as the report says), its capture."""
-        from nccl_doctor.analysis.ends import judged
-        traces = judged(self.traces)
+        from nccl_doctor.analysis.ends import with_finished_marked
+        traces = with_finished_marked(self.traces)
         rows = []
         for rank, t in sorted(traces.ranks.items()):
             m, ex = t.meta, t.exit
@@ -158,18 +162,19 @@ class Job:
         return self.traces.problems
 
     # -- reading -------------------------------------------------------------------------------
-    def _call_parts(self, cats: dict[str, columns.Categories]) -> Iterator[columns.Columns]:
-        """Each rank's columns, in rank order: from its capture read as columns, or from its
-        events where only Flight Recorder saw the job (dumps, or calls merged from ``fr``)."""
-        dirs = [d for p in self.paths for d in (sources.node_dirs(p) or [p])]
-        captures = [d for d in dict.fromkeys(dirs)
-                    if sources.is_capture(d) or not is_dump_dir(d)]
-        scans = _latest(captures)
+    def _call_parts(self, cats: dict[str, columns.Categories],
+                    scan: Callable[[Path], Scan | DoctorError | None],
+                    ) -> Iterator[columns.Columns]:
+        """Each rank's columns, in rank order: from its capture read as columns (``scan``:
+        held by the set, else read here), or from its events where only Flight Recorder saw
+        the job (dumps, or calls merged from ``fr``)."""
+        captures = self._captures.capture_dirs
+        scans = self._captures.chosen()
         # Flight Recorder's view (dumps given, or the pulls the watchdog kept): replay's
         # merge says which calls it saw alone, and which returned calls are still in flight
         pulled = any((d / watch_record.FR_DIR).is_dir() for d in captures if d.is_dir())
         merged = self.traces if (self.fr is not None or pulled
-                                 or len(captures) < len(dirs)) else None
+                                 or len(captures) < len(self._captures.directories)) else None
         fr_only, flying = {}, {}
         if merged is not None:
             for rank, t in merged.ranks.items():
@@ -179,7 +184,7 @@ class Job:
                 flying[rank] = {e.idx for e in t.events
                                 if e.in_flight and e.source is not EventSource.FLIGHT_RECORDER}
         order = sorted({*scans, *fr_only})
-        read = _read_ahead([scans[r] for r in order if r in scans])
+        read = _read_ahead([scans[r] for r in order if r in scans], scan)
         for rank in order:
             if rank in scans:
                 made = next(read)
@@ -203,45 +208,42 @@ _RANK_COLUMNS = ("rank", "host", "pid", "local_rank", "node_rank", "world_size",
 WORKERS = min(4, os.cpu_count() or 1)
 
 
-def _read_ahead(paths: list[Path]) -> Iterator[tuple[columns.Columns,
-                                                  dict[str, columns.Categories]] | None]:
-    """Each capture's columns (``columns.capture_columns``), in order, read by ``WORKERS``
-    threads a few files ahead of the consumer: memory holds a few captures, never all."""
+Made = tuple[columns.Columns, dict[str, columns.Categories]] | None
+
+
+def _columns(path: Path, scan: Callable[[Path], Scan | DoctorError | None]) -> Made:
+    """One capture's calls, coded into interners of its own (``columns.recoded`` puts them into
+    the table's): from ``scan(path)``, else read here (None: it cannot be read)."""
+    made = scan(path)
+    if made is None:
+        return columns.capture_columns(path)
+    if isinstance(made, DoctorError):
+        return None
+    own = columns.categories()
+    return columns.scan_columns(made, own), own
+
+
+def _read_ahead(paths: list[Path], scan: Callable[[Path], Scan | DoctorError | None],
+                ) -> Iterator[Made]:
+    """Each capture's columns (``_columns``), in order, read by ``WORKERS`` threads a few files
+    ahead of the consumer: memory holds a few captures, never all (unless ``scan`` holds
+    them)."""
     if WORKERS <= 1 or len(paths) <= 1:
-        yield from map(columns.capture_columns, paths)
+        yield from (_columns(p, scan) for p in paths)
         return
     with ThreadPoolExecutor(WORKERS, thread_name_prefix="nccl-doctor-read") as pool:
         ahead: deque[Future] = deque()
         todo = iter(paths)
         for path in todo:
-            ahead.append(pool.submit(columns.capture_columns, path))
+            ahead.append(pool.submit(_columns, path, scan))
             if len(ahead) >= 2 * WORKERS:
                 break
         while ahead:
             done = ahead.popleft().result()
             nxt = next(todo, None)
             if nxt is not None:
-                ahead.append(pool.submit(columns.capture_columns, nxt))
+                ahead.append(pool.submit(_columns, nxt, scan))
             yield done
-
-
-def _latest(dirs: Sequence[Path]) -> dict[int, Path]:
-    """rank -> its capture file: the newest of each rank (a restarted rank's latest, as replay
-    picks), told by the headers alone. A capture that cannot be read is left out (replay's
-    notes, in ``Job.problems``, say why)."""
-    out: dict[int, tuple[int, Path]] = {}
-    for d in dirs:
-        _, files, _ = contents(d)
-        for f in files:
-            try:
-                meta, _, _ = read_counters(f)
-                rank, started = int(meta["rank"]), int(meta.get("started_ns", 0))
-            except (DoctorError, KeyError, TypeError, ValueError):
-                continue
-            held = out.get(rank)
-            if held is None or held[0] <= started:
-                out[rank] = (started, f)
-    return {rank: f for rank, (_, f) in out.items()}
 
 
 _LATENESS_COLUMNS = ("rank", "host", "calls", "last", "per_call_s", "per_step_s",

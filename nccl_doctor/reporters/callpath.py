@@ -6,29 +6,26 @@ Rendering only: the frames, their packages and versions come from the analysis
 
 from __future__ import annotations
 
-from typing import Any, Mapping, Sequence
+from typing import Sequence
 
 from nccl_doctor.location import Location
+from nccl_doctor.sections import CallFrame
 
 #: Frames shown before the rest of a long path is elided (report.json keeps them all).
 SHOWN = 8
 
 
-def frame_text(frame: Mapping[str, Any]) -> str:
+def frame_text(frame: CallFrame) -> str:
     """``trl/trainer/cpo_trainer.py:839 in get_batch_loss_metrics (trl 0.16.1)``."""
-    try:
-        loc = Location(str(frame.get("path", "?")), int(frame.get("line") or 0),
-                       str(frame.get("function") or ""))
-    except (TypeError, ValueError):
-        return "?"
+    loc = Location(frame.path, frame.line, frame.function)
     text = loc.text("in") if loc.function else loc.text()
-    package, version = frame.get("package"), frame.get("version")
+    package, version = frame.package, frame.version
     if package:
         text += f" ({package} {version})" if version else f" ({package})"
     return text
 
 
-def path_lines(frames: Sequence[Mapping[str, Any]]) -> list[str]:
+def path_lines(frames: Sequence[CallFrame]) -> list[str]:
     """One line per frame, innermost first (``<-`` before each caller), elided past SHOWN."""
     if len(frames) < 2:
         return []

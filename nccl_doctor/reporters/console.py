@@ -12,6 +12,7 @@ from rich.table import Table
 from nccl_doctor.diagnosis import Diagnosis, Finding, Severity, Verdict
 from nccl_doctor.reporters.callpath import path_lines
 from nccl_doctor.reporters.escape import visible
+from nccl_doctor.sections import Ray
 
 _VERDICT_STYLE = {
     Verdict.OK: "bold green", Verdict.SUSPECT: "bold yellow", Verdict.HANG: "bold red",
@@ -46,22 +47,21 @@ class ConsoleReporter:
             self._finding(console, f)
         if d.ranks:
             console.print(self._ranks_table(d))
-        if d.ray:
+        if d.ray is not None:
             self._ray(console, d.ray)
         if d.stack_classes:
             console.print("\n[bold]stacks[/] (the threads making the collectives, ranks with the same stack together)")
             for c in d.stack_classes:
-                odd = "  [yellow]<- odd one out[/]" if c.get("odd") else ""
-                ranks = ", ".join(str(r) for r in c.get("ranks", []))
-                tail = c.get("tail") or " -> ".join(map(str, c.get("frames", [])[-3:])) or "no stack"
-                sources = ", ".join(str(s) for s in c.get("sources", []))
-                console.print(f"    ranks {_text(ranks)}: {_text(tail)} [dim]({_text(sources)})[/]"
-                              f"{odd}")
+                odd = "  [yellow]<- odd one out[/]" if c.odd else ""
+                ranks = ", ".join(str(r) for r in c.ranks)
+                sources = ", ".join(c.sources)
+                console.print(f"    ranks {_text(ranks)}: {_text(c.shown)} "
+                              f"[dim]({_text(sources)})[/]{odd}")
         if d.watchdog:
             w = d.watchdog
-            console.print(f"[dim]watchdog: {_text(w.get('situation'))} diagnosed "
-                          f"{_text(w.get('waited_s'))} s after the last progress; "
-                          f"{_text(w.get('action'))}[/]")
+            console.print(f"[dim]watchdog: {_text(w.situation)} diagnosed "
+                          f"{_text(w.waited_s)} s after the last progress; "
+                          f"{_text(w.action)}[/]")
         for note in d.notes:
             console.print(f"[yellow]note:[/] {_text(note)}")
 
@@ -82,27 +82,20 @@ class ConsoleReporter:
             console.print("    [dim]call path:[/]")
             for line in lines:
                 console.print(f"      {_text(line)}")
-        known = f.evidence.get("known_issue")
-        if isinstance(known, dict):
-            where = known.get("upstream") or "no upstream library matched: the general fix"
-            console.print(f"    [magenta]known issue[/] (docs/bugs.md {_text(known.get('rule'))}"
-                          f", {_text(known.get('mechanism'))}): {_text(where)}")
+        known = f.evidence.known_issue
+        if known is not None:
+            where = known.upstream or "no upstream library matched: the general fix"
+            console.print(f"    [magenta]known issue[/] (docs/bugs.md {_text(known.rule)}"
+                          f", {_text(known.mechanism)}): {_text(where)}")
         if f.hint and (f.root_cause or f.severity is Severity.WARNING):
             console.print(f"    [green]fix:[/] {_text(f.hint)}")
 
-    def _ray(self, console: Console, ray: dict) -> None:
+    def _ray(self, console: Console, ray: Ray) -> None:
         """Which Ray actor holds each rank, and the groups between them."""
-        held: dict[str, list[str]] = {}
-        for rank, a in (ray.get("actors") or {}).items():
-            if isinstance(a, dict):
-                key = f"{a.get('class')} {a.get('name') or str(a.get('id', ''))[:8]}"
-                held.setdefault(f"{key} on {a.get('host')}" if a.get("host") else key,
-                                []).append(str(rank))
         console.print("\n[bold]Ray actors[/] " + _text("; ".join(
-            f"rank {', '.join(ranks)}: {who}" for who, ranks in held.items())))
-        for name, g in (ray.get("groups") or {}).items():
-            if isinstance(g, dict):
-                console.print(f"    group {_text(name)}: {_text(g.get('role'))}")
+            f"rank {', '.join(map(str, ranks))}: {who}" for who, ranks in ray.held().items())))
+        for name, g in ray.groups.items():
+            console.print(f"    group {_text(name)}: {_text(g.role)}")
 
     def _ranks_table(self, d: Diagnosis) -> Table:
         table = Table(title=None, show_edge=False, pad_edge=False, box=None, header_style="bold")
@@ -113,13 +106,11 @@ class ConsoleReporter:
         if stacks:
             table.add_column("stack (innermost user frame)", overflow="fold")
         for r in d.ranks:
-            last = r.last_collective or {}
-            via = " functional" if last.get("source") == "functional" else ""
-            op = (f"{last.get('op')} #{last.get('seq')} g{last.get('group')} "
-                  f"({last.get('state')}{via})") if last else "-"
+            last = r.last_collective
             row = [_text(r.rank), _text(r.host or "-"), _text(r.pid or "-"),
                    _text(r.exit_detail if r.state != "running" else r.state),
-                   _text(op), _text(last.get("callsite", "-"))]
+                   _text(last.text if last is not None else "-"),
+                   _text(last.callsite if last is not None else "-")]
             if stacks:
                 row.append(_text(r.stack_summary or "-"))
             table.add_row(*row)

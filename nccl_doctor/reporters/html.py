@@ -15,21 +15,15 @@ import jinja2
 
 from nccl_doctor._version import __version__
 from nccl_doctor.diagnosis import Diagnosis, FindingKind
-from nccl_doctor.files import write_atomic
+from nccl_doctor.finding_evidence import Evidence, GpuBusyEvidence
 from nccl_doctor.gpu.readings import GpuTrace
-from nccl_doctor.page import Page, Timeline, rank_ranges
+from nccl_doctor.page_model import Page, Timeline, rank_ranges
 from nccl_doctor.reporters.callpath import path_lines
 from nccl_doctor.reporters.escape import visible
 
 _TEMPLATES = Path(__file__).parent / "templates"
 #: Points per GPU series drawn (a days-long run is sampled down to this).
 MAX_POINTS = 400
-
-
-def write_page(path: Path, diagnosis: Diagnosis, page: Page) -> Path:
-    """``report.html`` at ``path``, written atomically (a browser never reads half a page)."""
-    write_atomic(path, render(diagnosis, page))
-    return path
 
 
 class HtmlReporter:
@@ -159,20 +153,20 @@ def _spin_windows(diagnosis: Diagnosis) -> dict[int, list[tuple[float, float]]]:
     for f in diagnosis.findings:
         if f.kind is not FindingKind.GPU_BUSY_HANG:
             continue
-        for raw in (f.evidence.get("spinning") or {}).values():
-            if not isinstance(raw, dict) or not isinstance(raw.get("gpu"), int):
-                continue
-            since, span = raw.get("since"), raw.get("span_s")
-            if isinstance(since, (int, float)) and isinstance(span, (int, float)):
-                out.setdefault(raw["gpu"], []).append((float(since), float(span)))
+        if not isinstance(f.evidence, GpuBusyEvidence):
+            continue
+        for spin in f.evidence.spinning.values():
+            if isinstance(spin.since, (int, float)) and isinstance(spin.span_s, (int, float)):
+                out.setdefault(spin.gpu, []).append((float(spin.since), float(spin.span_s)))
     return out
 
 
-def _evidence_rows(evidence: Any) -> list[tuple[str, str]]:
-    """A finding's evidence as (key, value) lines: scalars as they are, the rest as compact
-    JSON (bounded: evidence of a 1,024-rank job must not make the page huge)."""
+def _evidence_rows(evidence: Evidence) -> list[tuple[str, str]]:
+    """A finding's evidence as (key, value) lines, as report.json holds it: scalars as they
+    are, the rest as compact JSON (bounded: evidence of a 1,024-rank job must not make the page
+    huge)."""
     rows = []
-    for key, value in (evidence or {}).items():
+    for key, value in evidence.to_json().items():
         text = value if isinstance(value, str) else json.dumps(value, default=str,
                                                               separators=(", ", ": "))
         rows.append((str(key), text if len(text) <= 2000 else text[:1997] + "..."))

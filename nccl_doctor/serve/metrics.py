@@ -79,8 +79,8 @@ def families(pub: Published) -> Iterator[Metric]:
                              "ranks, path:line)", labels=["rank", "host", "kind", "callsite",
                                                           "branch"])
     if cause is not None:
-        branch = cause.branch or {}
-        where = f"{branch.get('path')}:{branch.get('line')}" if branch else ""
+        branch = cause.branch
+        where = f"{branch.path}:{branch.line}" if branch is not None else ""
         for rank in cause.ranks:
             host = hosts.get(rank) or _host_of(pub, rank)
             root.add_metric([str(rank), host, cause.kind.value, cause.callsite or "", where], 1)

@@ -9,7 +9,7 @@ from dataclasses import replace
 from typing import TYPE_CHECKING, Callable
 
 from nccl_doctor.diagnosis import Diagnosis
-from nccl_doctor.live_view import LiveView, RankState, RankView
+from nccl_doctor.status_view import LiveView, RankState, RankView
 from nccl_doctor.serve.state import Published
 
 if TYPE_CHECKING:
@@ -31,9 +31,10 @@ class Publisher:
 
     def look(self, supervisor: Supervisor) -> Published:
         now = time.time()
-        report = supervisor.live.kept.report
-        if report is not self._report[0]:  # drawn once per report, as report.json is
-            self._report = (report, report.to_json_text() if report is not None else "")
+        files = supervisor.live.run_files
+        report = files.report
+        if report is not self._report[0]:  # the text report.json holds: serialised once
+            self._report = (report, files.report_text if report is not None else "")
         view = supervisor.view()
         if view is not None:
             view = self._every_rank(view, supervisor.state.value, report)
@@ -62,8 +63,8 @@ class Publisher:
             told = {s.rank: s for s in report.ranks} if report is not None else {}
             for rank, s in told.items():  # (a rank no look ever counted: a job too short)
                 if rank not in self._seen:
-                    calls = s.capture.get("events", 0) if isinstance(s.capture, dict) else 0
-                    self._seen[rank] = RankView(rank, s.host, int(calls or 0), RankState.ENDED)
+                    calls = s.capture.events if s.capture is not None else 0
+                    self._seen[rank] = RankView(rank, s.host, calls, RankState.ENDED)
             ranks = [replace(r, state=RankState.ENDED,
                              detail=told[r.rank].state if r.rank in told else "")
                      for r in (self._seen[k] for k in sorted(self._seen))]
@@ -74,7 +75,7 @@ def _nodes(supervisor: Supervisor) -> dict[str, int]:
     fed = supervisor.federation
     if fed is None or not fed.leading:
         return {"joined": 1}
-    remotes = list(fed.link.remotes.values())
+    remotes = list(fed.remotes.values())
     lost = sum(1 for r in remotes if r.lost)
     out = {"joined": 1 + len(remotes) - lost, "lost": lost}
     if fed.rdzv.nnodes:

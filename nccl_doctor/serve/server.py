@@ -15,7 +15,7 @@ from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from typing import Callable
 
 from nccl_doctor.errors import UsageError
-from nccl_doctor.serve import metrics, page
+from nccl_doctor.serve import live_page, metrics
 from nccl_doctor.serve.state import Published
 
 #: Connections served at once; more get 503 (a scraper or a browser needs one or two).
@@ -72,7 +72,7 @@ class _Drawn:
             return pub.status_json().encode()
         if path == "/report.html":
             return pub.report_html.encode() if pub.report_html else None
-        return page.render(pub).encode()
+        return live_page.render(pub).encode()
 
 
 class Endpoint:

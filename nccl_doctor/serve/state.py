@@ -12,7 +12,7 @@ from dataclasses import dataclass, field
 from typing import Any, Mapping
 
 from nccl_doctor.diagnosis import Diagnosis, Finding
-from nccl_doctor.live_view import LiveView
+from nccl_doctor.status_view import LiveView
 
 
 @dataclass(frozen=True)

@@ -5,9 +5,9 @@ the main thread beside it when that is another (pure)."""
 from __future__ import annotations
 
 import os
-from typing import Any
 
 from nccl_doctor import paths
+from nccl_doctor.sections import StackClass
 from nccl_doctor.stacks.aggregate import classify
 from nccl_doctor.stacks.rank_stack import RankStack, ThreadStack
 
@@ -58,17 +58,15 @@ def stack_summary(stack: RankStack) -> str:
     return text
 
 
-def stack_classes(stacks: dict[int, RankStack]) -> list[dict[str, Any]]:
+def stack_classes(stacks: dict[int, RankStack]) -> list[StackClass]:
     """STAT-style classes of the stacks of the threads that make the ranks' collectives, for
     the report (root-first frames)."""
     out = []
     for c in classify(stacks):
-        out.append({
-            "ranks": list(c.ranks), "odd": c.odd,
-            "frames": [f.text("frame") for f in c.frames],
-            "tail": class_tail([f.text("frame") for f in c.frames]),
-            "sources": sorted({stacks[r].source for r in c.ranks if r in stacks}),
-        })
+        frames = tuple(f.text("frame") for f in c.frames)
+        out.append(StackClass(
+            ranks=tuple(c.ranks), odd=c.odd, frames=frames, tail=class_tail(list(frames)),
+            sources=tuple(sorted({stacks[r].source for r in c.ranks if r in stacks}))))
     return out
 
 

@@ -3,15 +3,15 @@ once, with how many ranks went through them, the branches where ranks part ways 
 
 from __future__ import annotations
 
-from typing import Any, Mapping, Sequence
+from typing import Sequence
 
-from nccl_doctor.page import Node
+from nccl_doctor.page_model import Node
+from nccl_doctor.sections import StackClass
 
 
-def prefix_tree(classes: Sequence[Mapping[str, Any]]) -> tuple[Node, ...]:
-    """``stack_classes`` (each ``{ranks, odd, frames}`` with frames root first) as a tree."""
-    paths = [(tuple(str(f) for f in c.get("frames") or ()), tuple(c.get("ranks") or ()),
-              bool(c.get("odd"))) for c in classes]
+def prefix_tree(classes: Sequence[StackClass]) -> tuple[Node, ...]:
+    """``stack_classes`` (frames root first) as a tree."""
+    paths = [(c.frames, c.ranks, c.odd) for c in classes]
     return _build(paths, 0)
 
 

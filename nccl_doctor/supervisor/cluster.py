@@ -69,13 +69,14 @@ def tell(said: dict[str, Any], supervisor: Any, engine: str) -> None:
     failed), an error (announced), a node doctor running (the leader waits for it while it
     runs, however slow its start)."""
     live, fed = supervisor.live, supervisor.federation
-    if "gone" in said and fed is not None:
-        fed.link.gone(str(said["gone"]))
+    leader = fed.leader if fed is not None else None
+    if "gone" in said and leader is not None:
+        leader.gone(str(said["gone"]))
     if "error" in said:
         live.announce(f"{engine}: {said['error']}")
     elif "node" in said:
-        if fed is not None:
-            fed.link.coming(str(said["node"]))
+        if leader is not None:
+            leader.coming(str(said["node"]))
         live.announce(f"{engine}: a node doctor runs on {said['node']} (node "
                       f"{said['node_rank']})")
 

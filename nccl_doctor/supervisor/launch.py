@@ -67,6 +67,14 @@ class Job:
     def poll(self) -> int | None:
         return self.proc.poll()
 
+    def wait(self, timeout: float) -> int | None:
+        """The launcher's exit status once it exits within ``timeout`` s (None: still running):
+        the supervisor sees the job's end at once, not at its next look."""
+        try:
+            return self.proc.wait(timeout)
+        except subprocess.TimeoutExpired:
+            return None
+
     def adopt(self, pids: Iterable[int]) -> None:
         """Count these processes (the ranks this host's registry found) as the job's."""
         for pid in pids:

@@ -16,6 +16,7 @@ Run as ``python -m nccl_doctor.supervisor.reaper OUT_DIR PGID``; it imports noth
 
 from __future__ import annotations
 
+import atexit
 import os
 import signal
 import subprocess
@@ -28,12 +29,30 @@ from nccl_doctor.processes import started
 
 GRACE = 10.0  # seconds between SIGTERM and SIGKILL: torchrun stops its workers in that time
 DONE = "done"
+#: Reapers told DONE and still exiting: reaped without blocking (``_reap_exited``), and waited
+#: for at this process's exit (an embedding process, a test session, runs many jobs).
+_EXITING: list[subprocess.Popen] = []
+
+
+def _reap_exited(block: bool = False) -> None:
+    for proc in list(_EXITING):
+        try:
+            done = proc.wait(timeout=5) if block else proc.poll()
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            done = proc.wait()
+        if done is not None:
+            _EXITING.remove(proc)
+
+
+atexit.register(_reap_exited, True)
 
 
 class Reaper:
     """The supervisor's end: start the reaper, tell it the ranks, release it at the end."""
 
     def __init__(self, out_dir: Path, pgid: int) -> None:
+        _reap_exited()
         self.proc: subprocess.Popen | None = None
         self._pipe: IO[str] | None = None
         try:
@@ -58,12 +77,11 @@ class Reaper:
             except OSError:
                 pass
             self._pipe = None
-        if self.proc is not None:
-            try:
-                self.proc.wait(timeout=5)
-            except subprocess.TimeoutExpired:
-                self.proc.kill()
-                self.proc.wait()
+        if self.proc is not None:  # it exits on reading DONE; not waited for here (a blocking
+            # wait cost the end of every run 10-40 ms): reaped by the next reaper's start, or at
+            # this process's exit
+            _EXITING.append(self.proc)
+            self.proc = None
 
     def _say(self, line: str) -> None:
         if self._pipe is None:
@@ -142,9 +160,9 @@ def main(argv: list[str]) -> int:
     sent = stop_job(pgid, ranks)
     try:
         from nccl_doctor.capture import watch_record
+        from nccl_doctor.watch_log import SupervisorLost
 
-        watch_record.append_event(out_dir, {**watch_record.event(
-            "supervisor_lost", signals=sent), "at": round(lost_at, 3)})
+        watch_record.append_event(out_dir, SupervisorLost(tuple(sent), round(lost_at, 3)))
     except Exception:  # the directory is gone or unwritable: the job was stopped all the same
         pass
     return 0

@@ -9,8 +9,9 @@ A finding is announced the moment it is established, and returned for report.jso
 from __future__ import annotations
 
 from nccl_doctor.analysis import SILENT_PASSES, analyze
+from nccl_doctor.finding_evidence import DegenerateEvidence, SamplingEvidence
 from nccl_doctor.diagnosis import Finding, Severity
-from nccl_doctor.supervisor.live import Decision, LiveJob, Report, Snapshot
+from nccl_doctor.supervisor.watching import Decision, LiveJob, Report, Snapshot
 
 
 class SilentWatch:
@@ -49,5 +50,7 @@ class SilentWatch:
 
 def _key(f: Finding) -> tuple:
     """What makes a finding new: its kind and who (titles carry counts that grow as it runs)."""
-    classes = f.evidence.get("classes") or f.evidence.get("criteria") or ()
+    e = f.evidence
+    classes = (e.classes if isinstance(e, SamplingEvidence)
+               else e.criteria if isinstance(e, DegenerateEvidence) else ())
     return (f.kind, f.ranks, repr(classes))

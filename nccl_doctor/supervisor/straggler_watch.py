@@ -25,10 +25,11 @@ from nccl_doctor.analysis.lateness import MIN_SKEW_NS, arrivals, lateness_table
 from nccl_doctor.analysis.straggler import detect_straggler
 from nccl_doctor.analysis.threads import focused
 from nccl_doctor.model import TraceSet
+from nccl_doctor.finding_evidence import StragglerEvidence
 from nccl_doctor.stacks import summary
 from nccl_doctor.stacks.samples import SampleLog, StackSample
 from nccl_doctor.supervisor import evidence
-from nccl_doctor.supervisor.live import LiveJob, Snapshot
+from nccl_doctor.supervisor.watching import LiveJob, Snapshot
 
 
 DUTY = 20.0  # wait at least this many times a look's own duration before the next one
@@ -76,8 +77,8 @@ class StragglerWatch:
         self._measure(traces)
         found = detect_straggler(traces)
         # rank -> its median lateness, s (what ``run --serve`` shows)
-        self.skew = {r: float(f.evidence.get("median_ms", 0.0)) / 1e3
-                     for f in found for r in f.ranks}
+        self.skew = {r: f.evidence.median_ms / 1e3 for f in found for r in f.ranks
+                     if isinstance(f.evidence, StragglerEvidence)}
         late = sorted({r for f in found for r in f.ranks})
         local = {r: p.pid for r, p in self.job.local().items()}
         targets, remote, waiting = {}, [], {}

@@ -1,17 +1,21 @@
 """The supervisor loop: launch, watch, collect, analyse, report.
 
 While the job runs, ``tick`` runs every ``poll_interval``: it takes one ``Snapshot`` of the job
-(nccl_doctor/supervisor/live.py), hands it to every watch (the hang watchdog, the silent-error
+(nccl_doctor/supervisor/watching.py), hands it to every watch (the hang watchdog, the silent-error
 check, the straggler sampling), applies what they decide - it alone writes report.json and stops
 the job - then calls the listeners (the GPU sampler, a live display). Once the job has ended, the
 captures are analysed post mortem; a hang the watchdog diagnosed stays the report's verdict.
+
+It is a state machine (``State``) over the parts that do the work: the ``Stopper`` (stopping a
+job for its hang, politely first: stopper.py), the ``SignalForwarder`` (what the terminal sends
+goes on to the job: signals.py) and, on a multi-node job, the ``Federation`` (this node's part:
+federation/node.py, the only door to the other nodes).
 """
 
 from __future__ import annotations
 
 import enum
 import os
-import signal
 import time
 import uuid
 from dataclasses import dataclass, replace
@@ -21,7 +25,6 @@ from typing import Callable, Sequence
 from nccl_doctor import redact
 from nccl_doctor.analysis import analyze
 from nccl_doctor.analysis.annotate import Annotator
-from nccl_doctor.capture import watch_record
 from nccl_doctor.capture.claim import Claim
 from nccl_doctor.capture.fault_files import drop_empty_fault_files
 from nccl_doctor.capture.manifest import Manifest
@@ -29,22 +32,22 @@ from nccl_doctor.capture.names import capture_files, report_path
 from nccl_doctor.diagnosis import Diagnosis, Verdict
 from nccl_doctor.env import host_name
 from nccl_doctor.errors import DoctorError, ExitStatus, LaunchFailed, OutDirInUse, unwritable
-from nccl_doctor.live_view import LiveView
+from nccl_doctor.status_view import LiveView
 from nccl_doctor.model import TraceSet
 from nccl_doctor.processes import started
 from nccl_doctor.supervisor.federation import Federation, FederatedJob, Rendezvous
-from nccl_doctor.supervisor.federation.link import Role
 from nccl_doctor.supervisor.gpu.nvml import GpuSource, Nvml
 from nccl_doctor.supervisor.gpu.sampler import GpuSampler
-from nccl_doctor.supervisor.agent_client import request_many
 from nccl_doctor.supervisor.launch import Job, exit_status, job_environment
-from nccl_doctor.supervisor.live import Decision, HeldBeside, LiveJob, Report, Watch
+from nccl_doctor.supervisor.watching import Decision, SampleLogs, LiveJob, Report, Watch
 from nccl_doctor.supervisor.policy import HangPolicy
 from nccl_doctor.supervisor.cluster import Cluster
 from nccl_doctor.supervisor.silent_watch import SilentWatch
 from nccl_doctor.supervisor.straggler_watch import StragglerWatch
+from nccl_doctor.supervisor.signals import SignalForwarder
+from nccl_doctor.supervisor.stopper import Stopper
 from nccl_doctor.supervisor.watchdog import Watchdog
-from nccl_doctor.watch_log import EXIT_REQUEST
+from nccl_doctor.watch_log import WatchEvent
 
 
 class State(enum.Enum):
@@ -112,14 +115,11 @@ class Supervisor:
             live.federation = self.federation
         self.job: Job | None = None
         self.cluster = cluster
-        self._signals = 0
-        self._interrupt: dict | None = None  # the user's first signal, until it is kept
-        self._term_at: float | None = None  # when a job whose ranks were asked to exit gets SIGTERM
-        self._kill_at: float | None = None  # when the job stopped for a hang gets SIGKILL
+        self.stopper = Stopper(self.live, self.run_id, self._keep, cluster)
+        self.signals = SignalForwarder(lambda: self.job, lambda: self.stopper.stopping)
         self.on_report = on_report
         self._page_traces: TraceSet | None = None  # what the last report was drawn from
         self._hang_reported = False  # a hang report stands: a suspicion does not replace it
-        self.stopped_for_hang = False
         self.watches: list[Watch] = []  # handed the snapshot every tick
         self.listeners: list[Callable[[Supervisor], None]] = []  # called every tick after them
         if cluster is not None:
@@ -144,13 +144,13 @@ class Supervisor:
 
             def fast() -> bool:  # nothing recorded for a while: a hang may be coming
                 if fed is not None and fed.following:  # (its watchdog waits: the leader looks)
-                    return fed.link.still_for() >= (policy.quiet if policy else 1.0)
+                    return fed.still_for() >= (policy.quiet if policy else 1.0)
                 return watchdog_ is not None and watchdog_.quiet
 
             self.gpu = GpuSampler(out_dir, ranks=ranks, open_source=gpu, fast=fast)
             self.listeners.append(self.gpu)
         # what the GPU sampler and the straggler watch write, the captures' reader takes from them
-        self.live.captures.beside = HeldBeside(self.gpu.log if self.gpu is not None else None,
+        self.live.captures.beside = SampleLogs(self.gpu.log if self.gpu is not None else None,
                                                self.straggler.log if self.straggler else None)
 
     def attach(self, listener: Callable[[Supervisor], None],
@@ -165,11 +165,10 @@ class Supervisor:
         """The watchdog's live view of the job (None without a watchdog)."""
         return self.watchdog.view() if self.watchdog is not None else None
 
-    def _stop_job(self, sig: int) -> None:
-        if self.cluster is not None:
-            self.cluster.stopping(sig)
-        if self.job is not None:
-            self.job.signal(sig)
+    @property
+    def stopped_for_hang(self) -> bool:
+        """The watchdog had the job stopped (--on-hang kill), here or on the leader's node."""
+        return self.stopper.stopping
 
     def _to(self, new: State) -> None:
         if new not in _ALLOWED[self.state]:
@@ -204,23 +203,23 @@ class Supervisor:
     def _run(self) -> RunResult:
         manifest = Manifest(command=self.command, started_at=time.time(), run_id=self.run_id,
                             extra=self._node_extra(), redacted=redact.wanted(self.environ))
-        kept = self.live.kept
+        files = self.live.run_files
         try:
-            kept.write_manifest(manifest)
+            files.write_manifest(manifest)
             self.live.captures.manifest = manifest  # held: the captures' reader never reads it
         except OSError as err:  # before anything started: the user picks another --out
             raise unwritable("--out", self.out_dir, err) from None
         environment = job_environment(self.environ, self.out_dir, self.run_id)
-        previous = self._install_signal_forwarding()
+        self.signals.install()
         if self.federation is not None:
             self.federation.start()  # the leader listens before any rank starts
         try:
             if self.cluster is not None:
                 self.cluster.prepare(self)
             try:
-                self.job = Job(self.command, environment, self.out_dir)
+                self.job = self.stopper.job = Job(self.command, environment, self.out_dir)
             except LaunchFailed:  # nothing ran: nothing is left behind to block --out
-                kept.forget_manifest()
+                files.forget_manifest()
                 if self.cluster is not None:  # nor node doctors started for it
                     self.cluster.end()
                     self.cluster.close(10.0)
@@ -231,7 +230,7 @@ class Supervisor:
             while (code := self.job.poll()) is None:
                 self._keep_interrupt()
                 self.tick()
-                time.sleep(self.poll_interval)
+                self.job.wait(self.poll_interval)  # (returns as soon as the job exits)
             self._keep_interrupt()
             if self.cluster is not None:
                 self.cluster.end()  # the node doctors end their nodes' jobs, then report
@@ -240,7 +239,7 @@ class Supervisor:
             self.state = State.DONE
             raise
         finally:
-            self._restore_signals(previous)
+            self.signals.restore()
             if self.gpu is not None:
                 self.gpu.close()  # its last sample lands before the analysis reads it
         self._to(State.ENDED)
@@ -266,20 +265,15 @@ class Supervisor:
     def tick(self) -> None:
         """One look at the job: the snapshot to every watch, their decisions applied, then the
         listeners. A watch or listener that fails is dropped; the job's supervision goes on."""
-        if self._term_at is not None and self.live.clock() >= self._term_at:
-            self._term_at = None  # the ranks were asked to exit; the launcher is still there
-            self._terminate()
-        if self._kill_at is not None and self.live.clock() >= self._kill_at:
-            self._stop_job(signal.SIGKILL)  # the grace after SIGTERM is over
-            self._kill_at = None
-            self._keep(watch_record.event("stop", signals=["SIGKILL"]))
+        self.stopper.tick()
         snap = self.live.snapshot()
         if self.job is not None:  # new ranks joined the registry: signalled with the job
             self.job.adopt(p.pid for p in self.live.local().values())
         fed = self.federation
         if fed is not None and fed.following:  # the leader diagnoses: its decisions apply here
-            for raw in fed.link.follow(fed.local(snap.counts, ended=False)):
-                self._apply_remote(raw)
+            for raw in fed.follow(snap.counts):  # the leader's decisions, applied as it did
+                decision, stop_at = fed.decision_of(raw, str(report_path(self.out_dir)))
+                self._apply(decision, share=False, stop_at=stop_at)
         watches = [] if fed is not None and fed.following else list(self.watches)
         for watch in watches:
             try:
@@ -299,53 +293,24 @@ class Supervisor:
     def _keep_interrupt(self) -> None:
         """The user's interrupt, kept beside the captures: the ranks' ends that follow are its
         doing, and the analysis diagnoses the job as it was when it came."""
-        interrupt, self._interrupt = self._interrupt, None
+        interrupt = self.signals.take_interrupt()
         if interrupt is not None:
             self._keep(interrupt)
 
-    def _keep(self, record: dict | None = None, decision: Decision | None = None) -> None:
+    def _keep(self, record: WatchEvent | None = None, decision: Decision | None = None) -> None:
         """Keep what a decision used, and what was done, beside the captures (for replay). A
         disk that fails here costs the replay its evidence, never the supervision."""
-        kept = self.live.kept
+        files = self.live.run_files
         try:
             if decision is not None and decision.fr_dumps:
-                kept.flight_recorder(decision.fr_dumps)
+                files.flight_recorder(decision.fr_dumps)
             if decision is not None and decision.stacks:
-                kept.stacks(decision.stacks)
+                files.stacks(decision.stacks)
             if record is not None:
-                kept.event(record)
+                files.event(record)
         except (OSError, ValueError) as err:
             self.live.announce(f"could not keep the watchdog's evidence ({err}); replay will "
                                "lack it")
-
-    def _apply_remote(self, raw: dict) -> None:
-        """A decision of the leader's watches, applied to this node as the leader applied it."""
-        report = raw.get("report")
-        diagnosis = Diagnosis.from_json(report) if isinstance(report, dict) else None
-        record = raw.get("record")
-        theirs, ours = str(raw.get("report_path") or ""), str(report_path(self.out_dir))
-        said = tuple(str(m).replace(theirs, ours) if theirs else str(m)
-                     for m in raw.get("announce", []))
-        self._apply(Decision(
-            report=diagnosis, kind=Report(raw.get("kind", "hang")), announce=said,
-            stop_job=bool(raw.get("stop_job")), record=record if isinstance(record, dict) else
-            None), share=False, stop_at=raw.get("stop_at"))
-
-    def _share(self, decision: Decision) -> None:
-        """The leader hands its decision to every other node."""
-        fed = self.federation
-        if fed is None or not fed.leading:
-            return
-        report = decision.report
-        fed.link.publish({
-            "report": report.to_json() if report is not None else None,
-            "kind": decision.kind.value, "announce": list(decision.announce),
-            "report_path": str(report_path(self.out_dir)),  # what the announcements name
-            "stop_job": decision.stop_job,
-            # the leader's own stop: every node's ranks that ended after it were stopped for the
-            # hang, whichever node's signal or broken connection ended them first
-            "stop_at": round(time.time(), 3) if decision.stop_job else None,
-            "record": dict(decision.record) if decision.record is not None else None})
 
     def _apply(self, decision: Decision, share: bool = True,
                stop_at: float | None = None) -> None:
@@ -353,9 +318,9 @@ class Supervisor:
         if fed is not None and fed.leading and decision.report is not None:
             decision = replace(decision, report=replace(decision.report,
                                                         nodes=fed.nodes_section()))
-        if share:
-            self._share(decision)
-        self._keep(dict(decision.record) if decision.record is not None else None, decision)
+        if share and fed is not None:
+            fed.share_decision(decision, str(report_path(self.out_dir)))
+        self._keep(decision.record, decision)
         written = None
         if decision.report is not None:
             if decision.kind is Report.HANG:
@@ -364,25 +329,15 @@ class Supervisor:
             elif not self._hang_reported:
                 written = decision.report
             if written is not None:
-                self.live.kept.write_report(written)
+                self.live.run_files.write_report(written)
         for message in decision.announce:
             self.live.announce(message)
-        if decision.stop_job and not self.stopped_for_hang:
-            self.stopped_for_hang = True
-            stop = watch_record.event("stop", signals=[])
-            if isinstance(stop_at, (int, float)):
-                stop["at"] = min(float(stop_at), stop["at"])
-            policy = self.live.policy
-            if self._ask_ranks_to_exit():
-                stop["signals"] = [EXIT_REQUEST]
-                self._keep(stop)
-                self._term_at = self.live.clock() + (policy.leave_grace if policy else 0.0)
-            else:
-                self._terminate(stop)
+        if decision.stop_job:
+            self.stopper.stop_for_hang(stop_at)
         if written is not None:  # the page after the stop: the job is not kept waiting for it
-            self._told(written, decision.traces)
+            self._report_written(written, decision.traces)
 
-    def _told(self, diagnosis: Diagnosis, traces: TraceSet | None) -> None:
+    def _report_written(self, diagnosis: Diagnosis, traces: TraceSet | None) -> None:
         """``on_report`` told of a report, with the newest captures seen. One that fails costs
         what it makes (the page), never the supervision."""
         if traces is not None:
@@ -394,47 +349,15 @@ class Supervisor:
         except Exception as err:  # noqa: BLE001 - a template or disk failure
             self.live.announce(f"report.html not written ({err})")
 
-    def _ask_ranks_to_exit(self) -> bool:
-        """Ask every rank of this host to exit (``exit``, status 0): whether all that still run
-        agreed. A launcher whose workers all exit 0 ends quietly - torchrun prints no
-        ``SignalException`` traceback and restarts nothing - where SIGTERM makes it do both.
-        Every rank is first told the stop is coming (``quiet``): one that is still blocked in a
-        collective when a peer has left then ends silently too, not with a traceback."""
-        ranks = {r: p.pid for r, p in self.live.local().items() if started(p.pid) is not None}
-        if not ranks or self.job is None:
-            return False
-
-        def agreed(replies: dict) -> bool:
-            return all(isinstance(reply, dict) and reply.get("ok") is True
-                       or started(ranks[rank]) is None for rank, reply in replies.items())
-
-        if not agreed(request_many(self.run_id, ranks, "quiet", timeout=2.0)):
-            return False
-        replies = request_many(self.run_id, ranks, "exit", timeout=2.0, code=0)
-        for reply in replies.values():  # the ranks' children: signalled, reaped with the job
-            if isinstance(reply, dict) and isinstance(reply.get("children"), list):
-                self.job.adopt(p for p in reply["children"] if isinstance(p, int))
-        return agreed(replies)
-
-    def _terminate(self, stop: dict | None = None) -> None:
-        """SIGTERM to the whole job, SIGKILL after the policy's grace."""
-        self._stop_job(signal.SIGTERM)
-        stop = stop if stop is not None else watch_record.event("stop", signals=[])
-        stop["signals"] = ["SIGTERM"]
-        self._keep(stop)
-        policy = self.live.policy
-        self._kill_at = self.live.clock() + (policy.kill_grace if policy else 0.0)
-
     def _wait_for_nodes(self) -> None:
         """This node's job ended. The leader goes on watching the job until every other node's
         has ended too (or is lost, or ``final_wait`` passed): its watches still see theirs."""
         fed = self.federation
-        if fed is None or fed.link.role is not Role.LEADER:
+        if fed is None or not fed.is_leader:
             return
         deadline = self.live.clock() + self.final_wait
         while self.live.clock() < deadline:
-            fed.link.gather()
-            if fed.link.all_ended():
+            if fed.gather():
                 return
             self.tick()
             time.sleep(self.poll_interval)
@@ -442,26 +365,25 @@ class Supervisor:
     def _from_leader(self) -> Diagnosis | None:
         """A follower's final report: the leader's, once it has every node's end."""
         fed = self.federation
-        if fed is None or fed.link.role is not Role.FOLLOWER:
-            return None  # (one still reaching the leader tries on: follower_finish)
-        counts = self.live.registry.poll()
-        final = fed.link.follower_finish(fed.local(counts, ended=True), self.final_wait)
-        return Diagnosis.from_json(final) if final is not None else None
+        if fed is None:
+            return None
+        # (one still reaching the leader tries on: Follower.follower_finish)
+        return fed.final_from_leader(self.live.registry.poll(), self.final_wait)
 
     def _analyse(self, manifest: Manifest) -> tuple[Diagnosis | None, Path | None, str | None]:
         """The post mortem, on what the supervisor holds: the captures as its followers read
         them (only their last records read now), its own evidence and decisions; the manifest
         and reports written once each, when what they say is known."""
-        fed, kept = self.federation, self.live.kept
+        fed, files = self.federation, self.live.run_files
         self.live.captures.manifest = manifest  # ended: its exit status is the job's
         try:
             traces = (self.live.union(ended=True) if isinstance(self.live, FederatedJob)
                       else self.live.final())
         except DoctorError as err:
-            kept.write_manifest(manifest)
+            files.write_manifest(manifest)
             return None, None, str(err)
         hosts = tuple(sorted({t.meta.host for t in traces.ranks.values()}))
-        kept.write_manifest(replace(
+        files.write_manifest(replace(
             manifest, world_size=traces.world_size, hosts=hosts,
             captures=tuple(f.name for f in capture_files(self.out_dir)),
             extra=self._node_extra()))
@@ -469,27 +391,24 @@ class Supervisor:
         if leader is not None:  # a follower: the leader's report is this node's too
             if fed is not None:
                 fed.close()
-            path = kept.write_report(leader)
-            self._told(leader, traces)
+            path = files.write_report(leader)
+            self._report_written(leader, traces)
             return leader, path, None
-        if self.watchdog is not None:
-            settled = self.watchdog.settle(traces)
-            if settled is not None:
-                self._apply(settled)
-                traces = replace(traces, watch=kept.watch_log())
-        diagnosis = analyze(traces, annotators=self.live.annotators)
-        if self.watchdog is not None:
-            diagnosis = self.watchdog.final(diagnosis) or diagnosis
+        settled = self.watchdog.settle(traces) if self.watchdog is not None else None
+        if settled is not None:  # what the backend did to the stuck calls, seen at the end
+            self._apply(settled)
+        # the watchdog's events as they stand now, the live hang report among them as a value
+        diagnosis = analyze(traces, annotators=self.live.annotators, watch=files.watch_log())
         if fed is not None:
             diagnosis = replace(diagnosis, nodes=fed.nodes_section())
-            if not fed.leading and fed.link.problem:
+            if not fed.leading and fed.problem:
                 diagnosis = replace(diagnosis, notes=diagnosis.notes + (
-                    f"this report covers this node's ranks only: {fed.link.problem}",))
+                    f"this report covers this node's ranks only: {fed.problem}",))
             diagnosis = replace(diagnosis, notes=diagnosis.notes + fed.trust_notes())
-            fed.link.publish_final(diagnosis.to_json(), wait=10.0)
+            fed.publish_final(diagnosis, wait=10.0)
             fed.close()
-        path = kept.write_report(diagnosis)
-        self._told(diagnosis, traces)
+        path = files.write_report(diagnosis)
+        self._report_written(diagnosis, traces)
         return diagnosis, path, None
 
     def _node_extra(self) -> dict:
@@ -501,34 +420,7 @@ class Supervisor:
         fed = self.federation
         if fed is None:
             return me
-        return {**me, "node": {"role": fed.link.role.value, "state": fed.link.state.value,
-                               "node_rank": fed.rdzv.node_rank, "host": fed.host,
-                               "coordinator": fed.rdzv.address}}
-
-    # -- signals: the job is in its own process group, so forward what the terminal sends -----
-    def _install_signal_forwarding(self) -> dict[int, object]:
-        previous = {}
-        for sig in (signal.SIGINT, signal.SIGTERM, signal.SIGHUP):
-            try:
-                previous[sig] = signal.signal(sig, self._forward)
-            except ValueError:  # not the main thread (embedded use): nothing to forward
-                pass
-        return previous
-
-    def _restore_signals(self, previous: dict[int, object]) -> None:
-        for sig, handler in previous.items():
-            signal.signal(sig, handler)  # type: ignore[arg-type]
-
-    def _forward(self, sig: int, _frame: object) -> None:
-        if self.job is None:
-            return
-        if self._signals == 0 and not self.stopped_for_hang:  # kept by the loop, not here:
-            # a handler that wrote watchdog.json could interleave with the loop's own write
-            self._interrupt = watch_record.event("interrupted", signals=[signal.Signals(sig).name],
-                                                 by="user")
-        self._signals += 1
-        # A third interrupt means "stop now": the job ignored two polite ones.
-        self.job.signal(signal.SIGKILL if self._signals >= 3 else sig)
+        return {**me, "node": fed.manifest_entry()}
 
 
 def _make_dir(path: Path) -> list[Path]:

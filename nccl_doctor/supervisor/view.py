@@ -1,11 +1,11 @@
 """The live status's rank lines, from the watchdog's last look (``Watchdog.view`` builds the
-``LiveView``; nccl_doctor.reporters.live renders it)."""
+``LiveView``; nccl_doctor.reporters.status_line renders it)."""
 
 from __future__ import annotations
 
 from nccl_doctor.analysis.wording import call_name
 from nccl_doctor.analysis.situation import Assessment, Situation
-from nccl_doctor.live_view import RankState, RankView
+from nccl_doctor.status_view import RankState, RankView
 
 
 def rank_views(counts: dict[int, int], hosts: dict[int, str], look: Assessment | None,

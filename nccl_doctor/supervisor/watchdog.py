@@ -31,16 +31,17 @@ from nccl_doctor.analysis.threads import focused
 from nccl_doctor.analysis.situation import Assessment, ProcState, Situation, assess
 from nccl_doctor.analysis.wording import call_name, ranks_text
 from nccl_doctor.analysis.aftermath import stuck_calls_fate
-from nccl_doctor.analysis.replayed import same_root
-from nccl_doctor.capture import flight_recorder, watch_record
+from nccl_doctor.capture import flight_recorder
 from nccl_doctor.capture.names import report_path
 from nccl_doctor.diagnosis import Diagnosis, Finding, Verdict
-from nccl_doctor.live_view import LiveView
+from nccl_doctor.status_view import LiveView
 from nccl_doctor.model import EventSource, TraceSet
 from nccl_doctor.stacks.rank_stack import RankStack
-from nccl_doctor.supervisor.live import Decision, LiveJob, Snapshot
+from nccl_doctor.supervisor.watching import Decision, LiveJob, Snapshot
 from nccl_doctor.supervisor.policy import OnHang
 from nccl_doctor.supervisor.view import rank_views
+from nccl_doctor.watch_account import WatchAccount
+from nccl_doctor.watch_log import Aftermath, HangCalled, Retracted
 
 
 class WatchState(enum.Enum):
@@ -341,11 +342,9 @@ class Watchdog:
             root = next((f for f in analysis.findings if (f.kind, f.group, f.seq)
                          == (root.kind, root.group, root.seq)), root)
         kill = self.policy.on_hang is OnHang.KILL
-        account = {
-            "situation": a.situation.value, "how": how, "waited_s": round(waited, 1),
-            "policy": self.policy.on_hang.value,
-            "action": "stopped the job" if kill else "reported",
-        }
+        account = WatchAccount(
+            situation=a.situation.value, how=how, waited_s=round(waited, 1),
+            policy=self.policy.on_hang.value, action="stopped the job" if kill else "reported")
         diagnosis = hang_diagnosis(analysis, root, stacks, account, versions_of(traces),
                                    self.job.annotators, traces)
         via_fr = self._nccl  # on NCCL only Flight Recorder says when a call completed
@@ -353,10 +352,8 @@ class Watchdog:
             r: (e.group, e.seq, via_fr or e.in_flight or e.source is EventSource.FLIGHT_RECORDER)
             for r, e in a.waiting.items()}
         self._aftermath = ()
-        cause = diagnosis.root_cause
-        record = watch_record.event(
-            "hang", watchdog=account, root=cause.to_json() if cause else None,
-            stuck={str(r): [g, q] for r, (g, q, _) in self._stuck_calls.items()})
+        record = HangCalled(account, diagnosis.root_cause,
+                            {r: (g, q) for r, (g, q, _) in self._stuck_calls.items()}, diagnosis)
         self._to(WatchState.HANG)
         self.diagnosis = diagnosis
         self.detected_at = self.clock()
@@ -379,13 +376,13 @@ class Watchdog:
             self.diagnosis, verdict=Verdict.SUSPECT,
             notes=self.diagnosis.notes + ("the job made progress again after this hang was "
                                           "reported: it was a long pause, not a deadlock",),
-            watchdog={**self.diagnosis.watchdog, "retracted": True},
+            watchdog=replace(self.diagnosis.watchdog, retracted=True),
         )
         self.diagnosis = None
         self._progressed(now)
         return Decision(report=retracted,
                         announce=("progress resumed: the hang report was retracted",),
-                        record=watch_record.event("retracted"))
+                        record=Retracted())
 
     def _after_hang(self, snap: Snapshot, now: float) -> Decision | None:
         """Calls were recorded after the hang was called: progress only if the calls the ranks
@@ -419,10 +416,10 @@ class Watchdog:
                     + "; ".join(new) + " - a consequence of the hang, not progress")
             assert self.diagnosis is not None
             self.diagnosis = replace(self.diagnosis, notes=self.diagnosis.notes + (what,),
-                                     watchdog={**self.diagnosis.watchdog,
-                                               "aftermath": list(self._aftermath)})
+                                     watchdog=replace(self.diagnosis.watchdog,
+                                                      aftermath=self._aftermath))
             return Decision(report=self.diagnosis, announce=(f"the hang stands: {what}",),
-                            record=watch_record.event("aftermath", what=what), fr_dumps=fr or None)
+                            record=Aftermath(what), fr_dumps=fr or None)
         if fate.completed and not ended:
             return self._retract(now)
         return None  # the stuck calls are still pending: the hang stands
@@ -431,21 +428,6 @@ class Watchdog:
     def stopped_job(self) -> bool:
         """The watchdog had the job stopped for its hang (--on-hang kill)."""
         return self.state is WatchState.STOPPING
-
-    def final(self, post_mortem: Diagnosis | None) -> Diagnosis | None:
-        """The report to keep once the job has ended: a standing hang outranks what followed.
-        The post-mortem analysis reads the watchdog's kept record (watchdog.json): when it
-        reaches this hang, it is the report - what ``replay`` will say too, with the ranks'
-        ends (stopped by nccl-doctor, or what the backend did) filled in."""
-        if self.diagnosis is None:
-            return post_mortem
-        if (post_mortem is not None and post_mortem.verdict is Verdict.HANG
-                and same_root(self.diagnosis.root_cause, post_mortem.root_cause)):
-            return post_mortem
-        note = ("nccl-doctor stopped the job after diagnosing the hang (--on-hang kill)"
-                if self.stopped_job else "the job ended after the hang was diagnosed")
-        status = post_mortem.exit_status if post_mortem is not None else None
-        return replace(self.diagnosis, exit_status=status, notes=self.diagnosis.notes + (note,))
 
     def _status(self, message: str) -> None:
         """The current situation, for the live display (not announced: it changes often)."""

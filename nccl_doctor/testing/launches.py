@@ -100,8 +100,8 @@ def describe(report: dict) -> str:
         finding = Finding.from_json(root)
         if finding is not None and finding.branch_line:
             lines.append(f"branch: {finding.branch_line}")
-        frames = root.get("call_path")
-        lines += ["  " + line for line in path_lines(frames if isinstance(frames, list) else [])]
+        frames = finding.call_path if finding is not None else ()
+        lines += ["  " + line for line in path_lines(frames)]
         if root.get("hint"):
             lines.append(f"fix: {root['hint']}")
     for c in report.get("stack_classes", []):

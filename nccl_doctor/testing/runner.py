@@ -23,6 +23,7 @@ from nccl_doctor.reporters.console import ConsoleReporter
 from nccl_doctor.reporters.escape import visible
 from nccl_doctor.supervisor.supervisor import Supervisor
 from nccl_doctor.supervisor.policy import HangPolicy
+from nccl_doctor.testing import spawn
 
 
 @dataclass
@@ -89,15 +90,18 @@ def run_distributed(*, module: str, qualname: str, kwargs: dict[str, Any], world
         raise PayloadError(f"the test's arguments cannot be sent to its ranks ({err}); "
                            "distributed tests can only take picklable fixtures") from None
     (out / "payload.pkl").write_bytes(payload)
-    command = [sys.executable, "-m", "nccl_doctor.testing.spawn", "--nproc", str(world_size),
-               "-m", "nccl_doctor.testing.worker", str(out / "payload.pkl")]
+    # the ranks forked by this process's fork server (testing/zygote.py), where it can
+    command = spawn.command(world_size, ["-m", "nccl_doctor.testing.worker",
+                                         str(out / "payload.pkl")])
     # within the test's timeout: a certain deadlock is called in seconds, an idle stuck rank
     # after a third of the timeout, any wait past it
     policy = HangPolicy(hang_after=timeout, stuck_after=max(2.0, min(120.0, timeout / 3)))
     env = dict(os.environ)
     env.pop("PYTEST_XDIST_WORKER", None)
+    # (a look every 50 ms, not 200: a test's end is seen sooner; a look at a test's few ranks
+    # costs well under a millisecond)
     sup = Supervisor(command, out / "capture", environ=env, policy=policy,
-                     on_report=PageFile(out / "capture" / REPORT_HTML))
+                     on_report=PageFile(out / "capture" / REPORT_HTML), poll_interval=0.05)
     deadline = time.monotonic() + timeout
     state = {"timed_out": False}
 

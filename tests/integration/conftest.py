@@ -1,6 +1,8 @@
 """Run real multi-process gloo jobs under the doctor (on CPU, launched by the pytest plugin's
-launcher nccl_doctor/testing/spawn.py, without torchrun's start-up cost, or by torchrun); the stopped hangs several test files
-look at, run once per test session (``stopped_hang``)."""
+launcher nccl_doctor/testing/spawn.py, its ranks forked by this test process's fork server
+(nccl_doctor/testing/zygote.py: no torch import per rank), or by torchrun where the launcher is
+the subject); the stopped hangs several test files look at, run once per test session
+(``stopped_hang``)."""
 
 from __future__ import annotations
 
@@ -14,6 +16,7 @@ import pytest
 from nccl_doctor.diagnosis import Diagnosis
 from nccl_doctor.supervisor.policy import HangPolicy
 from nccl_doctor.supervisor.supervisor import RunResult, Supervisor
+from nccl_doctor.testing.spawn import command as spawn_command
 
 JOBS = Path(__file__).parent / "jobs"
 
@@ -33,9 +36,9 @@ def torchrun(nproc: int, *target: str) -> list[str]:
 
 def spawn(nproc: int, *target: str) -> list[str]:
     """The command starting ``nproc`` ranks of ``target`` as torchrun would, without torchrun's
-    own process (nccl_doctor/testing/spawn.py): for the tests whose subject is not the
-    launcher."""
-    return [sys.executable, "-m", "nccl_doctor.testing.spawn", "--nproc", str(nproc), *target]
+    own process (nccl_doctor/testing/spawn.py), the ranks forked by the fork server: for the
+    tests whose subject is not the launcher (``NCCL_DOCTOR_FORK_SERVER=0``: fresh ranks)."""
+    return spawn_command(nproc, list(target))
 
 
 @pytest.fixture
@@ -62,7 +65,7 @@ def assert_window_agrees(out: Path) -> None:
     says what it says on every record: the same findings and ranks (only the straggler pass,
     which reads timing over the whole run, and the window's own note may differ)."""
     from nccl_doctor.analysis import analyze
-    from nccl_doctor.capture.loading import load_capture_dir
+    from nccl_doctor.analysis.loaded import load_capture_dir
     from nccl_doctor.capture.window import Size
 
     def report(**window) -> dict:
@@ -92,11 +95,11 @@ def replay_calls(out: Path):
     """The calls table made from what ``replay`` reads (each rank's typed events, one Python
     step per call): the reference ``nccl_doctor.open(out).calls`` (made from the captures as
     columns) must equal row for row."""
-    from nccl_doctor.capture import sources
+    from nccl_doctor.analysis.loaded import load
     from nccl_doctor.data import columns
     from nccl_doctor.model import EventSource
 
-    traces = sources.load_many([out])
+    traces = load(out)
     cats = columns.categories()
     parts = []
     for _, trace in sorted(traces.ranks.items()):

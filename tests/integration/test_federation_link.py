@@ -6,10 +6,10 @@ from __future__ import annotations
 import threading
 import time
 
-from nccl_doctor.analysis.ends import Ending, decided
+from nccl_doctor.analysis.ends import Ending, with_ends_known
 from nccl_doctor.model import ExitKind, TraceSet, Unrecorded
 from nccl_doctor.reproducers.nodes import free_port
-from nccl_doctor.supervisor.federation.link import Link, LinkState, Local, Role
+from nccl_doctor.supervisor.federation.link import LinkState, Local, Role, new_link
 from nccl_doctor.supervisor.federation.rendezvous import Rendezvous
 
 
@@ -18,7 +18,7 @@ def rdzv(port: int, node: int) -> Rendezvous:
 
 
 def leader_and_follower(port: int, said: list[str], brief=None, **opts):
-    leader = Link(rdzv(port, 0), "nodeA", announce=said.append, answer=lambda *a: {},
+    leader = new_link(rdzv(port, 0), "nodeA", leader=True, announce=said.append, answer=lambda *a: {},
                   summaries=lambda ended: {"ranks": []}, every=0.05, **opts)
     answers = []
 
@@ -26,12 +26,12 @@ def leader_and_follower(port: int, said: list[str], brief=None, **opts):
         answers.append((what, ranks))
         return {"ranks": {str(r): f"{what} of {r}" for r in ranks}}
 
-    follower = Link(rdzv(port, 1), "nodeB", announce=said.append, answer=answer,
+    follower = new_link(rdzv(port, 1), "nodeB", leader=False, announce=said.append, answer=answer,
                     summaries=lambda ended: brief or {"ranks": []}, every=0.05, quiet_for=0.05,
                     **opts)
-    leader.start(True)
+    leader.start()
     leader.wait_started(60)
-    follower.start(False)
+    follower.start()
     return leader, follower, answers
 
 
@@ -48,7 +48,7 @@ def test_a_follower_joins_beats_answers_and_gets_the_decisions():
     said: list[str] = []
     leader, follower, answers = leader_and_follower(free_port(), said)
     local = Local({2: 10, 3: 11}, {2: 0, 3: 0}, (), False, 1)
-    assert until(lambda: follower.follow(local) is not None and follower.state is LinkState.JOINED)
+    assert until(lambda: follower.follow(local) is not None and follower.t.state is LinkState.JOINED)
     assert any("joined the job's nodes" in m and "leader: nodeA" in m for m in said)
     assert until(lambda: (follower.follow(local), leader.gather(), leader.remotes)[2])
     remote = next(iter(leader.remotes.values()))
@@ -110,7 +110,7 @@ def test_a_silent_follower_is_lost_with_its_ranks_summarised_or_not():
     remote = leader.remote_traces()
     assert sorted(t.rank for t in remote) == [2, 3]  # it never sent a summary: still named
     assert set(leader.lost_ranks()) == {2, 3}
-    job = decided(TraceSet(ranks={t.rank: t for t in remote}, groups={}, world_size=4),
+    job = with_ends_known(TraceSet(ranks={t.rank: t for t in remote}, groups={}, world_size=4),
                   Ending(lost=leader.lost_ranks()))
     lost = list(job.ranks.values())
     assert all(t.exit.kind is ExitKind.LOST and t.meta.host == "nodeB" for t in lost)
@@ -123,15 +123,15 @@ def test_a_lost_leader_leaves_the_follower_alone_and_says_so():
     port = free_port()
     leader, follower, _ = leader_and_follower(port, said)
     local = Local({2: 1}, {}, (), False, 1)
-    assert until(lambda: (follower.follow(local), follower.state is LinkState.JOINED)[1])
+    assert until(lambda: (follower.follow(local), follower.t.state is LinkState.JOINED)[1])
     leader.publish_roster({0: ("nodeA", 0), 1: ("nodeA", 0)})
     assert until(lambda: (follower.follow(local), follower.leader_ranks())[1])
     assert follower.leader_ranks() == {0: ("nodeA", 0), 1: ("nodeA", 0)}
-    del leader._store, leader._pending  # the leader's process is gone: its store with it
+    del leader.t.store, leader.t.pending  # the leader's process is gone: its store with it
     import gc
     gc.collect()
-    assert until(lambda: (follower.follow(local), follower.state is LinkState.LEADER_LOST)[1])
-    assert "the leader (nodeA) was lost" in follower.problem
+    assert until(lambda: (follower.follow(local), follower.t.state is LinkState.LEADER_LOST)[1])
+    assert "the leader (nodeA) was lost" in follower.t.problem
     assert follower.follower_finish(local, 1.0) is None
     assert follower.role is Role.FOLLOWER
 
@@ -170,7 +170,7 @@ def test_a_final_report_blind_to_the_followers_ranks_is_not_taken():
         {"rank": 3, "host": "", "state": "no_capture"}]}, wait=10.0)
     t.join(30)
     assert got["final"] is None
-    assert "made before this node joined" in follower.problem
+    assert "made before this node joined" in follower.t.problem
     leader.close()
 
 
@@ -181,11 +181,11 @@ def test_a_follower_still_loading_torch_at_its_jobs_end_still_joins():
     window: the final report sees every node."""
     said: list[str] = []
     port = free_port()
-    leader = Link(rdzv(port, 0), "nodeA", announce=said.append, answer=lambda *a: {},
+    leader = new_link(rdzv(port, 0), "nodeA", leader=True, announce=said.append, answer=lambda *a: {},
                   summaries=lambda ended: {"ranks": []}, every=0.05, connect_within=0.3)
-    leader.start(True)
+    leader.start()
     leader.wait_started(60)
-    follower = Link(rdzv(port, 1), "nodeB", announce=said.append, answer=lambda *a: {},
+    follower = new_link(rdzv(port, 1), "nodeB", leader=False, announce=said.append, answer=lambda *a: {},
                     summaries=lambda ended: {"ranks": []}, every=0.05, quiet_for=0.05,
                     connect_within=0.3)  # its link thread not started yet: still "loading"
     leader.coming("nodeB")
@@ -198,7 +198,7 @@ def test_a_follower_still_loading_torch_at_its_jobs_end_still_joins():
     t.start()
     time.sleep(1.0)
     assert t.is_alive(), "the follower gave up before it had tried"
-    follower.start(False)  # torch loaded at last: it reaches the leader
+    follower.start()  # torch loaded at last: it reaches the leader
     assert until(lambda: (leader.gather(), leader.all_ended())[1])
     assert [r.host for r in leader.remotes.values()] == ["nodeB"]
     final = {"verdict": "ok", "ranks": [{"rank": 2, "host": "nodeB", "state": "exited"}]}
@@ -211,9 +211,9 @@ def test_a_follower_still_loading_torch_at_its_jobs_end_still_joins():
 
 def test_the_leader_stops_waiting_for_a_node_doctor_that_ended_unjoined():
     said: list[str] = []
-    leader = Link(rdzv(free_port(), 0), "nodeA", announce=said.append, answer=lambda *a: {},
+    leader = new_link(rdzv(free_port(), 0), "nodeA", leader=True, announce=said.append, answer=lambda *a: {},
                   summaries=lambda ended: {"ranks": []}, every=0.05, connect_within=0.3)
-    leader.start(True)
+    leader.start()
     leader.wait_started(60)
     leader.coming("nodeB")
     time.sleep(0.5)

@@ -20,7 +20,7 @@ from pathlib import Path
 import psutil
 import pytest
 
-from nccl_doctor.capture.sources import load_many
+from nccl_doctor.analysis.loaded import load
 from nccl_doctor.analysis import analyze
 from nccl_doctor.diagnosis import FindingKind, Verdict
 from nccl_doctor.errors import ExitStatus
@@ -114,7 +114,7 @@ def test_replay_of_the_nodes_directories_is_the_live_diagnosis(skipped):
     out, _ = skipped
     live = root(report(out, "nodeA"))
     for paths in ([out / "nodeB", out / "nodeA"], [out]):
-        d = analyze(load_many(paths))
+        d = analyze(load(*paths))
         r = d.root_cause
         assert d.verdict is Verdict.HANG
         assert (r.kind.value, r.ranks, r.group, r.seq, r.callsite) == (
@@ -130,7 +130,7 @@ def test_replay_of_the_nodes_directories_is_the_live_diagnosis(skipped):
     assert {k: replayed[k] for k in ("kind", "ranks", "group", "seq", "callsite")} == {
         k: live[k] for k in ("kind", "ranks", "group", "seq", "callsite")}
     # one node's directory alone is a part of the job: it blames no unseen rank
-    alone = analyze(load_many([out / "nodeA"]))
+    alone = analyze(load(out / "nodeA"))
     assert any("replay every node's directory together" in n for n in alone.notes)
     assert all(3 not in f.ranks for f in alone.findings if f.kind is FindingKind.MISSING_COLLECTIVE)
 
@@ -165,7 +165,7 @@ def test_a_rank_on_a_follower_that_cannot_make_its_capture_is_unrecorded_not_uns
     assert not any("unseen" in n and "never joined" in n for n in a["notes"]), a["notes"]
     assert [(n["host"], n["ranks"]) for n in a["nodes"]["nodes"]] == [
         ("nodeA", [0, 1]), ("nodeB", [2, 3])]
-    again = analyze(load_many([out / "nodeA", out / "nodeB"]))  # replay agrees
+    again = analyze(load(out / "nodeA", out / "nodeB"))  # replay agrees
     assert again.verdict is Verdict.OK and again.findings == ()
     assert [(s.rank, s.exit_detail) for s in again.ranks if s.state == "no_capture"] == [
         (3, "not recorded (see the note)")]

@@ -18,7 +18,7 @@ from pathlib import Path
 import pytest
 
 from nccl_doctor.analysis import analyze
-from nccl_doctor.capture import sources
+from nccl_doctor.analysis.loaded import load
 from nccl_doctor.errors import ExitStatus
 from nccl_doctor.supervisor.policy import HangPolicy, OnHang
 from nccl_doctor.supervisor.supervisor import Supervisor
@@ -73,11 +73,11 @@ def test_ddp_flight_recorder_pulls_are_kept_and_merge_with_fr(tmp_path, stopped_
     moved = tmp_path / "fr"
     shutil.move(str(kept), moved)
     # the analysis itself (the watchdog's record set aside): blind to the C++ all_reduce alone...
-    alone = analyze(replace(sources.load(out), watch=None))
+    alone = analyze(replace(load(out), watch=None))
     assert not any(s["op"] == "all_reduce" for f in alone.findings
                    for s in f.evidence.get("sides", [])), alone.findings
     # ...and with the job's Flight Recorder dumps merged (--fr), it names it
-    merged = analyze(replace(sources.load(out, fr=moved), watch=None))
+    merged = analyze(replace(load(out, fr=moved), watch=None))
     root = merged.root_cause
     assert root is not None and root.kind.value == "collective_mismatch", merged.findings
     assert {s["op"] for s in root.evidence["sides"]} == {"all_reduce", "barrier"}

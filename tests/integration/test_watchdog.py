@@ -224,13 +224,13 @@ def test_without_pyspy_stacks_come_from_the_in_rank_agent(supervise, monkeypatch
     assert d.verdict is Verdict.HANG and d.root_cause.ranks == (2,), messages
     summaries = {r.rank: r.stack_summary for r in d.ranks}
     assert all("[agent]" in s and "skip_broadcast.py" in s for s in summaries.values()), summaries
-    assert {src for c in d.stack_classes for src in c["sources"]} == {"agent"}
+    assert {src for c in d.stack_classes for src in c.sources} == {"agent"}
     # classes follow where each rank waits: the skipper in all_reduce (line 15), the root rank 0
     # in the broadcast (line 19); rank 1's broadcast completed, so it waits in all_reduce too
-    where = {r: c["frames"] for c in d.stack_classes for r in c["ranks"]}
+    where = {r: c.frames for c in d.stack_classes for r in c.ranks}
     assert any("skip_broadcast.py:15" in f for f in where[2])
     assert any("skip_broadcast.py:19" in f for f in where[0])
-    assert len(d.stack_classes) == 2 and any(c["odd"] for c in d.stack_classes)
+    assert len(d.stack_classes) == 2 and any(c.odd for c in d.stack_classes)
     assert_job_gone(sup)
 
 
@@ -255,7 +255,7 @@ def test_ddp_uneven_batches_is_a_desync_seen_through_flight_recorder(stopped_han
     assert sides["barrier"]["ranks"] == [1] and sides["barrier"]["callsite"].endswith("ddp_uneven.py:23")
     # the right sequence number: the one PyTorch gave rank 1's barrier (from its capture), which
     # rank 0's fifth gradient all_reduce took there
-    from nccl_doctor.capture.loading import load_capture_dir
+    from nccl_doctor.analysis.loaded import load_capture_dir
 
     barrier = [e for e in load_capture_dir(sup.out_dir).ranks[1].events if e.op == "barrier"]
     assert root.seq == barrier[-1].align_seq, root.title
@@ -326,13 +326,13 @@ def test_a_call_returned_but_never_completed_counts_as_waiting(supervise):
     result = sup.run()
     d = result.diagnosis
     assert d.verdict is Verdict.HANG and result.stopped_for_hang, messages
-    assert d.watchdog["how"] == "stuck_peer", d.watchdog
+    assert d.watchdog.how == "stuck_peer", d.watchdog
     root = d.root_cause
     # rank 0 made the call inside `if rank == 0:` and rank 1 is in its else: the branch on the
     # rank, not the wait, says who is wrong (issue 39); rank 1's stuck wait is still said
     assert root.kind is FindingKind.MISSING_COLLECTIVE and root.ranks == (0,), root
     branch = 1 + (JOBS / "async_unwaited.py").read_text().splitlines().index("if rank == 0:")
-    assert root.branch["line"] == branch and root.branch["text"] == "if rank == 0:", root.branch
+    assert root.branch.line == branch and root.branch.text == "if rank == 0:", root.branch
     assert root.evidence["missing_ranks"] == [1]
     assert root.op == "all_reduce" and root.callsite.endswith("async_unwaited.py:22")
     assert root.evidence["waiting_states"] == {"0": "in_flight"}

@@ -13,10 +13,10 @@ import html5lib
 import pytest
 
 from nccl_doctor import env
-from nccl_doctor.cli.live import PlainStatus, StatusBar
+from nccl_doctor.cli.status_bar import PlainStatus, StatusBar
 from nccl_doctor.diagnosis import Diagnosis, Verdict
-from nccl_doctor.live_view import LiveView, RankState, RankView
-from nccl_doctor.reporters import live
+from nccl_doctor.status_view import LiveView, RankState, RankView
+from nccl_doctor.reporters import status_line
 from nccl_doctor.reporters.console import ConsoleReporter
 from nccl_doctor.reporters.escape import visible
 
@@ -122,7 +122,7 @@ def test_live_status_lines_and_announcements_show_control_characters():
     status.announce("HANG: rank 1 raised E: \x1b]0;x\x07")
     assert_no_control(plain.getvalue())
     assert r"job\x1b[2J.py:3" in plain.getvalue() and r"\x1b]0;x\x07" in plain.getvalue()
-    row = live.ansi(live.bar(view), 200)
+    row = status_line.ansi(status_line.bar(view), 200)
     assert "\x1b[2J" not in row and r"job\x1b[2J.py:3" in row  # the bar's own colours stay
     bar = io.StringIO()
     StatusBar(bar, lambda: view).announce("HANG: E: \x9b2J\x1b]0;x\x07")

@@ -8,7 +8,7 @@ import tarfile
 from pathlib import Path
 
 from nccl_doctor.analysis.aftermath import stuck_calls_fate
-from nccl_doctor.capture.loading import load_capture_dir
+from nccl_doctor.analysis.loaded import load_capture_dir
 from nccl_doctor.model import EventState
 
 FIXTURE = Path(__file__).parent.parent / "fixtures" / "h100_nccl_shape_mismatch_report.tar.gz"

@@ -86,8 +86,8 @@ def test_the_side_inside_the_branch_is_the_culprit(tb, tmp_path):
     root = analyze(traces).root_cause
     assert root.kind is FindingKind.COLLECTIVE_MISMATCH
     assert root.ranks == (0,), root.detail  # without the branch: rank 1, the lowest rank's rule
-    assert root.branch["line"] == line("if rank == 0:") and root.branch["kind"] == "if"
-    assert root.branch["text"] == "if rank == 0:" and root.branch["ranks"] == [0]
+    assert root.branch.line == line("if rank == 0:") and root.branch.kind == "if"
+    assert root.branch.text == "if rank == 0:" and root.branch.ranks == (0,)
     assert root.evidence["blame"] == "branch"
     assert root.callsite.endswith(f"train.py:{barrier.line}")  # the culprit's call
     assert "rank 0 made this call inside the rank-dependent branch" in root.detail
@@ -127,8 +127,8 @@ def test_an_if_and_its_else_blame_the_ranks_in_the_if(tb, tmp_path):
     root = analyze(traces).root_cause
     # rank 0 is in the if, rank 1 in its else: the else is the others' default path, so rank 0
     # took the branch that rank 1's call skips
-    assert root.ranks == (0,) and root.branch["ranks"] == [0], root.detail
-    assert root.branch["line"] == line("if rank == 0:", after=start)
+    assert root.ranks == (0,) and root.branch.ranks == (0,), root.detail
+    assert root.branch.line == line("if rank == 0:", after=start)
 
 
 def test_both_sides_in_a_branch_of_their_own_is_said_and_decides_nothing(tb, tmp_path):

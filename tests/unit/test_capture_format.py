@@ -14,7 +14,7 @@ import pytest
 
 from nccl_doctor.analysis import analyze
 from nccl_doctor.capture import format as fmt
-from nccl_doctor.capture.loading import load_capture_dir
+from nccl_doctor.analysis.loaded import load_capture_dir
 from nccl_doctor.capture.manifest import MANIFEST, MANIFEST_FORMAT, Manifest, read_manifest
 from nccl_doctor.capture.names import remove_own_files
 from nccl_doctor.capture.follow import read_capture
@@ -739,12 +739,12 @@ def test_a_clean_exit_after_the_users_interrupt_is_the_interrupts_doing(
     import time
 
     from nccl_doctor.capture import watch_record
+    from nccl_doctor.watch_log import Interrupted
     w = new_writer(tmp_path)
     write_calls(w, 2)
     w.note("exit")
     at = time.time() + (5.0 if interrupt_after_exit else -5.0)
-    watch_record.append_event(tmp_path, {**watch_record.event("interrupted", signals=["SIGINT"],
-                                                               by="user"), "at": at})
+    watch_record.append_event(tmp_path, Interrupted(("SIGINT",), "user", at))
     ex = load_capture_dir(tmp_path, job_ended=True).ranks[0].exit
     if interrupt_after_exit:
         assert ex.kind is ExitKind.CLEAN

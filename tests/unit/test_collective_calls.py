@@ -20,6 +20,7 @@ import pytest
 
 from nccl_doctor.analysis import annotate as annotators
 from nccl_doctor.diagnosis import Diagnosis, Finding, FindingKind, Severity, Verdict
+from nccl_doctor.sections import StackClass
 from nccl_doctor.plugins import collective_calls as cc
 from nccl_doctor.plugins.known_issues import annotate as known_issues
 
@@ -50,8 +51,8 @@ def _missing(call_path=(), instead=None, hint="old hint", ranks=(1,), waiting=(0
 
 
 def _diag(*findings: Finding, stacks: list[tuple[list[int], list[str]]] = ()) -> Diagnosis:
-    classes = tuple({"ranks": ranks, "odd": False, "frames": frames, "sources": ["py-spy"]}
-                    for ranks, frames in stacks)
+    classes = tuple(StackClass(ranks=tuple(ranks), odd=False, frames=tuple(frames),
+                               sources=("py-spy",)) for ranks, frames in stacks)
     return Diagnosis(verdict=Verdict.HANG, findings=findings, ranks=(), world_size=2,
                      stack_classes=classes)
 

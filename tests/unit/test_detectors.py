@@ -67,7 +67,7 @@ def test_clean_run(tb) -> None:
     d = analyze(ts)
     assert d.verdict is Verdict.OK and d.findings == ()
     assert [(r.rank, r.state, r.exit_code) for r in d.ranks] == [(0, "exited", 0), (1, "exited", 0)]
-    assert d.ranks[0].last_collective["seq"] == 5
+    assert d.ranks[0].last_collective.seq == 5
 
 
 # -- collective_mismatch -------------------------------------------------------------------------
@@ -262,7 +262,7 @@ def test_async_collective_waited_on_aligns_with_a_sync_one(tb) -> None:
     assert titles(ts) == []
     d = analyze(ts)
     assert d.verdict is Verdict.OK
-    assert d.ranks[0].last_collective["seq"] == 3
+    assert d.ranks[0].last_collective.seq == 3
 
 
 def test_seq_offset_aligns_ranks_whose_p2p_bumped_the_sequence(tb) -> None:

@@ -18,8 +18,8 @@ from nccl_doctor.analysis import analyze
 from nccl_doctor.analysis.diagnose import NOT_RECORDED_NOTE
 from nccl_doctor.analysis.exited import HINT_EARLY, HINT_RENDEZVOUS
 from nccl_doctor.capture.early_exit import MAX_BYTES, MAX_FRAMES, read_early_exits, write_early_exit
-from nccl_doctor.capture.live_read import LiveCaptures
-from nccl_doctor.capture.loading import load_capture_dir
+from nccl_doctor.capture.live_captures import LiveCaptures
+from nccl_doctor.analysis.loaded import load_capture_dir
 from nccl_doctor.capture.manifest import Manifest
 from nccl_doctor.capture.names import EARLY_EXIT_SUFFIX, remove_own_files
 from nccl_doctor.diagnosis import FindingKind, Verdict
@@ -338,10 +338,9 @@ def test_a_raise_with_no_line_of_the_users_says_no_line() -> None:
 
 
 def test_a_rank_that_raised_once_the_job_was_stopped_is_no_cause() -> None:
-    from nccl_doctor.watch_log import WatchLog
+    from nccl_doctor.watch_log import Interrupted, WatchLog
 
-    watch = WatchLog(({"event": "interrupted", "at": T0 / 1e9, "by": "user",
-                       "signals": ["SIGINT"]},))
+    watch = WatchLog((Interrupted(("SIGINT",), "user", T0 / 1e9),))
     assert watch.stopped_at == T0 / 1e9
     traces = replace(job(2, r0=early("KeyboardInterrupt", time_ns=T0 + 1)), watch=watch)
     d = analyze(traces, annotators=())

@@ -6,7 +6,7 @@ from __future__ import annotations
 from dataclasses import replace
 
 from nccl_doctor.analysis import analyze
-from nccl_doctor.analysis.ends import judged
+from nccl_doctor.analysis.ends import with_finished_marked
 from nccl_doctor.analysis.exited import HINT_CRASH
 from nccl_doctor.diagnosis import FindingKind, Severity, Verdict
 from nccl_doctor.location import Location
@@ -20,7 +20,7 @@ def test_a_rank_with_no_exit_record_whose_work_finished_is_finished(tb) -> None:
     """Ray's workers: every call completed, nobody waits, the job exited 0."""
     traces = tb.traceset([tb.trace(r, tb.collectives(5), VANISHED) for r in (0, 1)],
                          exit_status=0)
-    assert {t.exit.kind for t in judged(traces).ranks.values()} == {ExitKind.FINISHED}
+    assert {t.exit.kind for t in with_finished_marked(traces).ranks.values()} == {ExitKind.FINISHED}
     d = analyze(traces)
     assert d.verdict is Verdict.OK and d.findings == (), [f.title for f in d.findings]
     assert {r.state for r in d.ranks} == {"finished"}
@@ -29,14 +29,14 @@ def test_a_rank_with_no_exit_record_whose_work_finished_is_finished(tb) -> None:
 def test_it_stays_vanished_when_peers_needed_it_or_the_job_failed(tb) -> None:
     behind = tb.traceset([tb.trace(0, tb.collectives(5), tb.clean()),
                           tb.trace(1, tb.collectives(3), VANISHED)], exit_status=0)
-    assert judged(behind).ranks[1].exit.kind is ExitKind.VANISHED
+    assert with_finished_marked(behind).ranks[1].exit.kind is ExitKind.VANISHED
     assert analyze(behind).verdict is Verdict.CRASH
     failed = tb.traceset([tb.trace(r, tb.collectives(5), VANISHED) for r in (0, 1)],
                          exit_status=1)
-    assert {t.exit.kind for t in judged(failed).ranks.values()} == {ExitKind.VANISHED}
+    assert {t.exit.kind for t in with_finished_marked(failed).ranks.values()} == {ExitKind.VANISHED}
     inside = tb.traceset([tb.trace(0, tb.collectives(5, last_state=tb.ENTERED), VANISHED),
                           tb.trace(1, tb.collectives(5), VANISHED)], exit_status=0)
-    assert judged(inside).ranks[0].exit.kind is ExitKind.VANISHED
+    assert with_finished_marked(inside).ranks[0].exit.kind is ExitKind.VANISHED
 
 
 def test_a_destroyed_process_group_says_the_work_finished(tb) -> None:
@@ -44,7 +44,7 @@ def test_a_destroyed_process_group_says_the_work_finished(tb) -> None:
     done (the job failed elsewhere, later)."""
     done = replace(tb.trace(0, tb.collectives(5), VANISHED), notes=({"note": "destroyed"},))
     traces = tb.traceset([done, tb.trace(1, tb.collectives(5), tb.clean())], exit_status=1)
-    assert judged(traces).ranks[0].exit.kind is ExitKind.FINISHED
+    assert with_finished_marked(traces).ranks[0].exit.kind is ExitKind.FINISHED
 
 
 def test_an_abort_at_teardown_after_the_work_is_described_as_such(tb) -> None:

@@ -64,15 +64,15 @@ def test_the_key_comes_from_the_environment_or_a_file(tmp_path):
 
 
 def _link(port: int, key: bytes | None, leader: bool):
-    from nccl_doctor.supervisor.federation.link import Link
+    from nccl_doctor.supervisor.federation.link import new_link
     from nccl_doctor.supervisor.federation.rendezvous import Rendezvous
 
     said: list[str] = []
     rdzv = Rendezvous("127.0.0.1", port, 2, 0 if leader else 1, "test", "job-1")
-    link = Link(rdzv, "leader" if leader else "follower", announce=said.append,
+    link = new_link(rdzv, "leader" if leader else "follower", leader=leader, announce=said.append,
                 answer=lambda *a: {}, summaries=lambda ended: {}, key=key,
                 connect_within=20.0)
-    link.start(leader)
+    link.start()
     return link, said
 
 
@@ -91,12 +91,12 @@ def test_a_node_without_the_jobs_key_is_refused_and_says_why(follower_key, why):
     follower, said = _link(port, follower_key, leader=False)
     try:
         deadline = time.monotonic() + 60
-        while not follower._refused:
-            assert time.monotonic() < deadline, follower._error
+        while not follower.t.refused:
+            assert time.monotonic() < deadline, follower.t.error
             time.sleep(0.1)
-        assert why in follower._error
+        assert why in follower.t.error
         follower.follow(_local())
-        assert follower.state.value == "alone" and why in follower.problem
+        assert follower.t.state.value == "alone" and why in follower.t.problem
         assert any(why in line for line in said)
     finally:
         follower.close()

@@ -13,7 +13,8 @@ from pathlib import Path
 import pytest
 
 from nccl_doctor.analysis import analyze
-from nccl_doctor.capture import fr_dump, sources
+from nccl_doctor.analysis.loaded import load
+from nccl_doctor.capture import fr_dump
 from nccl_doctor.diagnosis import FindingKind, Verdict
 from nccl_doctor.errors import CorruptCapture, NotACapture, RefusedInput, UnsupportedVersion
 
@@ -30,7 +31,7 @@ def torchfrtrace_culprit(directory: Path) -> int:
 
 
 def diagnose(path: Path, fr: Path | None = None):
-    return analyze(sources.load(path, fr), annotators=())
+    return analyze(load(path, fr=fr), annotators=())
 
 
 # -- the real NCCL dumps from an H100 (pickles) ---------------------------------------------------
@@ -96,7 +97,7 @@ def test_a_pickle_that_asks_for_code_is_refused_and_nothing_runs(tmp_path):
     (dumps / "rank_0").write_bytes(pickle.dumps(evil))
     shutil.copy(H100["skip_broadcast"] / "rank_1", dumps / "rank_1")
     with pytest.raises(RefusedInput, match=r"rank_0 is a pickle that asks for posix\.system"):
-        sources.load(dumps)
+        load(dumps)
     assert not target.exists()
     # a sanity check of the payload itself: the plain unpickler would have run it
     pickle.loads((dumps / "rank_0").read_bytes())
@@ -107,7 +108,7 @@ def test_a_truncated_pickle_is_corrupt(tmp_path):
     data = (H100["skip_broadcast"] / "rank_0").read_bytes()
     (tmp_path / "rank_0").write_bytes(data[: len(data) // 2])
     with pytest.raises(CorruptCapture, match="truncated or damaged pickle"):
-        sources.load(tmp_path)
+        load(tmp_path)
 
 
 @pytest.mark.parametrize("content, error, words", [

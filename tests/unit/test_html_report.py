@@ -14,10 +14,10 @@ import pytest
 
 from nccl_doctor.analysis import analyze
 from nccl_doctor.analysis.timeline import FOLD_ABOVE, timeline
-from nccl_doctor.page import rank_ranges
-from nccl_doctor.capture import sources
+from nccl_doctor.page_model import rank_ranges
+from nccl_doctor.analysis.loaded import load
 from nccl_doctor.reporters import format_for, get_reporter
-from nccl_doctor.analysis.page import page as page_of
+from nccl_doctor.analysis.page_builder import page as page_of
 from nccl_doctor.reporters.html import render
 
 FIXTURES = Path(__file__).parents[1] / "fixtures"
@@ -25,7 +25,7 @@ INJECTED = "/job/<script>alert(1)</script>.py"
 
 
 def page(path: Path) -> tuple[str, object, object]:
-    traces = sources.load_many([path], None)
+    traces = load(path)
     diagnosis = analyze(traces)
     text = render(diagnosis, page_of(traces, diagnosis))
     return text, diagnosis, html5lib.parse(text, namespaceHTMLElements=False)
@@ -123,7 +123,7 @@ def test_a_1024_rank_desync_folds_to_a_small_page_that_names_its_culprit(tmp_pat
 
 
 def test_the_timeline_marks_the_odd_call_and_folds_only_past_16_ranks(tmp_path, write_desync):
-    small = sources.load_many([write_desync(tmp_path, FOLD_ABOVE, culprit=3)], None)
+    small = load(write_desync(tmp_path, FOLD_ABOVE, culprit=3))
     d = analyze(small)
     lane = timeline(small, d).lanes[0]
     assert [row.ranks for row in lane.rows] == [(r,) for r in range(FOLD_ABOVE)]
@@ -132,7 +132,7 @@ def test_the_timeline_marks_the_odd_call_and_folds_only_past_16_ranks(tmp_path, 
     assert last[3].op == "all_gather" and last[3].odd and last[3].state == "entered"
     assert not any(c.odd for r, c in last.items() if r != 3)
     assert [row.culprit for row in lane.rows].count(True) == 1
-    big = sources.load_many([write_desync(tmp_path, FOLD_ABOVE + 1, culprit=3)], None)
+    big = load(write_desync(tmp_path, FOLD_ABOVE + 1, culprit=3))
     rows = timeline(big, analyze(big)).lanes[0].rows
     assert sorted(r.ranks for r in rows) == [tuple(x for x in range(FOLD_ABOVE + 1) if x != 3),
                                              (3,)]
@@ -141,7 +141,7 @@ def test_the_timeline_marks_the_odd_call_and_folds_only_past_16_ranks(tmp_path, 
 def test_two_ranks_that_differ_are_both_marked(tmp_path, write_desync):
     """No majority between two ranks: both sides are drawn as differing (the finding names
     rank 1 only by convention)."""
-    traces = sources.load_many([write_desync(tmp_path, 2, culprit=1)], None)
+    traces = load(write_desync(tmp_path, 2, culprit=1))
     rows = timeline(traces, analyze(traces)).lanes[0].rows
     assert [(r.cells[-1].op, r.cells[-1].odd) for r in rows] == [("all_reduce", True),
                                                                  ("all_gather", True)]

@@ -4,13 +4,14 @@ version and its code match, the general fix for the mechanism otherwise, nothing
 from __future__ import annotations
 
 from nccl_doctor.diagnosis import Diagnosis, Finding, FindingKind, Severity, Verdict
+from nccl_doctor.sections import StackClass
 from nccl_doctor.analysis.annotate import versions_of
 from nccl_doctor.plugins.known_issues import annotate
 
 
 def _diag(f: Finding, stacks: list[str] = (), ranks=(0, 1)) -> Diagnosis:
-    classes = ({"ranks": list(ranks), "odd": False, "frames": list(stacks),
-                "sources": ["py-spy"]},) if stacks else ()
+    classes = (StackClass(ranks=tuple(ranks), odd=False, frames=tuple(stacks),
+                          sources=("py-spy",)),) if stacks else ()
     return Diagnosis(verdict=Verdict.HANG, findings=(f,), ranks=(), world_size=2,
                      stack_classes=classes)
 

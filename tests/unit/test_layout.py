@@ -24,8 +24,10 @@ LAYERS = {
     "nccl_doctor.redact": "core", "nccl_doctor.processes": "core",
     "nccl_doctor.bounded_json": "core",
     "nccl_doctor.entry_points": "core", "nccl_doctor.model": "core",
-    "nccl_doctor.diagnosis": "core", "nccl_doctor.live_view": "core", "nccl_doctor.watch_log": "core",
-    "nccl_doctor.page": "core",
+    "nccl_doctor.diagnosis": "core", "nccl_doctor.status_view": "core", "nccl_doctor.watch_log": "core",
+    "nccl_doctor.watch_account": "core",
+    "nccl_doctor.page_model": "core",
+    "nccl_doctor.sections": "core", "nccl_doctor.finding_evidence": "core",
     "nccl_doctor.agent_protocol": "core", "nccl_doctor.capture": "core",
     "nccl_doctor.analysis": "core", "nccl_doctor.gpu": "core", "nccl_doctor.stacks": "core",
     "nccl_doctor.reporters": "core",
@@ -144,8 +146,9 @@ def test_the_import_graph_has_no_cycle():
 
 #: What a reporter may import besides its own package: the data it renders (the model, the
 #: diagnosis, the page's drawings) and plain helpers. It computes nothing (docs/ARCHITECTURE.md).
-RENDERED = {"nccl_doctor.model", "nccl_doctor.diagnosis", "nccl_doctor.page",
-            "nccl_doctor.location", "nccl_doctor.gpu.readings", "nccl_doctor.live_view",
+RENDERED = {"nccl_doctor.model", "nccl_doctor.diagnosis", "nccl_doctor.page_model",
+            "nccl_doctor.sections", "nccl_doctor.finding_evidence",
+            "nccl_doctor.location", "nccl_doctor.gpu.readings", "nccl_doctor.status_view",
             "nccl_doctor._version", "nccl_doctor.errors", "nccl_doctor.files"}
 
 
@@ -179,7 +182,7 @@ def test_the_supervisor_imports_no_reporter():
 
 
 def test_the_reporter_rules_see_a_violation():
-    g = {"nccl_doctor.reporters.html": {"nccl_doctor.analysis.timeline", "nccl_doctor.page"},
+    g = {"nccl_doctor.reporters.html": {"nccl_doctor.analysis.timeline", "nccl_doctor.page_model"},
          "nccl_doctor.supervisor.supervisor": {"nccl_doctor.reporters.html"}}
     assert reporter_imports_beyond_the_model(g) == [
         "nccl_doctor.reporters.html imports nccl_doctor.analysis.timeline"]

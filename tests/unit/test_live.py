@@ -3,9 +3,9 @@
 from __future__ import annotations
 
 from nccl_doctor.model import EventState
-from nccl_doctor.reporters import live
+from nccl_doctor.reporters import status_line
 from nccl_doctor.analysis.situation import Assessment, Situation
-from nccl_doctor.live_view import LiveView, RankState, RankView
+from nccl_doctor.status_view import LiveView, RankState, RankView
 from nccl_doctor.supervisor.view import rank_views
 
 
@@ -32,26 +32,26 @@ def _view(n: int, phase: str = "running", message: str = "") -> LiveView:
 
 
 def test_bar_lists_each_rank_until_there_are_too_many():
-    small = live.bar(_view(4, "waiting_on_peers", "ranks 1, 3 wait")).plain
+    small = status_line.bar(_view(4, "waiting_on_peers", "ranks 1, 3 wait")).plain
     assert "4 ranks" in small and " 0:100 1:101 2:102 3:103" in small
     assert "1:02:05" in small and "waiting on peers" in small and "ranks 1, 3 wait" in small
     assert "no new call for 3 s" in small
-    big = live.bar(_view(64)).plain
+    big = status_line.bar(_view(64)).plain
     assert "64 ranks" in big and "calls 100-163" in big and "32 running" in big
     assert "32 waiting" in big and " 5:" not in big
 
 
 def test_bar_fits_one_row_of_the_terminal():
-    row = live.ansi(live.bar(_view(8, "deadlock", "x" * 300)), 80)
+    row = status_line.ansi(status_line.bar(_view(8, "deadlock", "x" * 300)), 80)
     assert "\n" not in row and row.startswith("\x1b[")
     visible = __import__("re").sub(r"\x1b\[[0-9;]*m", "", row)
     assert len(visible) <= 80 and visible.endswith("…")
 
 
 def test_plain_line_has_counters_and_states():
-    text = live.line(_view(3, "deadlock", "deadlock suspected"))
+    text = status_line.line(_view(3, "deadlock", "deadlock suspected"))
     assert text == ("[1:02:05] deadlock; calls 0:100 1:101/waiting 2:102; deadlock suspected")
-    assert "(+2 ranks)" in live.line(_view(10))
+    assert "(+2 ranks)" in status_line.line(_view(10))
 
 
 def test_a_failing_watch_is_dropped_and_named_the_job_supervised_on(tmp_path):
@@ -76,7 +76,7 @@ def test_the_supervisor_alone_writes_the_report_and_a_hang_outranks_a_suspicion(
     import json
 
     from nccl_doctor.diagnosis import Diagnosis, Verdict
-    from nccl_doctor.supervisor.live import Decision, Report
+    from nccl_doctor.supervisor.watching import Decision, Report
     from nccl_doctor.supervisor.supervisor import Supervisor
 
     messages: list[str] = []
@@ -92,7 +92,7 @@ def test_the_supervisor_alone_writes_the_report_and_a_hang_outranks_a_suspicion(
                         announce=("SUSPECT: x",)))
     assert written() == "suspect" and messages == ["SUSPECT: x"]
     sup._apply(Decision(report=diagnosis(Verdict.HANG), announce=("HANG: y",), stop_job=True))
-    assert written() == "hang" and sup.stopped_for_hang and sup._kill_at is not None
+    assert written() == "hang" and sup.stopped_for_hang and sup.stopper.kill_at is not None
     sup._apply(Decision(report=diagnosis(Verdict.SUSPECT), kind=Report.SUSPECT))
     assert written() == "hang"  # the hang report stands
     sup._apply(Decision(report=diagnosis(Verdict.SUSPECT)))  # a retraction (the watchdog's)
@@ -102,7 +102,7 @@ def test_the_supervisor_alone_writes_the_report_and_a_hang_outranks_a_suspicion(
 def test_watchdog_states_change_only_along_allowed_transitions(tmp_path):
     import pytest
 
-    from nccl_doctor.supervisor.live import LiveJob
+    from nccl_doctor.supervisor.watching import LiveJob
     from nccl_doctor.supervisor.policy import HangPolicy
     from nccl_doctor.supervisor.watchdog import Watchdog, WatchState
 

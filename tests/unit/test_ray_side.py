@@ -123,11 +123,12 @@ def test_groups_are_named_by_the_actors_in_them(tb):
         "1": "Trainer group (ranks 0, 1)",
         "2": "weight-sync group (Trainer rank 0 -> Engine ranks 2, 3)"}
     summary = actors.summary(traces)
-    assert summary["actors"]["3"] == {"class": "Engine", "id": "3a3b3c3d0000", "name": "",
-                                      "host": "nodeB"}
+    assert summary.to_json()["actors"]["3"] == {"class": "Engine", "id": "3a3b3c3d0000",
+                                                "name": "", "host": "nodeB"}
+    assert summary.actors[3].label == "Engine 3a3b3c3d"
     # a group with a rank outside any actor has no role; a job without actors, no summary
     plain = tb.traceset([tb.trace(r) for r in (0, 1)])
-    assert actors.group_roles(plain) == {} and actors.summary(plain) == {}
+    assert actors.group_roles(plain) == {} and actors.summary(plain) is None
 
 
 def test_the_rank_that_broke_its_order_is_the_root_cause_not_the_one_waiting_in_it(tb):
@@ -141,7 +142,7 @@ def test_the_rank_that_broke_its_order_is_the_root_cause_not_the_one_waiting_in_
     assert root.evidence["actors"] == {"3": "Engine 3a3b3c3d"}
     assert root.title.endswith("[rank 3 (Engine 3a3b3c3d) on nodeB; group 2: weight-sync group "
                                "(Trainer rank 0 -> Engine ranks 2, 3)]")
-    assert d.ray["groups"]["2"]["ranks"] == [0, 2, 3]
+    assert d.ray.groups["2"].ranks == (0, 2, 3)
 
 
 def test_without_actors_the_order_still_decides(tb):
@@ -170,7 +171,7 @@ def test_every_report_says_which_actor_holds_each_rank(tb):
 
     import html5lib
 
-    from nccl_doctor.analysis.page import page as page_of
+    from nccl_doctor.analysis.page_builder import page as page_of
     from nccl_doctor.reporters.console import ConsoleReporter
     from nccl_doctor.reporters.html import render
 

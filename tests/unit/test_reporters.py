@@ -10,13 +10,14 @@ import html5lib
 import pytest
 
 from nccl_doctor.analysis import analyze
-from nccl_doctor.capture.loading import load_capture_dir
+from nccl_doctor.analysis.loaded import load_capture_dir
 from nccl_doctor.model import EventKind, EventState
+from nccl_doctor.watch_account import WatchAccount
 from nccl_doctor.capture.writer import CaptureWriter
 from nccl_doctor.diagnosis import SCHEMA_VERSION, Verdict
 from nccl_doctor.errors import UsageError
 from nccl_doctor.reporters import REPORTERS, format_for, get_reporter
-from nccl_doctor.analysis.page import page as page_of
+from nccl_doctor.analysis.page_builder import page as page_of
 
 RANK_KEYS = {"rank", "host", "pid", "state", "exit_code", "signal", "last_collective",
              "stack_summary"}
@@ -192,19 +193,21 @@ def test_live_hang_report_shows_stack_classes_and_the_watchdog() -> None:
     from dataclasses import replace
 
     from nccl_doctor.diagnosis import Diagnosis, RankSummary
+    from nccl_doctor.sections import StackClass
 
     ranks = tuple(
         RankSummary(rank=r, host="h", pid=100 + r, state="blocked", exit_code=None, signal=None,
-                    exit_detail="blocked", last_collective=None, capture={},
+                    exit_detail="blocked", last_collective=None, capture=None,
                     stack_summary=f"train.py:{30 + r} in step [py-spy]")
         for r in range(3)
     )
     d = Diagnosis(verdict=Verdict.HANG, findings=(), ranks=ranks, world_size=3,
-                  stack_classes=({"ranks": [0, 2], "odd": False, "sources": ["py-spy"],
-                                  "frames": ["train.py:50 main", "train.py:30 step"]},
-                                 {"ranks": [1], "odd": True, "sources": ["agent"],
-                                  "frames": ["train.py:50 main", "data.py:9 load"]}),
-                  watchdog={"situation": "deadlock", "waited_s": 2.4, "action": "stopped the job"})
+                  stack_classes=(StackClass(ranks=(0, 2), odd=False, sources=("py-spy",),
+                                            frames=("train.py:50 main", "train.py:30 step")),
+                                 StackClass(ranks=(1,), odd=True, sources=("agent",),
+                                            frames=("train.py:50 main", "data.py:9 load"))),
+                  watchdog=WatchAccount(situation="deadlock", waited_s=2.4,
+                                        action="stopped the job"))
     text = squash(render("console", d))
     assert "ranks 0, 2: train.py:50 main -> train.py:30 step (py-spy)" in text
     assert "ranks 1: train.py:50 main -> data.py:9 load (agent) <- odd one out" in text
@@ -213,7 +216,7 @@ def test_live_hang_report_shows_stack_classes_and_the_watchdog() -> None:
     report = json.loads(render("json", d))
     assert report["stack_classes"][1]["odd"] is True
     assert report["watchdog"]["situation"] == "deadlock"
-    assert json.loads(render("json", replace(d, stack_classes=(), watchdog={})))["watchdog"] == {}
+    assert json.loads(render("json", replace(d, stack_classes=(), watchdog=WatchAccount())))["watchdog"] == {}
 
 
 def test_every_reporter_names_the_issuing_line_the_users_line_and_the_path(tb) -> None:
@@ -238,7 +241,7 @@ def test_every_reporter_names_the_issuing_line_the_users_line_and_the_path(tb) -
     root = d.root_cause
     assert root.callsite.endswith("trl/trainer/cpo_trainer.py:839")
     assert root.entry_callsite == "/job/train.py:16"
-    assert [f["version"] for f in root.call_path] == [None, "0.16.1", None]
+    assert [f.version for f in root.call_path] == [None, "0.16.1", None]
     assert "get_batch_loss_metrics (trl 0.16.1) <- your /job/train.py:16" in root.detail
     console = render("console", d)
     assert "call path:" in console and "(from /job/train.py:16)" in console

@@ -19,8 +19,8 @@ from prometheus_client.parser import text_string_to_metric_families
 from nccl_doctor.analysis import analyze
 from nccl_doctor.cli.main import main
 from nccl_doctor.errors import ExitStatus, UsageError
-from nccl_doctor.live_view import LiveView, RankState, RankView
-from nccl_doctor.serve import metrics, page
+from nccl_doctor.status_view import LiveView, RankState, RankView
+from nccl_doctor.serve import live_page, metrics
 from nccl_doctor.serve.server import CONCURRENT, Endpoint, parse_address
 from nccl_doctor.serve.state import Published
 
@@ -117,7 +117,7 @@ def test_the_page_escapes_what_the_job_wrote(tb):
     report = replace(pub.report, findings=(cause,))
     view = replace(pub.view, message=HOSTILE, ranks=(
         RankView(0, HOSTILE, 4, RankState.WAITING, HOSTILE),))
-    text = page.render(replace(pub, report=report, view=view))
+    text = live_page.render(replace(pub, report=report, view=view))
     assert "<script" not in text and "alert('x')" not in text
     assert text.count("&lt;script&gt;") >= 5
     assert '<h1 id="verdict">HANG</h1>' in text and '<b id="culprit">1</b>' in text

@@ -11,11 +11,11 @@ from pathlib import Path
 import pytest
 
 from nccl_doctor.analysis import analyze
-from nccl_doctor.analysis.ends import Ending, decided
+from nccl_doctor.analysis.ends import Ending, with_ends_known
 from nccl_doctor.capture import format as fmt
-from nccl_doctor.capture.live_read import LiveCaptures
+from nccl_doctor.capture.live_captures import LiveCaptures
 from nccl_doctor.capture.window import Size
-from nccl_doctor.capture.loading import load_capture_dir
+from nccl_doctor.analysis.loaded import load_capture_dir
 from nccl_doctor.capture.manifest import Manifest
 from nccl_doctor.capture.writer import CaptureWriter
 from nccl_doctor.model import EventKind, EventState, Unrecorded
@@ -176,7 +176,7 @@ def test_the_supervisors_post_mortem_sees_what_a_replay_sees(tmp_path, change, s
         replay = load_capture_dir(out, window=size, evidence=False, job_ended=True)
         assert {r: [e.idx for e in t.events] for r, t in held.ranks.items()} == \
             {r: [e.idx for e in t.events] for r, t in replay.ranks.items()}
-        mine = analyze(decided(held, Ending(ended=True))).to_json()
+        mine = analyze(with_ends_known(held, Ending(ended=True))).to_json()
         theirs = analyze(replay).to_json()
         assert json.dumps(mine, sort_keys=True) == json.dumps(theirs, sort_keys=True)
         live.close()

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import time
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, Callable
 
 from nccl_doctor.supervisor.federation import store as st
 from nccl_doctor.supervisor.federation.transport import LinkState, Role, Transport
@@ -35,54 +35,84 @@ class Local:
     node_rank: int | None
 
 
-class Follower(Transport):
+class Follower:
+    """A node whose ranks the leader diagnoses; it serves the leader from its own host."""
+
+    role = Role.FOLLOWER
+
+    def __init__(self, transport: Transport, *,
+                 answer: Callable[[str, list[int], float], dict[str, Any]],
+                 summaries: Callable[[bool], dict[str, Any]]) -> None:
+        """``answer(what, ranks, timeout)`` serves a leader's request from this host;
+        ``summaries(ended)`` reads this node's ranks in brief: ``{"ranks": [summary, ...],
+        "unrecorded": {"rank": {"why": ..., "host": ...}}}``."""
+        self.t = transport
+        self.answer, self.summaries = answer, summaries
+        self._last_beat = -1e9
+        self._beat_n = 0
+        self._summary_key: tuple | None = None
+        self._summary_v = 0
+        self._summary_at = -1e9
+        self._moved_at = transport.clock()
+        self._last_counts: dict[int, int] = {}
+        self._decisions_seen = 0
+        self._requests_done = 0
+        self._ended = False  # this node's job ended: its summaries are final
+        self._roster: dict[str, Any] = {}  # rank -> [host, node rank]: the leader's last word
+
+    def start(self) -> None:
+        self.t.reach_store(lambda: self._beat({}, {}, (), False, None))
+
+    def close(self) -> None:
+        self.t.close()
+
     def follow(self, local: Local) -> list[dict[str, Any]]:
         """A follower's look: publish, then the leader's new decisions (in order)."""
-        now = self.clock()
+        now = self.t.clock()
         if local.counts != self._last_counts:
             self._last_counts, self._moved_at = dict(local.counts), now
-        if self.state is LinkState.CONNECTING:
-            if self._take_pending():
-                self.announce(f"joined the job's nodes at {self.rdzv.address} (leader: "
-                              f"{self.leader_host or '?'}); the leader diagnoses the job")
-            elif self._refused:
-                self._alone(self._error)
+        if self.t.state is LinkState.CONNECTING:
+            if self.t.take_pending():
+                self.t.announce(f"joined the job's nodes at {self.t.rdzv.address} (leader: "
+                              f"{self.t.leader_host or '?'}); the leader diagnoses the job")
+            elif self.t.refused:
+                self.t.alone(self.t.error)
                 return []
-            elif now - self._started >= self.connect_within and not self._said_waiting:
-                self._said_waiting = True
-                self.problem = (f"cannot reach the coordinator at {self.rdzv.address} "
-                                f"({self._why_not()})")
-                self.announce(f"{self.problem}: diagnosing this node alone until it answers")
+            elif now - self.t.started_at >= self.t.connect_within and not self.t.said_waiting:
+                self.t.said_waiting = True
+                self.t.problem = (f"cannot reach the coordinator at {self.t.rdzv.address} "
+                                f"({self.t.why_not()})")
+                self.t.announce(f"{self.t.problem}: diagnosing this node alone until it answers")
                 return []
             else:
                 return []
-        if self.state is not LinkState.JOINED or now - self._last_beat < self.every:
+        if self.t.state is not LinkState.JOINED or now - self._last_beat < self.t.every:
             return []
         self._last_beat = now
         try:
             self._publish(local, now)
             return self._read_leader()
         except st.StoreError as err:
-            self._leader_lost(err)
-            self.announce(f"{self.problem}: diagnosing this node alone")
+            self.t.leader_lost(err)
+            self.t.announce(f"{self.t.problem}: diagnosing this node alone")
             return []
 
     def still_for(self) -> float:
         """A follower: seconds since its ranks last recorded a call."""
-        return self.clock() - self._moved_at
+        return self.t.clock() - self._moved_at
 
     def leader_ranks(self) -> dict[int, tuple[str, int | None]]:
         """rank -> (host, node rank) of the leader's own ranks, as it last said."""
         out = {}
         for r, (host, node) in self._roster.items():
-            if host == self.leader_host:
+            if host == self.t.leader_host:
                 out[int(r)] = (str(host), node if isinstance(node, int) else None)
         return out
 
     def _beat(self, counts: dict[int, int], notes: dict[int, int], down: tuple[int, ...],
               ended: bool, node_rank: int | None) -> dict[str, Any]:
         self._beat_n += 1
-        return {"n": self._beat_n, "t": time.time(), "host": self.host, "node_rank": node_rank,
+        return {"n": self._beat_n, "t": time.time(), "host": self.t.host, "node_rank": node_rank,
                 "counts": {str(r): c for r, c in counts.items()},
                 "notes": {str(r): c for r, c in notes.items()}, "down": list(down),
                 "ended": ended, "summary": self._summary_v}
@@ -94,32 +124,32 @@ class Follower(Transport):
         # while its ranks move, a summary every SUMMARY_EVERY s: the leader's straggler watch
         # compares their recent calls with the other nodes' (the slow node, named live)
         due = key != self._summary_key and (
-            now - self._moved_at >= self.quiet_for or local.ended
+            now - self._moved_at >= self.t.quiet_for or local.ended
             or (notes_moved and now - self._summary_at >= 2.0)
-            or now - self._summary_at >= max(SUMMARY_EVERY, self.rdzv.nnodes / NODES_PER_S))
+            or now - self._summary_at >= max(SUMMARY_EVERY, self.t.rdzv.nnodes / NODES_PER_S))
         if due:
             self.publish_summary(key)
-        st.put(self._store, st.beat_key(self.id), self._beat(
+        st.put(self.t.store, st.beat_key(self.t.id), self._beat(
             local.counts, local.notes, local.down, local.ended, local.node_rank))
 
     def publish_summary(self, key: tuple | None = None, ended: bool = False) -> None:
         brief = self.summaries(ended)
         self._summary_v += 1
-        self._summary_key, self._summary_at = key, self.clock()
-        st.put(self._store, st.summary_key(self.id), {
+        self._summary_key, self._summary_at = key, self.t.clock()
+        st.put(self.t.store, st.summary_key(self.t.id), {
             "v": self._summary_v, "ranks": brief.get("ranks", []),
             "unrecorded": brief.get("unrecorded", {}),
             "counts": {str(r): c for r, c in self._last_counts.items()}})
 
     def _read_leader(self) -> list[dict[str, Any]]:
-        n, req, roster = st.get_many(self._store, [st.DECISION_N, st.request_key(self.id),
+        n, req, roster = st.get_many(self.t.store, [st.DECISION_N, st.request_key(self.t.id),
                                                    st.ROSTER])
         if isinstance(roster, dict):
             self._roster = roster
         out = []
         if isinstance(n, int) and n > self._decisions_seen:
             out = [d for d in st.get_many(
-                self._store, [st.decision_key(k) for k in range(self._decisions_seen + 1, n + 1)])
+                self.t.store, [st.decision_key(k) for k in range(self._decisions_seen + 1, n + 1)])
                 if isinstance(d, dict)]
             self._decisions_seen = n
         if isinstance(req, dict) and isinstance(req.get("n"), int) and req["n"] > self._requests_done:
@@ -131,7 +161,7 @@ class Follower(Transport):
                 reply: dict[str, Any] = {"v": self._summary_v}
             else:
                 reply = self.answer(what, ranks, float(req.get("timeout", 5.0)))
-            st.put(self._store, st.response_key(self.id, req["n"]), reply)
+            st.put(self.t.store, st.response_key(self.t.id, req["n"]), reply)
         return out
 
     def follower_finish(self, local: Local, wait: float) -> dict[str, Any] | None:
@@ -140,40 +170,40 @@ class Follower(Transport):
         # a job that ended before the nodes met: they still meet, for its report - within the
         # join window, which opens once torch.distributed is loaded (minutes, on a host the job
         # keeps busy: waited for as long as ``wait`` allows)
-        give_up = self.clock() + wait
-        while (self.state is LinkState.CONNECTING and self._pending is None and not self._refused
+        give_up = self.t.clock() + wait
+        while (self.t.state is LinkState.CONNECTING and self.t.pending is None and not self.t.refused
                and self._still_coming(give_up)):
             time.sleep(0.2)
-        self._take_pending()
-        if self.role is Role.FOLLOWER and self.state is LinkState.CONNECTING:
-            self.state = LinkState.ALONE
-            self.problem = (f"never reached the coordinator at {self.rdzv.address} "
-                            f"({self._why_not()})")
-        if self.role is not Role.FOLLOWER or self.state is not LinkState.JOINED:
+        self.t.take_pending()
+        if self.t.state is LinkState.CONNECTING:
+            self.t.state = LinkState.ALONE
+            self.t.problem = (f"never reached the coordinator at {self.t.rdzv.address} "
+                            f"({self.t.why_not()})")
+        if self.t.state is not LinkState.JOINED:
             return None
-        deadline = self.clock() + wait
+        deadline = self.t.clock() + wait
         try:
             self._last_counts, self._ended = dict(local.counts), True
             self.publish_summary(None, ended=True)
-            while self.clock() < deadline:
-                st.put(self._store, st.beat_key(self.id), self._beat(
+            while self.t.clock() < deadline:
+                st.put(self.t.store, st.beat_key(self.t.id), self._beat(
                     local.counts, local.notes, local.down, True, local.node_rank))
                 self._read_leader()  # answer requests while the leader finishes
-                final = st.get(self._store, st.FINAL) if st.has(self._store, st.FINAL) else None
+                final = st.get(self.t.store, st.FINAL) if st.has(self.t.store, st.FINAL) else None
                 if final is not None:  # (one that failed authentication reads None: wait on)
-                    st.add(self._store, st.FINAL_ACKS, 1)
+                    st.add(self.t.store, st.FINAL_ACKS, 1)
                     return final if self._covers(final, local) else None
-                time.sleep(min(self.every, 0.2))
+                time.sleep(min(self.t.every, 0.2))
         except st.StoreError as err:
-            self._leader_lost(err)
-            self.announce(f"{self.problem}: this node's report covers it alone")
+            self.t.leader_lost(err)
+            self.t.announce(f"{self.t.problem}: this node's report covers it alone")
         return None
 
     def _still_coming(self, give_up: float) -> bool:
-        loaded, now = self._loaded_at, self.clock()
+        loaded, now = self.t.loaded_at, self.t.clock()
         if loaded is None:
             return now < give_up
-        return now < loaded + self.connect_within
+        return now < loaded + self.t.connect_within
 
     def _covers(self, final: Any, local: Local) -> bool:
         """The leader's final report sees this node's ranks (one made before this node joined
@@ -184,7 +214,7 @@ class Follower(Transport):
                 and r.get("state") != "no_capture"}
         if all(rank in seen for rank in local.counts):
             return True
-        self.problem = ("the leader's report was made before this node joined and does not "
+        self.t.problem = ("the leader's report was made before this node joined and does not "
                         "see its ranks")
-        self.announce(f"{self.problem}: this node's report covers it alone")
+        self.t.announce(f"{self.t.problem}: this node's report covers it alone")
         return False

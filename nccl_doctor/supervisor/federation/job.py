@@ -7,15 +7,15 @@ from __future__ import annotations
 from dataclasses import replace
 from typing import Any, Mapping, Sequence
 
-from nccl_doctor.analysis.ends import Ending, decided
+from nccl_doctor.analysis.ends import Ending, with_ends_known
 from nccl_doctor.analysis.situation import ProcState
 from nccl_doctor.capture.assemble import groups_from_notes
 from nccl_doctor.capture.union import union
 from nccl_doctor.model import RankTrace, TraceSet
 from nccl_doctor.stacks.rank_stack import RankStack, stack_from_json
-from nccl_doctor.supervisor.federation.link import Link, LinkState, Role, unseen_rank
+from nccl_doctor.supervisor.federation.link import Follower, Leader, LinkState, unseen_rank
 from nccl_doctor.supervisor.federation.node import Federation
-from nccl_doctor.supervisor.live import LiveJob, Snapshot
+from nccl_doctor.supervisor.watching import LiveJob, Snapshot
 
 
 class FederatedJob(LiveJob):
@@ -28,15 +28,16 @@ class FederatedJob(LiveJob):
         self.federation: Federation | None = None
 
     @property
-    def _link(self) -> Link | None:
+    def _link(self) -> Leader | None:
+        """The leader's part, once the nodes have met (None: this node follows, or is alone)."""
         fed = self.federation
-        return fed.link if fed is not None and fed.leading else None
+        return fed.leader if fed is not None and fed.leading else None
 
     def snapshot(self) -> Snapshot:
         snap = super().snapshot()
         fed = self.federation
-        if fed is not None and fed.link.role is Role.LEADER:
-            fed.link.gather()  # (its store coming up, or failing to, is said here)
+        if fed is not None and fed.leader is not None:
+            fed.leader.gather()  # (its store coming up, or failing to, is said here)
         if fed is not None and not fed.leading:
             snap.load = self.union  # alone, or without its leader: the other hosts are unseen
         link = self._link
@@ -60,15 +61,16 @@ class FederatedJob(LiveJob):
         local = self.final() if ended else self.captures.load()
         fed = self.federation
         lost: dict[int, tuple[str, int | None]] = {}
-        if fed is not None and fed.link.state is LinkState.LEADER_LOST:
-            remote = _with_leader(fed.link, local.world_size)
-            when = int(fed.link.lost_at_wall * 1e9) or None
+        follower = fed.follower if fed is not None else None
+        if follower is not None and fed is not None and fed.state is LinkState.LEADER_LOST:
+            remote = _with_leader(follower, local.world_size)
+            when = int(fed.transport.lost_at_wall * 1e9) or None
             lost = {t.rank: (t.meta.host, when) for t in remote}
         elif self._link is not None:
             remote = self._link.remote_traces(fresh=not ended)  # ended: the final summaries
             lost = self._link.lost_ranks()
         elif fed is not None and not fed.leading:  # alone: the other hosts' ranks are unseen
-            return replace(local, partial=fed.link.problem or "this node diagnosed alone")
+            return replace(local, partial=fed.problem or "this node diagnosed alone")
         else:
             return local
         part = TraceSet(ranks={t.rank: t for t in remote}, groups=groups_from_notes(remote),
@@ -76,10 +78,10 @@ class FederatedJob(LiveJob):
                         unrecorded=self._link.remote_unrecorded() if self._link else {})
         merged = union([local, part], source=local.source)
         if fed is not None and not fed.leading:
-            why = fed.link.problem or "this node diagnosed alone"
+            why = fed.problem or "this node diagnosed alone"
         else:
             why = "the ranks of nodes that never joined the coordinator are unseen"
-        merged = decided(merged, Ending(lost=lost))
+        merged = with_ends_known(merged, Ending(lost=lost))
         return replace(merged, partial="" if merged.all_accounted_for() else why)
 
     def procs(self, ranks: Sequence[int] | None = None) -> dict[int, ProcState]:
@@ -142,7 +144,7 @@ class FederatedJob(LiveJob):
         return out
 
 
-def _with_leader(link: Link, world_size: int) -> list[RankTrace]:
+def _with_leader(link: Follower, world_size: int) -> list[RankTrace]:
     """The leader's ranks, lost with it (what a follower knows of them: their host)."""
     return [unseen_rank(r, host, node, world_size)
             for r, (host, node) in sorted(link.leader_ranks().items())]

@@ -66,19 +66,51 @@ def unseen_rank(rank: int, host: str, node_rank: int | None, world_size: int = 0
         events=(), exit=RankExit(ExitKind.RUNNING), integrity=Integrity(), path="")
 
 
-class Leader(Transport):
+class Leader:
+    """The node that hosts the coordinator's store and diagnoses the job."""
+
+    role = Role.LEADER
+
+    def __init__(self, transport: Transport) -> None:
+        self.t = transport
+        self.remotes: dict[str, Remote] = {}  # the followers, by id
+        self._registered = 0
+        self._unread: dict[int, float] = {}  # node ids counted, not read yet -> when counted
+        self._decision_n = 0
+        self._request_n = 0
+        self._coming: set[str] = set()  # hosts whose node doctor runs but has not joined yet
+        self._roster: dict[str, Any] = {}  # rank -> [host, node rank]: the leader's last word
+        self._join_by = transport.started_at + transport.connect_within  # nodes may join until
+
+    def start(self) -> None:
+        self.t.host_store()
+
+    def close(self) -> None:
+        self.t.close()
+
+    def _hosted(self) -> bool:
+        """Whether its store is up (says so, or why not, once)."""
+        t = self.t
+        if t.state is LinkState.CONNECTING:
+            if t.take_pending():
+                t.announce(f"coordinating {t.rdzv.nnodes or 'the'} nodes on "
+                           f"{t.rdzv.address} ({t.rdzv.source})")
+            elif t.error:
+                t.alone(t.error)
+        return t.state is LinkState.JOINED
+
     def wait_started(self, timeout: float) -> None:
         """Until the leader's store is up or failed (a benchmark, a test)."""
-        if self._thread is not None:
-            self._thread.join(timeout)
+        if self.t.thread is not None:
+            self.t.thread.join(timeout)
         self.gather()
 
     def expect(self, nnodes: int) -> None:
         """More nodes are coming than the leader knew (Ray node doctors just started): it waits
         for them to join, ``connect_within`` seconds from now."""
-        if nnodes > self.rdzv.nnodes:
-            self.rdzv = replace(self.rdzv, nnodes=nnodes)
-            self._join_by = self.clock() + self.connect_within
+        if nnodes > self.t.rdzv.nnodes:
+            self.t.rdzv = replace(self.t.rdzv, nnodes=nnodes)
+            self._join_by = self.t.clock() + self.t.connect_within
 
     def coming(self, host: str) -> None:
         """A node doctor started on ``host`` (Ray's keeper says so): the leader waits for it to
@@ -96,23 +128,23 @@ class Leader(Transport):
         for remote in self.remotes.values():
             for r in remote.ranks:
                 roster.setdefault(str(r), [remote.host, remote.node_rank])
-        if roster != self._roster and self.state is LinkState.JOINED:
+        if roster != self._roster and self.t.state is LinkState.JOINED:
             self._roster = roster
             try:
-                st.put(self._store, st.ROSTER, roster)
+                st.put(self.t.store, st.ROSTER, roster)
             except st.StoreError:
                 pass
 
     def gather(self) -> None:
         """The leader's look: every follower's beat (new followers join here)."""
-        if self.role is not Role.LEADER or not self._hosted():
+        if not self._hosted():
             return
-        now = self.clock()
+        now = self.t.clock()
         try:
-            registered = st.add(self._store, st.NODES, 0)
+            registered = st.add(self.t.store, st.NODES, 0)
             if registered > self._registered:  # (a forged count: only ids that exist are read,
                 # and no more of them looked for than the nodes expected could write)
-                room = max(64, 2 * self.rdzv.nnodes) - len(self._unread)
+                room = max(64, 2 * self.t.rdzv.nnodes) - len(self._unread)
                 for i in range(self._registered + 1,
                                min(registered, self._registered + max(0, room)) + 1):
                     self._unread[i] = now
@@ -121,19 +153,19 @@ class Leader(Transport):
             # minute was counted by something else, and is looked for no more
             self._unread = {i: t for i, t in self._unread.items() if now - t < 60.0}
             if self._unread:
-                there = ([*self._unread] if st.has_all(self._store, [
+                there = ([*self._unread] if st.has_all(self.t.store, [
                     st.node_key(i) for i in self._unread]) else [
-                    i for i in self._unread if st.has(self._store, st.node_key(i))])
+                    i for i in self._unread if st.has(self.t.store, st.node_key(i))])
                 if there:
-                    for node in st.get_many(self._store, [st.node_key(i) for i in there]):
+                    for node in st.get_many(self.t.store, [st.node_key(i) for i in there]):
                         if isinstance(node, str) and node not in self.remotes:
                             self.remotes[node] = Remote(node, seen_at=now)
                     for i in there:
                         del self._unread[i]
             remotes = list(self.remotes.values())
-            beats = st.get_many(self._store, [st.beat_key(r.id) for r in remotes])
+            beats = st.get_many(self.t.store, [st.beat_key(r.id) for r in remotes])
         except st.StoreError as err:  # the leader's own store: nothing to be done but say so
-            self._alone(f"the coordinator's store failed ({err})")
+            self.t.alone(f"the coordinator's store failed ({err})")
             return
         for remote, beat in zip(remotes, beats):
             if not isinstance(beat, dict):
@@ -147,11 +179,11 @@ class Leader(Transport):
                     remote.node_rank = beat["node_rank"]
                 if remote.lost:
                     remote.lost = False
-                    self.announce(f"{remote.name} answers again")
+                    self.t.announce(f"{remote.name} answers again")
             elif (not remote.lost and not beat.get("ended")
-                  and now - remote.seen_at >= self.lost_after):
+                  and now - remote.seen_at >= self.t.lost_after):
                 remote.lost, remote.lost_at_wall = True, float(beat.get("t", time.time()))
-                self.announce(f"LOST: {remote.name} stopped answering for "
+                self.t.announce(f"LOST: {remote.name} stopped answering for "
                               f"{now - remote.seen_at:.0f} s (ranks "
                               f"{', '.join(map(str, sorted(remote.ranks)))})")
 
@@ -171,22 +203,22 @@ class Leader(Transport):
         """Every follower's ranks from its latest summary; with ``fresh``, nodes whose summary
         is older than their beat are asked for a new one first. A lost node's running ranks
         read as lost with it."""
-        if self.role is not Role.LEADER or self.state is not LinkState.JOINED:
+        if self.t.state is not LinkState.JOINED:
             return []
         want = [r for r in self.remotes.values()
                 if int(r.beat.get("summary", 0) or 0) > r.version]
         # a node still recording calls is not asked: its summary would be old at once (and a
         # silent-error look while the job runs must not make every node read its captures)
-        now = self.clock()
+        now = self.t.clock()
         wanted = {r.id for r in want}
         stale = [r for r in self.remotes.values()
                  if not r.lost and r.id not in wanted and r.beat.get("counts") != r.summary_counts
-                 and now - r.moved_at >= self.quiet_for and self._answers(r, now)]
+                 and now - r.moved_at >= self.t.quiet_for and self._answers(r, now)]
         try:
             if fresh and stale:
-                replies = self._request(stale, "summary", self.timeout)
+                replies = self._request(stale, "summary", self.t.timeout)
                 want += [r for r, reply in zip(stale, replies) if isinstance(reply, dict)]
-            docs = st.get_many(self._store, [st.summary_key(r.id) for r in want])
+            docs = st.get_many(self.t.store, [st.summary_key(r.id) for r in want])
         except st.StoreError:
             docs, want = [], []
         for remote, doc in zip(want, docs):
@@ -228,13 +260,13 @@ class Leader(Transport):
     def _answers(self, remote: Remote, now: float) -> bool:
         """Worth asking: not lost, and beating (a node silent for a few beats may be being
         lost: a request would only wait out its timeout)."""
-        return not remote.lost and now - remote.seen_at < 4 * self.every
+        return not remote.lost and now - remote.seen_at < 4 * self.t.every
 
     def fading(self) -> list[Remote]:
         """Followers silent for a few beats, not yet lost: what their ranks last said may be
         stale (a node being killed), so nothing is concluded from it until they beat again or
         are called lost."""
-        now = self.clock()
+        now = self.t.clock()
         return [r for r in self.remotes.values() if not r.lost and not self._answers(r, now)]
 
     def owners(self) -> dict[int, Remote]:
@@ -246,7 +278,7 @@ class Leader(Transport):
         ``flight_recorder``); their answers merged (rank -> answer as JSON)."""
         owners = self.owners()
         by_node: dict[str, list[int]] = {}
-        now = self.clock()
+        now = self.t.clock()
         for r in ranks:  # a node silent for a few beats is not asked (it may be being lost)
             if r in owners and self._answers(owners[r], now):
                 by_node.setdefault(owners[r].id, []).append(r)
@@ -264,24 +296,24 @@ class Leader(Transport):
                  by_node: dict[str, list[int]] | None = None) -> list[Any]:
         """Ask each of ``nodes`` for ``what`` (about its ranks in ``by_node``); their replies
         in order (None: no answer in time)."""
-        if self.state is not LinkState.JOINED:
+        if self.t.state is not LinkState.JOINED:
             return []
         sent = []
         try:
             for node in nodes:
                 self._request_n += 1
-                st.put(self._store, st.request_key(node.id), {
+                st.put(self.t.store, st.request_key(node.id), {
                     "n": self._request_n, "what": what, "timeout": timeout,
                     "ranks": (by_node or {}).get(node.id, [])})
                 sent.append((node, self._request_n))
-            deadline = time.monotonic() + timeout + self.every + 1.0
+            deadline = time.monotonic() + timeout + self.t.every + 1.0
             replies = []
             for node, n in sent:
                 left = max(0.05, deadline - time.monotonic())
                 key = st.response_key(node.id, n)
-                if st.wait(self._store, key, left):
-                    replies.append(st.get(self._store, key))
-                    st.delete(self._store, key)  # the store holds the latest state, no history
+                if st.wait(self.t.store, key, left):
+                    replies.append(st.get(self.t.store, key))
+                    st.delete(self.t.store, key)  # the store holds the latest state, no history
                 else:
                     replies.append(None)
             return replies
@@ -290,12 +322,12 @@ class Leader(Transport):
 
     def publish(self, decision: dict[str, Any]) -> None:
         """Hand every follower a decision of the leader's watches."""
-        if self.role is not Role.LEADER or self.state is not LinkState.JOINED:
+        if self.t.state is not LinkState.JOINED:
             return
         try:
             self._decision_n += 1
-            st.put(self._store, st.decision_key(self._decision_n), decision)
-            st.put(self._store, st.DECISION_N, self._decision_n)
+            st.put(self.t.store, st.decision_key(self._decision_n), decision)
+            st.put(self.t.store, st.DECISION_N, self._decision_n)
         except st.StoreError:
             pass  # the leader's own store; gather() says so on the next look
 
@@ -303,28 +335,26 @@ class Leader(Transport):
         """The leader: every follower expected has joined, and ended or was lost - or the ones
         missing had ``connect_within`` seconds to join and did not, and no node doctor said to
         be running (``coming``) is still on its way."""
-        if self.role is not Role.LEADER:
+        if self.t.state is LinkState.CONNECTING:  # its store is still coming up
+            return self.t.clock() - self.t.started_at >= self.t.connect_within
+        if self.t.state is not LinkState.JOINED:
             return True
-        if self.state is LinkState.CONNECTING:  # its store is still coming up
-            return self.clock() - self._started >= self.connect_within
-        if self.state is not LinkState.JOINED:
-            return True
-        joined = len(self.remotes) + 1 >= self.rdzv.nnodes
+        joined = len(self.remotes) + 1 >= self.t.rdzv.nnodes
         hosts = {r.host for r in self.remotes.values()}
-        if not joined and (self.clock() < self._join_by or self._coming - hosts):
+        if not joined and (self.t.clock() < self._join_by or self._coming - hosts):
             return False
         return all(r.lost or r.beat.get("ended") for r in self.remotes.values())
 
     def publish_final(self, report: dict[str, Any], wait: float) -> None:
         """The final report for every node; waits (up to ``wait`` s) until the followers that
         are still there read it, so the store outlives their last read."""
-        if self.role is not Role.LEADER or self.state is not LinkState.JOINED:
+        if self.t.state is not LinkState.JOINED:
             return
         try:
-            st.put(self._store, st.FINAL, report)
+            st.put(self.t.store, st.FINAL, report)
             alive = sum(1 for r in self.remotes.values() if not r.lost)
-            deadline = self.clock() + wait
-            while st.add(self._store, st.FINAL_ACKS, 0) < alive and self.clock() < deadline:
+            deadline = self.t.clock() + wait
+            while st.add(self.t.store, st.FINAL_ACKS, 0) < alive and self.t.clock() < deadline:
                 time.sleep(0.1)
         except st.StoreError:
             pass

@@ -6,15 +6,20 @@ from __future__ import annotations
 
 import ipaddress
 import socket
+import time
+from dataclasses import replace
 from typing import Any, Callable
 
 from nccl_doctor import env
 from nccl_doctor.capture import summary
 from nccl_doctor.diagnosis import Diagnosis
 from nccl_doctor.errors import DoctorError
-from nccl_doctor.supervisor.federation.link import Link, LinkState, Local, Role
+from nccl_doctor.sections import Nodes, NodeState
+from nccl_doctor.supervisor.federation.link import (Follower, Leader, Link, LinkState, Local,
+                                                    Remote, new_link)
 from nccl_doctor.supervisor.federation.rendezvous import Rendezvous
-from nccl_doctor.supervisor.live import LiveJob
+from nccl_doctor.supervisor.watching import Decision, LiveJob, Report
+from nccl_doctor.watch_log import HangCalled, event_from_json
 
 #: Flight Recorder entries a follower sends per rank (the newest).
 FR_ENTRIES = 512
@@ -38,35 +43,152 @@ class Federation:
 
     def __init__(self, rdzv: Rendezvous, live: LiveJob, host: str, *,
                  announce: Callable[[str], None], **link_options: Any) -> None:
+        """The node leads when its node rank is 0, or (none given) when the coordinator's host
+        is this machine; it follows otherwise."""
         self.live, self.host = live, host
-        self.link = Link(rdzv, host, announce=announce, answer=self._answer,
-                         summaries=self._summaries, clock=live.clock, **link_options)
+        rank = rdzv.node_rank
+        leads = rank == 0 if rank is not None else _is_local(rdzv.host)
+        self.link: Link = new_link(rdzv, host, leader=leads, announce=announce,
+                                   answer=self._answer, summaries=self._summaries,
+                                   clock=live.clock, **link_options)
+        self.transport = self.link.t
+
+    @property
+    def leader(self) -> Leader | None:
+        """This node's leader part (None: it follows)."""
+        return self.link if isinstance(self.link, Leader) else None
+
+    @property
+    def follower(self) -> Follower | None:
+        """This node's follower part (None: it leads)."""
+        return self.link if isinstance(self.link, Follower) else None
 
     @property
     def rdzv(self) -> Rendezvous:
-        """Where the nodes meet, as the link holds it (a Ray run's leader learns its node count
-        as the node doctors start: Leader.expect)."""
-        return self.link.rdzv
+        """Where the nodes meet, as the transport holds it (a Ray run's leader learns its node
+        count as the node doctors start: Leader.expect)."""
+        return self.transport.rdzv
 
     def start(self) -> None:
-        rank = self.rdzv.node_rank
-        leader = rank == 0 if rank is not None else _is_local(self.rdzv.host)
-        self.link.start(leader)
+        """The leader hosts the coordinator's store, a follower reaches it (in the
+        background)."""
+        self.link.start()
 
     def close(self) -> None:
         self.link.close()
 
     @property
+    def state(self) -> LinkState:
+        return self.transport.state
+
+    @property
     def leading(self) -> bool:
-        return self.link.role is Role.LEADER and self.link.state is LinkState.JOINED
+        return self.leader is not None and self.state is LinkState.JOINED
 
     @property
     def following(self) -> bool:
         """The leader diagnoses this node's ranks (or is being reached): this node's own watches
         wait."""
-        return self.link.role is Role.FOLLOWER and (
-            self.link.state is LinkState.JOINED
-            or (self.link.state is LinkState.CONNECTING and not self.link.problem))
+        return self.follower is not None and (
+            self.state is LinkState.JOINED
+            or (self.state is LinkState.CONNECTING and not self.transport.problem))
+
+    @property
+    def remotes(self) -> dict[str, Remote]:
+        """The other nodes as the leader knows them ({}: this node follows)."""
+        return self.leader.remotes if self.leader is not None else {}
+
+    @property
+    def is_leader(self) -> bool:
+        """This node leads (whether or not the others have joined)."""
+        return self.leader is not None
+
+    @property
+    def problem(self) -> str:
+        """Why this node is alone ("": it is not)."""
+        return self.transport.problem
+
+    def still_for(self) -> float:
+        """A follower: how long its ranks have recorded nothing (0 for the leader)."""
+        return self.follower.still_for() if self.follower is not None else 0.0
+
+    def follow(self, counts: dict[int, int]) -> list[dict[str, Any]]:
+        """A follower's look: its ranks' progress to the leader, the leader's new decisions
+        back (in order)."""
+        if self.follower is None:
+            return []
+        return self.follower.follow(self.local(counts, ended=False))
+
+    def share(self, decision: dict[str, Any]) -> None:
+        """The leader hands a decision of its watches to every other node."""
+        if self.leader is not None:
+            self.leader.publish(decision)
+
+    def share_decision(self, decision: Decision, report_path: str) -> None:
+        """The leader hands a decision of its watches to every other node (the hang's live
+        report travels once, beside its event)."""
+        if not self.leading:
+            return
+        report, record = decision.report, decision.record
+        if isinstance(record, HangCalled):
+            record = replace(record, report=None)
+        self.share({
+            "report": report.to_json() if report is not None else None,
+            "kind": decision.kind.value, "announce": list(decision.announce),
+            "report_path": report_path,  # what the announcements name
+            "stop_job": decision.stop_job,
+            # the leader's own stop: every node's ranks that ended after it were stopped for the
+            # hang, whichever node's signal or broken connection ended them first
+            "stop_at": round(time.time(), 3) if decision.stop_job else None,
+            "record": record.to_json() if record is not None else None})
+
+    @staticmethod
+    def decision_of(raw: dict[str, Any], report_path: str) -> tuple[Decision, float | None]:
+        """A decision the leader shared, as this node applies it (the paths it names are this
+        node's), and when the leader began stopping the job (None: it did not)."""
+        report = raw.get("report")
+        diagnosis = Diagnosis.from_json(report) if isinstance(report, dict) else None
+        record = event_from_json(raw.get("record"))
+        if isinstance(record, HangCalled):
+            record = replace(record, report=diagnosis)
+        theirs = str(raw.get("report_path") or "")
+        said = tuple(str(m).replace(theirs, report_path) if theirs else str(m)
+                     for m in raw.get("announce", []))
+        try:
+            kind = Report(raw.get("kind", "hang"))
+        except ValueError:
+            kind = Report.HANG
+        stop_at = raw.get("stop_at")
+        return (Decision(report=diagnosis, kind=kind, announce=said,
+                         stop_job=bool(raw.get("stop_job")), record=record),
+                float(stop_at) if isinstance(stop_at, (int, float)) else None)
+
+    def gather(self) -> bool:
+        """The leader: the other nodes' news read; whether every node's job has ended (or the
+        node is lost)."""
+        if self.leader is None:
+            return True
+        self.leader.gather()
+        return self.leader.all_ended()
+
+    def final_from_leader(self, counts: dict[int, int], wait: float) -> Diagnosis | None:
+        """A follower whose job ended: the leader's final report (None: none came)."""
+        if self.follower is None:
+            return None
+        final = self.follower.follower_finish(self.local(counts, ended=True), wait)
+        return Diagnosis.from_json(final) if final is not None else None
+
+    def publish_final(self, diagnosis: Diagnosis, wait: float) -> None:
+        """The leader's final report for every node (waits up to ``wait`` s for them to read
+        it)."""
+        if self.leader is not None:
+            self.leader.publish_final(diagnosis.to_json(), wait=wait)
+
+    def manifest_entry(self) -> dict[str, Any]:
+        """What the manifest says of this node's part (replay orders the nodes by it)."""
+        return {"role": self.link.role.value, "state": self.state.value,
+                "node_rank": self.rdzv.node_rank, "host": self.host,
+                "coordinator": self.rdzv.address}
 
     def local(self, counts: dict[int, int], ended: bool) -> Local:
         procs = self.live.procs(list(counts))
@@ -104,15 +226,15 @@ class Federation:
 
     def trust_notes(self) -> tuple[str, ...]:
         """What the report says of who could be heard on the coordinator's store."""
-        link = self.link
-        if link.state is LinkState.ALONE and not link.remotes:
+        t = self.transport
+        if t.state is LinkState.ALONE and not self.remotes:
             return ()  # the nodes never met: nothing was exchanged
-        if link.key is None:
+        if t.key is None:
             return (f"the nodes' supervisors met on {self.rdzv.address} unauthenticated, as "
                     "torch's own store: any process that reaches that port could write to it. "
                     f"Give every node the same key ({env.FEDERATION_KEY} or "
                     f"{env.FEDERATION_KEY_FILE}) to authenticate what they exchange",)
-        n = link.rejected
+        n = t.rejected
         if n:
             values, were = (f"{n} values", "were") if n != 1 else ("1 value", "was")
             return (f"{values} on the coordinator's store at {self.rdzv.address} failed "
@@ -121,27 +243,21 @@ class Federation:
         return ()
 
     # -- the leader's report -------------------------------------------------------------------
-    def nodes_section(self, diagnosis: Diagnosis | None = None) -> dict[str, Any]:
-        """What report.json's ``nodes`` says: who diagnosed, every node and its state."""
-        link = self.link
-        local = sorted(self.live.local())
-        nodes = [{"host": self.host, "node_rank": self.rdzv.node_rank, "ranks": local,
-                  "role": link.role.value, "state": "ok"}]
-        for remote in link.remotes.values():
+    def nodes_section(self, diagnosis: Diagnosis | None = None) -> Nodes:
+        """What the report's ``nodes`` says: who diagnosed, every node and its state."""
+        t = self.transport
+        nodes = [NodeState(host=self.host, node_rank=self.rdzv.node_rank,
+                           ranks=tuple(sorted(self.live.local())), role=self.link.role.value,
+                           state="ok")]
+        for remote in self.remotes.values():
             state = "lost" if remote.lost else "ended" if remote.beat.get("ended") else "ok"
-            nodes.append({"host": remote.host, "node_rank": remote.node_rank,
-                          "ranks": sorted({*remote.ranks, *remote.unrecorded}),
-                          "role": "follower", "state": state})
-        out: dict[str, Any] = {
-            "diagnosed_by": {"host": self.host, "node_rank": self.rdzv.node_rank},
-            "coordinator": self.rdzv.address, "rendezvous": self.rdzv.source,
-            "expected": self.rdzv.nnodes, "nodes": nodes,
-        }
-        if link.problem:
-            out["problem"] = link.problem
-        out["authenticated"] = link.key is not None
-        if link.rejected:
-            out["rejected"] = link.rejected
-        if self.rdzv.nnodes and len(nodes) < self.rdzv.nnodes and link.role is Role.LEADER:
-            out["missing"] = self.rdzv.nnodes - len(nodes)
-        return out
+            nodes.append(NodeState(host=remote.host, node_rank=remote.node_rank,
+                                   ranks=tuple(sorted({*remote.ranks, *remote.unrecorded})),
+                                   role="follower", state=state))
+        expected = self.rdzv.nnodes
+        missing = (expected - len(nodes) if expected and len(nodes) < expected
+                   and self.leader is not None else 0)
+        return Nodes(diagnosed_by_host=self.host, diagnosed_by_node_rank=self.rdzv.node_rank,
+                     coordinator=self.rdzv.address, rendezvous=self.rdzv.source,
+                     expected=expected, nodes=tuple(nodes), authenticated=t.key is not None,
+                     problem=t.problem or "", rejected=t.rejected, missing=missing)

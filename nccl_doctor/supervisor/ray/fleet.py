@@ -99,9 +99,9 @@ class RayFleet:
         for said in self._said.taken():
             if "expect" in said and "error" not in said:
                 self.surveyed = True
-                fed = supervisor.federation
-                if fed is not None:  # the leader waits for these nodes too
-                    fed.link.expect(1 + int(said["expect"]))
+                leader = supervisor.federation.leader if supervisor.federation else None
+                if leader is not None:  # the leader waits for these nodes too
+                    leader.expect(1 + int(said["expect"]))
             tell(said, supervisor, "Ray")
 
     def end(self, survey_within: float = 60.0) -> None:

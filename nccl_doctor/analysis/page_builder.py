@@ -8,7 +8,7 @@ from nccl_doctor.analysis.straggler import skew_series
 from nccl_doctor.analysis.timeline import timeline
 from nccl_doctor.diagnosis import Diagnosis, FindingKind
 from nccl_doctor.model import TraceSet
-from nccl_doctor.page import Page
+from nccl_doctor.page_model import Page
 from nccl_doctor.stacks.tree import prefix_tree
 
 

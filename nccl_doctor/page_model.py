@@ -1,6 +1,6 @@
 """What report.html draws beyond the diagnosis - the collective timeline, the call-prefix tree of
 the stacks, the GPU series, the straggler's skew, the ranks' versions - as plain data, computed
-by nccl_doctor/analysis/page.py and laid out by the HTML reporter."""
+by nccl_doctor/analysis/page_builder.py and laid out by the HTML reporter."""
 
 from __future__ import annotations
 

@@ -5,7 +5,6 @@ changed, and never read back: the end of the run takes the evidence from here.""
 
 from __future__ import annotations
 
-import json
 from pathlib import Path
 from typing import Any, Mapping
 
@@ -15,17 +14,17 @@ from nccl_doctor.capture.manifest import MANIFEST, Manifest
 from nccl_doctor.capture.names import REPORT_JSON, report_path
 from nccl_doctor.diagnosis import Diagnosis
 from nccl_doctor.files import write_atomic
-from nccl_doctor.stacks.rank_stack import RankStack, stack_from_json
-from nccl_doctor.watch_log import WatchLog
+from nccl_doctor.stacks.rank_stack import RankStack
+from nccl_doctor.watch_log import WatchEvent, WatchLog
 
 
-class Kept:
+class RunFiles:
     def __init__(self, out_dir: Path) -> None:
         self.out_dir = out_dir
         self.manifest: Manifest | None = None
         self.report: Diagnosis | None = None  # the report.json standing now
-        # as replay will read them back: the JSON form, parsed (never the file)
-        self._events: list[dict[str, Any]] = []
+        # the watchdog's events as typed values (what replay reads back from watchdog.json)
+        self._events: tuple[WatchEvent, ...] = ()
         self._stacks: dict[int, RankStack] = {}
         self._fr: dict[int, dict[str, Any]] = {}
         self._written: dict[str, str] = {}  # file (relative) -> the text it holds
@@ -55,28 +54,30 @@ class Kept:
         self._write(REPORT_JSON, diagnosis.to_json_text())
         return report_path(self.out_dir)
 
-    def event(self, record: Mapping[str, Any]) -> None:
+    @property
+    def report_text(self) -> str:
+        """``report.json``'s text as written ("" before the first report): serialised once,
+        read by the live endpoint too."""
+        return self._written.get(REPORT_JSON, "")
+
+    def event(self, record: WatchEvent) -> None:
         """One more of the watchdog's decisions or actions (``watchdog.json``)."""
-        self._events.append(json.loads(json.dumps(dict(record), default=str)))
-        self._events = self._events[-watch_record.MAX_EVENTS:]
+        self._events = (*self._events, record)[-watch_record.MAX_EVENTS:]
         self._write(watch_record.WATCH_JSON, watch_record.watch_text(self._events))
 
     def stacks(self, stacks: Mapping[int, RankStack]) -> None:
         """The stacks a decision used (``stacks.json``)."""
-        text = watch_record.stacks_text(stacks)
-        self._stacks = {int(r): stack_from_json(raw, int(r))
-                        for r, raw in json.loads(text)["ranks"].items()}
-        self._write(watch_record.STACKS_JSON, text)
+        self._stacks = dict(stacks)
+        self._write(watch_record.STACKS_JSON, watch_record.stacks_text(stacks))
 
     def flight_recorder(self, dumps: Mapping[int, Mapping[str, Any]]) -> None:
         """Each rank's Flight Recorder pull a decision used (its newest entries)."""
         for rank, dump in sorted(dumps.items()):
-            text = watch_record.fr_text(watch_record.fr_kept(dump))
-            self._fr[rank] = json.loads(text)
-            self._write(watch_record.fr_name(rank), text)
+            self._fr[rank] = watch_record.fr_kept(dump)
+            self._write(watch_record.fr_name(rank), watch_record.fr_text(self._fr[rank]))
 
     def watch_log(self) -> WatchLog | None:
-        return WatchLog(tuple(self._events)) if self._events else None
+        return WatchLog(self._events) if self._events else None
 
     def evidence(self) -> Evidence:
         """What replay will read from the files written here."""

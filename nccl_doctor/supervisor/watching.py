@@ -14,10 +14,8 @@ from pathlib import Path
 from typing import Any, Callable, Mapping, Protocol, Sequence
 
 from nccl_doctor.analysis.annotate import Annotator
-from nccl_doctor.analysis.ends import Ending, decided
-from nccl_doctor.capture.live_read import LiveCaptures
-from nccl_doctor.capture.evidence import with_evidence
-from nccl_doctor.capture.loading import load_capture_dir
+from nccl_doctor.analysis.ends import Ending, with_ends_known
+from nccl_doctor.capture.live_captures import LiveCaptures
 from nccl_doctor.diagnosis import Diagnosis
 from nccl_doctor.gpu.readings import GpuTrace
 from nccl_doctor.gpu.series import GpuLog
@@ -27,12 +25,13 @@ from nccl_doctor.stacks.rank_stack import RankStack
 from nccl_doctor.stacks.samples import SampleLog, StackSample
 from nccl_doctor.analysis.situation import ProcState
 from nccl_doctor.supervisor import evidence
-from nccl_doctor.supervisor.kept import Kept
+from nccl_doctor.supervisor.run_files import RunFiles
 from nccl_doctor.supervisor.policy import HangPolicy
 from nccl_doctor.supervisor.probe import RankProcess, Registry, proc_state
+from nccl_doctor.watch_log import WatchEvent
 
 
-class HeldBeside:
+class SampleLogs:
     """The GPU and stack samples beside the captures, as the supervisor's own writers hold
     them (the GPU sampler's ``gpu.jsonl``, the straggler watch's ``stragglers.jsonl``)."""
 
@@ -62,7 +61,7 @@ class LiveJob:
         self.clock = clock
         self.registry = Registry(out_dir)
         self.captures = LiveCaptures(out_dir)  # followed: one read per tick feeds every watch
-        self.kept = Kept(out_dir)  # what the supervisor decided and wrote, held
+        self.run_files = RunFiles(out_dir)  # what the supervisor decided and wrote, held
 
     def snapshot(self) -> Snapshot:
         """The ranks' progress counters now (a header read per rank); the captures themselves
@@ -74,8 +73,8 @@ class LiveJob:
     def final(self) -> TraceSet:
         """This host's ranks at the job's end, with the watchdog's evidence: what the post
         mortem analyses (and a replay of the directory reads the same)."""
-        traces = with_evidence(self.captures.final(), self.kept.evidence())
-        return decided(traces, Ending.of(traces.watch, ended=True))
+        traces = self.captures.final(self.run_files.evidence())
+        return with_ends_known(traces, Ending.of(traces.watch, ended=True))
 
     # -- what the watches may look at: this host's ranks here; a multi-node leader
     #    (nccl_doctor/supervisor/federation/) asks the other nodes' supervisors for theirs
@@ -121,10 +120,9 @@ class Snapshot:
     counts: dict[int, int]  # rank -> calls recorded so far
     notes: dict[int, int]  # rank -> bytes of silent-error notes written so far
     out_dir: Path
-    poll: Callable[[], dict[int, int]] | None = field(default=None, repr=False)
-    # reads the traces (default: the capture directory; a multi-node leader adds the other
-    # nodes' summaries)
-    load: Callable[[], TraceSet] | None = field(default=None, repr=False)
+    poll: Callable[[], dict[int, int]] = field(repr=False)  # the counters, read again
+    # reads the traces (the followed captures; a multi-node leader adds the other nodes')
+    load: Callable[[], TraceSet] = field(repr=False)
     # the counters polled right before the captures were read: what they show at least
     read_counts: dict[int, int] = field(default_factory=dict, repr=False)
     _traces: TraceSet | None = field(default=None, repr=False)
@@ -136,10 +134,9 @@ class Snapshot:
         read)."""
         if not self._read:
             self._read = True
-            self.read_counts = self.poll() if self.poll is not None else dict(self.counts)
+            self.read_counts = self.poll()
             try:
-                self._traces = (self.load() if self.load is not None else
-                                load_capture_dir(self.out_dir, job_ended=False, evidence=False))
+                self._traces = self.load()
             except DoctorError:
                 self._traces = None
         return self._traces
@@ -162,7 +159,7 @@ class Decision:
     stop_job: bool = False  # stop the job (SIGTERM, then SIGKILL after the policy's grace)
     # what to keep beside the captures for replay (nccl_doctor/capture/watch_record.py): the
     # watchdog's account of this decision, the stacks and Flight Recorder pulls it used
-    record: Mapping[str, Any] | None = None
+    record: WatchEvent | None = None
     stacks: Mapping[int, RankStack] | None = None
     fr_dumps: Mapping[int, Mapping[str, Any]] | None = None
     traces: TraceSet | None = None  # the captures the report was drawn from (report.html's)

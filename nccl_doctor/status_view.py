@@ -1,7 +1,7 @@
 """What the live status shows: one look at the running job (pure data).
 
 The supervisor's watchdog builds a ``LiveView`` on request (nccl_doctor/supervisor/view.py); the
-live display (nccl_doctor.reporters.live) only renders it.
+live display (nccl_doctor.reporters.status_line) only renders it.
 """
 
 from __future__ import annotations

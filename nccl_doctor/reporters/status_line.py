@@ -3,12 +3,13 @@
 from __future__ import annotations
 
 import io
+from typing import TYPE_CHECKING
 
-from rich.console import Console
-from rich.text import Text
-
-from nccl_doctor.live_view import LiveView, RankState
+from nccl_doctor.status_view import LiveView, RankState
 from nccl_doctor.reporters.escape import visible
+
+if TYPE_CHECKING:  # rich is imported by the bar that draws with it: a log's plain line needs none
+    from rich.text import Text
 
 #: each rank state's colour in the bar
 STYLES = {
@@ -27,6 +28,8 @@ def clock(seconds: float) -> str:
 
 def bar(view: LiveView) -> Text:
     """The status bar's content: ranks with their call counters, the phase, the message."""
+    from rich.text import Text
+
     t = Text(" nccl-doctor ", style="bold reverse cyan")
     t.append(f" {clock(view.elapsed_s)} ", style="dim")
     if not view.ranks:
@@ -55,6 +58,8 @@ def bar(view: LiveView) -> Text:
 
 def ansi(text: Text, width: int) -> str:
     """``text`` as one row of ANSI for a ``width``-column terminal, cut with an ellipsis."""
+    from rich.console import Console
+
     buffer = io.StringIO()
     console = Console(file=buffer, force_terminal=True, color_system="standard", width=width,
                       legacy_windows=False, highlight=False, soft_wrap=False)

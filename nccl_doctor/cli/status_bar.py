@@ -13,9 +13,9 @@ import os
 import time
 from typing import Callable, Protocol, TextIO
 
-from nccl_doctor.reporters import live
+from nccl_doctor.reporters import status_line
 from nccl_doctor.reporters.escape import visible
-from nccl_doctor.live_view import LiveView
+from nccl_doctor.status_view import LiveView
 
 SAVE, RESTORE, CLEAR_ROW = "\0337", "\0338", "\033[2K"
 REDRAW_EVERY = 0.5  # seconds between bar redraws
@@ -79,7 +79,7 @@ class PlainStatus:
         self._last = key
         if first and v.phase == "running" and not v.message:
             return  # the job has started recording: nothing to say yet
-        self.announce(live.line(v))
+        self.announce(status_line.line(v))
 
     def announce(self, message: str) -> None:
         _write(self.stream, "nccl-doctor: " + _one_line(message) + "\n")
@@ -142,7 +142,7 @@ class StatusBar:
         if size != self.size:  # resized: clear the old bar row
             prefix = f"{SAVE}\033[{self.size.lines};1H{CLEAR_ROW}{RESTORE}"
             self.size = size
-        row = live.ansi(live.bar(self.view()), max(size.columns - 1, 10))
+        row = status_line.ansi(status_line.bar(self.view()), max(size.columns - 1, 10))
         # the region is set again with each draw, in case the job reset it
         _write(self.stream, f"{prefix}{self._region(size.lines)}"
                             f"{SAVE}\033[{size.lines};1H{CLEAR_ROW}{row}{RESTORE}")

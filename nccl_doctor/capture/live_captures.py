@@ -9,10 +9,12 @@ from typing import Protocol
 
 from nccl_doctor.capture import format as fmt
 from nccl_doctor.capture.assemble import assemble, beside, contents
+from nccl_doctor.capture.capture_set import CaptureSet, passed_over
+from nccl_doctor.capture.evidence import Evidence
 from nccl_doctor.capture.follow import CaptureFollower, Scan
-from nccl_doctor.capture.loading import windowed
 from nccl_doctor.capture.manifest import Manifest
 from nccl_doctor.capture.names import EARLY_EXIT_SUFFIX, capture_files
+from nccl_doctor.capture.union import newest_per_rank
 from nccl_doctor.capture.window import DEFAULT, Size
 from nccl_doctor.errors import DoctorError
 from nccl_doctor.gpu.readings import GpuTrace
@@ -59,7 +61,7 @@ class LiveCaptures:
         self.window = window
         self.manifest: Manifest | None = None
         self.beside: Beside = beside or FilesBeside(directory)
-        self._final: TraceSet | None = None
+        self._final: tuple[Evidence | None, TraceSet] | None = None
         self._followers: dict[Path, CaptureFollower] = {}
         self._read: list[RankTrace | DoctorError] = []
         self._beside: tuple[tuple, tuple] = ((), ())  # (stamps, what) of gpu.jsonl & stragglers
@@ -84,39 +86,41 @@ class LiveCaptures:
             return self._last
         self._read = read
         gpu, samples, problems = self._beside[1]
-        self._last = assemble(self.directory, manifest, files, self._tails(read), gpu, samples,
-                              damage + problems)
+        newest, passed = newest_per_rank(
+            ((f, t) for f, t in zip(files, read) if isinstance(t, RankTrace)),
+            lambda ft: (ft[1].rank, ft[1].meta.started_ns))
+        chosen = {id(t) for _, t in newest.values()}
+        picked = [t if not isinstance(t, RankTrace) or id(t) in chosen else None for t in read]
+        notes = [passed_over((a, ta.meta), (b, tb.meta)) for (a, ta), (b, tb) in passed]
+        self._last = assemble(self.directory, manifest, files, self._tails(picked), gpu, samples,
+                              damage + problems, notes)
         return self._last
 
-    def final(self) -> TraceSet:
-        """The job at its end (every rank gone; their ends decided by the caller: analysis/
-        ends.py), for the post mortem: each capture's last
-        records read, the rest taken from what the followers hold - nothing decoded again -
-        and past ``window.above`` records the window a replay sees (capture/window.py)."""
-        if self._final is None:
-            manifest, files, damage = self._contents()
-            scans = [self._columns(f) for f in files]
-            read, note = windowed(scans, manifest, self.window)
-            gpu, samples, problems = self.beside.read()
-            self._final = assemble(self.directory, manifest, files, read, gpu, samples,
-                                   damage + problems + note)
-        return self._final
+    def final(self, evidence: Evidence | None = None) -> TraceSet:
+        """The job at its end, for the post mortem, with the supervisor's ``evidence``
+        attached (every rank gone; their ends decided by the caller: analysis/ends.py): a
+        ``CaptureSet`` of what the followers hold - each capture's last records read, nothing
+        decoded again - and past ``window.above`` records the window a replay sees."""
+        if self._final is None or self._final[0] is not evidence:
+            captures = CaptureSet.followed(self.directory, self._columns,
+                                           manifest=self.manifest, beside=self.beside.read(),
+                                           evidence=evidence, window=self.window)
+            self._final = (evidence, captures.traces())
+        return self._final[1]
 
     def _contents(self) -> tuple[Manifest | None, list[Path], list[str]]:
         if self.manifest is None:
             return contents(self.directory)
         return self.manifest, capture_files(self.directory), []
 
-    def _columns(self, path: Path) -> Scan | DoctorError:
+    def _columns(self, path: Path) -> Scan:
         follower = self._followers.get(path)
-        try:
-            if follower is None:  # a capture never looked at (made at the very end)
-                follower = self._followers[path] = CaptureFollower(path)
-            return follower.columns()
-        except DoctorError as err:
-            return err
+        if follower is None:  # a capture never looked at (made at the very end)
+            follower = self._followers[path] = CaptureFollower(path)
+        return follower.columns()
 
-    def _tails(self, read: list[RankTrace | DoctorError]) -> list[RankTrace | DoctorError]:
+    def _tails(self, read: list[RankTrace | DoctorError | None]
+               ) -> list[RankTrace | DoctorError | None]:
         """Past ``window.above`` records in all, each rank's newest ones only (``window.tails``
         shared, at least ``window.tail`` each): a look at a running job is about how it stands now,
         and full rings would make each look's analysis cost seconds. (A replay, and the
