@@ -13,6 +13,7 @@ from dataclasses import dataclass
 from typing import Any, Mapping, Sequence
 
 from nccl_doctor import paths
+from nccl_doctor.location import Location
 
 
 def _ranks(raw: Any) -> tuple[int, ...]:
@@ -49,11 +50,9 @@ class CallFrame:
     from_torch: bool = False  # torch called it back (a module hook)
 
     def to_json(self) -> dict[str, Any]:
-        out: dict[str, Any] = {"path": self.path, "line": self.line, "function": self.function}
-        if self.passes_on:
-            out["passes_on"] = True
-        if self.from_torch:
-            out["from_torch"] = True
+        """The frame's place as a ``Location`` writes it, then its package and version."""
+        out = Location(self.path, self.line, self.function, self.passes_on,
+                       self.from_torch).to_json()
         out.update(package=self.package, version=self.version)
         return out
 

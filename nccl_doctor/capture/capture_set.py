@@ -277,7 +277,7 @@ class CaptureSet:
         # only some nodes' captures are here: a member with no record may be on another
         partial = len(chosen) < world and any(isinstance(m.extra.get("node"), dict)
                                               for m in self._manifests_here())
-        keep = _windowed([scans[f] for f in chosen.values()], partial, self.window)
+        keep = _rows_seen([scans[f] for f in chosen.values()], partial, self.window)
         parts, told = [], False
         for d in self.directories:
             if self.is_dumps(d):
@@ -353,7 +353,7 @@ class _Window:
     notes: tuple[str, ...] = ()
 
 
-def _windowed(scans: Sequence[Scan | DoctorError], partial: bool, size: window.Size) -> _Window:
+def _rows_seen(scans: Sequence[Scan | DoctorError], partial: bool, size: window.Size) -> _Window:
     """Each chosen capture's rows the passes see: every record, or - past ``size.above``
     records in all - the window they need (capture/window.py), and a note saying so."""
     good = [s for s in scans if isinstance(s, Scan)]

@@ -40,25 +40,28 @@ class Job:
                  out_dir: Path | None = None) -> None:
         """``out_dir``: the capture directory, where a reaper that had to stop the job (the
         supervisor was killed) says so; None starts no reaper."""
+        # the reaper first: a supervisor killed the instant after the launch leaves no job
+        self.reaper = (Reaper(out_dir, environment.get(env.RUN_ID, ""))
+                       if out_dir is not None else None)
         try:
             # Its own session and process group: the supervisor can stop the job as a whole, and
             # the terminal's Ctrl-C reaches the supervisor, which forwards it.
             self.proc = subprocess.Popen(list(command), env=dict(environment), start_new_session=True)
-        except FileNotFoundError:
-            raise LaunchFailed(
-                f"cannot run {command[0]!r}: command not found (is it installed, on PATH?)"
-            ) from None
-        except PermissionError:
-            raise LaunchFailed(f"cannot run {command[0]!r}: permission denied") from None
         except OSError as err:
-            raise LaunchFailed(f"cannot run {command[0]!r}: {err.strerror}") from None
+            if self.reaper is not None:  # nothing ran: nothing for it to guard
+                self.reaper.release()
+            why = ("command not found (is it installed, on PATH?)"
+                   if isinstance(err, FileNotFoundError) else "permission denied"
+                   if isinstance(err, PermissionError) else err.strerror)
+            raise LaunchFailed(f"cannot run {command[0]!r}: {why}") from None
         self.pgid = self.proc.pid
         self.started = time.time()
         # The ranks, by pid -> start time: torchrun starts each worker in a session of its own,
         # which a signal to the job's process group never reaches (a SIGKILL of the launcher then
         # orphans them), so they are signalled one by one as well.
         self._ranks: dict[int, float] = {}
-        self.reaper = Reaper(out_dir, self.pgid) if out_dir is not None else None
+        if self.reaper is not None:
+            self.reaper.job(self.pgid)
 
     @property
     def pid(self) -> int:

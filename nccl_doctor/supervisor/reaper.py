@@ -1,17 +1,20 @@
 """The job dies with its supervisor: a tiny process that stops the job if ``nccl-doctor run``
 is killed without a chance to do it itself (SIGKILL, the OOM killer, a scheduler's kill).
 
-The supervisor starts it beside the job, in a session of its own (a signal to the supervisor's
-process group does not take it down first), and holds the write end of a pipe to its stdin.
-Over it the supervisor tells the reaper each rank it adopts (torchrun starts every worker in a
+The supervisor starts it right before the job, in a session of its own (a signal to the
+supervisor's process group does not take it down first), and holds the write end of a pipe to
+its stdin. Over it the supervisor tells the reaper the job's process group once launched, each
+rank it adopts (torchrun starts every worker in a
 session of its own, so stopping the launcher's process group does not reach them) and, when it
 has reaped the job itself, ``done``. End of file without ``done`` means the supervisor is gone:
-the reaper sends SIGTERM to the job's process group and to every adopted rank still alive (the
-same pid *and* start time: a reused pid is never signalled), SIGKILL to what is left after
+the reaper sends SIGTERM to the job's process group, to every adopted rank still alive (the
+same pid *and* start time: a reused pid is never signalled) and to every process whose
+environment carries the run's id (``NCCL_DOCTOR_RUN_ID``: a job launched in the instant before
+the supervisor was killed, its process group untold), SIGKILL to what is left after
 ``GRACE`` seconds, and keeps a ``supervisor_lost`` event in the capture directory's
 ``watchdog.json``, which ``replay`` reads ("supervisor lost at ~t").
 
-Run as ``python -m nccl_doctor.supervisor.reaper OUT_DIR PGID``; it imports nothing heavy.
+Run as ``python -m nccl_doctor.supervisor.reaper OUT_DIR RUN_ID``; it imports nothing heavy.
 """
 
 from __future__ import annotations
@@ -25,6 +28,7 @@ import time
 from pathlib import Path
 from typing import IO
 
+from nccl_doctor.env import RUN_ID
 from nccl_doctor.processes import started
 
 GRACE = 10.0  # seconds between SIGTERM and SIGKILL: torchrun stops its workers in that time
@@ -51,19 +55,25 @@ atexit.register(_reap_exited, True)
 class Reaper:
     """The supervisor's end: start the reaper, tell it the ranks, release it at the end."""
 
-    def __init__(self, out_dir: Path, pgid: int) -> None:
+    def __init__(self, out_dir: Path, run_id: str) -> None:
+        """Started before the job (``job`` tells it the job's process group once launched):
+        however soon the supervisor is killed, the job is never left behind."""
         _reap_exited()
         self.proc: subprocess.Popen | None = None
         self._pipe: IO[str] | None = None
         try:
             self.proc = subprocess.Popen(
-                [sys.executable, "-m", "nccl_doctor.supervisor.reaper", str(out_dir), str(pgid)],
+                [sys.executable, "-m", "nccl_doctor.supervisor.reaper", str(out_dir),
+                 run_id or "-"],
                 stdin=subprocess.PIPE, stdout=subprocess.DEVNULL, text=True,
                 start_new_session=True, close_fds=True,
                 env={**os.environ, "PYTHONPATH": _own_path()})
             self._pipe = self.proc.stdin
         except OSError:  # no reaper: the job is still supervised, only not past a SIGKILL
             self.proc = None
+
+    def job(self, pgid: int) -> None:
+        self._say(f"job {pgid}")
 
     def adopt(self, pid: int, created: float) -> None:
         self._say(f"adopt {pid} {created!r}")
@@ -103,22 +113,24 @@ def _own_path() -> str:
 # -- the reaper process ---------------------------------------------------------------------
 
 
-def _alive(pgid: int, ranks: dict[int, float]) -> list[int]:
+def _alive(pgid: int | None, ranks: dict[int, float]) -> list[int]:
     """Adopted ranks still alive (same start time), plus 0 for a live process group."""
     out = [pid for pid, created in ranks.items() if started(pid) == created]
-    try:
-        os.killpg(pgid, 0)
-        out.append(0)
-    except OSError:
-        pass
+    if pgid:
+        try:
+            os.killpg(pgid, 0)
+            out.append(0)
+        except OSError:
+            pass
     return out
 
 
-def _signal(pgid: int, ranks: dict[int, float], sig: int) -> None:
-    try:
-        os.killpg(pgid, sig)
-    except OSError:
-        pass
+def _signal(pgid: int | None, ranks: dict[int, float], sig: int) -> None:
+    if pgid:
+        try:
+            os.killpg(pgid, sig)
+        except OSError:
+            pass
     for pid in _alive(pgid, ranks):
         if pid:
             try:
@@ -127,7 +139,30 @@ def _signal(pgid: int, ranks: dict[int, float], sig: int) -> None:
                 pass
 
 
-def stop_job(pgid: int, ranks: dict[int, float], grace: float = GRACE) -> list[str]:
+def of_run(run_id: str) -> dict[int, float]:
+    """pid -> start time of every process (this user may read) whose environment carries
+    ``run_id``: the job's processes, told or not."""
+    needle = f"{RUN_ID}={run_id}".encode()
+    out: dict[int, float] = {}
+    try:
+        entries = os.listdir("/proc")
+    except OSError:
+        return out
+    for entry in entries:
+        if not entry.isdigit() or int(entry) == os.getpid():
+            continue
+        try:
+            with open(f"/proc/{entry}/environ", "rb") as f:
+                found = needle in f.read().split(b"\0")
+        except OSError:
+            continue
+        created = started(int(entry)) if found else None
+        if created is not None:
+            out[int(entry)] = created
+    return out
+
+
+def stop_job(pgid: int | None, ranks: dict[int, float], grace: float = GRACE) -> list[str]:
     """SIGTERM, then SIGKILL after ``grace`` seconds for what is left; the signals sent."""
     if not _alive(pgid, ranks):
         return []
@@ -143,20 +178,25 @@ def stop_job(pgid: int, ranks: dict[int, float], grace: float = GRACE) -> list[s
 
 
 def main(argv: list[str]) -> int:
-    out_dir, pgid = Path(argv[0]), int(argv[1])
+    out_dir, run_id = Path(argv[0]), argv[1]
     for sig in (signal.SIGINT, signal.SIGHUP, signal.SIGPIPE):
         signal.signal(sig, signal.SIG_IGN)  # only the pipe says when to act
     ranks: dict[int, float] = {}
+    pgid: int | None = None
     for line in sys.stdin:
         words = line.split()
         if words == [DONE]:
             return 0
+        if len(words) == 2 and words[0] == "job" and words[1].isdigit():
+            pgid = int(words[1])
         if len(words) == 3 and words[0] == "adopt":
             try:
                 ranks[int(words[1])] = float(words[2])
             except ValueError:
                 pass
     lost_at = time.time()  # end of file without "done": the supervisor is gone
+    if run_id != "-":
+        ranks.update(of_run(run_id))
     sent = stop_job(pgid, ranks)
     try:
         from nccl_doctor.capture import watch_record

@@ -3,7 +3,7 @@ query API shows the hang and the culprit; headless Chromium loads the live page;
 request flood on loopback meanwhile does not change the watchdog's call; the secrets on the
 command line are served redacted; the final report stays up for --serve-linger.
 
-Prometheus (Debian's ``prometheus``) and Chromium (``chromium``) are installed by ``make test``
+Prometheus (Debian's ``prometheus``) and Chromium (``chromium``) are installed by ``make test-all``
 (the Makefile's ``tools`` step)."""
 
 from __future__ import annotations
@@ -37,7 +37,7 @@ CHROMIUM_FLAGS = ["--headless", "--no-sandbox", "--disable-gpu", "--disable-quic
 
 def _tool(name: str) -> str:
     found = shutil.which(name)
-    assert found, (f"{name} is not installed: `make test` installs it (Debian's {name} package; "
+    assert found, (f"{name} is not installed: `make test-all` installs it (Debian's {name} package; "
                    "see the Makefile's tools step)")
     return found
 

@@ -1,7 +1,7 @@
 """A long healthy job, compressed: tiny collectives back to back under the doctor. The capture
 stays the size of its ring, the supervisor's memory stays flat, the verdict is ok.
 
-``make test`` runs 20,000 calls per rank into rings of 4,096 records, which lap five times over;
+``make test-all`` (its soak tier) runs 20,000 calls per rank into rings of 4,096 records, which lap five times over;
 ``NCCL_DOCTOR_SOAK_CALLS=200000`` runs the full soak of the issue (30 minutes' worth of
 collectives, the default 32,768-record rings; about 4.5 minutes on 2 cores). The figures are
 printed (``-s``). The supervisor's memory grows while the rings fill (it follows every record

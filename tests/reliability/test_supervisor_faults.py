@@ -140,3 +140,36 @@ def test_one_rank_file_is_replayed_as_one_rank(tmp_path):
         assert any("holds one rank's capture" in n for n in report["notes"]), report["notes"]
         assert {r["exit_detail"] for r in report["ranks"] if r["state"] == "no_capture"} == {
             "not in this replay"}
+
+
+def test_a_job_launched_the_instant_before_its_supervisor_died_is_stopped(tmp_path):
+    """The reaper starts before the job: a supervisor killed between launching the job and
+    telling the reaper its process group (here: never told) still takes the job with it - the
+    reaper finds it by the run's id in its environment (launch.py, reaper.py)."""
+    import sys
+
+    from nccl_doctor.supervisor.reaper import Reaper
+    from nccl_doctor.watch_log import SupervisorLost
+    from nccl_doctor.capture.watch_record import read_watch_log
+
+    reaper = Reaper(tmp_path, "run-untold-1")
+    job = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)"],
+                           env={**os.environ, "NCCL_DOCTOR_RUN_ID": "run-untold-1"},
+                           start_new_session=True)
+    other = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)"],
+                             env={**os.environ, "NCCL_DOCTOR_RUN_ID": "run-untold-2"},
+                             start_new_session=True)
+    try:
+        time.sleep(0.5)  # (the job's environment is in /proc once it runs)
+        reaper._pipe.close()  # the supervisor gone: end of file, no "done", no "job PGID"
+        assert job.wait(timeout=30) == -signal.SIGTERM
+        assert other.poll() is None  # another run's process is left alone
+        assert reaper.proc.wait(timeout=30) == 0  # (it writes its record, then exits)
+        log = read_watch_log(tmp_path)
+        assert log is not None and isinstance(log.lost, SupervisorLost)
+        assert log.lost.signals == ("SIGTERM",)
+    finally:
+        for p in (job, other):
+            if p.poll() is None:
+                p.kill()
+                p.wait()
