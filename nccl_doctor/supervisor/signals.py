@@ -23,6 +23,7 @@ class SignalForwarder:
         self.job, self.quiet = job, quiet
         self.count = 0
         self._pending: Interrupted | None = None
+        self._unsent: int | None = None  # came while the job was being launched
         self._previous: dict[int, object] = {}
 
     def install(self) -> None:
@@ -42,11 +43,21 @@ class SignalForwarder:
         pending, self._pending = self._pending, None
         return pending
 
+    def launched(self) -> None:
+        """The job is launched: a signal that came while it was being launched (its processes
+        may already run and print) goes to it now."""
+        job, sig = self.job(), self._unsent
+        self._unsent = None
+        if job is not None and sig is not None:
+            job.signal(sig)
+
     def _forward(self, sig: int, _frame: object) -> None:
-        job = self.job()
-        if job is None:
-            return
         if self.count == 0 and not self.quiet():
             self._pending = Interrupted((signal.Signals(sig).name,))
         self.count += 1
-        job.signal(signal.SIGKILL if self.count >= 3 else sig)
+        sig = signal.SIGKILL if self.count >= 3 else sig
+        job = self.job()
+        if job is None:  # still being launched: sent once it is (``launched``)
+            self._unsent = sig
+            return
+        job.signal(sig)

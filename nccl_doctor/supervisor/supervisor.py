@@ -224,6 +224,7 @@ class Supervisor:
                     self.cluster.end()
                     self.cluster.close(10.0)
                 raise
+            self.signals.launched()
             self._to(State.RUNNING)
             if self.cluster is not None:
                 self.cluster.start(self)

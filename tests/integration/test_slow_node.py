@@ -94,7 +94,11 @@ def test_the_leader_publishes_each_ranks_lateness_and_cost_while_the_job_runs(tm
     """``run --serve`` on each node: while the job runs, the leader's /metrics carries nodeB's
     ranks' lateness per step (from nodeB's summaries, every 10 s) and their growing cost."""
     out = tmp_path / "out"
-    proc = nodes(out, {"SLOW_HOST": "nodeB", "SLOW_SECONDS": str(INJECTED), "STEPS": "90"},
+    # (a short pause between steps: nodeB's ranks, sampled in lockstep at each look, are in
+    # the pause at 1 look in 16 - with the default 0.1 s pause, 1 in 4, and both looks found
+    # them there once in 16 runs, where the assertion on fetch_batch failed)
+    proc = nodes(out, {"SLOW_HOST": "nodeB", "SLOW_SECONDS": str(INJECTED), "STEPS": "110",
+                       "PAUSE": "0.02"},
                  "--doctor-args", "--serve 127.0.0.1:0 --serve-linger 0", wait=False)
     urls = []
     try:

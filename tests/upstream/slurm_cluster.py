@@ -28,7 +28,7 @@ import signal
 import subprocess
 import time
 from pathlib import Path
-from typing import Iterable, Sequence
+from typing import Callable, Iterable, Sequence
 
 import psutil
 
@@ -82,6 +82,23 @@ def _tail(path: Path, n: int = 1500) -> str:
 class SlurmCluster:
     """A private Slurm cluster under ``tmp``; the constructor starts it (``wait_up`` waits for
     it), ``stop`` ends it."""
+
+    @classmethod
+    def up(cls, make_dir: Callable[[], Path], attempts: int = 3) -> SlurmCluster:
+        """A cluster whose daemons are up (``wait_up``). Its ports are picked free, then bound by
+        the daemons: another process of the machine (a test's gloo connection, on an ephemeral
+        port) may take one in between. A cluster that lost that race is stopped and started
+        again, in a new directory on new ports; any other failure is raised at once."""
+        for attempt in range(attempts):
+            cluster = cls(make_dir())
+            try:
+                cluster.wait_up()
+                return cluster
+            except RuntimeError as err:
+                cluster.stop()
+                if "Address already in use" not in str(err) or attempt == attempts - 1:
+                    raise
+        raise AssertionError("unreachable")
 
     def __init__(self, tmp: Path, hosts: Sequence[str] = ("nodeA", "nodeB"), cpus: int = 8,
                  name: str = "ndslurm") -> None:

@@ -34,9 +34,8 @@ PY = sys.executable
 
 @pytest.fixture(scope="module")
 def slurm(tmp_path_factory):
-    cluster = SlurmCluster(tmp_path_factory.mktemp("slurm"))
+    cluster = SlurmCluster.up(lambda: tmp_path_factory.mktemp("slurm"))
     try:
-        cluster.wait_up()
         yield cluster
     finally:
         cluster.stop()

@@ -22,9 +22,8 @@ pytestmark = pytest.mark.upstream  # one worker runs them (tests/conftest.py SHA
 @pytest.fixture(scope="module")
 def slurm(tmp_path_factory):
     t0 = time.monotonic()
-    cluster = SlurmCluster(tmp_path_factory.mktemp("slurm"))
+    cluster = SlurmCluster.up(lambda: tmp_path_factory.mktemp("slurm"))
     try:
-        cluster.wait_up()
         print(f"Slurm cluster of 2 nodes up in {time.monotonic() - t0:.2f} s")
         yield cluster
     finally:
