@@ -354,7 +354,7 @@ class Supervisor:
         """This node's job ended. The leader goes on watching the job until every other node's
         has ended too (or is lost, or ``final_wait`` passed): its watches still see theirs."""
         fed = self.federation
-        if fed is None or not fed.is_leader:
+        if fed is None or fed.leader is None:
             return
         deadline = self.live.clock() + self.final_wait
         while self.live.clock() < deadline:

@@ -339,8 +339,7 @@ class Watchdog:
             # out past the user's frame its call path ends at (analysis/blame.py)
             analysis = analyze(replace(traces, stacks={**traces.stacks, **stacks}),
                                annotators=self.job.annotators)
-            root = next((f for f in analysis.findings if (f.kind, f.group, f.seq)
-                         == (root.kind, root.group, root.seq)), root)
+            root = next((f for f in analysis.findings if f.same_call(root)), root)
         kill = self.policy.on_hang is OnHang.KILL
         account = WatchAccount(
             situation=a.situation.value, how=how, waited_s=round(waited, 1),

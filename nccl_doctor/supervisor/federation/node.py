@@ -99,11 +99,6 @@ class Federation:
         return self.leader.remotes if self.leader is not None else {}
 
     @property
-    def is_leader(self) -> bool:
-        """This node leads (whether or not the others have joined)."""
-        return self.leader is not None
-
-    @property
     def problem(self) -> str:
         """Why this node is alone ("": it is not)."""
         return self.transport.problem
@@ -119,20 +114,15 @@ class Federation:
             return []
         return self.follower.follow(self.local(counts, ended=False))
 
-    def share(self, decision: dict[str, Any]) -> None:
-        """The leader hands a decision of its watches to every other node."""
-        if self.leader is not None:
-            self.leader.publish(decision)
-
     def share_decision(self, decision: Decision, report_path: str) -> None:
         """The leader hands a decision of its watches to every other node (the hang's live
         report travels once, beside its event)."""
-        if not self.leading:
+        if self.leader is None or not self.leading:
             return
         report, record = decision.report, decision.record
         if isinstance(record, HangCalled):
             record = replace(record, report=None)
-        self.share({
+        self.leader.publish({
             "report": report.to_json() if report is not None else None,
             "kind": decision.kind.value, "announce": list(decision.announce),
             "report_path": report_path,  # what the announcements name
