@@ -6,7 +6,10 @@ torch.distributed.run`` / ``accelerate launch`` / deepspeed subprocess a test st
 the doctor (``--nccl-doctor-hang-after``, default 60 s); a hang there is stopped in seconds and
 fails the test with the diagnosis.
 
-Tests failed by a diagnosis are shown with the letter ``D`` and the word ``DIAGNOSED``.
+A test failed with a diagnosis is a failed test, as pytest's own: counted as ``failed``, listed
+``FAILED path::test - <root cause>`` in the short summary, the diagnosis its failure text and the
+root cause its ``message`` in JUnit XML (with the property ``nccl_doctor=diagnosed``); the
+capture's path in the failure's ``nccl-doctor`` section.
 
 The capture of a failed test is kept where pytest's temporary directories (which rotate away
 after three runs) do not reach: ``--nccl-doctor-keep DIR`` (ini: ``nccl_doctor_keep``), by default
@@ -90,54 +93,59 @@ def _nccl_doctor_launches(request: pytest.FixtureRequest):
 _LAUNCHES = pytest.StashKey()
 
 
+class DistributedFailure(pytest.fail.Exception):
+    """A distributed test failed: ``text`` (the diagnosis, the ranks' tracebacks), ``reason``
+    (its one line: the root cause), ``section`` (where the capture is kept)."""
+
+    def __init__(self, text: str, reason: str, section: str = "") -> None:
+        super().__init__(text, pytrace=False)
+        self.text, self.reason, self.section = text, reason, section
+
+
+def failure_repr(item: pytest.Item, text: str, reason: str, section: str = ""):
+    """A failure as pytest's own are reported: ``reason`` is the crash message (the short
+    summary's ``FAILED test - reason``, the JUnit ``message``), ``text`` the long repr, and
+    ``section`` an ``nccl-doctor`` section of it (in the terminal and the JUnit text alike);
+    the values pytest-xdist sends back from its workers."""
+    from _pytest._code.code import ReprExceptionInfo, ReprFileLocation, ReprTracebackNative
+
+    path, line, _ = item.reportinfo()
+    longrepr = ReprExceptionInfo(
+        reprtraceback=ReprTracebackNative([text.rstrip("\n") + "\n"]),
+        reprcrash=ReprFileLocation(str(path), (line or 0) + 1, reason))
+    if section:
+        longrepr.addsection("nccl-doctor", section)
+    return longrepr
+
+
 @pytest.hookimpl(hookwrapper=True)
 def pytest_runtest_makereport(item: pytest.Item, call: pytest.CallInfo):
     outcome = yield
     report = outcome.get_result()
     if report.when != "call":
         return
+    failure = call.excinfo.value if call.excinfo is not None else None
+    if isinstance(failure, DistributedFailure):
+        report.longrepr = failure_repr(item, failure.text, failure.reason, failure.section)
     launches = item.stash.get(_LAUNCHES, None)
     hangs = launches.hangs() if launches is not None else []
     if hangs:
-        from nccl_doctor.testing.launches import describe
+        from nccl_doctor.testing.launches import describe, reason
 
         for h in hangs:
             h["_capture"] = str(keep(item, Path(h["_capture"])))
         report.outcome = "failed"
-        report.longrepr = "\n\n".join(describe(h) for h in hangs)  # printed once, in full
-        report.sections.append(("Captured nccl-doctor call", "\n".join(
-            f"hang: {h.get('_capture')} (nccl-doctor replay it)" for h in hangs)))
+        report.longrepr = failure_repr(  # the diagnosis once, in full; the captures named once
+            item, "\n\n".join(describe(h) for h in hangs), reason(hangs[0]),
+            "\n".join(f"hang: {h.get('_capture')} (nccl-doctor replay it)" for h in hangs))
     if report.failed and item.stash.get(_DIAGNOSED, False) or hangs:
+        # a failed test, counted and listed as pytest's own; this property (kept by xdist,
+        # written to JUnit XML from the test's later reports) says the doctor diagnosed it
         report.user_properties.append((PROPERTY, "diagnosed"))
+        item.user_properties.append((PROPERTY, "diagnosed"))
 
 
 _DIAGNOSED = pytest.StashKey()
-
-
-def _diagnosed(report: pytest.TestReport) -> bool:
-    return report.when == "call" and report.failed and any(
-        k == PROPERTY for k, _ in getattr(report, "user_properties", []))
-
-
-def pytest_report_teststatus(report: pytest.TestReport, config: pytest.Config):
-    if _diagnosed(report):
-        return "diagnosed", "D", ("DIAGNOSED", {"red": True})
-    return None
-
-
-def pytest_terminal_summary(terminalreporter, exitstatus: int, config: pytest.Config) -> None:
-    """The diagnoses in full: pytest prints long failure texts only for its own 'failed'."""
-    reports = [r for r in terminalreporter.stats.get("diagnosed", []) if _diagnosed(r)]
-    if not reports:
-        return
-    terminalreporter.write_sep("=", "nccl-doctor diagnoses", red=True, bold=True)
-    for report in reports:
-        terminalreporter.write_sep("_", report.head_line or report.nodeid, red=True)
-        report.toterminal(terminalreporter._tw)
-        for title, content in report.sections:
-            if "nccl-doctor" in title:
-                terminalreporter.write_sep("-", title)
-                terminalreporter.write_line(content)
 
 
 def keep(item: pytest.Item, capture: Path) -> Path:
@@ -242,8 +250,7 @@ def pytest_pyfunc_call(pyfuncitem: pytest.Function) -> bool | None:
             pyfuncitem.stash[_DIAGNOSED] = True
         if outcome.capture is not None:
             outcome.capture = keep(pyfuncitem, outcome.capture)
-        pyfuncitem.add_report_section("call", "nccl-doctor", outcome.summary())
-        pytest.fail(outcome.failure_text(), pytrace=False)
+        raise DistributedFailure(outcome.failure_text(), outcome.reason(), outcome.section())
     return True
 
 

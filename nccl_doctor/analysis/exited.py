@@ -8,12 +8,13 @@ from collections import defaultdict
 from nccl_doctor.analysis.align import blocked_event, last_leaf
 from nccl_doctor.analysis.ends import behind_peers, left_before_a_peer_lost_it, program_ended
 from nccl_doctor.analysis.missing import HINT_EXITED
+from nccl_doctor.analysis.setting import Setting, setting_of
 from nccl_doctor.analysis.wording import (
     call_fields, call_name, call_site, fate, frames_json, ranks_text, site,
 )
 from nccl_doctor.diagnosis import Finding, FindingKind, Severity
 from nccl_doctor.model import (
-    EarlyExit, Event, EventKind, EventState, ExitKind, RankTrace, TraceSet,
+    EarlyExit, Event, EventKind, EventState, ExitKind, RankExit, RankTrace, TraceSet,
 )
 
 HINT_CRASH = (
@@ -34,6 +35,41 @@ HINT_RENDEZVOUS = (
     "against WORLD_SIZE) and reaches MASTER_ADDR:MASTER_PORT, and what ended the missing ones "
     "(their own output)."
 )
+
+#: The same advice inside one distributed test (analysis/setting.py): no launcher to restart.
+HINT_EARLY_TEST = (
+    "Fix the error it raised: it came before the rank joined the process group (importing the "
+    "test's module, or setting up the process group), so the other ranks only waited for it in "
+    "init_process_group."
+)
+HINT_RENDEZVOUS_TEST = (
+    "The rank reached init_process_group and gave up waiting for ranks of the test that never "
+    "joined: see what ended them (their errors and tracebacks in the test's failure)."
+)
+
+
+def crash_hint(setting: Setting, ranks: list[int], ex: RankExit, waited: str | None) -> str:
+    """The advice for ranks that ended on their own (an exception, a signal): in a job, fix the
+    error and keep the ranks in step; in a test (``Setting.TEST``), the exception is the test
+    failing on those ranks - ``waited``: the collective their peers waited for them in."""
+    if setting is Setting.JOB:
+        return HINT_CRASH
+    who = ranks_text(ranks)
+    kind = (ex.exception or "").split(":", 1)[0].strip() if ex.kind is ExitKind.EXCEPTION else ""
+    if kind == "AssertionError":
+        text = f"The assertion failed on {who}: fix the test or the code under test"
+    elif kind:
+        text = f"{who[0].upper()}{who[1:]} raised {kind} in the test: fix the test or the code " \
+            "under test"
+    else:
+        text = f"{who[0].upper()}{who[1:]} {ex.describe()} during the test: find what ended " \
+            f"{'it' if len(ranks) == 1 else 'them'}"
+    if waited:
+        text += (f"; the other ranks waited for {'it' if len(ranks) == 1 else 'them'} in "
+                 f"{waited} and failed only because {'it was' if len(ranks) == 1 else 'they were'}"
+                 " gone")
+    return text + "."
+
 
 HINT_TEARDOWN = (
     "No error was raised: the rank's work had finished (its last collective completed and no "
@@ -69,6 +105,7 @@ def detect_rank_exited(traces: TraceSet) -> list[Finding]:
         key = (ex.kind, ex.code, ex.signal, ex.exception, str(ex.callsite), rank in needed)
         groups[key].append(rank)
 
+    setting = setting_of(traces)
     findings = []
     for (kind, code, signal, exception, _site, was_needed), ranks in groups.items():
         trace = traces.ranks[ranks[0]]
@@ -94,7 +131,8 @@ def detect_rank_exited(traces: TraceSet) -> list[Finding]:
         findings.append(Finding(
             kind=FindingKind.RANK_EXITED, severity=Severity.ERROR, title=title,
             detail="\n".join(detail), ranks=tuple(ranks),
-            hint=HINT_EXITED if was_needed and not ex.abnormal else HINT_CRASH,
+            hint=HINT_EXITED if was_needed and not ex.abnormal else crash_hint(
+                setting, ranks, ex, _waited_in(traces, ranks, needed) if was_needed else None),
             group=last.group if last else None, seq=last.align_seq if last else None,
             op=last.op if last else None, **where,
             evidence={
@@ -120,6 +158,23 @@ def _inside_a_call(trace: RankTrace, last: Event | None) -> bool:
 
 
 _CALLS = (EventKind.COLLECTIVE, EventKind.P2P, EventKind.WAIT)
+
+
+def _waited_in(traces: TraceSet, ranks: list[int],
+               needed: dict[int, list[tuple[str, int]]]) -> str | None:
+    """The first collective the peers of ``ranks`` entered without them: ``all_reduce #2
+    (group 0)``."""
+    for group, seq in sorted({g_s for r in ranks for g_s in needed.get(r, [])},
+                             key=lambda g_s: (g_s[1], g_s[0])):
+        for rank, trace in sorted(traces.ranks.items()):
+            if rank in ranks:
+                continue
+            call = next((e for e in trace.events if e.kind in _CALLS and e.group == group
+                         and e.align_seq == seq), None)
+            if call is not None:
+                return call_name(call)
+        return f"collective #{seq} of group {group}"
+    return None
 
 
 def early_stopped(traces: TraceSet) -> frozenset[int]:
@@ -148,6 +203,7 @@ def raised_before_joining(traces: TraceSet) -> list[Finding]:
     are consequences (diagnose lists them under the root cause)."""
     groups: dict[tuple, list[int]] = defaultdict(list)
     causes = early_causes(traces)
+    test = setting_of(traces) is Setting.TEST
     for rank, e in causes.items():
         groups[(first_line(e.exception), e.callsite, e.in_init)].append(rank)
     findings = []
@@ -177,7 +233,8 @@ def raised_before_joining(traces: TraceSet) -> list[Finding]:
             title=f"{ranks_text(ranks)} raised {exception}{where} before joining a process "
                   "group",
             detail="\n".join(detail), ranks=tuple(ranks),
-            hint=HINT_RENDEZVOUS if in_init else HINT_EARLY,
+            hint=(HINT_RENDEZVOUS_TEST if test else HINT_RENDEZVOUS) if in_init
+            else (HINT_EARLY_TEST if test else HINT_EARLY),
             callsite=site(callsite) if callsite is not None else None,
             evidence={
                 "exit": ExitKind.EXCEPTION.value, "exception": e.exception,

@@ -16,6 +16,7 @@ from pathlib import Path
 from typing import Any, Sequence
 
 from nccl_doctor.reporters.callpath import path_lines
+from nccl_doctor.reporters.escape import visible
 from nccl_doctor import bounded_json
 from nccl_doctor.diagnosis import Finding
 
@@ -87,10 +88,17 @@ class Launches:
         return out
 
 
+def reason(report: dict) -> str:
+    """A hang report (report.json) in one line: its root cause."""
+    root = next((f for f in report.get("findings", []) if f.get("root_cause")), None)
+    if root is None:
+        return "a job this test launched hung; nccl-doctor stopped it"
+    return visible(f"a job this test launched hung: {root.get('kind')}: {root.get('title')}")
+
+
 def describe(report: dict) -> str:
     """A hang report (report.json) as failure text."""
-    lines = [f"nccl-doctor: a job this test launched hung; it was stopped "
-             f"(capture: {report.get('_capture')})"]
+    lines = ["nccl-doctor: a job this test launched hung; it was stopped"]
     root = next((f for f in report.get("findings", []) if f.get("root_cause")), None)
     if root is not None:
         lines += [f"ROOT CAUSE {root.get('kind')}: {root.get('title')}", root.get("detail", "")]

@@ -35,23 +35,30 @@ class Outcome:
     exit_status: int | None = None
     capture: Path | None = None
 
-    def summary(self) -> str:
-        """One short paragraph for pytest's report section."""
+    def reason(self) -> str:
+        """The failure in one line, for pytest's short summary (``FAILED test - REASON``) and the
+        JUnit ``message``: the root cause, else what failed."""
         d = self.diagnosis
-        lines = [f"verdict: {d.verdict.value if d else 'none'}"
-                 + (" (stopped at the timeout)" if self.timed_out else "")]
         if d is not None and d.root_cause is not None:
-            lines.append(f"root cause: {d.root_cause.kind.value}: {visible(d.root_cause.title)}")
-        failed = [r for r, x in sorted(self.ranks.items()) if not x.get("passed")]
-        if failed:
-            lines.append(f"failed on {ranks_text(failed)}")
-        if self.capture is not None:
-            lines.append(f"capture: {self.capture} (nccl-doctor replay it)")
-        return "\n".join(lines)
+            return one_line(f"{d.root_cause.kind.value}: {d.root_cause.title}")
+        if self.timed_out:
+            return "the distributed test ran past its timeout and was stopped"
+        for rank, r in sorted(self.ranks.items()):
+            if not r.get("passed") and r.get("error"):
+                return one_line(f"rank {rank}: {r['error']}")
+        silent = [r for r, x in sorted(self.ranks.items()) if x.get("missing")]
+        if silent:
+            return f"{ranks_text(silent)} left no result (exit status {self.exit_status})"
+        return f"the distributed test failed (exit status {self.exit_status})"
+
+    def section(self) -> str:
+        """What the failure's ``nccl-doctor`` section says: where the capture is kept."""
+        return f"capture: {self.capture} (nccl-doctor replay it)" if self.capture else ""
 
     def failure_text(self) -> str:
         """The diagnosis first (culprit rank, collective, sequence number, callsite, stacks),
-        then each failing rank's traceback."""
+        then each failing rank's traceback (testing/worker.py leaves out nccl-doctor's own
+        frames). The capture is named once, by ``section``."""
         parts = []
         if self.timed_out:
             parts.append("the distributed test ran past its timeout and was stopped")
@@ -67,13 +74,18 @@ class Outcome:
             if r.get("missing"):
                 silent.append(rank)
             else:
-                parts.append(f"--- rank {rank} ---\n{r.get('traceback') or r.get('error')}")
+                parts.append(f"--- rank {rank} ---\n"
+                             + str(r.get("traceback") or r.get("error")).rstrip())
         if silent:
             parts.append(f"{ranks_text(silent)} left no result: stopped by the watchdog or the "
                          "timeout, or killed")
-        if self.capture is not None:
-            parts.append(f"capture: {self.capture} (nccl-doctor replay it)")
         return "\n\n".join(parts)
+
+
+def one_line(text: str, limit: int = 500) -> str:
+    """``text``'s first line, control characters written out, cut to ``limit`` characters."""
+    line = visible(text.strip().split("\n", 1)[0])
+    return line if len(line) <= limit else line[:limit - 3] + "..."
 
 
 class PayloadError(Exception):

@@ -3,6 +3,9 @@ rank or pass, run as a user's test suite would."""
 
 from __future__ import annotations
 
+import re
+import xml.etree.ElementTree as ET
+
 import pytest
 
 pytest_plugins = ["pytester"]
@@ -63,39 +66,103 @@ def test_with_fixture_and_params(tmp_path, n):
 '''
 
 
+def failure_of(out: str, name: str) -> str:
+    """The failure text pytest printed for test ``name``: from its header to the next one."""
+    start = out.index(f"_ {name} _")
+    end = re.compile(r"\n_{3,} \S+ _{3,}\n|\n=+ short test summary info =+\n")
+    found = end.search(out, start + 1)
+    return out[start:found.start() if found else len(out)]
+
+
+#: a frame of nccl-doctor's own (its worker, the recorder's wrappers) in a printed traceback
+OWN_FRAME = re.compile(r'File "[^"]*/nccl_doctor/')
+
+
 @pytest.fixture(params=["serial", "xdist"])
-def outcome(pytester: pytest.Pytester, request):
+def outcome(pytester: pytest.Pytester, monkeypatch: pytest.MonkeyPatch, request):
     pytester.makepyfile(test_dist=TESTS)
+    monkeypatch.setenv("COLUMNS", "400")  # the short summary's reasons are not cut to the width
     extra = ["-p", "xdist", "-n", "2"] if request.param == "xdist" else []
-    return pytester.runpytest_subprocess("-p", "no:cacheprovider", "-rA", *extra, timeout=600)
+    return pytester.runpytest_subprocess("-p", "no:cacheprovider", "-rA", "--junitxml=junit.xml",
+                                         *extra, timeout=600)
 
 
-def test_plugin_diagnoses_and_passes(outcome):
+def test_plugin_diagnoses_and_passes(outcome, pytester: pytest.Pytester):
     out = outcome.stdout.str()
     counts = outcome.parseoutcomes()
-    assert counts.get("passed") == 4, out[-3000:]
-    # the deadlock and the shape mismatch are failures the doctor diagnosed: letter D
-    assert counts.get("diagnosed", 0) + counts.get("failed", 0) == 3, counts
-    assert counts.get("diagnosed", 0) >= 2 and outcome.ret == pytest.ExitCode.TESTS_FAILED
+    # a diagnosed distributed test is a failed test: counted, listed and exited as pytest's own
+    assert counts == {"passed": 4, "failed": 3}, out[-3000:]
+    assert outcome.ret == pytest.ExitCode.TESTS_FAILED
+    # each one line in the short summary, with its root cause as the reason
+    summary = out[out.index("= short test summary info ="):]
+    assert re.search(r"^FAILED test_dist\.py::test_deadlock - collective_mismatch: "
+                     r"all_reduce / broadcast #2 of group 0: ops differ", summary, re.M), summary
+    assert re.search(r"^FAILED test_dist\.py::test_shapes - collective_mismatch: all_gather #1 "
+                     r"of group 0: shapes differ \(rank 0: float32\[2,5\]; rank 1: "
+                     r"float32\[2,6\]\)$", summary, re.M), summary
+    assert re.search(r"^FAILED test_dist\.py::test_assert_on_rank_1 - rank_exited: rank 1 raised "
+                     r"AssertionError: rank 1 disagrees at test_dist\.py:\d+$", summary, re.M), \
+        summary
+    assert summary.count("FAILED ") == 3 and "DIAGNOSED" not in out
     # a deadlock fails within its timeout, naming the rank that skipped the broadcast
-    deadlock = out[out.index("_ test_deadlock _"):]
+    deadlock = failure_of(out, "test_deadlock")
     assert "ROOT CAUSE" in deadlock and "rank 2" in deadlock
     assert "broadcast" in deadlock and "test_dist.py:" in deadlock
     # a shape mismatch names both shapes
-    shapes = out[out.index("_ test_shapes _"):]
+    shapes = failure_of(out, "test_shapes")
     assert "float32[2,5]" in shapes and "float32[2,6]" in shapes
-    # an assertion on one rank shows that rank's traceback, and only that rank's
-    start = out.index("_ test_assert_on_rank_1 _")
-    failed_rank = out[start:out.index("Captured nccl-doctor call", start)]
+    # an assertion on one rank shows that rank's traceback, and only that rank's; the fix is
+    # the test's, not a launcher's
+    failed_rank = failure_of(out, "test_assert_on_rank_1")
     assert "--- rank 1 ---" in failed_rank and "rank 1 disagrees" in failed_rank
     assert "--- rank 0 ---" not in failed_rank
-    # each failure has its short nccl-doctor report section
-    assert out.count("Captured nccl-doctor call") == 3
+    assert ("fix: The assertion failed on rank 1: fix the test or the code under test"
+            in " ".join(failed_rank.split())), failed_rank
+    assert "max-restarts" not in out and "torchrun" not in out
+    # each failure: the diagnosis once, its capture named once (its nccl-doctor section), and
+    # the ranks' tracebacks (in the failure and in their captured stderr) are the test's only
+    for name in ("test_deadlock", "test_shapes", "test_assert_on_rank_1"):
+        failure = failure_of(out, name)
+        assert failure.count("ROOT CAUSE") == 1, failure
+        assert failure.count("(nccl-doctor replay it)") == 1, failure
+        assert re.search(r"^-+ nccl-doctor -+\ncapture: \S+ \(nccl-doctor replay it\)$",
+                         failure, re.M), failure
+    assert "test_assert_on_rank_1" in out and not OWN_FRAME.search(out), OWN_FRAME.findall(out)
     for name in ("test_clean", "test_collectives_fixture", "test_with_fixture_and_params[1]",
                  "test_with_fixture_and_params[4]"):
         assert f"PASSED test_dist.py::{name}" in out
-    diagnoses = out[out.index("= nccl-doctor diagnoses ="):]
-    assert "_ test_deadlock _" in diagnoses and "_ test_shapes _" in diagnoses
+    # JUnit XML: the root cause is the failure's message, the diagnosis its text
+    suite = ET.parse(pytester.path / "junit.xml").getroot().find("testsuite")
+    assert suite is not None and suite.get("failures") == "3" and suite.get("tests") == "7"
+    failures = {case.get("name"): case.find("failure") for case in suite.iter("testcase")}
+    assert sorted(n for n, f in failures.items() if f is not None) == [
+        "test_assert_on_rank_1", "test_deadlock", "test_shapes"]
+    for name in ("test_deadlock", "test_shapes", "test_assert_on_rank_1"):
+        failure = failures[name]
+        reason = re.search(rf"^FAILED test_dist\.py::{name} - (.*)$", summary, re.M)
+        assert reason is not None and failure.get("message") == reason.group(1)
+        assert "ROOT CAUSE" in failure.text and "(nccl-doctor replay it)" in failure.text
+        case = next(c for c in suite.iter("testcase") if c.get("name") == name)
+        assert ("nccl_doctor", "diagnosed") in [(p.get("name"), p.get("value"))
+                                                for p in case.iter("property")]
+    assert failures["test_assert_on_rank_1"].get("message").startswith(
+        "rank_exited: rank 1 raised AssertionError: rank 1 disagrees at test_dist.py:")
+
+
+def test_only_the_failures_with_rf(pytester: pytest.Pytester):
+    """``-rf``: the short summary lists the distributed tests that failed, each with its reason;
+    ``grep FAILED`` finds them."""
+    pytester.makepyfile(test_dist=TESTS)
+    result = pytester.runpytest_subprocess("-p", "no:cacheprovider", "-q", "-rf",
+                                           "-k", "shapes or assert or clean", timeout=600)
+    lines = [line for line in result.outlines if line.startswith("FAILED ")]
+    assert [line.split(" - ")[0] for line in lines] == [
+        "FAILED test_dist.py::test_shapes", "FAILED test_dist.py::test_assert_on_rank_1"], \
+        result.stdout.str()[-3000:]
+    assert lines[0].split(" - ", 1)[1].startswith("collective_mismatch: ")
+    assert lines[1].split(" - ", 1)[1].startswith("rank_exited: rank 1 raised")
+    assert result.parseoutcomes() == {"failed": 2, "passed": 1, "deselected": 4}
+    assert result.ret == pytest.ExitCode.TESTS_FAILED
 
 
 LAUNCHING = '''
@@ -114,8 +181,11 @@ def test_launches_a_clean_job():
 '''
 
 
-def test_nccl_doctor_option_catches_a_hanging_torchrun(pytester: pytest.Pytester):
+def test_nccl_doctor_option_catches_a_hanging_torchrun(pytester: pytest.Pytester,
+                                                       monkeypatch: pytest.MonkeyPatch):
     from pathlib import Path
+
+    monkeypatch.setenv("COLUMNS", "400")
 
     jobs = Path(__file__).parent.parent / "integration" / "jobs"
     pytester.makepyfile(test_launch=f"JOB = {str(jobs / 'skip_broadcast.py')!r}\n"
@@ -123,13 +193,14 @@ def test_nccl_doctor_option_catches_a_hanging_torchrun(pytester: pytest.Pytester
     result = pytester.runpytest_subprocess("-p", "no:cacheprovider", "-rA", "--nccl-doctor",
                                            timeout=600)
     out = result.stdout.str()
-    counts = result.parseoutcomes()
-    assert counts.get("passed") == 1 and counts.get("diagnosed") == 1, out[-3000:]
-    hang = out[out.index("_ test_launches_a_hanging_job _"):]
+    assert result.parseoutcomes() == {"passed": 1, "failed": 1}, out[-3000:]
+    assert re.search(r"^FAILED test_launch\.py::test_launches_a_hanging_job - a job this test "
+                     r"launched hung: \w+: ", out, re.M), out[-3000:]
+    hang = failure_of(out, "test_launches_a_hanging_job")
     assert "a job this test launched hung" in hang and "ROOT CAUSE" in hang
     assert "skip_broadcast.py" in hang and "rank 1" in hang
     assert hang.count("ROOT CAUSE") == 1  # the diagnosis once; the section only names the capture
-    assert "hang: " in hang and "(nccl-doctor replay it)" in hang
+    assert hang.count("(nccl-doctor replay it)") == 1 and "hang: " in hang
     # without the option the plugin leaves subprocesses alone (the hang would block): the ini
     # switch is read too
     pytester.makeini("[pytest]\nnccl_doctor = true\n")
