@@ -16,7 +16,7 @@ import re
 import stat
 from pathlib import Path
 
-from nccl_doctor.capture import format as fmt, watch_record
+from nccl_doctor.capture import format as fmt
 from nccl_doctor.capture.claim import LOCK
 from nccl_doctor.capture.manifest import MANIFEST
 from nccl_doctor.capture.unrecorded import MAX_WORLD
@@ -27,12 +27,17 @@ from nccl_doctor.stacks.samples import STRAGGLERS_JSONL
 #: capture exists then): capture/early_exit.py writes and reads it.
 EARLY_EXIT_SUFFIX = ".early_exit"
 REPORT_JSON = "report.json"
+#: The watchdog's record, the stacks it pulled and the Flight Recorder dumps it asked for, one
+#: file a rank (capture/watch_record.py writes and reads them)
+WATCH_JSON = "watchdog.json"
+STACKS_JSON = "stacks.json"
+FR_DIR = "flight_recorder"
 REPORT_HTML = "report.html"  # the same diagnosis as a page (nccl_doctor/reporters/html.py)
 #: Every name nccl-doctor writes into a capture directory (an --out holding only these is ours).
 OWN_FILES = (f"*{fmt.CAPTURE_SUFFIX}", f"*{fmt.FAULT_SUFFIX}", f"*{fmt.UNRECORDED_SUFFIX}",
              f"*{EARLY_EXIT_SUFFIX}", MANIFEST, REPORT_JSON, REPORT_HTML, GPU_JSONL,
-             STRAGGLERS_JSONL, watch_record.WATCH_JSON, watch_record.STACKS_JSON,
-             f"{watch_record.FR_DIR}/rank_*.json", LOCK)
+             STRAGGLERS_JSONL, WATCH_JSON, STACKS_JSON,
+             f"{FR_DIR}/rank_*.json", LOCK)
 
 
 def remove_own_files(directory: Path) -> None:
@@ -41,7 +46,7 @@ def remove_own_files(directory: Path) -> None:
         for path in directory.glob(pattern):
             if path.is_symlink() or not path.is_dir():  # a directory of that name is not ours
                 path.unlink()
-    folder = directory / watch_record.FR_DIR
+    folder = directory / FR_DIR
     if folder.is_dir() and not any(folder.iterdir()):
         folder.rmdir()
 

@@ -16,14 +16,12 @@ import json
 from pathlib import Path
 from typing import Any, Mapping
 
+from nccl_doctor.capture.names import FR_DIR, STACKS_JSON, WATCH_JSON
 from nccl_doctor.files import write_atomic
 from nccl_doctor.stacks.rank_stack import RankStack, stack_from_json
 from nccl_doctor.watch_log import WatchEvent, WatchLog, event_from_json, events_json
 from nccl_doctor import bounded_json
 
-WATCH_JSON = "watchdog.json"
-STACKS_JSON = "stacks.json"
-FR_DIR = "flight_recorder"
 WATCH_FORMAT, STACKS_FORMAT = "nccl-doctor-watchdog", "nccl-doctor-stacks"
 VERSION = 1
 MAX_EVENTS = 200  # a job retracted and re-called many times keeps its latest decisions

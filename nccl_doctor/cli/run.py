@@ -27,6 +27,9 @@ from nccl_doctor.supervisor.policy import (
 # The supervisor, the display, the reporters and the clusters' fleets are imported by the run
 # that uses them: the parser of every command imports this module for its options.
 if TYPE_CHECKING:
+    from nccl_doctor.cli.status_bar import Display
+    from nccl_doctor.supervisor.start import Launch
+    from nccl_doctor.supervisor.supervisor import Supervisor
     from nccl_doctor.supervisor.ray.fleet import RayCluster, RayFleet
     from nccl_doctor.supervisor.slurm.fleet import SlurmFleet, SlurmRun
 
@@ -208,10 +211,7 @@ def supervise(args: argparse.Namespace, command: list[str]) -> int:
 
 def _supervise(args: argparse.Namespace, command: list[str],
                served: serving.Serving | None) -> int:
-    from nccl_doctor.cli.status_bar import make_display
-    from nccl_doctor.cli.output import PageFile, verdict_status
-    from nccl_doctor.supervisor.gpu.nvml import Nvml
-    from nccl_doctor.supervisor.supervisor import Supervisor
+    from nccl_doctor.supervisor.start import Launch
 
     out = prepare_out_dir(args.out, args.force)
     err = sys.stderr
@@ -249,17 +249,20 @@ def _supervise(args: argparse.Namespace, command: list[str],
     if meeting is not None:
         # torch's C++ log would print every retry of a store connection on the user's terminal
         os.environ.setdefault("TORCH_CPP_LOG_LEVEL", "FATAL")
-    page_file = PageFile(out / REPORT_HTML)
-    supervisor = Supervisor(command, out, policy=policy, gpu=None if args.no_gpu else Nvml.open,
-                            environ=environ, rendezvous=meeting, on_report=page_file,
-                            cluster=fleet, federation_key=key)
-    if served is not None:
-        served.watch(supervisor, lambda: page_file.text)
-    display = None
-    if not args.quiet:
-        display = make_display(err, supervisor.watchdog.view if supervisor.watchdog else None)
-        supervisor.attach(display, announce=display.announce)
-    page_file.prepare(console=not args.quiet)  # while the job starts
+    launch = Launch(command, out, environ)
+    if meeting is None and fleet is None:
+        # a single-node job starts first, the supervisor is built while its ranks start: a
+        # multi-node leader listens, and a cluster's node doctors are prepared, before then
+        launch.begin()
+    try:
+        supervisor, display = _supervisor(args, launch, policy, meeting, fleet, key, served)
+    except Exception as error:  # noqa: BLE001 - the job runs on, unwatched, never harmed
+        if launch.job is None:
+            launch.undo()
+            raise
+        err.write(f"nccl-doctor: could not watch the job ({visible(repr(error))}); it runs "
+                  "on unwatched\n")
+        return launch.unwatched()
     try:
         result = supervisor.run()
     finally:
@@ -280,7 +283,34 @@ def _supervise(args: argparse.Namespace, command: list[str],
                   + "\n")
     if served is not None:  # the report is on the terminal first
         served.linger()
+    from nccl_doctor.cli.output import verdict_status
     return verdict_status(result.diagnosis, result.exit_status, args.fail_on)
+
+
+def _supervisor(args: argparse.Namespace, launch: Launch, policy: HangPolicy | None,
+                meeting: rendezvous.Rendezvous | None, fleet: RayFleet | SlurmFleet | None,
+                key: bytes | None, served: serving.Serving | None,
+                ) -> tuple[Supervisor, Display | None]:
+    """The supervisor of ``launch``'s job and its live display (None: ``--quiet``)."""
+    from nccl_doctor.cli.status_bar import make_display
+    from nccl_doctor.cli.output import PageFile
+    from nccl_doctor.supervisor.gpu.nvml import Nvml
+    from nccl_doctor.supervisor.supervisor import Supervisor
+
+    page_file = PageFile(launch.out_dir / REPORT_HTML)
+    supervisor = Supervisor(launch.command, launch.out_dir, policy=policy,
+                            gpu=None if args.no_gpu else Nvml.open, rendezvous=meeting,
+                            on_report=page_file, cluster=fleet, federation_key=key,
+                            launch=launch)
+    if served is not None:
+        served.watch(supervisor, lambda: page_file.text)
+    display = None
+    if not args.quiet:
+        display = make_display(sys.stderr,
+                               supervisor.watchdog.view if supervisor.watchdog else None)
+        supervisor.attach(display, announce=display.announce)
+    page_file.prepare(console=not args.quiet)  # while the job starts
+    return supervisor, display
 
 
 def _ray_cluster(args: argparse.Namespace, environ: dict[str, str]) -> RayCluster | None:

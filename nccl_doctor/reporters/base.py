@@ -2,9 +2,10 @@
 
 from __future__ import annotations
 
-from typing import Protocol, TextIO
+from typing import TYPE_CHECKING, Protocol, TextIO
 
-from nccl_doctor.diagnosis import Diagnosis
+if TYPE_CHECKING:
+    from nccl_doctor.diagnosis import Diagnosis
 
 
 class Reporter(Protocol):

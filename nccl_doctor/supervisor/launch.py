@@ -4,6 +4,7 @@ A reaper process (nccl_doctor/supervisor/reaper.py) stops the job if the supervi
 from __future__ import annotations
 
 import os
+import select
 import signal
 import subprocess
 import time
@@ -33,6 +34,15 @@ def job_environment(base: Mapping[str, str], capture_dir: Path, run_id: str) -> 
     return out
 
 
+def _exit_fd(pid: int) -> int | None:
+    """A descriptor that becomes readable when process ``pid`` exits (Linux 5.3+: a pidfd);
+    None where there is none."""
+    try:
+        return os.pidfd_open(pid)
+    except (AttributeError, OSError):
+        return None
+
+
 class Job:
     """The launched command: a process-group leader whose group is the whole job."""
 
@@ -56,6 +66,7 @@ class Job:
             raise LaunchFailed(f"cannot run {command[0]!r}: {why}") from None
         self.pgid = self.proc.pid
         self.started = time.time()
+        self._exited = _exit_fd(self.proc.pid)
         # The ranks, by pid -> start time: torchrun starts each worker in a session of its own,
         # which a signal to the job's process group never reaches (a SIGKILL of the launcher then
         # orphans them), so they are signalled one by one as well.
@@ -73,7 +84,10 @@ class Job:
     def wait(self, timeout: float) -> int | None:
         """The launcher's exit status once it exits within ``timeout`` s (None: still running):
         the supervisor sees the job's end at once, not at its next look."""
-        try:
+        if self._exited is not None:  # readable once the launcher has exited
+            select.select([self._exited], [], [], timeout)
+            return self.proc.poll()
+        try:  # (sleeps of up to 50 ms between looks)
             return self.proc.wait(timeout)
         except subprocess.TimeoutExpired:
             return None
@@ -148,6 +162,9 @@ class Job:
 
     def release(self) -> None:
         """The job is reaped: its reaper may go (without touching anything)."""
+        if self._exited is not None:
+            os.close(self._exited)
+            self._exited = None
         if self.reaper is not None:
             self.reaper.release()
             self.reaper = None

@@ -6,16 +6,19 @@ changed, and never read back: the end of the run takes the evidence from here.""
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Any, Mapping
+from typing import TYPE_CHECKING, Any, Mapping
 
-from nccl_doctor.capture import watch_record
-from nccl_doctor.capture.evidence import Evidence
 from nccl_doctor.capture.manifest import MANIFEST, Manifest
 from nccl_doctor.capture.names import REPORT_JSON, report_path
-from nccl_doctor.diagnosis import Diagnosis
 from nccl_doctor.files import write_atomic
-from nccl_doctor.stacks.rank_stack import RankStack
-from nccl_doctor.watch_log import WatchEvent, WatchLog
+
+# The manifest is written before the job is launched (supervisor/start.py), with none of what
+# the watchdog's files need: their modules are imported when the first of them is written.
+if TYPE_CHECKING:
+    from nccl_doctor.capture.evidence import Evidence
+    from nccl_doctor.diagnosis import Diagnosis
+    from nccl_doctor.stacks.rank_stack import RankStack
+    from nccl_doctor.watch_log import WatchEvent, WatchLog
 
 
 class RunFiles:
@@ -62,23 +65,28 @@ class RunFiles:
 
     def event(self, record: WatchEvent) -> None:
         """One more of the watchdog's decisions or actions (``watchdog.json``)."""
+        from nccl_doctor.capture import watch_record
         self._events = (*self._events, record)[-watch_record.MAX_EVENTS:]
         self._write(watch_record.WATCH_JSON, watch_record.watch_text(self._events))
 
     def stacks(self, stacks: Mapping[int, RankStack]) -> None:
         """The stacks a decision used (``stacks.json``)."""
+        from nccl_doctor.capture import watch_record
         self._stacks = dict(stacks)
         self._write(watch_record.STACKS_JSON, watch_record.stacks_text(stacks))
 
     def flight_recorder(self, dumps: Mapping[int, Mapping[str, Any]]) -> None:
         """Each rank's Flight Recorder pull a decision used (its newest entries)."""
+        from nccl_doctor.capture import watch_record
         for rank, dump in sorted(dumps.items()):
             self._fr[rank] = watch_record.fr_kept(dump)
             self._write(watch_record.fr_name(rank), watch_record.fr_text(self._fr[rank]))
 
     def watch_log(self) -> WatchLog | None:
+        from nccl_doctor.watch_log import WatchLog
         return WatchLog(self._events) if self._events else None
 
     def evidence(self) -> Evidence:
         """What replay will read from the files written here."""
+        from nccl_doctor.capture.evidence import Evidence
         return Evidence(self.watch_log(), dict(self._stacks), dict(self._fr))

@@ -7,10 +7,13 @@ wrote watchdog.json could interleave with the loop's own write); a third means "
 from __future__ import annotations
 
 import signal
-from typing import Callable
+import time
+from typing import TYPE_CHECKING, Callable
 
 from nccl_doctor.supervisor.launch import Job
-from nccl_doctor.watch_log import Interrupted
+
+if TYPE_CHECKING:  # (made in the supervisor's loop: nothing is imported in a signal handler)
+    from nccl_doctor.watch_log import Interrupted
 
 FORWARDED = (signal.SIGINT, signal.SIGTERM, signal.SIGHUP)
 
@@ -22,7 +25,7 @@ class SignalForwarder:
         hang: the ranks' ends are nccl-doctor's doing already)."""
         self.job, self.quiet = job, quiet
         self.count = 0
-        self._pending: Interrupted | None = None
+        self._pending: tuple[float, str] | None = None  # when, and which signal
         self._unsent: int | None = None  # came while the job was being launched
         self._previous: dict[int, object] = {}
 
@@ -41,7 +44,10 @@ class SignalForwarder:
     def take_interrupt(self) -> Interrupted | None:
         """The user's first interrupt, once (None: none, or already taken)."""
         pending, self._pending = self._pending, None
-        return pending
+        if pending is None:
+            return None
+        from nccl_doctor.watch_log import Interrupted
+        return Interrupted((pending[1],), at=pending[0])
 
     def launched(self) -> None:
         """The job is launched: a signal that came while it was being launched (its processes
@@ -53,7 +59,7 @@ class SignalForwarder:
 
     def _forward(self, sig: int, _frame: object) -> None:
         if self.count == 0 and not self.quiet():
-            self._pending = Interrupted((signal.Signals(sig).name,))
+            self._pending = (round(time.time(), 3), signal.Signals(sig).name)
         self.count += 1
         sig = signal.SIGKILL if self.count >= 3 else sig
         job = self.job()

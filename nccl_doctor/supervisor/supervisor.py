@@ -6,45 +6,42 @@ check, the straggler sampling), applies what they decide - it alone writes repor
 the job - then calls the listeners (the GPU sampler, a live display). Once the job has ended, the
 captures are analysed post mortem; a hang the watchdog diagnosed stays the report's verdict.
 
-It is a state machine (``State``) over the parts that do the work: the ``Stopper`` (stopping a
-job for its hang, politely first: stopper.py), the ``SignalForwarder`` (what the terminal sends
-goes on to the job: signals.py) and, on a multi-node job, the ``Federation`` (this node's part:
+It is a state machine (``State``) over the parts that do the work: the ``Launch`` (the run's
+first steps, from the claim of ``--out`` to the launched job, which ``nccl-doctor run`` takes
+before it builds the supervisor: start.py), the ``Stopper`` (stopping a job for its hang,
+politely first: stopper.py), the ``SignalForwarder`` (what the terminal sends goes on to the
+job: signals.py) and, on a multi-node job, the ``Federation`` (this node's part:
 federation/node.py, the only door to the other nodes).
 """
 
 from __future__ import annotations
 
 import enum
-import os
 import time
-import uuid
 from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Callable, Sequence
 
-from nccl_doctor import redact
 from nccl_doctor.analysis import analyze
 from nccl_doctor.analysis.annotate import Annotator
-from nccl_doctor.capture.claim import Claim
 from nccl_doctor.capture.fault_files import drop_empty_fault_files
 from nccl_doctor.capture.manifest import Manifest
 from nccl_doctor.capture.names import capture_files, report_path
 from nccl_doctor.diagnosis import Diagnosis, Verdict
 from nccl_doctor.env import host_name
-from nccl_doctor.errors import DoctorError, ExitStatus, LaunchFailed, OutDirInUse, unwritable
+from nccl_doctor.errors import DoctorError, ExitStatus, LaunchFailed
 from nccl_doctor.status_view import LiveView
 from nccl_doctor.model import TraceSet
-from nccl_doctor.processes import started
 from nccl_doctor.supervisor.federation import Federation, FederatedJob, Rendezvous
 from nccl_doctor.supervisor.gpu.nvml import GpuSource, Nvml
 from nccl_doctor.supervisor.gpu.sampler import GpuSampler
-from nccl_doctor.supervisor.launch import Job, exit_status, job_environment
+from nccl_doctor.supervisor.launch import Job, exit_status
 from nccl_doctor.supervisor.watching import Decision, SampleLogs, LiveJob, Report, Watch
 from nccl_doctor.supervisor.policy import HangPolicy
 from nccl_doctor.supervisor.cluster import Cluster
 from nccl_doctor.supervisor.silent_watch import SilentWatch
 from nccl_doctor.supervisor.straggler_watch import StragglerWatch
-from nccl_doctor.supervisor.signals import SignalForwarder
+from nccl_doctor.supervisor.start import Launch, supervisor_entry
 from nccl_doctor.supervisor.stopper import Stopper
 from nccl_doctor.supervisor.watchdog import Watchdog
 from nccl_doctor.watch_log import WatchEvent
@@ -85,7 +82,8 @@ class Supervisor:
                  annotators: Sequence[Annotator] | None = None,
                  rendezvous: Rendezvous | None = None, final_wait: float = 300.0,
                  on_report: Callable[[Diagnosis, TraceSet | None], None] | None = None,
-                 cluster: Cluster | None = None, federation_key: bytes | None = None) -> None:
+                 cluster: Cluster | None = None, federation_key: bytes | None = None,
+                 launch: Launch | None = None) -> None:
         """``policy`` None runs no watches (post-mortem only); ``announce`` receives the watches'
         events (a hang called, the job stopped) as one-line messages; ``gpu`` opens the GPUs'
         NVML (None: no GPU sampling); ``annotators`` recognise known issues (default: the
@@ -96,15 +94,21 @@ class Supervisor:
         draws report.html from them); ``cluster``: the node doctors of a Ray cluster or a Slurm
         allocation (``--ray``, ``srun``: started with the job, ended with it, followers of this
         supervisor); ``federation_key``: the job's key that authenticates what the nodes'
-        supervisors exchange (None: unauthenticated)."""
-        self.command = tuple(command)
+        supervisors exchange (None: unauthenticated); ``launch``: the run's first steps
+        (start.py), taken already where the job was launched before this supervisor was built
+        (None: ``run`` takes them, for ``command`` in ``out_dir`` with ``environ``)."""
+        if launch is None:
+            launch = Launch(command, out_dir, environ)
+        self.launch = launch
+        self.command = launch.command
         self.out_dir = out_dir
         self.poll_interval = poll_interval
-        self.environ = dict(os.environ if environ is None else environ)
+        self.environ = launch.environ
         self.state = State.STARTING
-        self.run_id = uuid.uuid4().hex[:12]
+        self.run_id = launch.run_id
         self.live: LiveJob = (FederatedJob if rendezvous is not None else LiveJob)(
-            out_dir, self.run_id, policy, annotators=annotators, announce=announce)
+            out_dir, self.run_id, policy, annotators=annotators, announce=announce,
+            run_files=launch.files)
         self.final_wait = final_wait
         self.federation: Federation | None = None
         if rendezvous is not None:
@@ -113,10 +117,11 @@ class Supervisor:
                                          announce=lambda m: live.announce(m), key=federation_key)
             assert isinstance(live, FederatedJob)
             live.federation = self.federation
-        self.job: Job | None = None
         self.cluster = cluster
         self.stopper = Stopper(self.live, self.run_id, self._keep, cluster)
-        self.signals = SignalForwarder(lambda: self.job, lambda: self.stopper.stopping)
+        self.stopper.job = launch.job
+        launch.stopping = lambda: self.stopper.stopping
+        self.signals = launch.signals
         self.on_report = on_report
         self._page_traces: TraceSet | None = None  # what the last report was drawn from
         self._hang_reported = False  # a hang report stands: a suspicion does not replace it
@@ -175,63 +180,38 @@ class Supervisor:
             raise RuntimeError(f"supervisor: {self.state.value} -> {new.value} is not allowed")
         self.state = new
 
+    @property
+    def job(self) -> Job | None:
+        return self.launch.job
+
     def run(self) -> RunResult:
         """Run the job under supervision to its end and analyse it, holding ``out_dir`` for
         this run alone (capture/claim.py: another live run's directory is refused)."""
-        try:
-            created = _make_dir(self.out_dir)
-        except OSError as err:  # before anything started: the user picks another --out
-            raise unwritable("--out", self.out_dir, err) from None
-        try:
-            held = Claim(self.out_dir, self.command)
-        except OutDirInUse:
-            for folder in reversed(created):
-                _remove_if_empty(folder)
-            raise
-        except OSError as err:
-            raise unwritable("--out", self.out_dir, err) from None
+        launch = self.launch
+        launch.claim()
         try:
             return self._run()
         except LaunchFailed:  # nothing ran: nothing is left behind to block --out
-            held.release()
-            for folder in reversed(created):
-                _remove_if_empty(folder)
+            launch.undo()
             raise
         finally:
-            held.release()
+            launch.release()
 
     def _run(self) -> RunResult:
-        manifest = Manifest(command=self.command, started_at=time.time(), run_id=self.run_id,
-                            extra=self._node_extra(), redacted=redact.wanted(self.environ))
-        files = self.live.run_files
+        launch = self.launch
+        if launch.job is None:  # not launched yet: the first steps are taken here
+            launch.write_manifest(self._node_extra())
+            launch.signals.install()
         try:
-            files.write_manifest(manifest)
-            self.live.captures.manifest = manifest  # held: the captures' reader never reads it
-        except OSError as err:  # before anything started: the user picks another --out
-            raise unwritable("--out", self.out_dir, err) from None
-        environment = job_environment(self.environ, self.out_dir, self.run_id)
-        self.signals.install()
-        if self.federation is not None:
-            self.federation.start()  # the leader listens before any rank starts
-        try:
-            if self.cluster is not None:
-                self.cluster.prepare(self)
-            try:
-                self.job = self.stopper.job = Job(self.command, environment, self.out_dir)
-            except LaunchFailed:  # nothing ran: nothing is left behind to block --out
-                files.forget_manifest()
-                if self.cluster is not None:  # nor node doctors started for it
-                    self.cluster.end()
-                    self.cluster.close(10.0)
-                raise
-            self.signals.launched()
+            job = launch.job or self._launch()
+            self.live.captures.manifest = launch.manifest  # held: never read back
             self._to(State.RUNNING)
             if self.cluster is not None:
                 self.cluster.start(self)
-            while (code := self.job.poll()) is None:
+            while (code := job.poll()) is None:
                 self._keep_interrupt()
                 self.tick()
-                self.job.wait(self.poll_interval)  # (returns as soon as the job exits)
+                job.wait(self.poll_interval)  # (returns as soon as the job exits)
             self._keep_interrupt()
             if self.cluster is not None:
                 self.cluster.end()  # the node doctors end their nodes' jobs, then report
@@ -240,15 +220,15 @@ class Supervisor:
             self.state = State.DONE
             raise
         finally:
-            self.signals.restore()
+            launch.signals.restore()
             if self.gpu is not None:
                 self.gpu.close()  # its last sample lands before the analysis reads it
         self._to(State.ENDED)
-        stopped = self.job.reap_stragglers()
-        self.job.release()
+        stopped = job.reap_stragglers()
+        job.release()
         drop_empty_fault_files(self.out_dir)  # every rank is gone: none can fault any more
         status = exit_status(code)
-        manifest = replace(manifest, ended_at=time.time(), exit_status=status)
+        manifest = launch.ended(status)
         self._to(State.ANALYSING)
         stopped_for_hang = self.stopped_for_hang
         if stopped_for_hang:
@@ -262,6 +242,24 @@ class Supervisor:
                 self.cluster.close(self.final_wait)
         self._to(State.DONE)
         return RunResult(status, diagnosis, report, error, stopped, stopped_for_hang)
+
+    def _launch(self) -> Job:
+        """The launch inside the supervisor: the leader of a multi-node job listens, and the
+        cluster's node doctors are prepared, before any rank starts."""
+        if self.federation is not None:
+            self.federation.start()
+        if self.cluster is not None:
+            self.cluster.prepare(self)
+        try:
+            job = self.launch.start()
+        except LaunchFailed:  # nothing ran: nor are node doctors left started for it
+            if self.cluster is not None:
+                self.cluster.end()
+                self.cluster.close(10.0)
+            raise
+        self.stopper.job = job
+        self.signals.launched()
+        return job
 
     def tick(self) -> None:
         """One look at the job: the snapshot to every watch, their decisions applied, then the
@@ -416,27 +414,9 @@ class Supervisor:
         """The manifest's word on this supervisor (replay of an unfinished run asks whether it
         still runs) and on this node's part in a multi-node job (replay orders the nodes'
         directories by it: the leader's first)."""
-        me = {"supervisor": {"pid": os.getpid(), "host": host_name(),
-                             "started": started(os.getpid())}}
+        me = supervisor_entry()
         fed = self.federation
         if fed is None:
             return me
         return {**me, "node": fed.manifest_entry()}
 
-
-def _make_dir(path: Path) -> list[Path]:
-    """``mkdir -p path``; the directories it created, outermost first."""
-    missing = []
-    for p in [path, *path.parents]:
-        if p.exists():
-            break
-        missing.append(p)
-    path.mkdir(parents=True, exist_ok=True)
-    return list(reversed(missing))
-
-
-def _remove_if_empty(path: Path) -> None:
-    try:
-        path.rmdir()
-    except OSError:  # not empty (the user's files, or files of another run), or gone
-        pass

@@ -54,14 +54,16 @@ class LiveJob:
     def __init__(self, out_dir: Path, run_id: str, policy: HangPolicy | None, *,
                  annotators: Sequence[Annotator] | None = None,
                  announce: Callable[[str], None] | None = None,
-                 clock: Callable[[], float] = time.monotonic) -> None:
+                 clock: Callable[[], float] = time.monotonic,
+                 run_files: RunFiles | None = None) -> None:
         self.out_dir, self.run_id, self.policy = out_dir, run_id, policy
         self.annotators = annotators
         self.announce = announce or (lambda _m: None)
         self.clock = clock
         self.registry = Registry(out_dir)
         self.captures = LiveCaptures(out_dir)  # followed: one read per tick feeds every watch
-        self.run_files = RunFiles(out_dir)  # what the supervisor decided and wrote, held
+        # what the supervisor decided and wrote, held (the manifest, written at the launch)
+        self.run_files = run_files if run_files is not None else RunFiles(out_dir)
 
     def snapshot(self) -> Snapshot:
         """The ranks' progress counters now (a header read per rank); the captures themselves

@@ -72,3 +72,65 @@ def test_the_federation_package_hands_out_its_classes_when_asked():
         (FederatedJob, Federation, Rendezvous)
     with pytest.raises(AttributeError, match="no attribute 'Nothing'"):
         federation.Nothing  # noqa: B018
+
+
+#: What a run builds while its job's ranks start, never before the launch.
+NOT_BEFORE_THE_LAUNCH = ("numpy", "jinja2", "rich", "nccl_doctor.supervisor.supervisor",
+                         "nccl_doctor.supervisor.watching", "nccl_doctor.analysis",
+                         "nccl_doctor.supervisor.watchdog")
+
+
+def _at_launch(argv: list[str]) -> dict:
+    """Run ``nccl-doctor ARGV`` in a new interpreter; which of NOT_BEFORE_THE_LAUNCH were
+    imported when the job was launched, and the run's exit status."""
+    probe = f"""
+import json, sys
+from nccl_doctor.supervisor import launch
+seen = []
+class Job(launch.Job):
+    def __init__(self, *args, **kwargs):
+        seen.append([n for n in {list(NOT_BEFORE_THE_LAUNCH)!r} if n in sys.modules])
+        super().__init__(*args, **kwargs)
+launch.Job = Job
+import nccl_doctor.supervisor.start as start
+start.Job = Job
+from nccl_doctor.cli.main import main
+code = main({argv!r})
+print(json.dumps({{"seen": seen, "code": code,
+                  "after": [n for n in {list(NOT_BEFORE_THE_LAUNCH)!r} if n in sys.modules]}}))
+"""
+    out = subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True,
+                         check=True).stdout
+    return json.loads(out.splitlines()[-1])
+
+
+def test_a_run_launches_its_job_before_it_builds_the_supervisor(tmp_path):
+    got = _at_launch(["run", "--quiet", "--out", str(tmp_path / "out"), "--", sys.executable,
+                      "-c", "raise SystemExit(3)"])
+    assert got["seen"] == [[]]  # one launch, with none of them imported yet
+    assert got["code"] == 3  # the job's own exit status: the run went on to its end
+    assert "nccl_doctor.supervisor.supervisor" in got["after"]  # (the probe sees them)
+    assert (tmp_path / "out" / "report.json").is_file()
+
+
+def test_a_supervisor_that_cannot_be_built_leaves_the_launched_job_to_run(tmp_path):
+    done = tmp_path / "done"
+    job = [sys.executable, "-c", "import pathlib, sys, time; time.sleep(0.5); "
+           f"pathlib.Path({str(done)!r}).write_text('ran'); print('job output'); sys.exit(5)"]
+    probe = f"""
+import sys
+from nccl_doctor.supervisor import supervisor
+def broken(self, *args, **kwargs):
+    raise RuntimeError("no watches today")
+supervisor.Supervisor.__init__ = broken
+from nccl_doctor.cli.main import main
+sys.exit(main({["run", "--out", str(tmp_path / "out"), "--"] + job!r}))
+"""
+    run = subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True,
+                         timeout=60)
+    assert run.returncode == 5  # the job's own exit status
+    assert done.read_text() == "ran" and run.stdout == "job output\n"
+    assert run.stderr.splitlines() == [
+        "nccl-doctor: could not watch the job (RuntimeError('no watches today')); it runs on "
+        "unwatched"]
+    assert not (tmp_path / "out" / ".nccl-doctor.lock").exists()
