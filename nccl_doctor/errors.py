@@ -27,6 +27,9 @@ class ExitStatus:
     # `run` / `replay` with --fail-on suspect: the job itself succeeded (or there is no job), but
     # the verdict is not ok (a silent error such as identical completions, a hang, a crash).
     VERDICT_FAILED = 123
+    # The reader of stdout went away (``| head``): the output was cut short, quietly, as a tool
+    # killed by SIGPIPE is (128 + 13). `run` keeps the job's status instead (cli/pipes.py).
+    CLOSED_PIPE = 141
 
 
 class DoctorError(Exception):

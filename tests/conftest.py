@@ -31,6 +31,7 @@ SHARED = {
     "tests/integration/test_data_api.py": "stopped_hangs",
     "tests/integration/test_nodes.py": "nodes",
     "tests/e2e/test_cli.py": "clean_capture",
+    "tests/e2e/test_cli_conventions.py": "clean_capture",
     "tests/reliability/test_escaping.py": "escaping",
     "tests/reliability/test_damaged_manifest.py": "damaged_manifest",
     "tests/upstream/test_trl.py": "trl",

@@ -24,7 +24,8 @@ def register(sub: argparse._SubParsersAction) -> None:
     p.add_argument("-o", "--output", type=Path, required=True, metavar="FILE",
                    help="the table to write (.parquet or .csv)")
     p.add_argument("--format", choices=FORMATS, default=None,
-                   help="table format (default: from FILE's suffix)")
+                   help="table format (default: from FILE's suffix; a suffix naming the other "
+                        "format is an error)")
     p.add_argument("--fr", type=Path, default=None, metavar="DIR",
                    help="the job's own Flight Recorder dumps: the calls only they saw are added")
     p.add_argument("--force", action="store_true", help="overwrite FILE if it exists")

@@ -9,7 +9,8 @@ import traceback
 from typing import Sequence
 
 from nccl_doctor._version import __version__
-from nccl_doctor.cli import demo, export, replay, run
+from nccl_doctor.cli import demo, export, pipes, replay, run
+from nccl_doctor.cli.pipes import OutputClosed
 from nccl_doctor.errors import DoctorError, ExitStatus
 from nccl_doctor.reporters.escape import visible
 
@@ -35,6 +36,13 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def main(argv: Sequence[str] | None = None) -> int:
+    try:
+        return _main(argv)
+    except (OutputClosed, BrokenPipeError):  # | head: quietly, as Unix tools do
+        return pipes.closed()
+
+
+def _main(argv: Sequence[str] | None) -> int:
     parser = build_parser()
     args = parser.parse_args(argv)
     if args.command is None:
@@ -44,14 +52,16 @@ def main(argv: Sequence[str] | None = None) -> int:
         return int(args.func(args))
     except DoctorError as err:
         # (an error quotes its input: a path, a capture's content; control characters shown)
-        sys.stderr.write(f"nccl-doctor: error: {visible(str(err))}\n")
+        pipes.say(f"nccl-doctor: error: {visible(str(err))}\n")
         return err.exit_status
     except KeyboardInterrupt:
         return 130
+    except (OutputClosed, BrokenPipeError):
+        raise
     except Exception as err:  # a bug of ours: one line, the traceback only on request
         if os.environ.get("NCCL_DOCTOR_DEBUG"):
             traceback.print_exc()
-        sys.stderr.write(
+        pipes.say(
             f"nccl-doctor: internal error: {type(err).__name__}: {visible(str(err))} "
             "(set NCCL_DOCTOR_DEBUG=1 for the traceback, and please report it)\n"
         )

@@ -6,9 +6,10 @@ import importlib
 import sys
 import threading
 from pathlib import Path
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, TextIO, cast
 
 from nccl_doctor.diagnosis import Verdict
+from nccl_doctor.cli.pipes import Guarded
 from nccl_doctor.errors import ExitStatus, OutputExists, unwritable
 from nccl_doctor.files import write_atomic
 from nccl_doctor.reporters import format_for, get_reporter
@@ -27,7 +28,9 @@ def emit(diagnosis: Diagnosis, output: Path | None, fmt: str | None, force: bool
     name = format_for(output, fmt)
     reporter = get_reporter(name, page(traces, diagnosis) if name == "html" else None)
     if output is None:
-        reporter.render(diagnosis, sys.stdout, color=sys.stdout.isatty())
+        stdout = cast(TextIO, Guarded(sys.stdout))  # (closed early: OutputClosed, cli/pipes.py)
+        reporter.render(diagnosis, stdout, color=sys.stdout.isatty())
+        stdout.flush()
         return
     if output.exists() and not force:
         raise OutputExists(f"{output} already exists: pass --force to overwrite it")

@@ -68,8 +68,10 @@ def register(sub: argparse._SubParsersAction) -> None:
                    help="the job's own Flight Recorder dumps, merged with the capture "
                         "(TORCH_FR_DUMP_TEMP_FILE's directory)")
     p.add_argument("--format", choices=FORMATS, default=None,
-                   help="report format (default: console; for an -o FILE ending in .json, json; "
-                        "in .html, html: one self-contained page)")
+                   help="report format (default: the one -o FILE's extension names: .json "
+                        "json, .html or .htm html (one self-contained page), .txt or .log "
+                        "console; else console). An extension naming another format is an "
+                        "error")
     p.add_argument("-o", "--output", type=Path, default=None, metavar="FILE",
                    help="write the report to FILE instead of stdout")
     p.add_argument("--force", action="store_true", help="overwrite FILE if it exists")

@@ -8,9 +8,10 @@ import sys
 from dataclasses import replace
 from pathlib import Path
 
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, TextIO, cast
 
 from nccl_doctor.cli import serving
+from nccl_doctor.cli.pipes import Guarded
 from nccl_doctor.reporters.escape import visible
 from nccl_doctor.capture import claim
 from nccl_doctor.capture.names import REPORT_HTML, remove_own_files
@@ -201,20 +202,22 @@ def run(args: argparse.Namespace) -> int:
 
 def supervise(args: argparse.Namespace, command: list[str]) -> int:
     """Run ``command`` under the doctor with the options of ``add_options``; the exit status."""
-    served = serving.Serving.listen(args, sys.stderr)  # first: a taken port touches nothing
+    # the job is never harmed by a closed terminal: once stderr's reader has gone, the run
+    # writes nothing more there and goes on (cli/pipes.py)
+    err = cast(TextIO, Guarded(sys.stderr, quiet=True))
+    served = serving.Serving.listen(args, err)  # first: a taken port touches nothing
     try:
-        return _supervise(args, command, served)
+        return _supervise(args, command, served, err)
     finally:
         if served is not None:
             served.close()
 
 
-def _supervise(args: argparse.Namespace, command: list[str],
-               served: serving.Serving | None) -> int:
+def _supervise(args: argparse.Namespace, command: list[str], served: serving.Serving | None,
+               err: TextIO) -> int:
     from nccl_doctor.supervisor.start import Launch
 
     out = prepare_out_dir(args.out, args.force)
-    err = sys.stderr
     policy = None if args.no_watch else HangPolicy(on_hang=OnHang(args.on_hang),
                                                    hang_after=args.hang_after,
                                                    stuck_after=args.stuck_after)
@@ -255,7 +258,8 @@ def _supervise(args: argparse.Namespace, command: list[str],
         # multi-node leader listens, and a cluster's node doctors are prepared, before then
         launch.begin()
     try:
-        supervisor, display = _supervisor(args, launch, policy, meeting, fleet, key, served)
+        supervisor, display = _supervisor(args, launch, policy, meeting, fleet, key, served,
+                                          err)
     except Exception as error:  # noqa: BLE001 - the job runs on, unwatched, never harmed
         if launch.job is None:
             launch.undo()
@@ -289,7 +293,7 @@ def _supervise(args: argparse.Namespace, command: list[str],
 
 def _supervisor(args: argparse.Namespace, launch: Launch, policy: HangPolicy | None,
                 meeting: rendezvous.Rendezvous | None, fleet: RayFleet | SlurmFleet | None,
-                key: bytes | None, served: serving.Serving | None,
+                key: bytes | None, served: serving.Serving | None, err: TextIO,
                 ) -> tuple[Supervisor, Display | None]:
     """The supervisor of ``launch``'s job and its live display (None: ``--quiet``)."""
     from nccl_doctor.cli.status_bar import make_display
@@ -306,8 +310,7 @@ def _supervisor(args: argparse.Namespace, launch: Launch, policy: HangPolicy | N
         served.watch(supervisor, lambda: page_file.text)
     display = None
     if not args.quiet:
-        display = make_display(sys.stderr,
-                               supervisor.watchdog.view if supervisor.watchdog else None)
+        display = make_display(err, supervisor.watchdog.view if supervisor.watchdog else None)
         supervisor.attach(display, announce=display.announce)
     page_file.prepare(console=not args.quiet)  # while the job starts
     return supervisor, display

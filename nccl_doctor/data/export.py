@@ -23,10 +23,16 @@ _SUFFIXES = {".parquet": "parquet", ".pq": "parquet", ".csv": "csv"}
 
 
 def format_for(path: Path, fmt: str | None) -> str:
-    """The format asked for, else the one ``path``'s suffix names."""
+    """The format asked for, else the one ``path``'s suffix names. A suffix that names the
+    other format is a ``UsageError`` (``--format csv -o calls.parquet`` would write CSV into a
+    Parquet file's name)."""
+    found = _SUFFIXES.get(path.suffix.lower())
+    if fmt is not None and found is not None and found != fmt:
+        ends = " or ".join(s for s, f in _SUFFIXES.items() if f == fmt)
+        raise UsageError(f"-o {path}: its suffix names the {found} format, not --format {fmt}: "
+                         f"end the file in {ends}, or leave --format out")
     if fmt is not None:
         return fmt
-    found = _SUFFIXES.get(path.suffix.lower())
     if found is None:
         raise UsageError(f"-o {path}: its suffix names no format; end it in .parquet or .csv, "
                          "or pass --format parquet|csv")

@@ -48,18 +48,23 @@ def get_reporter(name: str, page: Page | None = None) -> Reporter:
     return _class(name)()
 
 
+#: The report format each output file extension names (``replay -o FILE``); any other
+#: extension names none, and the report is then console text unless ``--format`` says otherwise.
+SUFFIXES = {".json": "json", ".html": "html", ".htm": "html", ".txt": "console",
+            ".log": "console"}
+
+
 def format_for(path: Path | None, requested: str | None) -> str:
-    """--format wins; otherwise the output file's extension decides (.json -> json, .html and
-    .htm -> html)."""
-    if requested:
-        return requested
-    suffix = path.suffix.lower() if path is not None else ""
-    if suffix == ".json":
-        return "json"
-    if suffix in (".html", ".htm"):
-        return "html"
-    return "console"
+    """The report format: ``--format``'s, else the one the output file's extension names, else
+    console. An extension that names another format than ``--format`` is a ``UsageError``
+    (``--format json -o r.html`` would write JSON into a page's name)."""
+    named = SUFFIXES.get(path.suffix.lower()) if path is not None else None
+    if requested and named and requested != named:
+        ends = " or ".join(s for s, f in SUFFIXES.items() if f == requested)
+        raise UsageError(f"-o {path}: its extension names the {named} format, not --format "
+                         f"{requested}: end the file in {ends}, or leave --format out")
+    return requested or named or "console"
 
 
-__all__ = ["FORMATS", "REPORTERS", "ConsoleReporter", "HtmlReporter", "JsonReporter", "Reporter",
-           "format_for", "get_reporter"]
+__all__ = ["FORMATS", "REPORTERS", "SUFFIXES", "ConsoleReporter", "HtmlReporter", "JsonReporter",
+           "Reporter", "format_for", "get_reporter"]
