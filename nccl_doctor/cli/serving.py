@@ -4,7 +4,6 @@
 from __future__ import annotations
 
 import argparse
-import time
 from typing import TYPE_CHECKING, Callable, TextIO
 
 if TYPE_CHECKING:  # the endpoint (http.server, prometheus_client) is imported for --serve only
@@ -27,7 +26,8 @@ def add_options(p: argparse.ArgumentParser) -> None:
     g.add_argument("--serve-linger", type=_linger, default=DEFAULT_LINGER, metavar="SECONDS",
                    help="after a job whose verdict is not ok, keep serving its final report "
                         f"this long, for a scrape to see it (default {DEFAULT_LINGER:.0f}; 0: "
-                        "end at once; Ctrl-C ends it)")
+                        "end at once; Ctrl-C ends it), or until it has been read (fetched, "
+                        "and scraped if Prometheus was scraping)")
 
 
 def _address(text: str) -> tuple[str, int]:
@@ -84,8 +84,10 @@ class Serving:
         supervisor.attach(self.publisher)
 
     def linger(self) -> None:
-        """The final report published; served ``linger_s`` more when its verdict is not ok.
-        A failure here costs the endpoint's last look, never the run's result."""
+        """The final report published; served ``linger_s`` more when its verdict is not ok, or
+        until it has been read (the endpoint's ``final_read``: the report fetched and, if
+        Prometheus was scraping, its scrape of the final look). A failure here costs the
+        endpoint's last look, never the run's result."""
         if self._supervisor is None:
             return
         try:
@@ -96,12 +98,15 @@ class Serving:
         if self.publisher.current.verdict in ("ok", "none") or self.linger_s <= 0:
             return
         self.err.write(f"nccl-doctor: serving the final report at {self.endpoint.url} for "
-                       f"{self.linger_s:.0f} s more (Ctrl-C ends it)\n")
+                       f"{self.linger_s:.0f} s more, or until it is read (Ctrl-C ends it)\n")
         self.err.flush()
         try:
-            time.sleep(self.linger_s)
+            read = self.endpoint.final_read.wait(self.linger_s)
         except KeyboardInterrupt:
-            pass
+            return
+        if read:
+            self.err.write(f"nccl-doctor: the final report was read at {self.endpoint.url}\n")
+            self.err.flush()
 
     def close(self) -> None:
         self.endpoint.close()

@@ -1,7 +1,8 @@
 """``/``: the live page of ``run --serve`` - the job's phase, verdict, root cause and ranks, drawn
 on the server from a ``Published`` look with a template shipped in the package
 (templates/live.html.j2, Jinja2 with autoescape: every text the job wrote - a host, an
-exception, a call site - is escaped) and reloaded by the browser every few seconds. No script."""
+exception, a call site - is escaped) and reloaded by the browser every few seconds, but for the
+final look's, which a browser keeps once the run has ended. No script."""
 
 from __future__ import annotations
 
@@ -33,7 +34,7 @@ def render(pub: Published) -> str:
     verdict, phase = status["verdict"], status["phase"]
     shown = verdict if verdict != "none" else phase
     colour = _COLOURS.get(verdict) or ("#b00020" if phase == "hang" else "#1565c0")
-    return _template().render(
-        s=status, shown=shown, colour=colour, refresh=REFRESH_S,
+    return _template().render(  # the final look's page is not reloaded: it outlives the run
+        s=status, shown=shown, colour=colour, refresh=0 if pub.final else REFRESH_S,
         full_report=bool(pub.report_html),
         stamp=time.strftime("%H:%M:%S", time.localtime(pub.at)))

@@ -2,8 +2,9 @@
 
 Per rank: ``nccl_doctor_rank_calls_total`` (the capture's progress counter),
 ``nccl_doctor_rank_seconds_since_progress``, ``nccl_doctor_rank_state`` (1 for its state).
-Per job: ``nccl_doctor_phase`` and ``nccl_doctor_verdict`` (1 for the current one),
-``nccl_doctor_findings`` by kind, ``nccl_doctor_root_cause`` (1 per culprit rank of the root
+Per job: ``nccl_doctor_hang_detected`` (1 from the watchdog's call until the process exits),
+``nccl_doctor_phase``, ``nccl_doctor_run_state`` and ``nccl_doctor_verdict`` (1 for the current
+one), ``nccl_doctor_findings`` by kind, ``nccl_doctor_root_cause`` (1 per culprit rank of the root
 cause, labelled with the finding's kind, the rank's host and the call site),
 ``nccl_doctor_straggler_skew_seconds``, ``nccl_doctor_rank_lateness_seconds``,
 ``nccl_doctor_straggler_cost_seconds_total``, ``nccl_doctor_nodes`` (joined, lost, expected),
@@ -57,14 +58,22 @@ def families(pub: Published) -> Iterator[Metric]:
         state.add_metric([*labels, r.state.value], 1)
     yield from (calls, since, state)
 
+    yield GaugeMetricFamily(f"{PREFIX}_hang_detected", "1 while a hang the watchdog called "
+                            "stands: from the call until this process exits (through the stop, "
+                            "the analysis and --serve-linger), unless progress retracts it; "
+                            "0 otherwise", value=1 if pub.hang_detected else 0)
     phase = GaugeMetricFamily(f"{PREFIX}_phase", "1 for the job's phase (starting, running, "
-                              "computing, waiting_on_peers, hang, ended, analysing, done)",
-                              labels=["phase"])
+                              "computing, waiting_on_peers, ended, analysing, done; hang from "
+                              "the call until this process exits)", labels=["phase"])
     phase.add_metric([pub.phase], 1)
+    run = GaugeMetricFamily(f"{PREFIX}_run_state", "1 for the run's state (starting, running, "
+                            "ended, analysing, done: the job is over, its report final)",
+                            labels=["state"])
+    run.add_metric([pub.state], 1)
     verdict = GaugeMetricFamily(f"{PREFIX}_verdict", "1 for the newest report's verdict "
                                 "(none before the first report)", labels=["verdict"])
     verdict.add_metric([pub.verdict], 1)
-    yield from (phase, verdict)
+    yield from (phase, run, verdict)
 
     findings = GaugeMetricFamily(f"{PREFIX}_findings", "findings of the newest report, by kind",
                                  labels=["kind"])

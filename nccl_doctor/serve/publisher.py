@@ -8,7 +8,7 @@ import time
 from dataclasses import replace
 from typing import TYPE_CHECKING, Callable
 
-from nccl_doctor.diagnosis import Diagnosis
+from nccl_doctor.diagnosis import Diagnosis, Verdict
 from nccl_doctor.status_view import LiveView, RankState, RankView
 from nccl_doctor.serve.state import Published
 
@@ -25,6 +25,7 @@ class Publisher:
         self._counts: dict[int, tuple[int, float]] = {}  # rank -> (calls, when they moved)
         self._report: tuple[object, str] = (None, "")
         self._seen: dict[int, RankView] = {}  # every rank's last line
+        self._hung = False  # the watchdog's hang stood at the newest look
 
     def __call__(self, supervisor: Supervisor) -> None:
         self.current = self.look(supervisor)
@@ -45,8 +46,14 @@ class Publisher:
                 held = self._counts[r.rank] = (r.calls, now)
             since[r.rank] = now - held[1]
         straggler = supervisor.straggler
+        state = supervisor.state.value
+        standing = ((report is not None and report.verdict is Verdict.HANG)
+                    or (view is not None and view.phase == "hang"))
+        # while the job runs, progress may retract a hang; once it is over, a hang that stood
+        # at its end stands to the exit, whatever the final report (docs/serve.md)
+        self._hung = standing or (self._hung and state not in ("starting", "running"))
         return Published(
-            at=now, state=supervisor.state.value, view=view, since_progress=since,
+            at=now, state=state, view=view, since_progress=since, hung=self._hung,
             report=report, report_json=self._report[1], report_html=self.page(),
             nodes=_nodes(supervisor), skew_s=dict(straggler.skew) if straggler else {},
             lateness_s=dict(straggler.lateness) if straggler else {},

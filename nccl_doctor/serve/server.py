@@ -5,6 +5,10 @@ per look (``_Drawn``), so a request never waits on the watchdog and a flood of t
 supervisor's loop only the GIL slices of copying bytes out. Bounded: at most ``CONCURRENT``
 connections at once (one more is answered 503 by the accepting thread and closed), a socket
 timeout, GET and HEAD only, nothing written to the job's terminal.
+
+It also tells the run when its final look has been read (``final_read``): the final report
+(``/``, ``/report.json`` or ``/report.html``) served from it and, when Prometheus has been
+scraping, ``/metrics`` too - the linger then ends (cli/serving.py).
 """
 
 from __future__ import annotations
@@ -21,6 +25,9 @@ from nccl_doctor.serve.state import Published
 #: Connections served at once; more get 503 (a scraper or a browser needs one or two).
 CONCURRENT = 8
 TIMEOUT_S = 5.0
+
+#: The paths that show the report to a reader: one served from the final look ends the linger.
+REPORTS = ("/", "/report.json", "/report.html")
 
 _TYPES = {
     "/metrics": "text/plain; version=0.0.4; charset=utf-8",
@@ -81,6 +88,11 @@ class Endpoint:
     def __init__(self, host: str, port: int, current: Callable[[], Published]) -> None:
         self.current = current
         self._drawn: _Drawn | None = None
+        #: Set once the final look has been read: its report served (a REPORTS path) and, if
+        #: /metrics was ever served, /metrics too (a scraper's look at the final state).
+        self.final_read = threading.Event()
+        self._reads = threading.Lock()
+        self._scraped = self._final_scraped = self._final_report = False
         handler = _handler(self)
         kind = _Server6 if ":" in host else _Server
         try:
@@ -105,6 +117,17 @@ class Endpoint:
         if held is None or held.pub is not pub:
             held = self._drawn = _Drawn(pub)
         return held
+
+    def served(self, path: str, pub: Published) -> None:
+        """``path``'s answer from ``pub`` was written in full (a GET that found it)."""
+        with self._reads:
+            if path == "/metrics":
+                self._scraped = True
+                self._final_scraped = self._final_scraped or pub.final
+            elif path in REPORTS and pub.final:
+                self._final_report = True
+            if self._final_report and (self._final_scraped or not self._scraped):
+                self.final_read.set()
 
     def close(self) -> None:
         self.server.shutdown()
@@ -177,12 +200,15 @@ def _handler(endpoint: Endpoint) -> type[BaseHTTPRequestHandler]:
                 self._send(404, b"not found: / /metrics /report.json /status.json "
                                 b"/report.html\n", "text/plain", head)
                 return
-            body = endpoint.drawn().body(path)
+            drawn = endpoint.drawn()
+            body = drawn.body(path)
             if body is None:
                 self._send(404, b"no report yet: the job is being watched\n", "text/plain",
                            head)
-            else:
-                self._send(200, body, _TYPES[path], head)
+                return
+            self._send(200, body, _TYPES[path], head)
+            if not head:  # (written: the process may end once the final look is read)
+                endpoint.served(path, drawn.pub)
 
         def _send(self, code: int, body: bytes, kind: str, head: bool) -> None:
             self.send_response(code)

@@ -30,15 +30,30 @@ class Published:
     skew_s: Mapping[int, float] = field(default_factory=dict)  # straggler rank -> median skew
     lateness_s: Mapping[int, float] = field(default_factory=dict)  # rank -> lateness per step
     cost_s: Mapping[int, float] = field(default_factory=dict)  # rank -> peers' wait for it, total
+    hung: bool = False  # a hang stood when the job ended (the publisher's, kept to the exit)
+
+    @property
+    def hang_detected(self) -> bool:
+        """A hang the watchdog called stands: from the call until the process exits - through
+        the stop (--on-hang kill), the analysis and the linger - unless progress retracts it
+        while the job runs. A state that holds, for an alert to see (docs/serve.md)."""
+        return (self.hung or self.verdict == "hang"
+                or (self.view is not None and self.view.phase == "hang"))
+
+    @property
+    def final(self) -> bool:
+        """The run's last look: the job is over, the report is final (served for the linger)."""
+        return self.state == "done"
 
     @property
     def phase(self) -> str:
-        """starting, running, computing, waiting_on_peers, ..., hang, ended - then, once the
-        job is over, the supervisor's own state (analysing, done)."""
+        """starting, running, computing, waiting_on_peers, ..., ended - then, once the job is
+        over, the supervisor's own state (analysing, done). ``hang`` from the call on, to the
+        exit, whatever the supervisor does after it (``state`` says that)."""
+        if self.hang_detected:
+            return "hang"
         if self.state in ("analysing", "done"):
             return self.state
-        if self.report is not None and self.report.verdict.value == "hang":
-            return "hang"
         return self.view.phase if self.view is not None else self.state
 
     @property
@@ -61,6 +76,7 @@ class Published:
                               "since_progress_s": round(self.since_progress.get(r.rank, 0.0), 1)})
         return {
             "at": round(self.at, 3), "phase": self.phase, "verdict": self.verdict,
+            "state": self.state, "hang_detected": self.hang_detected,
             "message": view.message if view is not None else "",
             "quiet_s": round(view.quiet_s, 1) if view is not None else None,
             "elapsed_s": round(view.elapsed_s, 1) if view is not None else None,

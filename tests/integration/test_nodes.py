@@ -302,7 +302,7 @@ def test_the_leader_serves_the_whole_job(tmp_path):
         if proc.poll() is None:
             _kill_tree(proc.pid)
     leader, metrics = statuses[2]  # the follower's says only its own node
-    assert leader["phase"] == "done" and leader["verdict"] == "hang"
+    assert (leader["state"], leader["phase"], leader["verdict"]) == ("done", "hang", "hang")
     assert leader["nodes"] == {"joined": 2, "lost": 0, "expected": 2}
     assert {r["rank"]: (r["host"], r["state"], r["detail"]) for r in leader["ranks"]} == {
         0: ("nodeA", "ended", "stopped"), 1: ("nodeA", "ended", "stopped"),

@@ -1,8 +1,11 @@
 """``run --serve``'s parts that need no job: the address, what one published look draws (the
-page, escaped; the metrics), and the endpoint over real HTTP on loopback."""
+page, escaped; the metrics), the hang's state held to the exit, the endpoint over real HTTP on
+loopback and the linger it ends once the final report is read, and docs/serve.md showing the
+example Prometheus files as they are."""
 
 from __future__ import annotations
 
+import io
 import json
 import re
 import socket
@@ -12,19 +15,25 @@ import time
 import urllib.error
 import urllib.request
 from dataclasses import replace
+from pathlib import Path
+from types import SimpleNamespace
 
 import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
 from nccl_doctor.analysis import analyze
 from nccl_doctor.cli.main import main
+from nccl_doctor.cli.serving import Serving
+from nccl_doctor.diagnosis import Verdict
 from nccl_doctor.errors import ExitStatus, UsageError
 from nccl_doctor.status_view import LiveView, RankState, RankView
 from nccl_doctor.serve import live_page, metrics
+from nccl_doctor.serve.publisher import Publisher
 from nccl_doctor.serve.server import CONCURRENT, Endpoint, parse_address
 from nccl_doctor.serve.state import Published
 
 HOSTILE = "<script>alert('x')</script>&\"q\""
+ROOT = Path(__file__).resolve().parents[2]
 
 
 def _hang(tb):
@@ -189,3 +198,168 @@ def test_a_taken_port_is_one_usage_line():
             Endpoint("127.0.0.1", first.port, lambda: Published(at=0.0, state="x", view=None))
     finally:
         first.close()
+
+
+def _samples(pub: Published) -> dict:
+    return {(s.name, tuple(sorted(s.labels.items()))): s.value
+            for f in text_string_to_metric_families(metrics.render(pub).decode())
+            for s in f.samples}
+
+
+def test_a_hang_stays_up_until_the_process_exits(tb):
+    """From the call on, ``hang_detected`` is 1 and the phase ``hang`` - through the stop, the
+    analysis and the final look (the linger): the run's state says what nccl-doctor does."""
+    pub = _published(tb)
+    for state in ("running", "ended", "analysing", "done"):
+        look = _samples(replace(pub, state=state, hung=state != "running"))
+        assert look[("nccl_doctor_hang_detected", ())] == 1, state
+        assert look[("nccl_doctor_phase", (("phase", "hang"),))] == 1, state
+        assert look[("nccl_doctor_run_state", (("state", state),))] == 1, state
+        assert [k for k in look if k[0] == "nccl_doctor_phase"] == [
+            ("nccl_doctor_phase", (("phase", "hang"),))]
+    final = replace(pub, state="done")
+    assert final.status()["phase"] == "hang" and final.status()["state"] == "done"
+    assert final.status()["hang_detected"] is True
+    # a hang that stood when the job ended, whatever the final report says
+    crashed = replace(pub.report, verdict=Verdict.CRASH)
+    view = replace(pub.view, phase="ended")
+    assert _samples(replace(pub, state="done", report=crashed, view=view, hung=True))[
+        ("nccl_doctor_hang_detected", ())] == 1
+    # none called, or progress retracted it (the report says suspect): 0, the phase is the job's
+    retracted = replace(pub.report, verdict=Verdict.SUSPECT)
+    for look in (replace(pub, report=None, report_json=""), replace(pub, report=retracted)):
+        got = _samples(look)
+        assert got[("nccl_doctor_hang_detected", ())] == 0
+        assert got[("nccl_doctor_phase", (("phase", "waiting_on_peers"),))] == 1
+    done = _samples(replace(pub, state="done", report=crashed, view=view))
+    assert done[("nccl_doctor_phase", (("phase", "done"),))] == 1
+    assert done[("nccl_doctor_hang_detected", ())] == 0
+
+
+class _Supervisor:
+    """What the publisher reads of a supervisor, set by the test."""
+
+    def __init__(self) -> None:
+        self.files = SimpleNamespace(report=None, report_text="")
+        self.live = SimpleNamespace(run_files=self.files)
+        self.state = SimpleNamespace(value="running")
+        self.straggler = self.federation = None
+        self.phase = "running"
+
+    def view(self) -> LiveView:
+        return LiveView((RankView(0, "nodeA", 4, RankState.WAITING),), self.phase, "", 1.0, 2.0)
+
+    def at(self, state: str, phase: str, report) -> _Supervisor:
+        self.state.value, self.phase, self.files.report = state, phase, report
+        self.files.report_text = report.to_json_text() if report is not None else ""
+        return self
+
+
+def test_the_publisher_holds_a_hang_that_stood_when_the_job_ended(tb):
+    hung = _hang(tb)
+    retracted = replace(hung, verdict=Verdict.SUSPECT)
+    crashed = replace(hung, verdict=Verdict.CRASH)
+    sup, publisher = _Supervisor(), Publisher()
+
+    def look(state: str, phase: str, report) -> bool:
+        publisher(sup.at(state, phase, report))
+        return publisher.current.hang_detected
+
+    assert not look("running", "running", None)
+    assert look("running", "hang", hung)
+    assert not look("running", "computing", retracted)  # progress resumed: retracted
+    assert look("running", "hang", hung)
+    assert look("ended", "ended", crashed)  # it stood when the job ended: held to the exit
+    assert look("analysing", "ended", crashed)
+    assert look("done", "ended", crashed)
+    assert publisher.current.phase == "hang" and publisher.current.final
+    healthy, plain = _Supervisor(), Publisher()
+    plain(healthy.at("running", "running", None))
+    plain(healthy.at("done", "ended", replace(hung, verdict=Verdict.OK)))
+    assert not plain.current.hang_detected and plain.current.phase == "done"
+
+
+def test_the_final_look_read_is_told_once_its_report_is_served(tb):
+    """``final_read``: a report path (``/``, report.json, report.html) answered in full from
+    the final look; if /metrics was ever served, /metrics from the final look too."""
+    looks = [_published(tb, report_html="<html>the report</html>")]
+    endpoint = Endpoint("127.0.0.1", 0, lambda: looks[-1])
+    try:
+        base = endpoint.url
+        assert _get(base + "report.json")[0] == 200  # a look of the running job: not final
+        page = _get(base)[1].decode()
+        assert 'http-equiv="refresh"' in page and "reloads every" in page
+        looks.append(replace(looks[-1], state="done", at=looks[-1].at + 1))
+        assert _get(base + "report.json", "HEAD")[0] == 200  # no report read
+        assert _get(base + "status.json")[0] == 200
+        assert not endpoint.final_read.is_set()
+        status, body, _ = _get(base + "report.html")
+        assert status == 200 and body == b"<html>the report</html>"
+        assert endpoint.final_read.wait(5)
+    finally:
+        endpoint.close()
+    looks = [_published(tb)]
+    endpoint = Endpoint("127.0.0.1", 0, lambda: looks[-1])
+    try:
+        base = endpoint.url
+        assert _get(base + "metrics")[0] == 200  # a scraper, from now on
+        looks.append(replace(looks[-1], state="done", at=looks[-1].at + 1))
+        status, body, _ = _get(base)
+        page = body.decode()
+        assert status == 200 and "HANG" in page
+        # the final page is not reloaded: a browser keeps it once the endpoint is gone
+        assert "http-equiv" not in page and "this page is final" in page
+        assert not endpoint.final_read.is_set()  # the scraper has not seen the final look
+        assert b'nccl_doctor_run_state{state="done"} 1.0' in _get(base + "metrics")[1]
+        assert endpoint.final_read.wait(5)
+    finally:
+        endpoint.close()
+
+
+class _Final:
+    """A publisher whose look is ``current`` (the final one) whatever the supervisor."""
+
+    def __init__(self, current: Published) -> None:
+        self.current, self.looks = current, 0
+
+    def __call__(self, supervisor) -> None:
+        self.looks += 1
+
+
+def test_the_linger_ends_once_the_final_report_is_read(tb):
+    """``--serve-linger 600``: the linger waits on the endpoint's event, and a reader ends it."""
+    publisher = _Final(replace(_published(tb), state="done"))
+    endpoint = Endpoint("127.0.0.1", 0, lambda: publisher.current)
+    err = io.StringIO()
+    served = Serving(publisher, endpoint, 600.0, err)  # type: ignore[arg-type]
+    served.watch(SimpleNamespace(attach=lambda listener: None), lambda: "")  # type: ignore[arg-type]
+    lingering = threading.Thread(target=served.linger)
+    try:
+        lingering.start()
+        deadline = time.monotonic() + 30
+        while "for 600 s more" not in err.getvalue():
+            assert time.monotonic() < deadline, err.getvalue()
+            time.sleep(0.05)
+        assert lingering.is_alive() and publisher.looks == 1
+        assert _get(endpoint.url + "report.json")[0] == 200
+        lingering.join(60)
+        assert not lingering.is_alive(), "the linger did not end once the report was read"
+        assert f"the final report was read at {endpoint.url}" in err.getvalue()
+    finally:
+        endpoint.final_read.set()
+        lingering.join(10)
+        endpoint.close()
+
+
+def _fences(markdown: str) -> list[str]:
+    return [m.group(1) for m in re.finditer(r"^```yaml\n(.*?)^```$", markdown, re.S | re.M)]
+
+
+def test_the_docs_show_the_example_prometheus_files_as_they_are():
+    """docs/serve.md shows docs/examples' prometheus.yml and rules as they are: the files the
+    tests run (promtool, the real Prometheus of tests/e2e/test_serve.py)."""
+    fences = _fences((ROOT / "docs" / "serve.md").read_text(encoding="utf-8"))
+    for name in ("prometheus.yml", "nccl-doctor-alerts.yml"):
+        text = (ROOT / "docs" / "examples" / name).read_text(encoding="utf-8")
+        assert text in fences, f"docs/serve.md does not show docs/examples/{name} as it is"
+    assert "nccl_doctor_hang_detected == 1" in "".join(fences)
