@@ -15,7 +15,7 @@ if TYPE_CHECKING:
     from nccl_doctor.data.job import Job
 
 __all__ = ["__version__", "Job", "install", "mark_step", "observe_completions", "observe_metrics",
-           "open"]
+           "open", "short_path"]
 
 
 def open(*paths: str | os.PathLike[str], fr: str | os.PathLike[str] | None = None) -> Job:
@@ -29,6 +29,17 @@ def open(*paths: str | os.PathLike[str], fr: str | os.PathLike[str] | None = Non
     """
     from nccl_doctor.data.job import Job
     return Job(*paths, fr=fr)
+
+
+def short_path(path: str) -> str:
+    """A file, or a ``path:line``, as the reports print it: an installed file from its package
+    root (``.../site-packages/trl/trainer/x.py:8`` -> ``trl/trainer/x.py:8``), one below the
+    working directory relative to it, any other as it is. ``Job.calls``'s ``callsite``,
+    ``api_callsite`` and ``issuing`` hold absolute paths:
+    ``calls["callsite"].map(nccl_doctor.short_path)`` is what the reports say. docs/python-api.md.
+    """
+    from nccl_doctor import paths
+    return paths.short_path(path)
 
 
 def __getattr__(name: str) -> object:

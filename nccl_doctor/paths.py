@@ -195,13 +195,29 @@ def _is_user_copy(path: str) -> bool:
     return any(d in path for d in _USER_COPIES)
 
 
+#: where an installed file's package root is: the last site-packages or dist-packages on its
+#: path, else the standard library's directory (lib/python3.X)
+_ROOTS = (re.compile(rf"{_SEP}(?:site|dist)-packages{_SEP}"),
+          re.compile(rf"{_SEP}lib{_SEP}python3\.\d+t?{_SEP}"))
+
+
 def short_path(path: str, cwd: str | None = None) -> str:
-    """A path relative to ``cwd`` when it lies below it, else as recorded."""
+    """A source file as the reports print it (the *short form*): an installed file from its
+    package root (``.../site-packages/trl/trainer/x.py`` -> ``trl/trainer/x.py``,
+    ``.../lib/python3.11/threading.py`` -> ``threading.py``), a file below ``cwd`` (default: the
+    working directory) relative to it (``train.py``), any other as recorded. A ``path:line`` is
+    shortened the same way (``/work/train.py:15`` -> ``train.py:15`` in /work): the
+    ``callsite`` columns of ``nccl_doctor.open`` hold the absolute form."""
     return _short_path(path, cwd or os.getcwd())
 
 
 @functools.lru_cache(maxsize=4096)
 def _short_path(path: str, cwd: str) -> str:  # (reports name the same few files thousands of times)
+    if os.path.isabs(path):
+        for root in _ROOTS:
+            found = list(root.finditer(path))
+            if found and found[-1].end() < len(path):
+                return path[found[-1].end():]
     try:
         rel = os.path.relpath(path, cwd)
     except ValueError:

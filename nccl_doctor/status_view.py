@@ -9,6 +9,13 @@ from __future__ import annotations
 import enum
 from dataclasses import dataclass
 
+#: What ``RankView.calls`` counts, as the live status names it: the calls the rank's recorder
+#: has seen - those made through torch.distributed's Python API, and the functional collectives
+#: (DTensor, funcol) at the dispatcher. A collective torch issues from C++ on its own (DDP's
+#: gradient all-reduces, from its reducer) is not among them: a DDP job hung in its all_reduce
+#: #14 may show ``Python calls 0:1 1:1`` (docs/watchdog.md).
+COUNTED = "Python calls"
+
 
 class RankState(str, enum.Enum):
     RUNNING = "running"  # recorded a call since the last look (or not looked at yet)
@@ -23,7 +30,7 @@ class RankState(str, enum.Enum):
 class RankView:
     rank: int
     host: str
-    calls: int  # calls recorded so far (its capture's progress counter)
+    calls: int  # calls recorded so far (its capture's progress counter): COUNTED
     state: RankState
     detail: str = ""  # e.g. the collective it waits in
 

@@ -20,6 +20,15 @@ from nccl_doctor.trainers.placement import visible_gpus
 
 _GPUS = visible_gpus()
 
+# GNU readline, which pytest imports at its start (_pytest/capture.py), exports COLUMNS=80 and
+# LINES=24 into the environment every child process inherits (its rl_change_environment), though
+# os.environ does not show them: the CLI the tests run would lay its console report out for 80
+# columns. The children get the environment pytest was given (xdist's workers too: they start
+# after this).
+for _name in ("COLUMNS", "LINES"):
+    if _name not in os.environ:
+        os.unsetenv(_name)
+
 #: Test files whose tests read one real job made once (a module fixture's, a session fixture's:
 #: tests/integration/conftest.py ``stopped_hang``, tests/e2e/conftest.py ``clean_capture``) ->
 #: the group that keeps them on one worker, so that the job runs once. Every other test is
@@ -31,6 +40,7 @@ SHARED = {
     "tests/integration/test_data_api.py": "stopped_hangs",
     "tests/integration/test_nodes.py": "nodes",
     "tests/e2e/test_cli.py": "clean_capture",
+    "tests/e2e/test_console_width.py": "console_width",
     "tests/e2e/test_cli_conventions.py": "clean_capture",
     "tests/reliability/test_escaping.py": "escaping",
     "tests/reliability/test_damaged_manifest.py": "damaged_manifest",

@@ -22,7 +22,7 @@ from collections import Counter
 from dataclasses import replace
 from typing import Any, Sequence
 
-from nccl_doctor import call_path, paths, redact
+from nccl_doctor import call_path, paths, redact, words
 from nccl_doctor.analysis.align import blocked_event, last_leaf, timelines
 from nccl_doctor.analysis.branch import Branch, NotAnalysed, branches
 from nccl_doctor.analysis.exited import aborted_at_its_end
@@ -353,16 +353,14 @@ def _said_yours(sides: list[Side], traces: TraceSet, sources: Sources) -> list[s
 
 def _reason(b: Branch, culprit: Sequence[int], others: Sequence[int]) -> str:
     who, rest = ranks_text(list(culprit)), ranks_text(list(others))
-    took = "takes" if len(culprit) == 1 else "take"
+    took, are = words.verb(culprit, "takes"), words.verb(culprit, "is")
     if _skipping(b):
         what = "jump" if b.skips else "branch"
         return (f"{who} {took} the rank-dependent {what} at {_where(b)} ({_quote(b)}) that "
-                f"skips the call {rest} made: {who} {'is' if len(culprit) == 1 else 'are'} "
-                "the odd side.")
+                f"skips the call {rest} made: {who} {are} the odd side.")
     inside = "inside" if b.kind != "decorator" else "under the decorator"
     return (f"{who} made this call {inside} the rank-dependent branch at {_where(b)} "
-            f"({_quote(b)}), which {rest} did not take: {who} "
-            f"{'is' if len(culprit) == 1 else 'are'} the odd side.")
+            f"({_quote(b)}), which {rest} did not take: {who} {are} the odd side.")
 
 
 def _in_package(path: str) -> str:

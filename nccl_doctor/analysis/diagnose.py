@@ -6,7 +6,7 @@ from dataclasses import replace
 from pathlib import Path
 from typing import Callable, Sequence
 
-from nccl_doctor import paths
+from nccl_doctor import paths, words
 from nccl_doctor.analysis import actors, annotate, blame, ends, replayed, straggler
 from nccl_doctor.analysis.align import (
     UNSEEN_WHY, blocked_event, last_leaf, timelines, unseen_lines,
@@ -122,7 +122,7 @@ def analyze(traces: TraceSet, passes: tuple[Pass, ...] = PASSES,
             unmeasured = None
         if unmeasured:
             notes.append(unmeasured)
-    if traces.gpu is not None and not traces.gpu.available:
+    if traces.gpu is not None and not traces.gpu.available and may_use_cuda(traces):
         notes.append(f"GPUs not sampled: {traces.gpu.reason}")
     elif traces.gpu is not None and traces.gpu.stopped:
         notes.append(f"{traces.gpu.stopped} (GPU evidence after that is missing)")
@@ -138,14 +138,24 @@ def analyze(traces: TraceSet, passes: tuple[Pass, ...] = PASSES,
     return replayed.with_watch(diagnosis, traces, annotators, watch)
 
 
+def may_use_cuda(traces: TraceSet) -> bool:
+    """Whether the job may have run on CUDA (and the GPU sampler's failure is worth a note): a
+    process group that may run NCCL (``nccl``, ``cpu:gloo,cuda:nccl``, or ``undefined`` or not
+    recorded: ``init_process_group()`` with no backend), or a rank the sampler placed on a GPU.
+    A job whose groups all run on gloo (or mpi) used none."""
+    gpu = traces.gpu
+    return (any(g.backend in ("", "undefined") or "nccl" in g.backend
+                for g in traces.groups.values())
+            or (gpu is not None and bool(gpu.ranks)))
+
+
 def damage_partial(traces: TraceSet) -> str:
     """Why the diagnosis is partial, in a few words ("" when no capture is damaged)."""
     damaged = sorted(traces.damaged_ranks())
     if not damaged:
         return ""
-    many = len(damaged) > 1
-    return (f"the capture{'s' if many else ''} of {ranks_text(damaged)} "
-            f"{'are' if many else 'is'} damaged")
+    return (f"the capture{'s' if len(damaged) > 1 else ''} of {ranks_text(damaged)} "
+            f"{words.verb(damaged, 'is')} damaged")
 
 
 def _inside_a_mismatch(findings: list[Finding]) -> list[Finding]:
@@ -391,21 +401,22 @@ def _consequences(root: Finding, traces: TraceSet) -> dict:
             continue  # its own exit is the finding's title
         last = last_leaf(trace)
         where = f" in {call_name(last)}" if last is not None else ""
-        what = f"then {trace.exit.describe(short=True)}{where}"
+        what = f"{trace.exit.describe(short=True)}{where}"
         alike.setdefault(what, []).append(rank)
         items.append({"rank": rank, "exit": trace.exit.kind.value,
-                      "detail": f"rank {rank} {what}"})
+                      "detail": f"rank {rank} then {what}"})
     for rank, e in sorted(traces.early_exits.items()):
         if rank in root.ranks:
             continue
         inside = " in init_process_group" if e.in_init else ""
-        what = f"then raised {first_line(e.exception, 60)}{inside}, before joining"
+        what = f"raised {first_line(e.exception, 60)}{inside}, before joining"
         alike.setdefault(what, []).append(rank)
         items.append({"rank": rank, "exit": ExitKind.EXCEPTION.value, "before_joining": True,
-                      "detail": f"rank {rank} {what}"})
+                      "detail": f"rank {rank} then {what}"})
     if not items:
         return {}
-    lines = [f"{ranks_text(ranks)} {what}" for what, ranks in alike.items()]
+    lines = [f"{ranks_text(ranks)} then {words.conjugate(ranks, what)}"
+             for what, ranks in alike.items()]
     detail = root.detail + "\nAfterwards (consequences, not causes): " + "; ".join(lines) + "."
     return {"detail": detail, "evidence": replace(root.evidence, consequences=tuple(items))}
 

@@ -16,6 +16,7 @@ from nccl_doctor.diagnosis import Finding, FindingKind, Severity
 from nccl_doctor.model import (
     EarlyExit, Event, EventKind, EventState, ExitKind, RankExit, RankTrace, TraceSet,
 )
+from nccl_doctor.words import pick, ranks_verb
 
 HINT_CRASH = (
     "Fix the error this rank raised; its peers only failed because it was gone. Launch with "
@@ -111,22 +112,24 @@ def detect_rank_exited(traces: TraceSet) -> list[Finding]:
         trace = traces.ranks[ranks[0]]
         ex = trace.exit
         last = last_leaf(trace)
-        detail = [f"{ranks_text(ranks)} {fate(trace)}."]
+        detail = [f"{ranks_verb(ranks, fate(trace))}."]
         if was_needed:
             waits = sorted({g_s for r in ranks for g_s in needed[r]})
             detail.append(
-                "Its peers went on to " + ", ".join(f"collective #{s} of group {g}" for g, s in waits)
-                + ", which it never entered."
+                f"{pick(ranks, 'Its', 'Their')} peers went on to "
+                + ", ".join(f"collective #{s} of group {g}" for g, s in waits)
+                + f", which {pick(ranks, 'it', 'they')} never entered."
             )
         where = {"callsite": site(ex.callsite)} if ex.callsite else (
             call_fields(last, trace.meta.versions) if last else {})
-        title = f"{ranks_text(ranks)} {ex.describe()}"
+        title = ranks_verb(ranks, ex.describe())
         if ex.callsite is not None:
             title += f" at {site(ex.callsite)}"
         elif last is not None:
             title += f" after {call_name(last)} at {call_site(last, trace.meta.versions)}"
         if was_needed:
-            title += " while its peers still needed it"
+            title += (f" while {pick(ranks, 'its', 'their')} peers still needed "
+                      f"{pick(ranks, 'it', 'them')}")
         t = ex.time_ns or (last.t_exit_ns or last.t_enter_ns if last else None)
         findings.append(Finding(
             kind=FindingKind.RANK_EXITED, severity=Severity.ERROR, title=title,
@@ -280,7 +283,7 @@ def _teardown(traces: TraceSet, ranks: list[int]) -> Finding:
         kind=FindingKind.RANK_EXITED, severity=Severity.WARNING,
         title=f"{ranks_text(ranks)} aborted at teardown ({signal}){after}: its work had "
               "finished and no error was raised",
-        detail=f"{ranks_text(ranks)} was killed by {signal} with no exception recorded and no "
+        detail=f"{ranks_verb(ranks, 'was')} killed by {signal} with no exception recorded and no "
                "Python frame running (interpreter teardown), "
                f"after its last collective completed{after and ' (' + call_name(last) + ')'}; "
                "no peer was waiting for it.",

@@ -10,6 +10,7 @@ from typing import Mapping, Sequence
 from nccl_doctor.analysis import annotate, threads
 from nccl_doctor.analysis.situation import Assessment
 from nccl_doctor.analysis.wording import call_fields, call_name, ranks_text
+from nccl_doctor.words import ranks_verb
 from nccl_doctor.diagnosis import Diagnosis, Finding, FindingKind, Severity, Verdict
 from nccl_doctor.stacks import summary
 from nccl_doctor.model import TraceSet
@@ -81,7 +82,7 @@ def stuck_peer(a: Assessment, stuck: dict[int, str], analysis: Diagnosis,
     e = next(iter(a.waiting.values()))
     return Finding(
         kind=FindingKind.MISSING_COLLECTIVE, severity=Severity.ERROR,
-        title=f"{ranks_text(sorted(a.waiting))} wait in {call_name(e)}; "
+        title=f"{ranks_verb(sorted(a.waiting), 'waits in')} {call_name(e)}; "
               f"{ranks_text(sorted(stuck))} never came",
         detail="\n".join(lines), ranks=tuple(sorted(stuck)), hint=HINT_STUCK, group=e.group,
         seq=e.align_seq, op=e.op, **call_fields(e),
@@ -110,8 +111,9 @@ def stall(a: Assessment, kind: str, waited: float) -> Finding:
                  "and none returns")
         culprits, hint = tuple(sorted(a.waiting)), HINT_STALL_COMM
     else:
-        title = (f"stall (compute): {ranks_text(sorted(a.waiting))} have waited {waited:.0f} s in "
-                 f"{call_name(e)} for {ranks_text(list(a.awaited))}, busy outside collectives")
+        waited_in = ranks_verb(sorted(a.waiting), f"has waited {waited:.0f} s in {call_name(e)}")
+        title = (f"stall (compute): {waited_in} for {ranks_text(list(a.awaited))}, busy outside "
+                 "collectives")
         culprits, hint = a.awaited, HINT_STALL_COMPUTE
     return Finding(
         kind=FindingKind.STALL, severity=Severity.ERROR, title=title,

@@ -5,6 +5,7 @@ from __future__ import annotations
 from collections import defaultdict
 from typing import Any
 
+from nccl_doctor import words
 from nccl_doctor.analysis.align import canonical_op, timelines
 from nccl_doctor.analysis.wording import (
     call_fields, call_site, ranks_text, versions_of,
@@ -122,7 +123,7 @@ def _odd_without_majority(ordered: list[list[int]], by_rank: dict[int, Event],
         (side,) = skipped
         other = next(rs for rs in ordered if rs is not side)
         e = by_rank[other[0]]
-        verb = "makes" if len(other) == 1 else "make"
+        verb = words.verb(other, "makes")
         return side, (f"No majority, but {ranks_text(side)}'s call #{e.align_seq} is the call "
                       f"{ranks_text(other)} {verb} next: {ranks_text(side)} skipped {e.op} at "
                       f"{call_site(e)}."), "skipped"
@@ -145,7 +146,7 @@ def _finding(group: str, seq: int, by_rank: dict[int, Event], sigs: dict, aspect
         odd, why, blame = _odd_without_majority(ordered, by_rank, following)
     else:
         odd = sorted(r for rs in ordered if rs is not majority for r in rs)
-        verb = "disagrees" if len(odd) == 1 else "disagree"
+        verb = words.verb(odd, "disagrees")
         why = f"The odd {ranks_text(odd)} {verb} with the majority ({ranks_text(majority)})."
         blame = "majority"
     sides = []

@@ -4,10 +4,13 @@ from __future__ import annotations
 
 from typing import Any, Mapping
 
-from nccl_doctor import paths
+from nccl_doctor import paths, words
 from nccl_doctor.model import Event, EventSource, Location, RankTrace, TraceSet
 
 _NO_VERSIONS: Mapping[str, str] = {}
+
+#: a list of ranks as the reports name it (the sentences with ranks as their subject: words.py)
+ranks_text = words.ranks_text
 
 
 def site(c: Location | None) -> str:
@@ -73,26 +76,6 @@ def versions_of(traces: TraceSet, rank: int) -> Mapping[str, str]:
 def call_name(e: Event) -> str:
     """``all_gather #3 (group 0)``."""
     return f"{e.op} #{e.align_seq} (group {e.group})"
-
-
-def runs(ranks) -> list[list[int]]:
-    """The ranks, sorted, cut into runs of consecutive numbers: [0, 1, 2, 5] -> [[0, 1, 2], [5]]."""
-    out: list[list[int]] = []
-    for r in sorted(ranks):
-        if out and r == out[-1][-1] + 1:
-            out[-1].append(r)
-        else:
-            out.append([r])
-    return out
-
-
-def ranks_text(ranks: list[int] | tuple[int, ...]) -> str:
-    if len(ranks) == 1:
-        return f"rank {ranks[0]}"
-    # runs of three or more as ranges: 1,023 ranks of a 1,024-rank job read "0-636, 638-1023"
-    parts = [f"{run[0]}-{run[-1]}" if len(run) >= 3 else ", ".join(map(str, run))
-             for run in runs(ranks)]
-    return "ranks " + ", ".join(parts)
 
 
 def fate(trace: RankTrace) -> str:

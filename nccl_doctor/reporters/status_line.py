@@ -5,7 +5,7 @@ from __future__ import annotations
 import io
 from typing import TYPE_CHECKING
 
-from nccl_doctor.status_view import LiveView, RankState
+from nccl_doctor.status_view import COUNTED, LiveView, RankState
 from nccl_doctor.reporters.escape import visible
 
 if TYPE_CHECKING:  # rich is imported by the bar that draws with it: a log's plain line needs none
@@ -27,7 +27,8 @@ def clock(seconds: float) -> str:
 
 
 def bar(view: LiveView) -> Text:
-    """The status bar's content: ranks with their call counters, the phase, the message."""
+    """The status bar's content: ranks with their call counters (``COUNTED``: the calls the
+    recorder saw), the phase, the message."""
     from rich.text import Text
 
     t = Text(" nccl-doctor ", style="bold reverse cyan")
@@ -35,14 +36,14 @@ def bar(view: LiveView) -> Text:
     if not view.ranks:
         t.append(" waiting for ranks to record a call")
         return t
-    t.append(f" {len(view.ranks)} ranks ")
+    t.append(f" {len(view.ranks)} ranks  {COUNTED}")
     if len(view.ranks) <= PER_RANK_LIMIT:
         for r in view.ranks:
             t.append(f" {r.rank}:", style="dim")
             t.append(str(r.calls), style=STYLES[r.state])
     else:
         counts = [r.calls for r in view.ranks]
-        t.append(f" calls {min(counts)}-{max(counts)}")
+        t.append(f" {min(counts)}-{max(counts)} ")
         for state in RankState:
             n = sum(1 for r in view.ranks if r.state is state)
             if n:
@@ -70,14 +71,15 @@ def ansi(text: Text, width: int) -> str:
 
 
 def line(view: LiveView) -> str:
-    """The plain form (logs, pipes): phase, per-rank counters and states, message."""
+    """The plain form (logs, pipes): phase, per-rank counters (``COUNTED``) and states,
+    message."""
     ranks = " ".join(f"{r.rank}:{r.calls}{'' if r.state is RankState.RUNNING else '/' + r.state.value}"
                      for r in view.ranks[:PER_RANK_LIMIT])
     if len(view.ranks) > PER_RANK_LIMIT:
         ranks += f" (+{len(view.ranks) - PER_RANK_LIMIT} ranks)"
     text = f"[{clock(view.elapsed_s)}] {view.phase.replace('_', ' ')}"
     if ranks:
-        text += f"; calls {ranks}"
+        text += f"; {COUNTED} {ranks}"
     if view.message:
         text += f"; {visible(view.message)}"
     return text

@@ -30,6 +30,7 @@ from nccl_doctor.analysis.hang import hang_diagnosis, idle_stall, stall, stuck_p
 from nccl_doctor.analysis.threads import focused
 from nccl_doctor.analysis.situation import Assessment, ProcState, Situation, assess
 from nccl_doctor.analysis.wording import call_name, ranks_text
+from nccl_doctor.words import ranks_verb
 from nccl_doctor.analysis.aftermath import stuck_calls_fate
 from nccl_doctor.capture import flight_recorder
 from nccl_doctor.capture.names import report_path
@@ -276,7 +277,8 @@ class Watchdog:
             return self._declare(traces, analysis, a, waited,
                                  idle_stall(a, stuck, self._last_stacks, waited), "stall")
         if stuck:
-            self._status(f"no collective for {waited:.0f} s; {ranks_text(sorted(stuck))} idle")
+            idle = ranks_verb(sorted(stuck), "is idle")
+            self._status(f"no collective for {waited:.0f} s; {idle}")
         else:
             self._status("")
         return None
@@ -285,14 +287,14 @@ class Watchdog:
                      procs: dict[int, ProcState], now: float, waited: float) -> Decision | None:
         self._sample(traces, a.awaited, procs, now, self.policy.sample_every)
         stuck = {r: why for r in a.awaited if (why := self._stuck(r)) is not None}
-        waiting = ranks_text(sorted(a.waiting))
+        waiting = ranks_verb(sorted(a.waiting), "waits")
         if stuck:
             finding = stuck_peer(a, stuck, analysis, self._last_stacks)
             return self._declare(traces, analysis, a, waited, finding, "stuck_peer")
         if waited >= self.policy.hang_after:
             finding = stall(a, "compute", waited)
             return self._declare(traces, analysis, a, waited, finding, "hang_after")
-        self._status(f"{waiting} wait in a collective on {ranks_text(list(a.awaited))} "
+        self._status(f"{waiting} in a collective on {ranks_text(list(a.awaited))} "
                      f"(outside collectives): watching")
         return None
 

@@ -108,7 +108,8 @@ def test_plain_status_when_not_a_tty(tmp_path):
     assert "\x1b" not in proc.stderr  # no escape codes in a log
     status = [ln for ln in proc.stderr.splitlines() if ln.startswith("nccl-doctor: [")]
     # the deadlock is shown with each rank's counter and state, then the hang
-    assert any("deadlock; calls 0:" in ln and "/waiting" in ln for ln in status), proc.stderr
+    assert any("deadlock; Python calls 0:" in ln and "/waiting" in ln for ln in status), \
+        proc.stderr
     assert any(ln.startswith("nccl-doctor: HANG: ") for ln in proc.stderr.splitlines())
 
 

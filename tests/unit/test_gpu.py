@@ -197,13 +197,16 @@ def test_without_nvml_one_header_line_says_why_and_the_report_one_note(tmp_path,
     sampler.close()
     lines = (tmp_path / GPU_JSONL).read_text().splitlines()
     assert len(lines) == 1 and json.loads(lines[0])["available"] is False
-    traces = tb.traceset([tb.trace(0, tb.collectives(2)), tb.trace(1, tb.collectives(2))])
+    gloo = tb.traceset([tb.trace(0, tb.collectives(2)), tb.trace(1, tb.collectives(2))])
     from dataclasses import replace
 
-    d = analyze(replace(traces, gpu=read_gpu(tmp_path)))
+    nccl = replace(gloo, groups={n: replace(g, backend="nccl") for n, g in gloo.groups.items()})
+    d = analyze(replace(nccl, gpu=read_gpu(tmp_path)))
     assert [n for n in d.notes if "GPU" in n] == [
         "GPUs not sampled: no NVIDIA driver on this host (libnvidia-ml.so.1 not found)"]
     assert not any(f.kind is FindingKind.GPU_BUSY_HANG for f in d.findings)
+    # a job on gloo used no GPU: the sampler's failure is no news to it
+    assert not [n for n in analyze(replace(gloo, gpu=read_gpu(tmp_path))).notes if "GPU" in n]
 
 
 def hung_world(tb, gpu_readings: dict[int, list[dict]], backend: str = "nccl"):

@@ -20,7 +20,7 @@ LAYERS = {
     # pure: data model, capture format, analysis, reporters; both processes use it
     "nccl_doctor._version": "core", "nccl_doctor.errors": "core", "nccl_doctor.env": "core",
     "nccl_doctor.paths": "core", "nccl_doctor.location": "core", "nccl_doctor.files": "core",
-    "nccl_doctor.call_path": "core",
+    "nccl_doctor.call_path": "core", "nccl_doctor.words": "core",
     "nccl_doctor.redact": "core", "nccl_doctor.processes": "core",
     "nccl_doctor.bounded_json": "core",
     "nccl_doctor.entry_points": "core", "nccl_doctor.model": "core",
@@ -149,7 +149,8 @@ def test_the_import_graph_has_no_cycle():
 RENDERED = {"nccl_doctor.model", "nccl_doctor.diagnosis", "nccl_doctor.page_model",
             "nccl_doctor.sections", "nccl_doctor.finding_evidence",
             "nccl_doctor.location", "nccl_doctor.gpu.readings", "nccl_doctor.status_view",
-            "nccl_doctor._version", "nccl_doctor.errors", "nccl_doctor.files"}
+            "nccl_doctor._version", "nccl_doctor.errors", "nccl_doctor.files",
+            "nccl_doctor.words"}
 
 
 def reporter_imports_beyond_the_model(g: dict[str, set[str]]) -> list[str]:

@@ -33,11 +33,11 @@ def _view(n: int, phase: str = "running", message: str = "") -> LiveView:
 
 def test_bar_lists_each_rank_until_there_are_too_many():
     small = status_line.bar(_view(4, "waiting_on_peers", "ranks 1, 3 wait")).plain
-    assert "4 ranks" in small and " 0:100 1:101 2:102 3:103" in small
+    assert "4 ranks" in small and "Python calls 0:100 1:101 2:102 3:103" in small
     assert "1:02:05" in small and "waiting on peers" in small and "ranks 1, 3 wait" in small
     assert "no new call for 3 s" in small
     big = status_line.bar(_view(64)).plain
-    assert "64 ranks" in big and "calls 100-163" in big and "32 running" in big
+    assert "64 ranks" in big and "Python calls 100-163" in big and "32 running" in big
     assert "32 waiting" in big and " 5:" not in big
 
 
@@ -50,7 +50,8 @@ def test_bar_fits_one_row_of_the_terminal():
 
 def test_plain_line_has_counters_and_states():
     text = status_line.line(_view(3, "deadlock", "deadlock suspected"))
-    assert text == ("[1:02:05] deadlock; calls 0:100 1:101/waiting 2:102; deadlock suspected")
+    assert text == ("[1:02:05] deadlock; Python calls 0:100 1:101/waiting 2:102; "
+                    "deadlock suspected")
     assert "(+2 ranks)" in status_line.line(_view(10))
 
 

@@ -184,7 +184,12 @@ def test_format_for_and_get_reporter(tmp_path: Path) -> None:
     assert format_for(tmp_path / "report.json", None) == "json"
     assert format_for(tmp_path / "REPORT.JSON", None) == "json"
     assert format_for(tmp_path / "report.txt", None) == "console"
-    assert format_for(tmp_path / "report.json", "console") == "console"
+    assert format_for(tmp_path / "report.out", "json") == "json"  # an extension naming none
+    assert format_for(tmp_path / "report.log", "console") == "console"
+    with pytest.raises(UsageError, match=r"report.json: its extension names the json format, "
+                                         r"not --format console: end the file in \.txt or "
+                                         r"\.log"):
+        format_for(tmp_path / "report.json", "console")
     with pytest.raises(UsageError, match="console, html, json"):
         get_reporter("pdf")
 
@@ -210,7 +215,7 @@ def test_live_hang_report_shows_stack_classes_and_the_watchdog() -> None:
                                         action="stopped the job"))
     text = squash(render("console", d))
     assert "ranks 0, 2: train.py:50 main -> train.py:30 step (py-spy)" in text
-    assert "ranks 1: train.py:50 main -> data.py:9 load (agent) <- odd one out" in text
+    assert "rank 1: train.py:50 main -> data.py:9 load (agent) <- odd one out" in text
     assert "watchdog: deadlock diagnosed 2.4 s after the last progress; stopped the job" in text
     assert "train.py:31 in step [py-spy]" in text
     report = json.loads(render("json", d))
@@ -245,7 +250,7 @@ def test_every_reporter_names_the_issuing_line_the_users_line_and_the_path(tb) -
     assert "get_batch_loss_metrics (trl 0.16.1) <- your /job/train.py:16" in root.detail
     console = render("console", d)
     assert "call path:" in console and "(from /job/train.py:16)" in console
-    assert "<- /v/lib/python3.11/site-packages/trl/trainer/cpo_trainer.py:839 in " in console
+    assert "<- trl/trainer/cpo_trainer.py:839 in " in console
     report = json.loads(render("json", d))
     first = report["findings"][0]
     assert first["entry_callsite"] == "/job/train.py:16" and len(first["call_path"]) == 3
