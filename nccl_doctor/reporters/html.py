@@ -20,6 +20,7 @@ from nccl_doctor.gpu.readings import GpuTrace
 from nccl_doctor.page_model import Page, Timeline, rank_ranges
 from nccl_doctor.reporters.callpath import path_lines
 from nccl_doctor.reporters.escape import visible
+from nccl_doctor.templating import environment
 
 _TEMPLATES = Path(__file__).parent / "templates"
 #: Points per GPU series drawn (a days-long run is sampled down to this).
@@ -40,9 +41,7 @@ class HtmlReporter:
 def _template() -> tuple[jinja2.Template, str]:
     """The page's template and stylesheet, loaded once per process (a run renders the page on a
     hang and again at the end)."""
-    env = jinja2.Environment(loader=jinja2.FileSystemLoader(_TEMPLATES), autoescape=True,
-                             undefined=jinja2.StrictUndefined, trim_blocks=True,
-                             lstrip_blocks=True)
+    env = environment(_TEMPLATES)
     env.filters["visible"] = visible
     env.filters["ranges"] = rank_ranges
     env.filters["path_lines"] = path_lines

@@ -13,6 +13,7 @@ from pathlib import Path
 import jinja2
 
 from nccl_doctor.serve.state import Published
+from nccl_doctor.templating import environment
 
 REFRESH_S = 2
 _TEMPLATES = Path(__file__).parent / "templates"
@@ -22,10 +23,7 @@ _COLOURS = {"hang": "#b00020", "crash": "#b00020", "suspect": "#b26a00", "ok": "
 
 @functools.lru_cache(maxsize=1)
 def _template() -> jinja2.Template:
-    env = jinja2.Environment(loader=jinja2.FileSystemLoader(_TEMPLATES), autoescape=True,
-                             undefined=jinja2.StrictUndefined, trim_blocks=True,
-                             lstrip_blocks=True)
-    return env.get_template("live.html.j2")
+    return environment(_TEMPLATES).get_template("live.html.j2")
 
 
 def render(pub: Published) -> str:
