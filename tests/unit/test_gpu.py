@@ -363,3 +363,22 @@ def test_gloo_groups_and_samples_after_a_rank_ended_are_not_spinning_nccl(tb):
     traces = replace(traces, ranks={**traces.ranks, 0: replace(traces.ranks[0], exit=killed)})
     (f,) = [f for f in analyze(traces).findings if f.kind is FindingKind.GPU_BUSY_HANG]
     assert set(f.evidence["spinning"]) == {"1"}  # rank 0: 2 samples before its end, too few
+
+
+def test_a_host_without_the_driver_is_told_before_nvidia_ml_py_is_imported():
+    import json
+    import subprocess
+    import sys
+
+    probe = ("import json, sys\n"
+             "from nccl_doctor.supervisor.gpu.nvml import GpuUnavailable, Nvml, _library_loads\n"
+             "try:\n    Nvml.open().close(); error = None\n"
+             "except GpuUnavailable as e:\n    error = str(e)\n"
+             "print(json.dumps([_library_loads(), error, 'pynvml' in sys.modules]))")
+    loads, error, imported = json.loads(subprocess.run(
+        [sys.executable, "-c", probe], capture_output=True, text=True, check=True).stdout)
+    if not loads:  # this host: no libnvidia-ml.so.1 to load
+        assert error == "no NVIDIA driver on this host (libnvidia-ml.so.1 not found)"
+        assert not imported
+    else:  # a GPU host: NVML opened, or nvidia-ml-py said why not
+        assert error is None or "NVML" in error or error == "nvidia-ml-py is not installed"
