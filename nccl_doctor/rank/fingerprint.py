@@ -28,10 +28,12 @@ def rng_fingerprint() -> dict[str, str]:
                 out["cuda"] = digest(_tensor_bytes(cuda.get_rng_state(cuda.current_device())))
         except Exception:
             pass
-    np = sys.modules.get("numpy")
-    if np is not None:
+    # (``numpy.random`` is imported on first use of the attribute: a process that never used
+    # it has no global state to read, and reading it would import it, 5-10 ms)
+    np_random = sys.modules.get("numpy.random")
+    if np_random is not None:
         try:
-            name, keys, pos, has_gauss, gauss = np.random.get_state(legacy=True)
+            name, keys, pos, has_gauss, gauss = np_random.get_state(legacy=True)
             out["numpy"] = digest(keys.tobytes() + repr((name, pos, has_gauss, gauss)).encode())
         except Exception:
             pass
