@@ -1,5 +1,5 @@
 """``python -m nccl_doctor``: the CLI."""
 
-from nccl_doctor.cli.main import main
+from nccl_doctor.cli.main import entry
 
-raise SystemExit(main())
+entry()

@@ -113,3 +113,29 @@ def test_export_refuses_a_format_the_file_name_contradicts(clean_capture, tmp_pa
 def test_the_exit_status_table_lists_the_closed_pipe():
     table = (Path(__file__).parents[2] / "docs" / "exit-status.md").read_text()
     assert f"| {ExitStatus.CLOSED_PIPE} |" in table
+
+
+def test_the_command_ends_at_once_but_only_after_its_threads_exit_handlers_and_streams(tmp_path):
+    # the console script's entry skips Python's finalization (cli/main.py entry): what of it
+    # matters must still happen - a thread that is not a daemon finishes, the exit handlers
+    # run, buffered output is written - and the status is main's
+    probe = f"""
+import atexit, pathlib, sys, threading, time
+from nccl_doctor.cli import main as cli
+def main():
+    def late():
+        time.sleep(0.3)
+        pathlib.Path({str(tmp_path / "thread")!r}).write_text("joined")
+    threading.Thread(target=late).start()
+    atexit.register(lambda: pathlib.Path({str(tmp_path / "atexit")!r}).write_text("ran"))
+    sys.stdout.write("buffered, never flushed by main")
+    return 5
+cli.main = main
+cli.entry()
+"""
+    proc = subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True,
+                          timeout=60)
+    assert proc.returncode == 5
+    assert proc.stdout == "buffered, never flushed by main" and proc.stderr == ""
+    assert (tmp_path / "thread").read_text() == "joined"
+    assert (tmp_path / "atexit").read_text() == "ran"
