@@ -66,10 +66,10 @@ def free_port() -> int:
         return s.getsockname()[1]
 
 
-def timed(command: list[str], env: dict[str, str]) -> Timed:
+def timed(command: list[str], env: dict[str, str], cwd: Path) -> Timed:
     """One child, to its reaped exit: wall and CPU (its own and its reaped descendants')."""
     t0 = time.perf_counter()
-    child = subprocess.Popen(command, env=env, stdout=subprocess.DEVNULL,
+    child = subprocess.Popen(command, env=env, cwd=cwd, stdout=subprocess.DEVNULL,
                              stderr=subprocess.PIPE)
     err = child.stderr.read()  # a pipe, read as a terminal would be (the console report)
     _, status, usage = os.wait4(child.pid, 0)
@@ -88,9 +88,11 @@ def launcher(job: Path, ranks: int) -> list[str]:
 
 
 def doctored(command: list[str], work: Path, extra: list[str]) -> list[str]:
-    doctor = Path(sys.executable).with_name("nccl-doctor")
+    """``nccl-doctor run`` as ``python -m nccl_doctor``, which runs what the console script
+    runs and is found on PYTHONPATH: a tree given to --versions whose console script's entry
+    point differs from the installed one's still runs."""
     out = Path(tempfile.mkdtemp(prefix="out-", dir=work))
-    return [str(doctor), "run", *extra, "--out", str(out), "--", *command]
+    return [sys.executable, "-m", "nccl_doctor", "run", *extra, "--out", str(out), "--", *command]
 
 
 def median(values: list[float]) -> float:
@@ -135,8 +137,10 @@ def main() -> None:
 
         def once(name: str) -> Timed:
             command = launcher(job, args.ranks)
+            # (run in the scratch directory: ``python -m`` puts the working directory first
+            # on sys.path, where a checkout's nccl_doctor would shadow the version's)
             return timed(command if name == "bare" else doctored(command, work, extra),
-                         sides[name])
+                         sides[name], work)
 
         for name in names:  # unmeasured: the page cache (and the bytecode) hold everything after
             once(name)
