@@ -344,7 +344,7 @@ def _said_yours(sides: list[Side], traces: TraceSet, sources: Sources) -> list[s
             version = trace.meta.versions.get(package) if trace and package else None
             owner = f"{package} {version}" if version else (package or "library code")
             out.append(f"{ranks_text(list(side.ranks))}: in {owner}'s "
-                       f"{where.function or '?'} ({_in_package(where.path)}:{where.line}), "
+                       f"{where.function or '?'} ({paths.short_path(where.path)}:{where.line}), "
                        f"from your {site(side.your_line)}{quoted}")
         else:
             out.append(f"{ranks_text(list(side.ranks))}: your {site(side.your_line)}{quoted}")
@@ -361,14 +361,6 @@ def _reason(b: Branch, culprit: Sequence[int], others: Sequence[int]) -> str:
     inside = "inside" if b.kind != "decorator" else "under the decorator"
     return (f"{who} made this call {inside} the rank-dependent branch at {_where(b)} "
             f"({_quote(b)}), which {rest} did not take: {who} {are} the odd side.")
-
-
-def _in_package(path: str) -> str:
-    """An installed file as its package names it (lightning/pytorch/strategies/ddp.py)."""
-    for marker in ("site-packages/", "dist-packages/"):
-        if marker in path:
-            return path.rpartition(marker)[2]
-    return paths.short_path(path)
 
 
 def _hint(b: Branch) -> str:

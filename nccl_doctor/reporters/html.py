@@ -20,7 +20,7 @@ from nccl_doctor.gpu.readings import GpuTrace
 from nccl_doctor.page_model import Page, Timeline, rank_ranges
 from nccl_doctor.reporters.callpath import path_lines
 from nccl_doctor.reporters.escape import visible
-from nccl_doctor.templating import environment
+from nccl_doctor.reporters.templating import environment
 
 _TEMPLATES = Path(__file__).parent / "templates"
 #: Points per GPU series drawn (a days-long run is sampled down to this).

@@ -13,7 +13,7 @@ from pathlib import Path
 import jinja2
 
 from nccl_doctor.serve.state import Published
-from nccl_doctor.templating import environment
+from nccl_doctor.reporters.templating import environment
 
 REFRESH_S = 2
 _TEMPLATES = Path(__file__).parent / "templates"

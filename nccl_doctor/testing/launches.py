@@ -17,6 +17,7 @@ from typing import Any, Sequence
 
 from nccl_doctor.reporters.callpath import path_lines
 from nccl_doctor.reporters.escape import visible
+from nccl_doctor.words import ranks_text
 from nccl_doctor import bounded_json
 from nccl_doctor.diagnosis import Finding
 
@@ -114,7 +115,8 @@ def describe(report: dict) -> str:
             lines.append(f"fix: {root['hint']}")
     for c in report.get("stack_classes", []):
         frames = " -> ".join(c.get("frames", [])[-3:])
-        lines.append(f"ranks {c.get('ranks')}: {frames}{'  <- odd one out' if c.get('odd') else ''}")
+        who = ranks_text([r for r in c.get("ranks", []) if isinstance(r, int)])
+        lines.append(f"{who}: {frames}{'  <- odd one out' if c.get('odd') else ''}")
     w = report.get("watchdog") or {}
     if w:
         lines.append(f"watchdog: {w.get('situation')} diagnosed {w.get('waited_s')} s after the "
