@@ -8,6 +8,7 @@ say whether the tier ran), and how ``make test`` spreads the tests over its pyte
 from __future__ import annotations
 
 import os
+import re
 from pathlib import Path
 
 import pytest
@@ -227,3 +228,38 @@ def _write_desync(root: Path, world: int, *, culprit: int, calls: int = 12,
     Manifest(command=("python", "train.py", "--hf-token", "***"), started_at=0.0, run_id="h",
              world_size=world, ended_at=1.0, exit_status=124).write(out)
     return out
+
+
+class ConsoleChecks:
+    """What a console report must keep at any width (tests/unit and tests/e2e
+    test_console_width.py): every ``path:line`` whole, headlines broken between phrases."""
+
+    SITE = re.compile(r"[\w./<>-]*\.py:\d+")
+
+    def sites(self, text: str) -> list[str]:
+        """Every ``path:line`` of ``text``, line by line (one cut across lines shows as two)."""
+        return sorted(m.group() for line in text.splitlines() for m in self.SITE.finditer(line))
+
+    @staticmethod
+    def headline(lines: list[str], prefix: str) -> list[str]:
+        """The headline starting with ``prefix`` as it was printed: its first line and each
+        line that continues it (indented two spaces exactly)."""
+        i = next(i for i, line in enumerate(lines) if line.startswith(prefix))
+        out = [lines[i]]
+        for line in lines[i + 1:]:
+            if not (line.startswith("  ") and line[2:3] != " "):
+                break
+            out.append(line[2:])
+        return out
+
+    @staticmethod
+    def between_phrases(before: str, after: str) -> bool:
+        """A line of a headline ends where a phrase does."""
+        return (before.endswith((":", ";", ","))
+                or after.startswith(("(", "[", "- ", "-> ", "<- "))
+                or after.split(" ", 1)[0] in ("at", "after", "while", "in", "for", "which"))
+
+
+@pytest.fixture
+def fit() -> ConsoleChecks:
+    return ConsoleChecks()

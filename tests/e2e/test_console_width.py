@@ -7,7 +7,6 @@ from __future__ import annotations
 
 import json
 import os
-import re
 import shutil
 import subprocess
 import sys
@@ -18,7 +17,6 @@ from rich.cells import cell_len
 
 from .conftest import CLI, JOBS
 
-SITE = re.compile(r"[\w./<>-]*\.py:\d+")
 
 
 @pytest.fixture(scope="module")
@@ -47,44 +45,30 @@ def replay(cwd: Path, out: Path, columns: int | None, *args: str) -> str:
     return proc.stdout
 
 
-def sites(text: str) -> list[str]:
-    return sorted(m.group() for line in text.splitlines() for m in SITE.finditer(line))
 
 
-def headline(lines: list[str], prefix: str) -> list[str]:
-    i = next(i for i, line in enumerate(lines) if line.startswith(prefix))
-    out = [lines[i]]
-    for line in lines[i + 1:]:
-        if not (line.startswith("  ") and line[2:3] != " "):
-            break
-        out.append(line[2:])
-    return out
 
 
-def between_phrases(before: str, after: str) -> bool:
-    return (before.endswith((":", ";", ","))
-            or after.startswith(("(", "[", "- ", "-> ", "<- "))
-            or after.split(" ", 1)[0] in ("at", "after", "while", "in", "for", "which"))
 
 
 @pytest.mark.parametrize("columns", [60, 80, 120, 200])
-def test_replay_fits_columns_through_a_pipe(hung, columns):
+def test_replay_fits_columns_through_a_pipe(hung, columns, fit):
     cwd, out, _ = hung
     text = replay(cwd, out, columns)
     whole = replay(cwd, out, None)
     lines = text.splitlines()
     assert max(cell_len(line) for line in lines) <= columns, text
     # no path:line cut across lines: the same places as in the unwrapped report, each whole
-    assert sites(text) == sites(whole) and "train.py:19" in sites(text), text
+    assert fit.sites(text) == fit.sites(whole) and "train.py:19" in fit.sites(text), text
     report = json.loads(replay(cwd, out, None, "--format", "json"))
     root = next(f for f in report["findings"] if f["root_cause"])
-    title = headline(lines, "ROOT CAUSE ")
+    title = fit.headline(lines, "ROOT CAUSE ")
     assert " ".join(title) == f"ROOT CAUSE {root['kind']}: {root['title']}", text
-    verdict = headline(lines, "nccl-doctor: HANG")
+    verdict = fit.headline(lines, "nccl-doctor: HANG")
     assert " ".join(verdict) == "nccl-doctor: HANG - the job is hung (3 ranks, exit status 124)"
     for shown in (title, verdict):
         for before, after in zip(shown, shown[1:]):
-            assert between_phrases(before, after), shown
+            assert fit.between_phrases(before, after), shown
     # each rank on one row, its state one word; how they ended said once, the verb agreeing
     for r in report["ranks"]:
         row = next(line for line in lines if line.startswith(f"{r['rank']}  "))

@@ -6,7 +6,6 @@ from __future__ import annotations
 
 import io
 import os
-import re
 from dataclasses import replace
 
 import pytest
@@ -22,7 +21,6 @@ from nccl_doctor.watch_account import WatchAccount
 
 WIDTHS = (60, 80, 120, 200)
 #: a place in source code as the reports print it
-SITE = re.compile(r"[\w./<>-]*\.py:\d+")
 SITE_PACKAGES = "/opt/venv/lib/python3.11/site-packages/"
 
 
@@ -39,28 +37,10 @@ def render(d: Diagnosis, width: int | None) -> str:
     return out.getvalue()
 
 
-def sites(text: str) -> list[str]:
-    """Every ``path:line`` of ``text``, line by line (one cut across lines shows as two)."""
-    return sorted(m.group() for line in text.splitlines() for m in SITE.finditer(line))
 
 
-def headline(lines: list[str], prefix: str) -> list[str]:
-    """The headline starting with ``prefix`` as it was printed: its first line and each line
-    that continues it (indented two spaces exactly)."""
-    i = next(i for i, line in enumerate(lines) if line.startswith(prefix))
-    out = [lines[i]]
-    for line in lines[i + 1:]:
-        if not (line.startswith("  ") and line[2:3] != " "):
-            break
-        out.append(line[2:])
-    return out
 
 
-def between_phrases(before: str, after: str) -> bool:
-    """A line of a headline ends where a phrase does."""
-    return (before.endswith((":", ";", ","))
-            or after.startswith(("(", "[", "- ", "-> ", "<- "))
-            or after.split(" ", 1)[0] in ("at", "after", "while", "in", "for", "which"))
 
 
 @pytest.fixture
@@ -88,36 +68,36 @@ def library_call(tb, tmp_path, monkeypatch) -> Diagnosis:
 
 
 @pytest.mark.parametrize("width", WIDTHS)
-def test_every_line_fits_and_no_place_is_cut(library_call, width) -> None:
+def test_every_line_fits_and_no_place_is_cut(library_call, width, fit) -> None:
     text = render(library_call, width)
     assert max(cell_len(line) for line in text.splitlines()) <= width, text
-    assert sites(text) == sites(render(library_call, None)), text
+    assert fit.sites(text) == fit.sites(render(library_call, None)), text
     assert "trl/trainer/cpo_trainer.py:839" in text and "site-packages" not in text
     assert "train.py:16" in text and os.getcwd() not in text  # the user's file, relative
 
 
 @pytest.mark.parametrize("width", WIDTHS)
-def test_every_scenario_fits_and_keeps_its_places_whole(scenario, width) -> None:
+def test_every_scenario_fits_and_keeps_its_places_whole(scenario, width, fit) -> None:
     _label, ts = scenario
     d = analyze(ts)
     text = render(d, width)
     assert max(cell_len(line) for line in text.splitlines()) <= width, text
-    assert sites(text) == sites(render(d, None)), text
+    assert fit.sites(text) == fit.sites(render(d, None)), text
 
 
 @pytest.mark.parametrize("width", WIDTHS)
-def test_headlines_end_between_phrases(library_call, scenario, width) -> None:
+def test_headlines_end_between_phrases(library_call, scenario, width, fit) -> None:
     for d in (library_call, analyze(scenario[1])):
         lines = render(d, width).splitlines()
-        verdict = headline(lines, "nccl-doctor: ")
+        verdict = fit.headline(lines, "nccl-doctor: ")
         titles = [(f"{'ROOT CAUSE' if f.root_cause else f.severity.value} {f.kind.value}: ",
                    f.title) for f in d.findings]
         for prefix, title in [("nccl-doctor: ", None), *titles]:
-            shown = headline(lines, prefix) if title is not None else verdict
+            shown = fit.headline(lines, prefix) if title is not None else verdict
             if title is not None:
                 assert " ".join(shown) == prefix + title
             for before, after in zip(shown, shown[1:]):
-                assert between_phrases(before, after), shown
+                assert fit.between_phrases(before, after), shown
 
 
 @pytest.mark.parametrize("width", WIDTHS)
