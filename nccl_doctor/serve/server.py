@@ -118,11 +118,18 @@ class Endpoint:
             held = self._drawn = _Drawn(pub)
         return held
 
+    def asked(self, path: str) -> None:
+        """A GET of ``path`` is being answered: a scraper that asks for /metrics is one from
+        then on (a report read while its first scrape is still being written waits for the
+        scrape of the final look)."""
+        if path == "/metrics":
+            with self._reads:
+                self._scraped = True
+
     def served(self, path: str, pub: Published) -> None:
         """``path``'s answer from ``pub`` was written in full (a GET that found it)."""
         with self._reads:
             if path == "/metrics":
-                self._scraped = True
                 self._final_scraped = self._final_scraped or pub.final
             elif path in REPORTS and pub.final:
                 self._final_report = True
@@ -200,6 +207,8 @@ def _handler(endpoint: Endpoint) -> type[BaseHTTPRequestHandler]:
                 self._send(404, b"not found: / /metrics /report.json /status.json "
                                 b"/report.html\n", "text/plain", head)
                 return
+            if not head:
+                endpoint.asked(path)
             drawn = endpoint.drawn()
             body = drawn.body(path)
             if body is None:
