@@ -5,15 +5,17 @@ happened to ``rank<N>.result.json`` next to the payload. Exit status 0 when the 
 this rank.
 
 A test that fails on this rank (an assertion, any exception) ends the rank with that exception,
-as a script would (through ``sys.excepthook``, exit status 1; its traceback, here and in the
-result, without nccl-doctor's own frames): the recorder keeps it (type, message, the test's
+as a script would (through ``sys.excepthook``, exit status 1; its traceback in the result, once,
+without nccl-doctor's own frames): the recorder keeps it (type, message, the test's
 line) and the diagnosis names it - "rank 1 raised AssertionError at test_x.py:12" - with its
 peers' errors as its consequences. A barrier first would pair with whatever collective a peer is
 in and turn the failure into a desync of the doctor's own making."""
 
 from __future__ import annotations
 
+import contextlib
 import importlib
+import io
 import json
 import os
 import pickle
@@ -55,9 +57,11 @@ def main(argv: list[str]) -> int:
         raise failure  # the interpreter's own end: SIGINT, the status
     if failure is not None:
         # the rank ends as the interpreter ends it for an uncaught exception - sys.excepthook
-        # (the recorder keeps it; the traceback printed is the trimmed one), exit status 1 -
-        # but for the frames of this worker a re-raise would put back
-        sys.excepthook(type(failure), failure, failure.__traceback__)
+        # (the recorder keeps it), exit status 1 - but for the frames of this worker a re-raise
+        # would put back. Its traceback is the result's, which the test's failure shows: not
+        # printed here as well (pytest's "Captured stderr" would show it a second time).
+        with contextlib.redirect_stderr(io.StringIO()):
+            sys.excepthook(type(failure), failure, failure.__traceback__)
         return 1
     if dist.is_initialized():
         try:

@@ -116,11 +116,13 @@ def test_plugin_diagnoses_and_passes(outcome, pytester: pytest.Pytester):
     failed_rank = failure_of(out, "test_assert_on_rank_1")
     assert "--- rank 1 ---" in failed_rank and "rank 1 disagrees" in failed_rank
     assert "--- rank 0 ---" not in failed_rank
+    # once: in the failure, not again in the ranks' captured stderr
+    assert failed_rank.count("Traceback (most recent call last)") == 1, failed_rank
     assert ("fix: The assertion failed on rank 1: fix the test or the code under test"
             in " ".join(failed_rank.split())), failed_rank
     assert "max-restarts" not in out and "torchrun" not in out
     # each failure: the diagnosis once, its capture named once (its nccl-doctor section), and
-    # the ranks' tracebacks (in the failure and in their captured stderr) are the test's only
+    # the ranks' tracebacks are the test's only
     for name in ("test_deadlock", "test_shapes", "test_assert_on_rank_1"):
         failure = failure_of(out, name)
         assert failure.count("ROOT CAUSE") == 1, failure
