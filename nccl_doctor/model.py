@@ -14,6 +14,7 @@ from typing import TYPE_CHECKING, Any, Mapping
 
 from nccl_doctor import call_path
 from nccl_doctor.location import Location
+from nccl_doctor.words import BY_USER
 
 if TYPE_CHECKING:  # (a rank imports this module to record: only the types it holds)
     from nccl_doctor.gpu.readings import GpuTrace
@@ -21,8 +22,6 @@ if TYPE_CHECKING:  # (a rank imports this module to record: only the types it ho
     from nccl_doctor.stacks.samples import StackSample
     from nccl_doctor.watch_log import WatchLog
 
-#: how a stopped rank's signal reads when the user sent it (``run`` forwarded it to the job)
-BY_USER = " by the user"
 
 __all__ = [
     "EventSource", "Location", "Event", "EventFlag", "EventKind", "EventState", "ExitKind",

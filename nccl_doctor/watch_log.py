@@ -19,7 +19,7 @@ from dataclasses import dataclass, field, replace
 from typing import Any, ClassVar, Mapping, Union
 
 from nccl_doctor.diagnosis import Diagnosis, Finding
-from nccl_doctor.model import BY_USER
+from nccl_doctor.words import BY_USER
 from nccl_doctor.watch_account import WatchAccount
 
 #: What a ``Stopped`` event names when the supervisor asked the ranks' agents to exit (no signal).

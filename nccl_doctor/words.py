@@ -9,7 +9,10 @@ from __future__ import annotations
 
 from typing import Iterable, Sequence
 
-__all__ = ["conjugate", "pick", "ranks_text", "ranks_verb", "runs", "verb"]
+#: how a stopped rank's signal reads when the user sent it (``run`` forwarded it to the job)
+BY_USER = " by the user"
+
+__all__ = ["BY_USER", "conjugate", "pick", "ranks_text", "ranks_verb", "runs", "verb"]
 
 # third person singular -> plural, where dropping the s does not make it
 _IRREGULAR = {"is": "are", "was": "were", "has": "have", "does": "do", "isn't": "aren't",
