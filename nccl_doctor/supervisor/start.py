@@ -36,7 +36,6 @@ class Launch:
         self.environ = dict(os.environ if environ is None else environ)
         self.run_id = uuid.uuid4().hex[:12]
         self.files = RunFiles(out_dir)  # the run's own files: the manifest first
-        self.manifest: Manifest | None = None
         self.job: Job | None = None
         #: whether an interrupt now is no news (the supervisor stopping the job for its hang)
         self.stopping: Callable[[], bool] = lambda: False
@@ -45,17 +44,24 @@ class Launch:
         self._created: list[Path] = []
 
     @property
-    def claimed(self) -> bool:
-        return self._claim is not None
+    def manifest(self) -> Manifest | None:
+        """The manifest as written at the launch (None before)."""
+        return self.files.manifest
 
-    def begin(self) -> Job:
-        """Every step, for a run that needs nothing else before its ranks start: the launched
-        job (a failed launch undoes the rest and raises ``LaunchFailed``)."""
+    def begin(self, extra: Mapping[str, Any] | None = None,
+              before_start: Callable[[], None] | None = None) -> Job:
+        """Every step, in order: claim ``out_dir``, write the manifest (``extra``: its word on
+        this supervisor, by default ``supervisor_entry()``), forward the terminal's signals, run
+        ``before_start`` (a multi-node leader listens, a cluster's node doctors are prepared),
+        launch the job. A step that fails undoes the rest (a failed launch raises
+        ``LaunchFailed``, its manifest taken back)."""
         self.claim()
-        self.write_manifest(supervisor_entry())
+        self._write_manifest(supervisor_entry() if extra is None else extra)
         self.signals.install()
         try:
-            job = self.start()
+            if before_start is not None:
+                before_start()
+            job = self._start()
         except BaseException:
             self.signals.restore()
             self.undo()
@@ -82,7 +88,7 @@ class Launch:
             raise unwritable("--out", self.out_dir, err) from None
         self._created = created
 
-    def write_manifest(self, extra: Mapping[str, Any]) -> Manifest:
+    def _write_manifest(self, extra: Mapping[str, Any]) -> None:
         """The manifest as the run starts (replay of an unfinished run reads it)."""
         manifest = Manifest(command=self.command, started_at=time.time(), run_id=self.run_id,
                             extra=dict(extra), redacted=redact.wanted(self.environ))
@@ -90,10 +96,8 @@ class Launch:
             self.files.write_manifest(manifest)
         except OSError as err:  # before anything started: the user picks another --out
             raise unwritable("--out", self.out_dir, err) from None
-        self.manifest = manifest
-        return manifest
 
-    def start(self) -> Job:
+    def _start(self) -> Job:
         """Launch the job (``LaunchFailed``: nothing ran, the manifest is taken back)."""
         environment = job_environment(self.environ, self.out_dir, self.run_id)
         try:
@@ -104,10 +108,10 @@ class Launch:
         return self.job
 
     def ended(self, exit_status: int) -> Manifest:
-        """The manifest as the job ended (not written: the post mortem adds what it found)."""
+        """The manifest as the job ended (not written here: the post mortem adds what it found
+        and writes it)."""
         assert self.manifest is not None
-        self.manifest = replace(self.manifest, ended_at=time.time(), exit_status=exit_status)
-        return self.manifest
+        return replace(self.manifest, ended_at=time.time(), exit_status=exit_status)
 
     def unwatched(self) -> int:
         """The supervisor could not be built: the job runs on to its end as if bare (the

@@ -187,21 +187,13 @@ class Supervisor:
     def run(self) -> RunResult:
         """Run the job under supervision to its end and analyse it, holding ``out_dir`` for
         this run alone (capture/claim.py: another live run's directory is refused)."""
-        launch = self.launch
-        launch.claim()
         try:
-            return self._run()
-        except LaunchFailed:  # nothing ran: nothing is left behind to block --out
-            launch.undo()
-            raise
+            return self._run()  # (a launch that fails undoes its steps: Launch.begin)
         finally:
-            launch.release()
+            self.launch.release()
 
     def _run(self) -> RunResult:
         launch = self.launch
-        if launch.job is None:  # not launched yet: the first steps are taken here
-            launch.write_manifest(self._node_extra())
-            launch.signals.install()
         try:
             job = launch.job or self._launch()
             self.live.captures.manifest = launch.manifest  # held: never read back
@@ -244,22 +236,24 @@ class Supervisor:
         return RunResult(status, diagnosis, report, error, stopped, stopped_for_hang)
 
     def _launch(self) -> Job:
-        """The launch inside the supervisor: the leader of a multi-node job listens, and the
-        cluster's node doctors are prepared, before any rank starts."""
-        if self.federation is not None:
-            self.federation.start()
-        if self.cluster is not None:
-            self.cluster.prepare(self)
+        """The launch inside the supervisor (the job not launched before it was built): the
+        leader of a multi-node job listens, and the cluster's node doctors are prepared, before
+        any rank starts."""
         try:
-            job = self.launch.start()
+            job = self.launch.begin(self._node_extra(), before_start=self._meet)
         except LaunchFailed:  # nothing ran: nor are node doctors left started for it
             if self.cluster is not None:
                 self.cluster.end()
                 self.cluster.close(10.0)
             raise
         self.stopper.job = job
-        self.signals.launched()
         return job
+
+    def _meet(self) -> None:
+        if self.federation is not None:
+            self.federation.start()
+        if self.cluster is not None:
+            self.cluster.prepare(self)
 
     def tick(self) -> None:
         """One look at the job: the snapshot to every watch, their decisions applied, then the
