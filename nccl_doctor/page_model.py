@@ -7,6 +7,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Mapping
 
+from nccl_doctor import words
 from nccl_doctor.gpu.readings import GpuTrace
 
 
@@ -66,17 +67,4 @@ class Page:
 
 def rank_ranges(ranks: tuple[int, ...]) -> str:
     """``0-3,5,8-9``: ranks as ranges (a folded row's label)."""
-    ordered = sorted(set(ranks))
-    out: list[str] = []
-    start = prev = None
-    for r in ordered:
-        if start is None:
-            start = prev = r
-        elif r == prev + 1:
-            prev = r
-        else:
-            out.append(str(start) if start == prev else f"{start}-{prev}")
-            start = prev = r
-    if start is not None:
-        out.append(str(start) if start == prev else f"{start}-{prev}")
-    return ",".join(out)
+    return words.ranges(ranks, ",")

@@ -12,7 +12,7 @@ from typing import Iterable, Sequence
 #: how a stopped rank's signal reads when the user sent it (``run`` forwarded it to the job)
 BY_USER = " by the user"
 
-__all__ = ["BY_USER", "conjugate", "pick", "ranks_text", "ranks_verb", "runs", "verb"]
+__all__ = ["BY_USER", "conjugate", "pick", "ranges", "ranks_text", "ranks_verb", "runs", "verb"]
 
 # third person singular -> plural, where dropping the s does not make it
 _IRREGULAR = {"is": "are", "was": "were", "has": "have", "does": "do", "isn't": "aren't",
@@ -30,6 +30,13 @@ def runs(ranks: Iterable[int]) -> list[list[int]]:
         else:
             out.append([r])
     return out
+
+
+def ranges(ranks: Iterable[int], sep: str = ", ") -> str:
+    """The ranks as ranges, every run of two or more folded: ``0-3, 5, 8-9`` (a label, a
+    list in parentheses; ``ranks_text`` names ranks in a sentence)."""
+    return sep.join(str(run[0]) if len(run) == 1 else f"{run[0]}-{run[-1]}"
+                    for run in runs(set(ranks)))
 
 
 def ranks_text(ranks: Sequence[int]) -> str:

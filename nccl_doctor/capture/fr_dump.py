@@ -22,7 +22,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Mapping
 
-from nccl_doctor import bounded_json
+from nccl_doctor import bounded_json, words
 from nccl_doctor.capture import flight_recorder, fr_window
 from nccl_doctor.capture.unrecorded import MAX_WORLD
 from nccl_doctor.errors import (
@@ -297,7 +297,7 @@ def traces_from_dumps(dumps: Dumps, source: str) -> TraceSet:
                                 path=f"{source}#rank{rank}")
     notes = list(dumps.notes)
     if stray:
-        notes.append(f"dump(s) of rank(s) {_ranges(stray)} skipped: past every process group "
+        notes.append(f"dump(s) of rank(s) {words.ranges(stray)} skipped: past every process group "
                      f"of the job (its ranks end at {world - 1}): a stray or damaged file")
     total, kept = max(total, dumps.compared), kept if not dumps.compared else dumps.kept
     if kept < total:
@@ -309,18 +309,8 @@ def traces_from_dumps(dumps: Dumps, source: str) -> TraceSet:
               for r, name in sorted(believed.items())}
     missing = sorted(set(range(world)) - set(by_rank) - set(unseen))
     if missing:
-        notes.append(f"no Flight Recorder dump for rank(s) {_ranges(missing)}: what they did is "
-                     "unknown (their peers' entries still say which collectives they missed)")
+        notes.append(f"no Flight Recorder dump for rank(s) {words.ranges(missing)}: what they "
+                     "did is unknown (their peers' entries still say which collectives they "
+                     "missed)")
     return TraceSet(ranks=ranks, groups=groups, world_size=world, source=source,
                     problems=tuple(dumps.problems) + tuple(notes), unrecorded=unseen)
-
-
-def _ranges(ranks: list[int]) -> str:
-    out, start = [], None
-    for i, r in enumerate(ranks):
-        if start is None:
-            start = r
-        if i + 1 == len(ranks) or ranks[i + 1] != r + 1:
-            out.append(str(start) if start == r else f"{start}-{r}")
-            start = None
-    return ", ".join(out)

@@ -182,3 +182,12 @@ def test_the_live_status_says_which_calls_it_counts() -> None:
     assert "Python calls 0:1/waiting 1:0/awaited" in status_line.line(view)
     assert "Python calls 0:1 1:0" in status_line.bar(view).plain
 
+
+
+def test_ranks_as_ranges_fold_every_run_of_two_or_more():
+    from nccl_doctor.page_model import rank_ranges
+    from nccl_doctor.words import ranges
+
+    assert ranges([9, 0, 1, 2, 3, 5, 8, 3]) == "0-3, 5, 8-9"  # sorted, each rank once
+    assert ranges([4]) == "4" and ranges([]) == ""
+    assert rank_ranges((0, 1, 2, 3, 5, 8, 9)) == "0-3,5,8-9"  # the page's label
