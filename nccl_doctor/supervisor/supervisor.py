@@ -100,10 +100,8 @@ class Supervisor:
         if launch is None:
             launch = Launch(command, out_dir, environ)
         self.launch = launch
-        self.command = launch.command
         self.out_dir = out_dir
         self.poll_interval = poll_interval
-        self.environ = launch.environ
         self.state = State.STARTING
         self.run_id = launch.run_id
         self.live: LiveJob = (FederatedJob if rendezvous is not None else LiveJob)(
