@@ -53,6 +53,19 @@ class FindingKind(str, enum.Enum):
     IDENTICAL_COMPLETIONS = "identical_completions"
     DEGENERATE_SIGNAL = "degenerate_signal"
     NODE_LOST = "node_lost"  # a host's ranks and supervisor vanished (multi-node jobs)
+    # a send/receive channel (src, dst, group) whose two ends disagree: one end sent fewer
+    # messages than the other waits for, or a message's shape/dtype differs (analysis: p2p)
+    P2P_MISMATCH = "p2p_mismatch"
+    # the ranks made process groups differently (a new_group made by some ranks only, or in a
+    # different order): from then on the same group has different names on different ranks
+    GROUP_MISMATCH = "group_mismatch"
+    # a rank blocked outside any collective (a store wait, the rendezvous, communicator init,
+    # data loading, a lock) while its peers wait for it; or every rank blocked in such waits
+    BLOCKED_WAIT = "blocked_wait"
+    # a skip left the ranks pairing calls from different steps (a silent desync)
+    STEP_SKEW = "step_skew"
+    # a pipeline stage slower than the others (info: the cost per step of the imbalance)
+    PIPELINE_IMBALANCE = "pipeline_imbalance"
 
 
 @dataclass(frozen=True)
