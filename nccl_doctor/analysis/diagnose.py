@@ -15,13 +15,17 @@ from nccl_doctor.analysis.wording import call_name, call_site, ranks_text
 from nccl_doctor.analysis.desync import DESYNC, first_divergence_per_group
 from nccl_doctor.analysis.exited import detect_rank_exited, early_stopped, first_line
 from nccl_doctor.analysis.lost import detect_node_lost
+from nccl_doctor.analysis.groups import detect_group_mismatch
 from nccl_doctor.analysis.gpu_hang import detect_gpu_busy_hang
 from nccl_doctor.analysis.mismatch import detect_collective_mismatch
 from nccl_doctor.analysis.missing import detect_missing_collective
 from nccl_doctor.analysis.sampling import detect_identical_completions, detect_shared_rng_state
 from nccl_doctor.analysis.degenerate import detect_degenerate_signal
+from nccl_doctor.analysis.pipeline_balance import detect_pipeline_imbalance
+from nccl_doctor.analysis.roles import roles
 from nccl_doctor.analysis.straggler import detect_straggler
 from nccl_doctor.capture.format import CAPTURE_SUFFIX
+from nccl_doctor.capture.roles import Role
 from nccl_doctor.diagnosis import Diagnosis, Finding, FindingKind, RankSummary, Severity, Verdict
 from nccl_doctor.finding_evidence import DesyncEvidence, ExitEvidence
 from nccl_doctor.model import EventKind, EventState, ExitKind, RankTrace, TraceSet
@@ -32,6 +36,7 @@ Pass = Callable[[TraceSet], list[Finding]]
 
 #: The analysis passes, in order. Each is pure and accepts any TraceSet, empty included.
 PASSES: tuple[Pass, ...] = (
+    detect_group_mismatch,
     detect_collective_mismatch,
     detect_missing_collective,
     detect_rank_exited,
@@ -40,6 +45,7 @@ PASSES: tuple[Pass, ...] = (
     detect_shared_rng_state,
     detect_degenerate_signal,
     detect_straggler,
+    detect_pipeline_imbalance,
     detect_gpu_busy_hang,
 )
 #: The passes for silent errors only (the supervisor runs them on a healthy job while it runs).
@@ -210,6 +216,9 @@ def _rank_findings(findings: list[Finding], traces: TraceSet) -> list[Finding]:
         candidates = [f for f in candidates if not _vanished_beside(f, lost)] or candidates
     candidates = candidates or errors
     candidates = _who_left_first(candidates, traces)
+    # groups made differently leave every later group named differently across ranks: what
+    # their collectives, exits and errors show after that follows from it (analysis/groups.py)
+    candidates = [f for f in candidates if f.kind is FindingKind.GROUP_MISMATCH] or candidates
     # spinning GPUs are the symptom of whatever keeps the peers away
     candidates = [f for f in candidates if f.kind is not FindingKind.GPU_BUSY_HANG] or candidates
     first = min(candidates, key=lambda f: (f.time_ns is None, f.time_ns or 0))
@@ -440,7 +449,11 @@ def _verdict(findings: list[Finding], traces: TraceSet) -> Verdict:
 
 
 def _summaries(traces: TraceSet) -> list[RankSummary]:
-    out = [_summary(t) for _, t in sorted(traces.ranks.items())]
+    try:  # (a rank's coordinates, when it has any: the report says them)
+        held = {r: role for r, role in roles(traces).items() if role.known}
+    except Exception:  # a capture is input: odd notes must not lose the report
+        held = {}
+    out = [_summary(t, held.get(r)) for r, t in sorted(traces.ranks.items())]
     unseen = "left no capture"
     if traces.partial:  # a node's directory of a multi-node job, or one rank's file
         unseen = ("not in this replay" if traces.source.endswith(CAPTURE_SUFFIX)
@@ -468,7 +481,7 @@ def _summaries(traces: TraceSet) -> list[RankSummary]:
     return sorted(out, key=lambda s: s.rank)
 
 
-def _summary(trace: RankTrace) -> RankSummary:
+def _summary(trace: RankTrace, role: Role | None = None) -> RankSummary:
     ex = trace.exit
     state = _STATE.get(ex.kind) or ("blocked" if blocked_event(trace) else "running")
     last = last_leaf(trace)
@@ -485,4 +498,5 @@ def _summary(trace: RankTrace) -> RankSummary:
         capture=CaptureInfo(file=Path(trace.path).name, events=trace.records,
                             complete=trace.integrity.complete,
                             integrity=trace.integrity.describe()),
+        role=role,
     )

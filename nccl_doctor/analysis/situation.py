@@ -11,10 +11,11 @@ from dataclasses import dataclass
 
 from nccl_doctor.analysis.align import blocked_event
 from nccl_doctor.diagnosis import Diagnosis, Finding, FindingKind
-from nccl_doctor.model import Event, ExitKind, TraceSet
+from nccl_doctor.model import Event, EventKind, EventState, ExitKind, RankTrace, TraceSet
 
 DESYNC = (FindingKind.COLLECTIVE_MISMATCH, FindingKind.MISSING_COLLECTIVE,
-          FindingKind.RANK_EXITED, FindingKind.NODE_LOST)
+          FindingKind.RANK_EXITED, FindingKind.NODE_LOST, FindingKind.GROUP_MISMATCH,
+          FindingKind.BLOCKED_WAIT)
 
 
 class Situation(str, enum.Enum):
@@ -69,7 +70,7 @@ def assess(traces: TraceSet, diagnosis: Diagnosis, procs: dict[int, ProcState]) 
     for r in live:
         if r in stopped:  # whatever its capture says, a stopped process waits for nobody
             continue
-        e = blocked_event(traces.ranks[r])
+        e = waiting_in(traces.ranks[r])
         if e is not None:
             waiting[r] = e
     if not live:
@@ -84,6 +85,20 @@ def assess(traces: TraceSet, diagnosis: Diagnosis, procs: dict[int, ProcState]) 
     if cause is not None and _explains(cause, waiting):
         return Assessment(Situation.DEADLOCK, live, waiting, (), stopped, cause)
     return Assessment(Situation.ALL_WAITING, live, waiting, (), stopped, None)
+
+
+def waiting_in(trace: RankTrace) -> Event | None:
+    """What the rank is blocked in: a call into torch.distributed still running - a
+    collective, a point-to-point call, a wait, or the making of a process group (a rank inside
+    ``new_group`` waits for the world's ranks to make the same group: it is no computing
+    rank)."""
+    e = blocked_event(trace)
+    if e is not None:
+        return e
+    for e in reversed(trace.events[-16:]):
+        if e.state is EventState.ENTERED and e.kind is EventKind.GROUP:
+            return e
+    return None
 
 
 def _explains(cause: Finding, waiting: dict[int, Event]) -> bool:

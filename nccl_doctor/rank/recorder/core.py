@@ -36,10 +36,13 @@ from nccl_doctor.rank.recorder import functional
 from nccl_doctor.rank.recorder.arguments import Describer
 from nccl_doctor.rank.recorder.specs import SPECS
 from nccl_doctor.rank.recorder.wrappers import BoundCall, forgetting, patch_wait, wrap, wrap_init
+from nccl_doctor.rank.recorder.group_making import making_groups
 
 _FUNCTIONAL = int(EventFlag.FUNCTIONAL)
 _ISSUING = (int(EventKind.COLLECTIVE), int(EventKind.P2P))
 _MAX_PENDING = 4096  # async works awaiting wait(); older ones are forgotten
+#: The functions that make process groups (their creation is noted: group_making.py).
+GROUP_MAKERS = ("new_group", "new_subgroups", "new_subgroups_by_enumeration", "split_group")
 EARLY_NOTES = 256  # silent-error notes held before the capture exists
 SILENT_SHARE = 0.5  # of the string table, the most silent-error notes may fill
 
@@ -78,6 +81,7 @@ class Recorder:
         self._fault_file: Any = None
         self._pid = os.getpid()
         self._early: list[tuple[str, dict[str, Any]]] = []  # notes made before the capture exists
+        self.group_calls = 0  # group-making calls so far (group_making.py numbers them)
         self.dropped = 0  # silent-error notes refused: the table's share for them is full
         # The C fast path (capture/_ring.c), when the C ring is in use: ``recording`` is what its
         # Calls read and write, kept in step with this recorder by ``_publish``.
@@ -457,6 +461,7 @@ class Recorder:
         self.stacks.clear()
         self._hooks_installed = False
         self._early.clear()
+        self.group_calls = 0
         self._pid = os.getpid()
         self._publish()
 
@@ -476,6 +481,10 @@ class Recorder:
         destroy = getattr(c10d, "destroy_process_group", None)
         if destroy is not None and id(destroy) in replaced:
             replaced[id(destroy)] = forgetting(self, replaced[id(destroy)])
+        for name in GROUP_MAKERS:  # creation noted per rank (group_making.py)
+            fn = getattr(c10d, name, None)
+            if fn is not None and id(fn) in replaced:
+                replaced[id(fn)] = making_groups(self, replaced[id(fn)], name)
         init = getattr(c10d, "init_process_group", None)
         if init is not None and not getattr(init, "__nccl_doctor__", False):
             replaced[id(init)] = wrap_init(self, init)
