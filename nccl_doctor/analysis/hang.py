@@ -12,7 +12,7 @@ from nccl_doctor.analysis.situation import Assessment
 from nccl_doctor.analysis.wording import call_fields, call_name, ranks_text
 from nccl_doctor.words import ranks_verb
 from nccl_doctor.diagnosis import Diagnosis, Finding, FindingKind, Severity, Verdict
-from nccl_doctor.stacks import summary
+from nccl_doctor.stacks import places, summary
 from nccl_doctor.model import TraceSet
 from nccl_doctor.stacks.rank_stack import RankStack
 from nccl_doctor.watch_account import WatchAccount
@@ -21,6 +21,12 @@ HINT_STUCK = (
     "The waiting ranks can only go on once the stuck rank reaches the same collective. Its stack "
     "shows where it is: an input pipeline or a lock that never returns, a stopped process, or a "
     "branch taken on that rank only that skips the collective."
+)
+HINT_WORKER = (
+    "The stuck rank waits for a batch its DataLoader worker never delivers; the worker's line "
+    "above is where it is held up (a lock, a file or network read, a deadlock inside the "
+    "dataset or collate function). Fix the worker's code, or give the DataLoader a timeout= "
+    "so a stuck worker raises instead of hanging every rank."
 )
 HINT_STALL_COMM = (
     "Every rank is inside the same collective and none returns: the transport is stuck, not the "
@@ -66,19 +72,35 @@ def hang_diagnosis(analysis: Diagnosis, root: Finding | None, stacks: dict[int, 
 
 
 def stuck_peer(a: Assessment, stuck: dict[int, str], analysis: Diagnosis,
-                stacks: dict[int, RankStack]) -> Finding:
-    """missing_collective, with what the stuck ranks are doing instead (from their stacks)."""
+               stacks: dict[int, RankStack],
+               workers: Mapping[int, Mapping[int, RankStack]] | None = None) -> Finding:
+    """missing_collective, with what the stuck ranks are doing instead (from their stacks;
+    ``workers``: the stacks of a rank's own child processes - its DataLoader's workers - by
+    pid, where it waits on them). A stuck rank is stuck: the branch or loop its missing call
+    would otherwise be blamed on is not the reason, and is not said."""
     base = next((f for f in analysis.findings if f.kind is FindingKind.MISSING_COLLECTIVE
                  and set(f.absent) & set(stuck)), None)
     lines = []
     for r, why in sorted(stuck.items()):
         where = summary.user_frame(stacks[r]) if r in stacks else None
         source = stacks[r].source if r in stacks else "-"
-        lines.append(f"rank {r} is stuck outside any collective at {where or '?'}: {why} "
-                     f"(stack from {source}).")
+        found = places.place(stacks[r]) if r in stacks else None
+        if found is not None and found.kind is places.PlaceKind.DATALOADER:
+            lines.append(f"rank {r} is stuck waiting on its DataLoader's workers at "
+                         f"{where or '?'}: {why} (stack from {source}).")
+            lines.extend(_worker_lines(r, (workers or {}).get(r, {})))
+        else:
+            lines.append(f"rank {r} is stuck outside any collective at {where or '?'}: {why} "
+                         f"(stack from {source}).")
     if base is not None:
-        return replace(base, detail=base.detail + "\n" + "\n".join(lines), hint=HINT_STUCK,
-                       evidence={**base.evidence, "stuck": {str(r): w for r, w in stuck.items()}})
+        detail = "\n".join(line for line in base.detail.splitlines()
+                           if "different number of times" not in line)
+        looped = base.branch is not None and base.branch.kind in ("for", "while")
+        evidence = {**base.evidence, "stuck": {str(r): w for r, w in stuck.items()}}
+        evidence.pop("loop", None)
+        hint = HINT_WORKER if workers and any(workers.values()) else HINT_STUCK
+        return replace(base, detail=detail + "\n" + "\n".join(lines), hint=hint,
+                       branch=None if looped else base.branch, evidence=evidence)
     e = next(iter(a.waiting.values()))
     return Finding(
         kind=FindingKind.MISSING_COLLECTIVE, severity=Severity.ERROR,
@@ -87,6 +109,73 @@ def stuck_peer(a: Assessment, stuck: dict[int, str], analysis: Diagnosis,
         detail="\n".join(lines), ranks=tuple(sorted(stuck)), hint=HINT_STUCK, group=e.group,
         seq=e.align_seq, op=e.op, **call_fields(e),
         evidence={"stuck": {str(r): w for r, w in stuck.items()}}, time_ns=e.t_enter_ns,
+    )
+
+
+def _worker_lines(rank: int, workers: Mapping[int, RankStack]) -> list[str]:
+    """Where each worker of ``rank``'s DataLoader is: the line that keeps the batch."""
+    if not workers:
+        return [f"rank {rank}'s workers could not be sampled (none found, or py-spy could not "
+                "read them)."]
+    out = []
+    for pid, stack in sorted(workers.items()):
+        if stack.error and not stack.threads:
+            out.append(f"its worker pid {pid}: no stack ({stack.error}).")
+            continue
+        out.append(f"its worker pid {pid} is at {summary.user_frame(stack) or '?'} "
+                   f"[{stack.source}]: that is where the batch is held up.")
+    return out
+
+
+HINT_BLOCKED = {
+    places.PlaceKind.GROUP_CREATION: (
+        "{who} inside the making of a process group, which ends only when every rank of the "
+        "world makes the same group; {peers} in a collective instead. Every rank must make "
+        "every group (new_group, new_subgroups, DeviceMesh) at the same point, in the same "
+        "order, before any rank uses one."),
+    places.PlaceKind.STORE: (
+        "{who} in a store-based wait of torch.distributed (a barrier on the store, an object "
+        "collective's keys), which ends only when its peers reach the same wait; {peers} in a "
+        "collective instead. Make every rank reach the wait, or move the collective after it."),
+    places.PlaceKind.RENDEZVOUS: (
+        "{who} in the rendezvous of init_process_group, which ends only when every rank has "
+        "joined; {peers} already in a collective. Check MASTER_ADDR/MASTER_PORT and the world "
+        "size each rank was given."),
+}
+
+
+def blocked_peer(a: Assessment, blocked: Mapping[int, places.Place],
+                 analysis: Diagnosis) -> Finding:
+    """blocked_wait: the ranks outside collectives are blocked in torch.distributed's own
+    waits (their stacks say which), while their peers wait in a collective for them: neither
+    wait can end."""
+    ranks = sorted(blocked)
+    first = blocked[ranks[0]]
+    e = min(a.waiting.values(), key=lambda ev: ev.t_enter_ns)
+    waiting = sorted(a.waiting)
+    title = (f"{ranks_verb(ranks, 'is blocked')} {first.describe()}, while "
+             f"{ranks_verb(waiting, 'waits')} in {call_name(e)} for "
+             f"{'it' if len(ranks) == 1 else 'them'}: neither wait can end")
+    lines = [f"rank {r}: {p.describe()} (from its stack)." for r, p in sorted(blocked.items())]
+    lines.append(f"{ranks_verb(waiting, 'waits')} in {call_name(e)}.")
+    base = next((f for f in analysis.findings if f.kind is FindingKind.MISSING_COLLECTIVE
+                 and set(f.absent) & set(blocked)), None)
+    if base is not None:
+        lines.append(f"the collective they wait in: {base.title}")
+    template = HINT_BLOCKED.get(first.kind, HINT_STUCK)
+    hint = template.format(who=ranks_verb(ranks, "is blocked"),
+                           peers=ranks_verb(waiting, "waits")) if "{" in template else template
+    fields = call_fields(e)
+    if first.frame is not None:
+        fields = {**fields, "callsite": first.frame.text(),
+                  "entry_callsite": None, "call_path": ()}
+    return Finding(
+        kind=FindingKind.BLOCKED_WAIT, severity=Severity.ERROR, title=title,
+        detail="\n".join(lines), ranks=tuple(ranks), hint=hint, group=e.group,
+        seq=e.align_seq, op=e.op, **fields,
+        evidence={"place": {str(r): p.kind.value for r, p in blocked.items()},
+                  "waiting_ranks": waiting},
+        time_ns=e.t_enter_ns,
     )
 
 

@@ -26,7 +26,7 @@ from typing import Any
 
 from nccl_doctor.analysis import analyze
 from nccl_doctor.analysis.annotate import versions_of
-from nccl_doctor.analysis.hang import hang_diagnosis, idle_stall, stall, stuck_peer
+from nccl_doctor.analysis.hang import blocked_peer, hang_diagnosis, idle_stall, stall, stuck_peer
 from nccl_doctor.analysis.threads import focused
 from nccl_doctor.analysis.situation import Assessment, ProcState, Situation, assess
 from nccl_doctor.analysis.wording import call_name, ranks_text
@@ -37,6 +37,7 @@ from nccl_doctor.capture.names import report_path
 from nccl_doctor.diagnosis import Diagnosis, Finding, Verdict
 from nccl_doctor.status_view import LiveView
 from nccl_doctor.model import EventSource, TraceSet
+from nccl_doctor.stacks.places import Place, PlaceKind, place
 from nccl_doctor.stacks.rank_stack import RankStack
 from nccl_doctor.supervisor.watching import Decision, LiveJob, Snapshot
 from nccl_doctor.supervisor.policy import OnHang
@@ -286,10 +287,21 @@ class Watchdog:
     def _watch_peers(self, traces: TraceSet, analysis: Diagnosis, a: Assessment,
                      procs: dict[int, ProcState], now: float, waited: float) -> Decision | None:
         self._sample(traces, a.awaited, procs, now, self.policy.sample_every)
+        blocked = self._blocked_in_torch(a.awaited)
+        if blocked is not None and len(blocked) == len(a.awaited):
+            # every rank is blocked: the waiting ones in calls, the others in torch's own waits
+            # that only a peer can end (a store barrier, a group being made): a deadlock
+            finding = blocked_peer(a, blocked, analysis)
+            return self._declare(traces, analysis, a, waited, finding, "deadlock")
+        if blocked is not None:  # seen once: looked at again after `confirm`, not after a full sample period
+            self._last_sample = min(self._last_sample,
+                                    now - self.policy.sample_every + self.policy.confirm)
         stuck = {r: why for r in a.awaited if (why := self._stuck(r)) is not None}
         waiting = ranks_verb(sorted(a.waiting), "waits")
         if stuck:
-            finding = stuck_peer(a, stuck, analysis, self._last_stacks)
+            workers = {r: self.job.worker_stacks(r, self.policy.stack_timeout)
+                       for r in stuck if self._place_of(r, PlaceKind.DATALOADER)}
+            finding = stuck_peer(a, stuck, analysis, self._last_stacks, workers)
             return self._declare(traces, analysis, a, waited, finding, "stuck_peer")
         if waited >= self.policy.hang_after:
             finding = stall(a, "compute", waited)
@@ -297,6 +309,29 @@ class Watchdog:
         self._status(f"{waiting} in a collective on {ranks_text(list(a.awaited))} "
                      f"(outside collectives): watching")
         return None
+
+    def _place_of(self, rank: int, kind: PlaceKind) -> bool:
+        stack = self._last_stacks.get(rank)
+        found = place(stack) if stack is not None else None
+        return found is not None and found.kind is kind
+
+    def _blocked_in_torch(self, ranks: tuple[int, ...]) -> dict[int, Place] | None:
+        """The ranks of ``ranks`` whose last two samples, ``confirm`` s or more apart, both show
+        them in the same wait of torch.distributed (a store barrier, a group being made, the
+        rendezvous): None when none is in one now."""
+        out: dict[int, Place] = {}
+        seen = False
+        for r in ranks:
+            stack = self._last_stacks.get(r)
+            found = place(stack) if stack is not None else None
+            if found is None or not found.kind.blocked_in_torch:
+                continue
+            seen = True
+            samples = self._samples.get(r, [])
+            if len(samples) >= 2 and samples[-1].signature == samples[-2].signature and \
+                    samples[-1].at - samples[-2].at >= self.policy.confirm:
+                out[r] = found
+        return out if seen else None
 
     def _idle(self, ranks: tuple[int, ...]) -> bool:
         """Any of ``ranks`` used less than ``policy.idle_cpu`` of a core between its last two

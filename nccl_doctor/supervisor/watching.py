@@ -13,6 +13,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Callable, Mapping, Protocol, Sequence
 
+import psutil
+
 from nccl_doctor.analysis.annotate import Annotator
 from nccl_doctor.analysis.ends import Ending, with_ends_known
 from nccl_doctor.capture.live_captures import LiveCaptures
@@ -87,6 +89,20 @@ class LiveJob:
     def stacks(self, ranks: Sequence[int], timeout: float) -> dict[int, RankStack]:
         """The Python stacks of ``ranks`` (py-spy, else the in-rank agent)."""
         return evidence.collect_stacks(self.pids(ranks), self.run_id, timeout=timeout)
+
+    def worker_stacks(self, rank: int, timeout: float, most: int = 4) -> dict[int, RankStack]:
+        """The Python stacks of ``rank``'s own child processes (its DataLoader's workers),
+        keyed by pid: where a rank waits on its workers, theirs are the stacks that say why.
+        Only this host's ranks (a multi-node leader asks nobody: empty)."""
+        pid = self.pids([rank]).get(rank)
+        if pid is None or rank not in self.local():
+            return {}
+        try:
+            kids = [k.pid for k in psutil.Process(pid).children()][:most]
+        except (psutil.Error, OSError):
+            return {}
+        return evidence.collect_stacks({k: k for k in kids}, self.run_id, timeout=timeout) \
+            if kids else {}
 
     def flight_recorder(self, ranks: Sequence[int], timeout: float,
                         stacks: bool = False) -> dict[int, dict[str, Any]]:
