@@ -160,6 +160,8 @@ def _parted(traces: TraceSet, seqs: dict[int, list[GroupCall]], i: int,
                  f"{ranks_text(makers)} made it at {made.where}, so from then on the ranks name "
                  "their groups differently")
         culprits, witness = never, made
+        evidence = {"aspect": "never_made", "group": list(group), "made_by": makers,
+                    "waiting": sorted(r for r, c in at.items() if not c.answered)}
     else:
         (a, a_ranks), (b, b_ranks) = sorted(by_asked.items(), key=lambda kv: kv[1][0])[:2]
         first_a, first_b = at[a_ranks[0]], at[b_ranks[0]]
@@ -167,10 +169,12 @@ def _parted(traces: TraceSet, seqs: dict[int, list[GroupCall]], i: int,
                  f"{first_a.shown()} at {first_a.where} where {ranks_text(b_ranks)} made "
                  f"{first_b.shown()} at {first_b.where}")
         culprits, witness = sorted(b_ranks), first_a
+        evidence = {"aspect": "order", "group": list(a), "made_by": a_ranks,
+                    "waiting": sorted(r for r, c in at.items() if not c.answered)}
     lines = [_rank_line(seqs[r], i) for r in sorted(at)]
     if names:
         lines.append(names)
-    return _finding(title, lines, culprits, witness)
+    return _finding(title, lines, culprits, witness, evidence)
 
 
 def _never_made(traces: TraceSet, seqs: dict[int, list[GroupCall]], stuck: list[GroupCall],
@@ -193,7 +197,9 @@ def _never_made(traces: TraceSet, seqs: dict[int, list[GroupCall]], stuck: list[
     names = _names_differ(seqs)
     if names:
         lines.append(names)
-    return _finding(title, lines, sorted(ended), witness)
+    return _finding(title, lines, sorted(ended), witness,
+                    {"aspect": "never_made", "group": list(witness.asked), "made_by": makers,
+                     "waiting": waiting})
 
 
 def _rank_line(seq: list[GroupCall], i: int) -> str:
@@ -249,10 +255,11 @@ def _name_shared(seqs: dict[int, list[GroupCall]]) -> str:
             "to the wrong peers, or wait for each other forever.")
 
 
-def _finding(title: str, lines: list[str], culprits: list[int], witness: GroupCall) -> Finding:
+def _finding(title: str, lines: list[str], culprits: list[int], witness: GroupCall,
+             evidence: dict) -> Finding:
     fields = call_fields(witness.event) if witness.event is not None else {}
     return Finding(
         kind=FindingKind.GROUP_MISMATCH, severity=Severity.ERROR, title=title,
         detail="\n".join(lines), ranks=tuple(culprits), hint=HINT, op=witness.op,
-        time_ns=witness.time_ns or None, **fields,
+        time_ns=witness.time_ns or None, evidence=evidence, **fields,
     )

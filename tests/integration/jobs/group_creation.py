@@ -17,11 +17,19 @@ import torch.distributed as dist
 
 
 def main() -> None:
-    dist.init_process_group("gloo", timeout=timedelta(seconds=float(
-        os.environ.get("GLOO_TIMEOUT_S", "1800"))))
+    backend = os.environ.get("BACKEND", "gloo")
+    timeout = timedelta(seconds=float(os.environ.get("GLOO_TIMEOUT_S", "1800")))
+    if backend == "nccl":
+        # several NCCL ranks on one GPU: each claims its own host id, so NCCL's duplicate-GPU
+        # check does not apply and the ranks talk over loopback sockets
+        os.environ["NCCL_HOSTID"] = f"fakehost{os.environ['RANK']}"
+        torch.cuda.set_device(0)
+        dist.init_process_group("nccl", timeout=timeout)
+    else:
+        dist.init_process_group("gloo", timeout=timeout)
     rank, world = dist.get_rank(), dist.get_world_size()
     scenario = os.environ.get("SCENARIO", "healthy")
-    x = torch.ones(4)
+    x = torch.ones(4, device="cuda" if backend == "nccl" else "cpu")
     dist.all_reduce(x)
     if scenario == "members_only":
         if rank in (0, 1):
@@ -45,7 +53,7 @@ def main() -> None:
         from torch.distributed.device_mesh import init_device_mesh
 
         if rank != 1:
-            init_device_mesh("cpu", (2, world // 2), mesh_dim_names=("dp", "tp"))
+            init_device_mesh(x.device.type, (2, world // 2), mesh_dim_names=("dp", "tp"))
         dist.all_reduce(x)
     elif scenario == "healthy":
         low = dist.new_group([0, 1])
