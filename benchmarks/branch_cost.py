@@ -12,9 +12,14 @@ process holding torch's objects pays more for each garbage collection, whatever 
 
     python benchmarks/branch_cost.py [--rounds 30]
 
-Goal (the task): <= 50 ms per finding, cold. The last line is
+A second finding measures following the rank across calls (analysis/rank_flow.py): torch's
+all_reduce and broadcast called from a user script's ``share(t, is_main)``, whose flag is an
+argument, set from an attribute, set from a helper's return, read from another helper.
 
-  branch_cost cold_ms=C warm_ms=W goal_ratio=R full_parse_ms=P
+Goal (the task): <= 50 ms per finding, cold, for both. The last line is
+
+  branch_cost cold_ms=C warm_ms=W goal_ratio=R full_parse_ms=P interproc_cold_ms=I
+  interproc_goal_ratio=Q
 """
 
 from __future__ import annotations
@@ -68,6 +73,79 @@ def main(args):
 
 if __name__ == "__main__":
     main(parse())
+'''
+
+
+# The interprocedural case (analysis/rank_flow.py): the branch's test reads the rank only
+# through a parameter, whose argument is an attribute, set in __init__ from a helper's return,
+# which reads another helper's: each link followed to find `if is_main:`. The script is padded
+# with ordinary functions to a training script's size (the helpers are found by a text search
+# of the whole file).
+INTERPROC_SCRIPT = '''\
+import os
+
+import torch
+import torch.distributed as dist
+
+
+def rank_of():
+    return int(os.environ["RANK"])
+
+
+def is_main():
+    return rank_of() == 0
+
+
+def share(t, is_main):
+    if is_main:
+        dist.all_reduce(t)
+    else:
+        dist.broadcast(t, src=0)
+    return t
+
+
+class Worker:
+    def __init__(self, model):
+        self.model = model
+        self.leader = is_main()
+        self.steps = 0
+
+    def step(self, t):
+        self.steps += 1
+        loss = compute_loss(self.model, t)
+        if not torch.isfinite(loss):
+            return None
+        return share(t, is_main=self.leader)
+
+
+def compute_loss(model, t):
+    return model(t).sum()
+
+
+{padding}
+
+
+def main():
+    worker = Worker(torch.nn.Linear(8, 8))
+    for step in range(10):
+        worker.step(torch.ones(8))
+
+
+if __name__ == "__main__":
+    main()
+'''
+
+PAD_FUNCTION = '''\
+def helper_{k}(batch, config):
+    """An ordinary function of a training script."""
+    total = 0
+    for item in batch:
+        if item is None or config.get("skip_{k}"):
+            continue
+        total += item * {k}
+    if total > config.get("limit", 100):
+        total = config["limit"]
+    return total
 '''
 
 
@@ -153,6 +231,21 @@ def paths(user: str) -> tuple[list[Location], list[Location]]:
     return evaluating + shared, training
 
 
+def interproc_paths(user: str) -> tuple[list[Location], list[Location]]:
+    c10d = module_file("torch.distributed.distributed_c10d")
+    logger = module_file("torch.distributed.c10d_logger")
+    outer = [frame(user, "Worker.step", "return share("), frame(user, "main", "worker.step("),
+             frame(user, "<module>", "main()")]
+    reducing = [frame(c10d, "all_reduce", "work = group.allreduce("),
+                frame(logger, "_exception_logger.<locals>.wrapper", "return func(*args, **kwargs)"),
+                frame(user, "share", "dist.all_reduce(t)")]
+    broadcasting = [frame(c10d, "broadcast", "work = group.broadcast("),
+                    frame(logger, "_exception_logger.<locals>.wrapper",
+                          "return func(*args, **kwargs)"),
+                    frame(user, "share", "dist.broadcast(t, src=0)")]
+    return reducing + outer, broadcasting + outer
+
+
 def outer_name(qualname: str) -> str | None:
     """The function whose text branch.py parses for a frame (as branch._make_view does)."""
     parts = qualname.split(".")
@@ -221,7 +314,49 @@ def main() -> int:
         print(f"branches found: {count} on both sides; side A's:")
         for b in found:
             print(f"  {b.kind:<6} {os.path.basename(b.path)}:{b.line} {b.text[:70]}  {b.names}")
+        # the interprocedural case: a new Sources each time, as cold
+        script = os.path.join(tmp, "interproc.py")
+        padding = "\n\n".join(PAD_FUNCTION.format(k=k) for k in range(40))
+        Path(script).write_text(INTERPROC_SCRIPT.format(padding=padding))
+        ip_a, ip_b = interproc_paths(script)
+        ip_digests = {p: digest(Path(p).read_bytes())
+                      for p in {f.path for f in ip_a + ip_b}}
+        interproc = []
+        for _ in range(args.rounds):
+            t0 = time.perf_counter()
+            finding(Sources(ip_digests), ip_a, ip_b)
+            interproc.append((time.perf_counter() - t0) * 1000)
+        found, _ = branches(ip_a, Sources(ip_digests))
+        named = [b for b in found if b.names == ("is_main",)]
+        if not named:
+            raise SystemExit("the interprocedural branch was not found: "
+                             f"{[(b.kind, b.line, b.names) for b in found]}")
+        print(f"interprocedural: {len(ip_a)} + {len(ip_b)} frames, the script "
+              f"{len(Path(script).read_text().splitlines())} lines; found "
+              f"{named[0].kind} {named[0].text!r} via:")
+        for via in named[0].via:
+            print(f"  {via}")
+        # the same findings with the following switched off (names read as before it):
+        # what following costs, on this machine, in this run
+        from nccl_doctor.analysis import branch as branch_module
+
+        saved = branch_module.resolver_for, branch_module._seeds
+        branch_module.resolver_for = lambda *a, **k: None  # type: ignore[assignment]
+        branch_module._seeds = lambda *a, **k: {}  # type: ignore[assignment]
+        try:
+            plain, plain_ip = [], []
+            for _ in range(args.rounds):
+                t0 = time.perf_counter()
+                finding(Sources(digests), side_a, side_b)
+                t1 = time.perf_counter()
+                finding(Sources(ip_digests), ip_a, ip_b)
+                t2 = time.perf_counter()
+                plain.append((t1 - t0) * 1000)
+                plain_ip.append((t2 - t1) * 1000)
+        finally:
+            branch_module.resolver_for, branch_module._seeds = saved
     c, w = statistics.median(cold), statistics.median(warm)
+    ip = statistics.median(interproc)
     r, loc = statistics.median(reading), statistics.median(locating)
     print(f"cold: median {c:.1f} ms, min {min(cold):.1f}, 90th percentile "
           f"{statistics.quantiles(cold, n=10)[-1]:.1f}, max {max(cold):.1f} ({args.rounds} rounds)")
@@ -229,8 +364,13 @@ def main() -> int:
           f"functions {loc:.1f} ms, the analysis {c - r - loc:.1f} ms")
     print(f"warm: median {w:.2f} ms")
     print(f"parsing the {len(files)} whole files instead: {full:.0f} ms")
+    print(f"interprocedural cold: median {ip:.1f} ms, 90th percentile "
+          f"{statistics.quantiles(interproc, n=10)[-1]:.1f}, max {max(interproc):.1f}")
+    print(f"following switched off: the first finding {statistics.median(plain):.1f} ms, the "
+          f"interprocedural one {statistics.median(plain_ip):.1f} ms (its branch not found)")
     print(f"branch_cost cold_ms={c:.1f} warm_ms={w:.2f} goal_ratio={c / GOAL_MS:.2f} "
-          f"full_parse_ms={full:.0f}")
+          f"full_parse_ms={full:.0f} interproc_cold_ms={ip:.1f} "
+          f"interproc_goal_ratio={ip / GOAL_MS:.2f}")
     return 0
 
 

@@ -14,6 +14,7 @@ from dataclasses import dataclass, field
 from typing import Any, Mapping
 
 from nccl_doctor._version import __version__
+from nccl_doctor.capture.roles import Role
 from nccl_doctor.finding_evidence import Evidence, MissingEvidence, evidence_for
 from nccl_doctor.sections import (
     Branch, CallFrame, CaptureInfo, LastCollective, Nodes, Ray, StackClass, call_path_from_json,
@@ -62,8 +63,6 @@ class FindingKind(str, enum.Enum):
     # a rank blocked outside any collective (a store wait, the rendezvous, communicator init,
     # data loading, a lock) while its peers wait for it; or every rank blocked in such waits
     BLOCKED_WAIT = "blocked_wait"
-    # a skip left the ranks pairing calls from different steps (a silent desync)
-    STEP_SKEW = "step_skew"
     # a pipeline stage slower than the others (info: the cost per step of the imbalance)
     PIPELINE_IMBALANCE = "pipeline_imbalance"
 
@@ -170,6 +169,9 @@ class RankSummary:
     last_collective: LastCollective | None
     stack_summary: str | None
     capture: CaptureInfo | None  # None: the rank left no capture
+    # its coordinates (mesh, pipeline stage, groups: analysis/roles.py); None when nothing was
+    # noted or inferred beyond its groups
+    role: Role | None = None
 
     def to_json(self) -> dict[str, Any]:
         return {
@@ -179,6 +181,7 @@ class RankSummary:
                                 if self.last_collective is not None else None),
             "stack_summary": self.stack_summary,
             "capture": self.capture.to_json() if self.capture is not None else {},
+            **({"role": self.role.to_json()} if self.role is not None else {}),
         }
 
     @classmethod
@@ -194,7 +197,8 @@ class RankSummary:
             last_collective=LastCollective.from_json(last) if last else None,
             stack_summary=(None if raw.get("stack_summary") is None
                            else str(raw["stack_summary"])),
-            capture=CaptureInfo.from_json(raw.get("capture") or {}))
+            capture=CaptureInfo.from_json(raw.get("capture") or {}),
+            role=Role.from_json(raw["role"]) if raw.get("role") else None)
 
 
 @dataclass(frozen=True)

@@ -368,6 +368,72 @@ class NodeLostEvidence(Evidence):
         return ("host", "node_rank", "ranks")
 
 
+@dataclass(frozen=True, kw_only=True)
+class PipelineImbalanceEvidence(Evidence):
+    """pipeline_imbalance: a stage that works longer per step than the others
+    (analysis/pipeline_balance.py)."""
+
+    stage: tuple[int, ...] = _ev(RANKS, factory=tuple)  # the slow stage (several: interleaved)
+    stages: Mapping[str, float] = _ev(factory=dict)  # stage -> its work per step, s
+    excess_per_step_s: float = _ev(FLOAT, default=0.0)  # the slow stage's more, per step
+    idle_share: float = _ev(FLOAT, default=0.0)  # the share of a step the others idle
+    step_s: float = _ev(FLOAT, default=0.0)
+    replicas: int = _ev(INT, default=0)
+    steps: int = _ev(INT, default=0)
+
+    def always(self) -> tuple[str, ...]:
+        return ("stage", "stages", "excess_per_step_s", "idle_share", "step_s", "replicas",
+                "steps")
+
+
+@dataclass(frozen=True, kw_only=True)
+class P2PEvidence(Evidence):
+    """p2p_mismatch: a send/receive channel whose ends disagree (analysis/p2p.py)."""
+
+    aspect: str = _ev(STR, default="")  # count | shape | dtype | deadlock
+    src: int | None = _ev(INT)  # the channel: global ranks, in the finding's group
+    dst: int | None = _ev(INT)
+    sent: int = _ev(INT, default=0)  # sends src made on it (in the whole capture)
+    received: int = _ev(INT, default=0)  # receives dst posted on it
+    #: since the last collective of the group both ends completed: {"after", "sent", "received"}
+    step: Json = _ev()
+    waiting: Mapping[int, str] = _ev(_by_rank(STR), factory=dict)  # rank -> waits | failed
+    instead: Mapping[int, str] = _ev(_by_rank(STR), factory=dict)  # the short end, meanwhile
+    loops: tuple[Json, ...] = _ev(_Codec(list, tuple), factory=tuple)  # each end's loop
+    message: int | None = _ev(INT)  # shape/dtype: the first message (1-based) that differs
+    differing: int = _ev(INT, default=0)  # shape/dtype: how many messages differ
+    sent_input: str | None = _ev(STR)  # shape/dtype: what was sent, and into what received
+    received_input: str | None = _ev(STR)
+    cycle: tuple[int, ...] = _ev(RANKS, factory=tuple)  # deadlock: each waits on the next
+
+    def always(self) -> tuple[str, ...]:
+        return ("aspect", "src", "dst", "sent", "received")
+
+
+@dataclass(frozen=True, kw_only=True)
+class GroupMismatchEvidence(Evidence):
+    """group_mismatch: ranks that made process groups differently (analysis/groups.py)."""
+
+    aspect: str = _ev(STR, default="")  # never_made | order
+    group: tuple[int, ...] = _ev(RANKS, factory=tuple)  # the group some ranks never made
+    made_by: tuple[int, ...] = _ev(RANKS, factory=tuple)
+    waiting: tuple[int, ...] = _ev(RANKS, factory=tuple)  # ranks still inside a group's making
+
+    def always(self) -> tuple[str, ...]:
+        return ("aspect", "group", "made_by", "waiting")
+
+
+@dataclass(frozen=True, kw_only=True)
+class BlockedWaitEvidence(Evidence):
+    """blocked_wait: ranks blocked in torch.distributed's own waits (analysis/hang.py)."""
+
+    place: Mapping[int, str] = _ev(_by_rank(STR), factory=dict)  # rank -> store | rendezvous ...
+    waiting_ranks: tuple[int, ...] = _ev(RANKS, factory=tuple)  # the ranks in a collective
+
+    def always(self) -> tuple[str, ...]:
+        return ("place", "waiting_ranks")
+
+
 #: each finding kind's evidence class (by FindingKind value)
 BY_KIND: dict[str, type[Evidence]] = {
     "missing_collective": MissingEvidence, "collective_mismatch": MismatchEvidence,
@@ -375,6 +441,9 @@ BY_KIND: dict[str, type[Evidence]] = {
     "straggler": StragglerEvidence, "shared_rng_state": SamplingEvidence,
     "identical_completions": SamplingEvidence, "degenerate_signal": DegenerateEvidence,
     "node_lost": NodeLostEvidence,
+    "p2p_mismatch": P2PEvidence,
+    "group_mismatch": GroupMismatchEvidence, "blocked_wait": BlockedWaitEvidence,
+    "pipeline_imbalance": PipelineImbalanceEvidence,
 }
 
 

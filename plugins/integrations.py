@@ -4,7 +4,7 @@ module imports none of those libraries."""
 
 from __future__ import annotations
 
-from nccl_doctor.plugins import accelerate_seed, hf_transformers, ray_train, vllm_engine
+from nccl_doctor.plugins import accelerate_seed, hf_transformers, ray_train, roles, vllm_engine
 from nccl_doctor.rank.hooks import Integration
 
 INTEGRATIONS: tuple[Integration, ...] = (
@@ -15,4 +15,6 @@ INTEGRATIONS: tuple[Integration, ...] = (
     Integration("vllm", vllm_engine.patch_generate),
     Integration("ray.train.v2._internal.execution.worker_group.thread_runner",
                 ray_train.patch_thread_runner),
+    Integration("torch.distributed.device_mesh", roles.patch_device_mesh),
+    Integration("torch.distributed.pipelining.stage", roles.patch_pipeline_stage),
 )

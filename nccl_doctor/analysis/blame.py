@@ -25,6 +25,7 @@ from typing import Any, Sequence
 from nccl_doctor import call_path, paths, redact, words
 from nccl_doctor.analysis.align import blocked_event, last_leaf, timelines
 from nccl_doctor.analysis.branch import Branch, NotAnalysed, branches
+from nccl_doctor.analysis.data_jumps import data_skip
 from nccl_doctor.analysis.exited import aborted_at_its_end
 from nccl_doctor.analysis.loop_counts import Side, loop_line
 from nccl_doctor.analysis.polarity import body_is_special
@@ -263,6 +264,14 @@ def _settled(f: Finding, traces: TraceSet, sources: Sources) -> Finding:
         return replace(f, ranks=culprit, detail="\n".join(lines),
                        branch=_branch_json(branch, culprit, culprit=True),
                        hint=_hint(branch), evidence=evidence)
+    skip = None if crashed else data_skip(sides, traces, sources)
+    if skip is not None:
+        # a jump the data decided, not the rank: named with the ranks that took it; who is
+        # wrong stays the pass's own rule (the data, not a side's code, parted them)
+        evidence["data_jump"] = skip.to_json()
+        lines.append(skip.text())
+        return replace(f, detail="\n".join(lines), evidence=evidence, hint=skip.hint(),
+                       branch=_branch_json(skip.jump.branch, skip.took))
     extra = loop_line(sides, traces, sources)
     if extra is not None:
         text, loop_json = extra
@@ -357,10 +366,20 @@ def _reason(b: Branch, culprit: Sequence[int], others: Sequence[int]) -> str:
     if _skipping(b):
         what = "jump" if b.skips else "branch"
         return (f"{who} {took} the rank-dependent {what} at {_where(b)} ({_quote(b)}) that "
-                f"skips the call {rest} made: {who} {are} the odd side.")
+                f"skips the call {rest} made: {who} {are} the odd side." + _via(b))
     inside = "inside" if b.kind != "decorator" else "under the decorator"
     return (f"{who} made this call {inside} the rank-dependent branch at {_where(b)} "
-            f"({_quote(b)}), which {rest} did not take: {who} {are} the odd side.")
+            f"({_quote(b)}), which {rest} did not take: {who} {are} the odd side." + _via(b))
+
+
+def _via(b: Branch) -> str:
+    """How a test that reads the rank from another function does (analysis/rank_flow.py):
+    " It depends on the rank through another function: `is_main` is `rank == 0`, passed at
+    train.py:31." ("" for a test that names the rank itself)."""
+    if not b.via:
+        return ""
+    return (" It depends on the rank through another function: "
+            + "; ".join(source_text(v) for v in b.via) + ".")
 
 
 def _hint(b: Branch) -> str:
@@ -401,6 +420,7 @@ def _branch_json(b: Branch, ranks: Sequence[int], culprit: bool = False) -> dict
     return {"path": b.path, "line": b.line, "text": source_text(b.text), "kind": b.kind,
             "function": b.function, "ranks": sorted(ranks), "skips": skips,
             "library": package, "names": list(b.names),
+            **({"via": [source_text(v) for v in b.via]} if b.via else {}),
             **({"culprit": True} if culprit else {})}
 
 

@@ -18,11 +18,15 @@ from typing import Iterator, Optional, Sequence
 from nccl_doctor.analysis.rank_terms import (
     RANK_CALLS, RANK_ENV, RANK_NAMES, Deps, rank_like, unique,
 )
-from nccl_doctor.analysis.source_text import Sources
+from nccl_doctor import paths
+from nccl_doctor.analysis.rank_flow import (
+    MAX_CALL_DEPTH, bind, call_name, class_of, resolver_for,
+)
+from nccl_doctor.analysis.source_text import Region, Sources
 from nccl_doctor.location import Location
 
-__all__ = ["Branch", "Loop", "NotAnalysed", "branches", "loops", "rank_like",
-           "RANK_NAMES", "RANK_CALLS", "RANK_ENV"]
+__all__ = ["Branch", "DataJump", "Loop", "NotAnalysed", "branches", "data_jumps", "loops",
+           "rank_like", "RANK_NAMES", "RANK_CALLS", "RANK_ENV"]
 
 TEXT_CHARS = 160
 _SCOPES = (ast.FunctionDef, ast.AsyncFunctionDef, ast.Lambda, ast.ClassDef)
@@ -45,6 +49,9 @@ class Branch:
     frame: Location  # the frame whose source showed it
     skips: bool  # "jump": the ranks taking it skip the call ``frame`` is at
     names: tuple[str, ...]  # the rank-dependent names in the test, as written
+    # how those of ``names`` that came from another function depend on the rank: a caller's
+    # argument, a helper's return, an attribute set elsewhere (analysis/rank_flow.py)
+    via: tuple[str, ...] = ()
 
 
 @dataclass(frozen=True)
@@ -56,6 +63,15 @@ class Loop:
     frame: Location
     first_line: int  # the header: a for's next() and a while's test run every iteration
     last_line: int  # the body's last line (an ``else:`` runs once, after)
+
+
+@dataclass(frozen=True)
+class DataJump:
+    """A jump before a frame's call, in the loop that holds it, whose test does not depend on
+    the rank (``if not torch.isfinite(loss): continue``): the ranks' data decides who takes it."""
+    branch: Branch  # kind "jump", no names
+    leaves: str  # continue | break | return | raise
+    loop: Loop  # the innermost loop holding the frame's line, the jump inside it
 
 
 @dataclass(frozen=True)
@@ -71,18 +87,37 @@ def branches(frames: Sequence[Location], sources: Sources,
     or parsed."""
     found: dict[tuple[str, int, str], Branch] = {}
     failed: dict[str, NotAnalysed] = {}
-    for frame in frames:
+    frames = tuple(frames)
+    for i, frame in enumerate(frames):
         try:
             view = _view(frame, sources)
             if isinstance(view, str):
                 failed.setdefault(frame.path, NotAnalysed(frame.path, view))
                 continue
+            view = _seeded(view, frames, i, sources)
             for branch in view.branches():
                 found.setdefault((branch.path, branch.line, branch.kind), branch)
         except Exception as exc:  # odd source must cost the report this frame, not the report
             failed.setdefault(frame.path, NotAnalysed(
                 frame.path, f"analysis failed ({type(exc).__name__}: {exc})"))
     return tuple(found.values()), tuple(failed.values())
+
+
+def data_jumps(frames: Sequence[Location], sources: Sources) -> tuple[DataJump, ...]:
+    """Every jump before a frame's call inside the innermost loop holding it whose test does not
+    depend on the rank, frame by frame (innermost first), nearest first; frames whose source is
+    not analysed add none."""
+    out: list[DataJump] = []
+    frames = tuple(frames)
+    for i, frame in enumerate(frames):
+        try:
+            view = _view(frame, sources)
+            if isinstance(view, str):
+                continue
+            out.extend(_seeded(view, frames, i, sources).data_jumps())
+        except Exception:  # as in branches(): this frame only
+            continue
+    return tuple(out)
 
 
 def loops(frames: Sequence[Location], sources: Sources) -> tuple[Loop, ...]:
@@ -116,6 +151,7 @@ class _View:
     paths: tuple[tuple[Step, ...], ...]
     deps: Deps
     lines: tuple[str, ...]
+    region: Region
 
     def branches(self) -> Iterator[Branch]:
         for path in self.paths:
@@ -197,10 +233,44 @@ class _View:
                     found.append(self._branch("jump", node.lineno, names, skips=True))
         yield from sorted(found, key=lambda b: -b.line)
 
+    def calls(self, name: str) -> list[ast.Call]:
+        """The calls on the frame's line of a function named ``name`` (``share(...)``,
+        ``obj.share(...)``): found on the paths down to the line, not by walking the scope."""
+        out: list[ast.Call] = []
+        for path in self.paths:
+            for _, _, _, child in path:
+                if isinstance(child, ast.Call) and call_name(child) == name \
+                        and all(c is not child for c in out):
+                    out.append(child)
+        return out
+
+    def data_jumps(self) -> Iterator[DataJump]:
+        """The ifs among the statements before the frame's line, inside the innermost loop
+        holding it, that leave it (or the function) and whose test does not read the rank."""
+        loop = self.loop()
+        if loop is None:
+            return
+        found: dict[int, DataJump] = {}
+        for path in self.paths[:1]:
+            for depth in range(len(path) - 1, -1, -1):
+                parent, field, index, child = path[depth]
+                if index is None or not isinstance(child, ast.stmt):
+                    continue
+                before = getattr(parent, field)[:index]
+                for node, own_loop in _walk_statements(before, own_loop=True):
+                    if not isinstance(node, ast.If) or node.lineno < loop.first_line \
+                            or node.lineno in found:
+                        continue
+                    leaves = _leaving(node.body + node.orelse, own_loop)
+                    if leaves is not None and not self.deps.names(node.test):
+                        found[node.lineno] = DataJump(
+                            self._branch("jump", node.lineno, (), skips=True), leaves, loop)
+        yield from sorted(found.values(), key=lambda j: -j.branch.line)
+
     def _branch(self, kind: str, line: int, names: tuple[str, ...],
                 skips: bool = False) -> Branch:
         return Branch(kind, self.frame.path, line, self._text(line), self.function, self.frame,
-                      skips, names)
+                      skips, names, self.deps.via(names))
 
     def _text(self, line: int) -> str:
         text = self.lines[line - 1].strip() if 0 < line <= len(self.lines) else ""
@@ -227,10 +297,76 @@ def _make_view(frame: Location, sources: Sources) -> _View | str:
     lines = sources.lines(frame.path)
     scope = _scope(region.node, frame.line, parts[-1])
     paths = _paths(scope, frame.line)
-    deps = sources.memo(("branch.deps", frame.path, id(region.node)),
-                        lambda: Deps.of(region, sources))
+    deps = sources.memo(("branch.deps", frame.path, id(region.node), qualname),
+                        lambda: Deps.of(region, sources,
+                                        resolver=resolver_for(sources, frame.path, qualname)))
     function = qualname or getattr(scope, "name", "<module>")
-    return _View(frame, function, scope, paths, deps, lines)
+    return _View(frame, function, scope, paths, deps, lines, region)
+
+
+# -- across calls ------------------------------------------------------------------------------
+
+def _seeded(view: _View, frames: tuple[Location, ...], i: int, sources: Sources,
+            depth: int = MAX_CALL_DEPTH) -> _View:
+    """The frame's view with the parameters its caller (the next frame out) passed
+    rank-derived arguments to read as the rank's."""
+    seeds = _seeds(frames, i, sources, depth)
+    if not seeds:
+        return view
+    frame = view.frame
+    key = tuple(sorted(seeds.items()))
+    deps = sources.memo(("branch.seeded", frame.path, id(view.region.node), view.function, key),
+                        lambda: Deps.of(view.region, sources, seeds,
+                                        resolver_for(sources, frame.path, view.function)))
+    return replace(view, deps=deps)
+
+
+def _seeds(frames: tuple[Location, ...], i: int, sources: Sources, depth: int,
+           ) -> dict[str, str]:
+    """Parameter -> how its argument depends on the rank, for the parameters of ``frames[i]``'s
+    function that its caller gave a rank-derived argument. The caller is the next frame out of
+    the user's whose line calls the function by name (a pass-through wrapper between may be
+    skipped); its own parameters are followed ``depth`` callers out."""
+    if depth <= 0 or i + 1 >= len(frames):
+        return {}
+    key = ("branch.seeds", depth, tuple((f.path, f.line, f.function)
+                                        for f in frames[i:i + depth + 2]))
+    return sources.memo(key, lambda: _find_seeds(frames, i, sources, depth))
+
+
+def _find_seeds(frames: tuple[Location, ...], i: int, sources: Sources, depth: int,
+                ) -> dict[str, str]:
+    if paths.is_internal_file(frames[i].path):
+        return {}  # torch's own parameters (a group, a src) say nothing of a branch of yours
+    view = _view(frames[i], sources)
+    if isinstance(view, str) or not isinstance(view.scope, _DEFS):
+        return {}
+    name = view.scope.name
+    if name == "__init__":  # called as its class: ``Worker(rank == 0)``
+        name = class_of(view.function) or name
+    for j in range(i + 1, min(i + 3, len(frames))):
+        caller = frames[j]
+        if not paths.is_user_file(caller.path):
+            continue  # a library's frame (a wrapper passing the call on): the user's is next
+        outer = _view(caller, sources)
+        if isinstance(outer, str):
+            return {}
+        calls = outer.calls(name)
+        if not calls:
+            continue
+        more = _seeds(frames, j, sources, depth - 1)
+        deps = _seeded(outer, frames, j, sources, depth - 1).deps if more else outer.deps
+        out: dict[str, str] = {}
+        for call in calls:
+            for param, argument in bind(call, view.scope).items():
+                if param not in out and deps.derives(argument):
+                    # and how the argument itself came from the rank, when from further off
+                    further = deps.via(deps.names(argument))
+                    out[param] = "; ".join((f"`{param}` is `{deps.text(argument)}`, passed at "
+                                            f"{paths.short_path(caller.path)}:{caller.line}",
+                                            *further))
+        return out
+    return {}
 
 
 def _span(node: ast.AST) -> tuple[int, int]:
@@ -353,6 +489,16 @@ def _walk_statements(statements: Sequence[ast.AST], own_loop: bool,
                 continue
             inner = own_loop and not (isinstance(node, _LOOPS) and field == "body")
             yield from _walk_statements(children, inner)
+
+
+def _leaving(statements: Sequence[ast.AST], own_loop: bool) -> str | None:
+    """The first statement among ``statements`` that leaves the loop holding the frame's line
+    or its function: continue, break, return or raise; None if none does."""
+    for node, loop in _walk_statements(statements, own_loop):
+        if isinstance(node, (ast.Return, ast.Raise)) or (
+                isinstance(node, (ast.Continue, ast.Break)) and loop):
+            return type(node).__name__.lower()
+    return None
 
 
 def _leaves(statements: Sequence[ast.AST], own_loop: bool) -> bool:

@@ -18,6 +18,7 @@ from nccl_doctor.analysis.lost import detect_node_lost
 from nccl_doctor.analysis.groups import detect_group_mismatch
 from nccl_doctor.analysis.gpu_hang import detect_gpu_busy_hang
 from nccl_doctor.analysis.mismatch import detect_collective_mismatch
+from nccl_doctor.analysis.p2p import detect_p2p_mismatch, without_p2p_waits
 from nccl_doctor.analysis.missing import detect_missing_collective
 from nccl_doctor.analysis.sampling import detect_identical_completions, detect_shared_rng_state
 from nccl_doctor.analysis.degenerate import detect_degenerate_signal
@@ -39,6 +40,7 @@ PASSES: tuple[Pass, ...] = (
     detect_group_mismatch,
     detect_collective_mismatch,
     detect_missing_collective,
+    detect_p2p_mismatch,
     detect_rank_exited,
     detect_node_lost,
     detect_identical_completions,
@@ -85,6 +87,9 @@ def analyze(traces: TraceSet, passes: tuple[Pass, ...] = PASSES,
             notes.append(f"analysis pass {p.__name__} failed on this capture ({err!r}); its "
                          "findings are missing")
     findings = _inside_a_mismatch(first_divergence_per_group(found))
+    # a rank missing from a collective because it waits in a short p2p channel: the channel's
+    # finding is the cause (analysis/p2p.py), never the stage split as a skipping branch
+    findings = without_p2p_waits(findings)
     if traces.unfinished:
         findings, notes = _while_running(findings, traces, notes)
     try:  # who is wrong, and why: the branch on the rank
@@ -436,7 +441,8 @@ def _verdict(findings: list[Finding], traces: TraceSet) -> Verdict:
     if not traces.ranks and not traces.early_exits and traces.exit_status in (None, 0):
         return Verdict.NOT_RECORDED  # (a job that failed with no rank recorded is a crash)
     running = any(t.exit.was_running for t in traces.ranks.values())
-    if running and any(f.kind in DESYNC or f.kind is FindingKind.GPU_BUSY_HANG for f in findings):
+    if running and any(f.kind in DESYNC or f.kind in (
+            FindingKind.GPU_BUSY_HANG, FindingKind.P2P_MISMATCH) for f in findings):
         return Verdict.HANG
     abnormal = any(t.exit.abnormal for t in traces.ranks.values()) or bool(
         set(traces.early_exits) - early_stopped(traces))

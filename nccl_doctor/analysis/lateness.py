@@ -11,13 +11,18 @@ A rank's lateness at a call is the longest wait of its members minus its own. Ca
 block (``async_op``, coalesced work) and NCCL calls without both kernel times are not compared
 across hosts.
 
-A step is one pass of the job's loop (``steps_of``: the long gaps between the calls at the
+A step is one pass of the job's loop (``steps_of``: the long pauses between the calls at the
 group's most repeated call site); a rank's lateness per step is, per call site, its mean lateness
 there times the site's calls per step, summed. The lateness table (``lateness_table``) gives per
 rank its lateness per call and per step, and its cost: at each call it was last to, how long its
 peers waited for it (their median lateness gap), per step and as a share of the step's time.
 Only collectives whose skew is at least ``MIN_SKEW_NS`` count as having a last rank: below it,
 arrival order is noise.
+
+Ranks are compared with the peers of their role only (analysis/roles.py): a collective of a
+group whose members have different roles (the world group of a pipeline: its stages) is one
+``Arrival`` per role among its members, each measured from the first of its peers to arrive.
+The last stage arriving after the first is the pipeline's design, not lateness.
 """
 
 from __future__ import annotations
@@ -27,6 +32,7 @@ from collections import Counter, defaultdict
 from dataclasses import dataclass, field
 
 from nccl_doctor.analysis.align import keep_last, timelines
+from nccl_doctor.analysis.roles import peer_classes
 from nccl_doctor.analysis.wording import call_site
 from nccl_doctor.model import Event, EventFlag, TraceSet
 
@@ -46,6 +52,8 @@ class Arrival:
     # on its lowest rank's clock): a series of them stays on one clock
     last: int  # the last member to arrive
     skew_ns: int  # how long after the first it arrived
+    # the members compared (peers of one role: the whole group when its members share a role)
+    peers: tuple[int, ...] = ()
 
     def waited_for(self, rank: int) -> float:
         """How long the other members waited for ``rank`` here, ns (their median gap)."""
@@ -91,21 +99,26 @@ def arrivals(traces: TraceSet) -> Arrivals:
         members = [r for r in timeline.members if r in traces.ranks]
         if len(members) < 2:
             continue
-        across = len({hosts[r] for r in members}) > 1
+        classes = peer_classes(traces, members)
         nccl = _is_nccl(traces, group)
         for seq in timeline.seqs():
             calls: dict[int, Event] = timeline.calls[seq]
             if set(calls) != set(members):
                 continue
-            found = _across(calls, nccl) if across else _one_host(calls, nccl)
-            if found is None:
-                if nccl:
-                    out.unmeasured[group] += 1
-                continue
-            late, t_last = found
-            last = max(late, key=late.__getitem__)
-            out.calls.append(Arrival(group, seq, late, dict(calls), across, t_last, last,
-                                     late[last]))
+            unmeasured = False
+            for peers in classes:
+                mine = {r: calls[r] for r in peers}
+                across = len({hosts[r] for r in peers}) > 1
+                found = _across(mine, nccl) if across else _one_host(mine, nccl)
+                if found is None:
+                    unmeasured = unmeasured or nccl
+                    continue
+                late, t_last = found
+                last = max(late, key=late.__getitem__)
+                out.calls.append(Arrival(group, seq, late, mine, across, t_last, last,
+                                         late[last], peers))
+            if unmeasured:
+                out.unmeasured[group] += 1
     return out
 
 
@@ -168,24 +181,27 @@ class RankLateness:
 
 
 def steps_of(calls: list[Arrival]) -> tuple[float, float]:
-    """(steps, seconds per step) the compared collectives span. Per group, on one rank's own
-    clock, the calls at its most repeated call site (every call where none repeats): a step
-    ends at each long gap between them - at least half the longest - so several calls a step
-    from one line (DDP's buckets, a layer's all_reduce) still count one step; a step's time is
-    the period between the steps' first calls."""
-    by_group: dict[str, list[Arrival]] = defaultdict(list)
+    """(steps, seconds per step) the compared collectives span. Per group and role, on one
+    rank's own clock, the calls at its most repeated call site (every call where none
+    repeats): a step ends at each long pause between one call's return and the next call - at
+    least half the longest - so several calls a step from one line (DDP's buckets, a layer's
+    all_reduce) still count one step, however long a late peer kept the rank inside the first
+    of them; a step's time is the period between the steps' first calls."""
+    by_group: dict[tuple, list[Arrival]] = defaultdict(list)
     for a in calls:
-        by_group[a.group].append(a)
+        by_group[a.group, a.peers].append(a)
     best: tuple[float, float] = (0.0, 0.0)
     for group_calls in by_group.values():
         rank = min(group_calls[0].events)
         sites = Counter(call_site(a.events[rank]) for a in group_calls)
         site, count = sites.most_common(1)[0]
-        marks = sorted(a.events[rank].t_enter_ns for a in group_calls
-                       if count < 2 or call_site(a.events[rank]) == site)
-        gaps = [b - a for a, b in zip(marks, marks[1:])]
-        longest = max(gaps, default=0)
-        starts = [marks[0]] + [b for g, b in zip(gaps, marks[1:]) if longest and g >= longest / 2]
+        mine = sorted((a.events[rank] for a in group_calls
+                       if count < 2 or call_site(a.events[rank]) == site),
+                      key=lambda e: e.t_enter_ns)
+        pauses = [b.t_enter_ns - (a.t_exit_ns or a.t_enter_ns) for a, b in zip(mine, mine[1:])]
+        longest = max(pauses, default=0)
+        starts = [mine[0].t_enter_ns] + [b.t_enter_ns for p, b in zip(pauses, mine[1:])
+                                         if longest > 0 and p >= longest / 2]
         steps = len(starts)
         period = (starts[-1] - starts[0]) / 1e9 / (steps - 1) if steps > 1 else 0.0
         if steps > best[0]:
@@ -193,10 +209,10 @@ def steps_of(calls: list[Arrival]) -> tuple[float, float]:
     return best
 
 
-def sites_of(calls: list[Arrival]) -> tuple[list[tuple[str, str]], Counter]:
-    """Each compared collective's call site (its group's, from its lowest rank's call), and how
-    many of them each site holds."""
-    sites = [(a.group, call_site(a.events[min(a.events)])) for a in calls]
+def sites_of(calls: list[Arrival]) -> tuple[list[tuple], Counter]:
+    """Each compared collective's call site (its group's and its role's, from its lowest rank's
+    call), and how many of them each site holds."""
+    sites = [(a.group, a.peers, call_site(a.events[min(a.events)])) for a in calls]
     return sites, Counter(sites)
 
 

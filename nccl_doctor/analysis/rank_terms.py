@@ -17,11 +17,11 @@ from __future__ import annotations
 import ast
 import re
 import weakref
-from typing import Callable, Iterator
+from typing import Callable, Iterator, Mapping, Protocol
 
 from nccl_doctor.analysis.source_text import Region, Sources
 
-__all__ = ["Deps", "rank_like", "unique", "RANK_NAMES", "RANK_CALLS", "RANK_ENV"]
+__all__ = ["Deps", "Resolver", "rank_like", "unique", "RANK_NAMES", "RANK_CALLS", "RANK_ENV"]
 
 # Names and attributes that hold a rank or a test of it (torch, Lightning, accelerate, HF Trainer).
 RANK_NAMES = frozenset({
@@ -99,31 +99,52 @@ def _env_rank(name: str) -> bool:
     return name in RANK_ENV or "RANK" in name.split("_")
 
 
+class Resolver(Protocol):
+    """What a region's calls and ``self`` attributes carry from elsewhere in its file (the
+    helpers it calls, the methods that set an attribute: analysis/rank_flow.py): an account of
+    how the value comes from the rank ("`is_main()` returns `dist.get_rank() == 0` (train.py:12)"),
+    or None when it does not."""
+
+    def call(self, name: str) -> str | None: ...
+
+    def attribute(self, name: str) -> str | None: ...
+
+
 class _Facts:
     """What one region's own code says about names, each worked out on first use: most
-    conditions depend on the rank by name, or not at all, and never need it."""
+    conditions depend on the rank by name, or not at all, and never need it.
+
+    ``seeds``: names bound from the rank outside the region (a parameter its caller passed a
+    rank-derived argument), with how; ``resolver``: what its calls and attributes carry."""
 
     def __init__(self, root: ast.AST | None, lines: tuple[str, ...],
-                 is_global: Callable[[str], bool]) -> None:
+                 is_global: Callable[[str], bool], seeds: Mapping[str, str] | None = None,
+                 resolver: Resolver | None = None) -> None:
         self.root = root
         self.lines = lines
         self.is_global = is_global
+        self.seeds: Mapping[str, str] = seeds or {}
+        self.resolver = resolver
+        # the names and attributes found through ``seeds`` or ``resolver``, as written -> how
+        self.via: dict[str, str] = {}
         self._tainted: frozenset[str] | None = None
         self._local: frozenset[str] | None = None
 
     @classmethod
-    def of(cls, region: Region, sources: Sources) -> _Facts:
+    def of(cls, region: Region, sources: Sources, seeds: Mapping[str, str] | None = None,
+           resolver: Resolver | None = None) -> _Facts:
         lines = sources.lines(region.path)
         if region.whole_file:  # the module's own assignments are the region's
-            return cls(region.node, lines, lambda name: False)
-        return cls(region.node, lines, _global_lookup(region.path, sources, _GLOBAL_DEPTH))
+            return cls(region.node, lines, lambda name: False, seeds, resolver)
+        return cls(region.node, lines, _global_lookup(region.path, sources, _GLOBAL_DEPTH),
+                   seeds, resolver)
 
     def tainted(self) -> frozenset[str]:
         """The names assigned from the rank anywhere in the region (flow-insensitive, to a
-        fixpoint; nested functions included, for their closures)."""
+        fixpoint; nested functions included, for their closures), and the seeds."""
         if self._tainted is None:
             assignments = _assignments(self.root, self.lines) if self.root is not None else []
-            tainted: set[str] = set()
+            tainted: set[str] = set(self.seeds)
             changed = True
             while changed:
                 changed = False
@@ -152,9 +173,18 @@ class Deps:
         self._tainted = tainted
 
     @classmethod
-    def of(cls, region: Region, sources: Sources) -> Deps:
-        """The region's: what its own code says, and (for a function) its module's constants."""
-        return cls(_Facts.of(region, sources))
+    def of(cls, region: Region, sources: Sources, seeds: Mapping[str, str] | None = None,
+           resolver: Resolver | None = None) -> Deps:
+        """The region's: what its own code says, and (for a function) its module's constants;
+        with ``seeds`` and ``resolver``, what its caller and its file carry into it."""
+        return cls(_Facts.of(region, sources, seeds, resolver))
+
+    def via(self, names: tuple[str, ...]) -> tuple[str, ...]:
+        """How each of ``names`` (as ``names()`` gives them) that came from another function
+        depends on the rank; the others say nothing."""
+        seeds, found = self.facts.seeds, self.facts.via
+        return unique(tuple(found.get(n) or seeds.get(n) or "" for n in names if
+                            found.get(n) or seeds.get(n)))
 
     @property
     def tainted(self) -> frozenset[str]:
@@ -217,7 +247,9 @@ class Deps:
                         and rank_like(attribute.value):
                     return True
             key = _env_key(node)
-            return key is not None and _env_rank(key)
+            if key is not None:
+                return _env_rank(key)
+            return name is not None and self._resolved(node, self.facts.resolver, "call", name)
         if isinstance(node, ast.Subscript):
             key = _env_key(node)
             return key is not None and _env_rank(key)
@@ -225,8 +257,27 @@ class Deps:
             return rank_like(node.id) or node.id in self.tainted or (
                 value and self.facts.is_global(node.id) and node.id not in self.facts.local())
         if isinstance(node, ast.Attribute):
-            return rank_like(node.attr) or _dotted(node) in self.tainted
+            if rank_like(node.attr) or _dotted(node) in self.tainted:
+                return True
+            # ``self.is_main``, set from the rank in another method of the class
+            return isinstance(node.value, ast.Name) and node.value.id == "self" and \
+                self._resolved(node, self.facts.resolver, "attribute", node.attr)
         return False
+
+    def _resolved(self, node: ast.AST, resolver: Resolver | None, how: str, name: str) -> bool:
+        """Whether the resolver says ``node`` (a call of ``name``, a ``self.name``) carries the
+        rank; its account kept under the node's text."""
+        if resolver is None:
+            return False
+        said = resolver.call(name) if how == "call" else resolver.attribute(name)
+        if said is None:
+            return False
+        self.facts.via.setdefault(self._source(node), said)
+        return True
+
+    def text(self, node: ast.AST) -> str:
+        """The node's text as written (``names`` gives names so)."""
+        return self._source(node)
 
     def _source(self, node: ast.AST) -> str:
         """The node's text as written when on one line, else unparsed."""

@@ -15,7 +15,7 @@ from nccl_doctor.model import Event, EventKind, EventState, ExitKind, RankTrace,
 
 DESYNC = (FindingKind.COLLECTIVE_MISMATCH, FindingKind.MISSING_COLLECTIVE,
           FindingKind.RANK_EXITED, FindingKind.NODE_LOST, FindingKind.GROUP_MISMATCH,
-          FindingKind.BLOCKED_WAIT)
+          FindingKind.BLOCKED_WAIT, FindingKind.P2P_MISMATCH)
 
 
 class Situation(str, enum.Enum):

@@ -15,6 +15,13 @@ at most ``CHANCE`` (binomial tail), or its lateness must dwarf the noise: a medi
 at least ``MIN_SKEW_NS``) - five 3 s waits on 2 ranks are not noise though 5 coin flips can be.
 Hosts' clocks are compared only within a host (the enter times come from each rank's clock).
 
+Ranks are compared with the peers of their role only (analysis/roles.py: the same pipeline stage,
+the same coordinate on the mesh dims whose ranks do different work): a pipeline's last stage
+arriving after its first is the design, not a straggler (a stage slower than the others is
+analysis/pipeline_balance.py's). A late rank that works no longer than its peers (its time
+outside torch.distributed: analysis/busy.py) while another late rank of its pipeline does was
+kept late by that one, through the pipeline's sends and receives: it is said, not named.
+
 On an NCCL group a call returns once it is enqueued: its enter time says when the CPU queued it,
 not when the rank arrived (a rank ahead by a start-up offset stays ahead forever; a rank that
 enqueues five calls at once "arrives" at all five). There a rank arrives when its kernel starts
@@ -32,6 +39,8 @@ from dataclasses import dataclass
 from nccl_doctor.analysis.lateness import (
     MIN_SKEW_NS, Arrival, arrivals, lateness_table, per_step, sites_of, steps_of,
 )
+from nccl_doctor.analysis.busy import busy_table
+from nccl_doctor.analysis.roles import role_text, roles
 from nccl_doctor.analysis.wording import call_site, ranks_text
 from nccl_doctor.diagnosis import Finding, FindingKind, Severity
 from nccl_doctor.model import TraceSet
@@ -112,33 +121,43 @@ def detect_straggler(traces: TraceSet) -> list[Finding]:
     last_counts: Counter = Counter()
     skews: dict[int, list[float]] = defaultdict(list)  # rank -> skews (ms) when it was last
     before: dict[int, Counter] = defaultdict(Counter)  # rank -> callsites it arrived late at
-    lasts: list[tuple[int, float]] = []  # (the last rank, skew in ms) of every compared collective
-    odds: list[float] = []  # per skewed collective, the chance of any one member being last
+    # (the last rank, skew in ms, the ranks compared) of every compared collective
+    lasts: list[tuple[int, float, tuple[int, ...]]] = []
+    took: dict[int, list[float]] = defaultdict(list)  # rank -> per skewed collective it was
+    # compared at, the chance of any one of its members being last
     skewed: list[Arrival] = []
     for a in arrivals(traces).calls:
         late, skew = a.last, a.skew_ns
-        lasts.append((late, skew / 1e6))
+        lasts.append((late, skew / 1e6, tuple(a.late)))
         if skew < MIN_SKEW_NS:
             continue
         skewed.append(a)
-        odds.append(1 / len(a.late))
+        for r in a.late:
+            took[r].append(1 / len(a.late))
         last_counts[late] += 1
         skews[late].append(skew / 1e6)
         before[late][call_site(a.events[late])] += 1
-    considered = len(odds)
-    if considered < MIN_CALLS:
+    if len(skewed) < MIN_CALLS:
         return []
-    p = sum(odds) / considered
-    chance = {r: chance_of(n, considered, p) for r, n in last_counts.items()}
+    # each rank against the collectives it was compared at (its groups, its role's peers): a
+    # rank last at every one of its group's is consistently last, whatever other groups do
+    seen = {r: len(took[r]) for r in last_counts}
+    chance = {r: chance_of(n, seen[r], statistics.fmean(took[r]))
+              for r, n in last_counts.items()}
     noise = {r: _noise_ms(lasts, {r}) for r in last_counts}
-    culprits = sorted(r for r, n in last_counts.items() if n / considered >= SHARE
+    culprits = sorted(r for r, n in last_counts.items() if seen[r] >= MIN_CALLS
+                      and n / seen[r] >= SHARE
                       and (chance[r] <= CHANCE or statistics.median(skews[r])
                            >= NOISE_FACTOR * noise[r]))
     node = _slow_node(traces, skewed, lasts)
+    held: dict[int, int] = {}  # a late rank -> the late rank of its pipeline that held it back
     if node is not None:
         culprits = sorted(set(node.ranks))
+    else:
+        culprits, held = _held_back(traces, culprits, skews, skewed)
     if not culprits:
         return []
+    considered = max(seen.get(r, 0) for r in culprits) if node is None else len(skewed)
     table = {row.rank: row for row in lateness_table(traces)}
     all_skews = [s for r in culprits for s in skews[r]]
     median, p95 = statistics.median(all_skews), _p95(all_skews)
@@ -151,6 +170,16 @@ def detect_straggler(traces: TraceSet) -> list[Finding]:
             + "; ".join(f"{d['frame']} ({d['samples']} of {d['of']} stack samples)"
                         for d in doing[str(r)][:2])
             for r in culprits if str(r) in doing)
+    peers = _peers_text(traces, culprits, skewed)
+    if peers:
+        where = peers + "\n" + where
+    end = "" if doing else "."  # (the last sentence's period, when it has none)
+    if held:
+        where += end + "".join(
+            f"\nRank {r} arrives late too, but works no longer per step than its peers: it "
+            f"waits for rank {q} through their pipeline's sends and receives" for r, q in
+            sorted(held.items()))
+        end = "."
     across = any(a.across_hosts for a in skewed)
     how = ("\nMeasured without comparing clocks: in a blocking collective the last rank to "
            "arrive waits the least, and each rank's time inside a call is read on its own "
@@ -179,8 +208,8 @@ def detect_straggler(traces: TraceSet) -> list[Finding]:
             f"One of its ranks was last to arrive at {node.last} of {considered} collectives "
             f"whose arrival skew exceeded {MIN_SKEW_NS / 1e6:.0f} ms (by chance: "
             f"{_one_in(node.chance)}), and every one of its ranks was late (skew median "
-            f"{median:.0f} ms, p95 {p95:.0f} ms).{how}\n{where}" + ("" if doing else "."))
-    shares = ", ".join(f"rank {r} last in {last_counts[r]} of {considered}" for r in culprits)
+            f"{median:.0f} ms, p95 {p95:.0f} ms).{how}\n{where}" + end)
+    shares = ", ".join(f"rank {r} last in {last_counts[r]} of {seen[r]}" for r in culprits)
     odds_text = ", ".join(f"{_one_in(chance[r])}" for r in culprits)
     costs = "; ".join(
         f"rank {r}: late {_s(table[r].per_step_s)} per step, its peers waited "
@@ -192,7 +221,58 @@ def detect_straggler(traces: TraceSet) -> list[Finding]:
         f"{median:.0f} ms, p95 {p95:.0f} ms)",
         f"{shares} collectives whose arrival skew exceeded {MIN_SKEW_NS / 1e6:.0f} ms (by "
         f"chance: {odds_text}).{how}\n" + (f"Cost: {costs}.\n" if costs else "") + where
-        + ("" if doing else "."))
+        + end)
+
+
+def _held_back(traces: TraceSet, culprits: list[int], skews: dict[int, list[float]],
+               skewed: list[Arrival]) -> tuple[list[int], dict[int, int]]:
+    """The culprits that another culprit of their pipeline held back, set apart: a rank that
+    works (outside torch.distributed) less than half its lateness more than its peers per step,
+    while a culprit in its pipeline works that much more than its own peers. A slow stage delays
+    its whole replica - the stages after it wait in their receives - so each of them arrives
+    late among its own peers; only the slow one did the extra work."""
+    held_by: dict[int, int] = {}
+    if len(culprits) < 2:
+        return culprits, held_by
+    busy = busy_table(traces)
+    role = roles(traces)
+    peers: dict[int, set[int]] = defaultdict(set)
+    for a in skewed:
+        for r in culprits:
+            if r in a.late:
+                peers[r] |= set(a.peers) - {r}
+
+    def extra(r: int) -> float | None:  # its work per step beyond its peers', s
+        mine = busy.get(r)
+        theirs = [busy[p].busy_per_step_s for p in peers[r] if p in busy]
+        if mine is None or not theirs:
+            return None
+        return mine.busy_per_step_s - statistics.median(theirs)
+
+    worked = {r: extra(r) for r in culprits}
+    doers = [r for r in culprits if worked[r] is not None
+             and worked[r] >= statistics.median(skews[r]) / 1e3 / 2]
+    for r in culprits:
+        pipeline = role[r].pipeline_group if r in role else None
+        if r in doers or worked[r] is None or pipeline is None:
+            continue
+        cause = [q for q in doers if role[q].pipeline_group == pipeline]
+        if cause:
+            held_by[r] = cause[0]
+    return [r for r in culprits if r not in held_by], held_by
+
+
+def _peers_text(traces: TraceSet, culprits: list[int], skewed: list[Arrival]) -> str:
+    """Whom each culprit was compared with, when its role sets it apart from some ranks."""
+    role = roles(traces)
+    out = []
+    for r in culprits:
+        peers = sorted({p for a in skewed if r in a.late for p in a.peers} - {r})
+        what = role_text(role[r]) if r in role else ""
+        if peers and what:
+            out.append(f"Rank {r} ({what}) is compared with the ranks of its role only: "
+                       f"{ranks_text(peers)}.")
+    return " ".join(out)
 
 
 def _finding(culprits: list[int], hint: str, evidence: dict, title: str,
@@ -219,7 +299,7 @@ def _s(seconds: float) -> str:
 
 
 def _slow_node(traces: TraceSet, skewed: list[Arrival],
-               lasts: list[tuple[int, float]]) -> _Node | None:
+               lasts: list[tuple[int, float, tuple[int, ...]]]) -> _Node | None:
     """The host whose ranks are all late, when one is: one of its ranks last at ``SHARE`` of
     the skewed collectives spanning hosts, more often than chance allows (``CHANCE``: each
     member equally likely to be last, so a host with more ranks is last more often) or late
@@ -266,11 +346,12 @@ def _slow_node(traces: TraceSet, skewed: list[Arrival],
                  per_step(node_cost, counts, steps), step_s)
 
 
-def _noise_ms(lasts: list[tuple[int, float]], ranks: set[int]) -> float:
+def _noise_ms(lasts: list[tuple[int, float, tuple[int, ...]]], ranks: set[int]) -> float:
     """The job's arrival noise as seen without ``ranks`` (a late rank, or a slow node's): the
-    p95 skew of the collectives at which another rank was last (at least ``MIN_SKEW_NS``, below
-    which order is not counted)."""
-    others = [skew for late, skew in lasts if late not in ranks]
+    p95 skew of the collectives they were compared at where another rank was last (at least
+    ``MIN_SKEW_NS``, below which order is not counted)."""
+    others = [skew for late, skew, members in lasts
+              if late not in ranks and not ranks.isdisjoint(members)]
     return max(MIN_SKEW_NS / 1e6, _p95(others) if others else 0.0)
 
 

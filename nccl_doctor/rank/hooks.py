@@ -13,6 +13,8 @@ vLLM). Each hook calls the original first, then - never raising into the job - w
   sampling, a hash per prompt row and per generated row (new tokens only).
 - ``metrics``: the numbers a trainer logs (``observe_metrics``; the transformers callback in
   nccl_doctor.plugins calls it).
+- ``role``: the rank's coordinates (``note_role``; plugins/roles.py calls it for a DeviceMesh
+  and a pipeline stage), so that analysis compares ranks of the same role only.
 """
 
 from __future__ import annotations
@@ -208,6 +210,22 @@ def observe_metrics(step: int | None, metrics: dict[str, Any], *, source: str = 
         if not values:
             return False
         return _note("metrics", step=step, source=source, values=values)
+    except Exception:
+        return False
+
+
+# -- roles ---------------------------------------------------------------------------------
+MAX_ROLES = 16  # role notes per process: a job makes a few meshes and stages, not one a step
+
+
+def note_role(what: str, **fields: Any) -> bool:
+    """A coordinate of this rank: ``what`` is ``mesh`` (a DeviceMesh's dims, shape, this rank's
+    coordinate, each dim's group) or ``stage`` (a pipeline stage's index, the stage count, its
+    group). Returns whether it was recorded. Never raises."""
+    try:
+        if _counts.get("role", 0) >= MAX_ROLES:
+            return False
+        return _note("role", what=what, n=_next("role"), **fields)
     except Exception:
         return False
 

@@ -6,6 +6,8 @@ When it names late ranks and, at that moment, a late rank is outside any collect
 have entered one it has not (``waited_by``), the late rank's stack is sampled (py-spy
 ``--nonblocking``: the rank is never paused; else its in-rank agent) into ``stragglers.jsonl``.
 The post-mortem straggler finding then says where the late rank spends the time its peers wait.
+Late ranks are those late among the peers of their role (analysis/roles.py: the same pipeline
+stage, the same coordinate on the mesh dims whose ranks do different work), as in the report.
 Never a hang: hangs are the watchdog's; this watch stands aside while every rank waits (a
 deadlock being confirmed, a stall) or a hang is called. A late rank of another node is
 sampled by that node's doctor (the leader asks it, as for a hang's stacks).
