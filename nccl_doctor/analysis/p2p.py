@@ -58,23 +58,23 @@ def detect_p2p_mismatch(traces: TraceSet) -> list[Finding]:
     p2p = p2p_channels(traces)
     if not p2p.channels:
         return []
-    damaged = traces.damaged_ranks()
+    # Ends whose history is not all here: a capture that lost records (damage, a lapped ring),
+    # or a large job's window of them (capture/window.py keeps the collectives' neighbourhoods,
+    # which cut a channel): their messages cannot be counted or paired - their channels are
+    # left out.
+    unsure = traces.damaged_ranks() | {r for r, t in traces.ranks.items()
+                                       if t.recorded is not None or t.integrity.overwritten}
     model = _Waits(traces, p2p)
     findings = []
     sources: list[Sources] = []  # (read once, on the first short channel)
     in_cycle = set()
     for cycle in model.receive_cycles():
-        if any(traces.ranks[ch.dst].recorded is not None or traces.ranks[ch.src].recorded
-               is not None for ch in cycle):
-            continue  # (a window: what was sent before it is not seen)
-        in_cycle.update((ch.group, ch.src, ch.dst) for ch in cycle)
-        findings.append(_deadlock(cycle, traces))
+        if not {r for ch in cycle for r in (ch.src, ch.dst)} & unsure:
+            in_cycle.update((ch.group, ch.src, ch.dst) for ch in cycle)
+            findings.append(_deadlock(cycle, traces))
     for key, ch in sorted(p2p.channels.items()):
-        if {ch.src, ch.dst} & damaged or not {ch.src, ch.dst} <= set(traces.ranks):
-            continue  # (an end whose capture lost records, or that ran unseen: not counted)
-        if any(traces.ranks[r].recorded is not None for r in (ch.src, ch.dst)):
-            continue  # (a large job's window of records: a channel's history is cut, and
-            # its messages cannot be counted or paired - capture/window.py keeps collectives')
+        if {ch.src, ch.dst} & unsure or not {ch.src, ch.dst} <= set(traces.ranks):
+            continue  # (or an end that ran unseen)
         findings.extend(_differing(ch, traces))
         # (a run whose end is unknown: the short end may yet post them - behind, not short)
         if ch.short and key not in in_cycle and not traces.unfinished \
@@ -199,7 +199,7 @@ def _short(ch: Channel, traces: TraceSet, model: _Waits, sources: Sources) -> Fi
                  f"on the channel at {call_site(e, versions)}: nothing on rank {short_rank} "
                  "pairs with it.")
     meanwhile = _instead(short_rank, traces, model)
-    lines.append(meanwhile[0].upper() + meanwhile[1:] + ".")
+    lines.append(f"Meanwhile {meanwhile}.")
     loops_json, loop_line = _loops(ch, traces, sources)
     if loop_line:
         lines.append(loop_line)
@@ -243,9 +243,9 @@ def _instead(rank: int, traces: TraceSet, model: _Waits) -> str:
         what = "a send to" if e.op in SENDS else "a receive from"
         verb = "is blocked in" if how == "waits" else "failed in"
         short = " (that channel is short too)" if model.waits_on(rank) is ch else ""
-        return (f"meanwhile rank {rank} {verb} {what} rank {peer} (group {ch.group}) at "
+        return (f"rank {rank} {verb} {what} rank {peer} (group {ch.group}) at "
                 f"{call_site(e, versions_of(traces, rank))}{short}")
-    return "meanwhile " + instead(traces.ranks.get(rank), rank)[1]
+    return instead(traces.ranks.get(rank), rank)[1]
 
 
 def _step(ch: Channel, traces: TraceSet) -> dict[str, Any] | None:
