@@ -8,6 +8,7 @@ from dataclasses import replace
 from typing import Mapping, Sequence
 
 from nccl_doctor.analysis import annotate, threads
+from nccl_doctor.analysis.loop_counts import DIFFERENT_COUNTS
 from nccl_doctor.analysis.situation import Assessment
 from nccl_doctor.analysis.wording import call_fields, call_name, ranks_text
 from nccl_doctor.words import ranks_verb
@@ -94,7 +95,7 @@ def stuck_peer(a: Assessment, stuck: dict[int, str], analysis: Diagnosis,
                          f"(stack from {source}).")
     if base is not None:
         detail = "\n".join(line for line in base.detail.splitlines()
-                           if "different number of times" not in line)
+                           if DIFFERENT_COUNTS not in line)
         looped = base.branch is not None and base.branch.kind in ("for", "while")
         evidence = {**base.evidence, "stuck": {str(r): w for r, w in stuck.items()}}
         evidence.pop("loop", None)

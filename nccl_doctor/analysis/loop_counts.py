@@ -33,6 +33,11 @@ class Side:
     your_line: Location | None  # its innermost frame of the user's
 
 
+#: how a loop's line in a finding's detail says it (analysis/hang.py leaves the line out for a
+#: rank that is stuck, not behind)
+DIFFERENT_COUNTS = "a different number of times"
+
+
 def loop_line(sides: list[Side], traces: TraceSet, sources: Sources,
               ) -> tuple[str, dict[str, Any]] | None:
     """A loop the sides ran a different number of times, with the calls each rank made inside
@@ -62,7 +67,7 @@ def _counted(loop: Loop, traces: TraceSet, ranks: list[int],
     if said is None:
         return None
     text = (f"The ranks ran the loop at {paths.short_path(loop.path)}:{loop.line} "
-            f"(`{source_line(loop.text)}`) a different number of times: {said} inside it. "
+            f"(`{source_line(loop.text)}`) {DIFFERENT_COUNTS}: {said} inside it. "
             "The fault may lie on either side: every rank must run it as often as the others.")
     return text, {"path": loop.path, "line": loop.line, "text": source_line(loop.text),
                   "fewer_calls": _deficits(counts)}
@@ -104,7 +109,7 @@ def _from_user_lines(sides: list[Side], traces: TraceSet, ranks: list[int],
         said = _fewer(counts) if counts and min(counts.values()) > 0 else None
         if said is not None:
             text = (f"The ranks made a different number of calls from your {site(line)}: "
-                    f"{said} - a loop in what it calls ran a different number of times per "
+                    f"{said} - a loop in what it calls ran {DIFFERENT_COUNTS} per "
                     "rank. The fault may lie on either side: every rank must run it as often "
                     "as the others.")
             return text, {"path": line.path, "line": line.line, "text": "",

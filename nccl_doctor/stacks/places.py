@@ -17,7 +17,8 @@ import re
 from dataclasses import dataclass
 
 from nccl_doctor.location import Location
-from nccl_doctor.stacks.rank_stack import RankStack, ThreadStack
+from nccl_doctor.stacks.rank_stack import IN_DISTRIBUTED, RankStack, ThreadStack
+from nccl_doctor.stacks.summary import own_frame
 
 
 class PlaceKind(str, enum.Enum):
@@ -48,7 +49,6 @@ _BY_FUNCTION: tuple[tuple[PlaceKind, frozenset[str]], ...] = (
     (PlaceKind.STORE, frozenset({
         "_store_based_barrier", "monitored_barrier", "_store_get", "_wait_for_keys"})),
 )
-_DIST = re.compile(r"torch[/\\]distributed[/\\]")
 #: torch's store helpers (torchrun's agents, checkpointing): every function there waits on keys
 _STORE_HELPERS = re.compile(r"torch[/\\]distributed[/\\]elastic[/\\]utils[/\\]store\.py$")
 _DATALOADER = re.compile(r"torch[/\\]utils[/\\]data[/\\]dataloader\.py$")
@@ -89,33 +89,22 @@ def place(stack: RankStack) -> Place | None:
 
 def thread_place(thread: ThreadStack) -> Place:
     frames = thread.root_first
-    mine = _own_frame(thread)
+    mine = own_frame(thread)
     for kind, names in _BY_FUNCTION:
         for f in frames:  # outermost first
-            if _bare(f.function) in names and _DIST.search(f.path):
+            if _bare(f.function) in names and IN_DISTRIBUTED.search(f.path):
                 return Place(kind, f.function, mine)
     for f in frames:
         if _STORE_HELPERS.search(f.path):
             return Place(PlaceKind.STORE, f.function, mine)
-    inner = thread.frames[0]
     if any(_DATALOADER.search(f.path) and _bare(f.function) in _DATALOADER_WAITS
            for f in frames):
         return Place(PlaceKind.DATALOADER, "", mine)
-    if _DIST.search(inner.path) or any(_DIST.search(f.path) for f in thread.frames[:3]):
-        return Place(PlaceKind.COLLECTIVE, inner.function, mine)
+    if any(IN_DISTRIBUTED.search(f.path) for f in thread.frames[:3]):
+        return Place(PlaceKind.COLLECTIVE, thread.frames[0].function, mine)
     return Place(PlaceKind.OUTSIDE, "", mine)
 
 
 def _bare(function: str) -> str:
     """``_get_data`` of py-spy's ``_MultiProcessingDataLoaderIter._get_data``."""
     return function.rpartition(".")[2]
-
-
-def _own_frame(thread: ThreadStack) -> Location | None:
-    """The innermost frame outside torch, the standard library and installed packages."""
-    from nccl_doctor import paths
-
-    for f in thread.frames:
-        if paths.is_user_file(f.path):
-            return f
-    return None

@@ -82,7 +82,7 @@ class RankStack:
             if self.focus is not None and thread.thread_id == self.focus:
                 return thread
         main = self.main
-        inside = [t for t in self.threads if any(_IN_COLLECTIVE.search(f.path) for f in t.frames)]
+        inside = [t for t in self.threads if any(IN_DISTRIBUTED.search(f.path) for f in t.frames)]
         if inside and main not in inside:
             return inside[0]
         return main
@@ -101,7 +101,8 @@ class RankStack:
         }
 
 
-_IN_COLLECTIVE = re.compile(r"torch[/\\]distributed[/\\]")
+#: a frame of torch.distributed (stacks/places.py reads where in it a rank waits)
+IN_DISTRIBUTED = re.compile(r"torch[/\\]distributed[/\\]")
 
 
 def stack_from_json(raw: Any, rank: int) -> RankStack:

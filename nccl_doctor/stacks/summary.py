@@ -7,6 +7,7 @@ from __future__ import annotations
 import os
 
 from nccl_doctor import paths
+from nccl_doctor.location import Location
 from nccl_doctor.sections import StackClass
 from nccl_doctor.stacks.aggregate import classify
 from nccl_doctor.stacks.rank_stack import RankStack, ThreadStack
@@ -21,17 +22,19 @@ def _own(path: str) -> bool:
     return paths.is_user_file(path)
 
 
+def own_frame(thread: ThreadStack) -> Location | None:
+    """The innermost frame of ``thread`` in the user's code (None: it has none)."""
+    return next((f for f in thread.frames if _own(f.path)), None)
+
+
 def user_frame(stack: RankStack, thread: ThreadStack | None = None) -> str | None:
     """'path:line in function' of the innermost frame in the user's code of ``thread`` (default:
     the thread that makes the rank's collectives)."""
     thread = thread or stack.thread
     if thread is None:
         return None
-    for user in (_own, lambda p: True):  # innermost first, each pass
-        f = next((f for f in thread.frames if user(f.path)), None)
-        if f is not None:
-            return f.text("in")
-    return None
+    f = own_frame(thread) or (thread.frames[0] if thread.frames else None)
+    return f.text("in") if f is not None else None
 
 
 def user_frames(stack: RankStack, limit: int = 3) -> tuple[str, ...]:

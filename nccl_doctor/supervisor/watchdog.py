@@ -293,14 +293,15 @@ class Watchdog:
             # that only a peer can end (a store barrier, a group being made): a deadlock
             finding = blocked_peer(a, blocked, analysis)
             return self._declare(traces, analysis, a, waited, finding, "deadlock")
-        if blocked is not None:  # seen once: looked at again after `confirm`, not after a full sample period
+        if blocked is not None:  # seen in one: sampled again after `confirm`, not a full period
             self._last_sample = min(self._last_sample,
                                     now - self.policy.sample_every + self.policy.confirm)
         stuck = {r: why for r in a.awaited if (why := self._stuck(r)) is not None}
         waiting = ranks_verb(sorted(a.waiting), "waits")
         if stuck:
             workers = {r: self.job.worker_stacks(r, self.policy.stack_timeout)
-                       for r in stuck if self._place_of(r, PlaceKind.DATALOADER)}
+                       for r in stuck if (p := self._place(r)) is not None
+                       and p.kind is PlaceKind.DATALOADER}
             finding = stuck_peer(a, stuck, analysis, self._last_stacks, workers)
             return self._declare(traces, analysis, a, waited, finding, "stuck_peer")
         if waited >= self.policy.hang_after:
@@ -310,10 +311,10 @@ class Watchdog:
                      f"(outside collectives): watching")
         return None
 
-    def _place_of(self, rank: int, kind: PlaceKind) -> bool:
+    def _place(self, rank: int) -> Place | None:
+        """Where ``rank``'s latest sampled stack is (None: no sample)."""
         stack = self._last_stacks.get(rank)
-        found = place(stack) if stack is not None else None
-        return found is not None and found.kind is kind
+        return place(stack) if stack is not None else None
 
     def _blocked_in_torch(self, ranks: tuple[int, ...]) -> dict[int, Place] | None:
         """The ranks of ``ranks`` whose last two samples, ``confirm`` s or more apart, both show
@@ -322,8 +323,7 @@ class Watchdog:
         out: dict[int, Place] = {}
         seen = False
         for r in ranks:
-            stack = self._last_stacks.get(r)
-            found = place(stack) if stack is not None else None
+            found = self._place(r)
             if found is None or not found.kind.blocked_in_torch:
                 continue
             seen = True

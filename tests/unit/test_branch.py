@@ -16,6 +16,7 @@ from nccl_doctor.location import Location
 
 def write(tmp_path: Path, source: str, name: str = "train.py") -> str:
     path = tmp_path / name
+    path.parent.mkdir(parents=True, exist_ok=True)
     path.write_text(textwrap.dedent(source))
     return str(path)
 

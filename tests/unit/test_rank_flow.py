@@ -6,34 +6,13 @@ source is written to tmp_path; frames point at lines marked ``# HERE`` (``# CALL
 
 from __future__ import annotations
 
-import textwrap
 from pathlib import Path
 
 from nccl_doctor.analysis import rank_flow
 from nccl_doctor.paths import short_path as short
-from nccl_doctor.analysis.branch import Branch, branches
-from nccl_doctor.analysis.source_text import Sources
+from nccl_doctor.analysis.branch import Branch
 from nccl_doctor.location import Location
-
-
-def write(tmp_path: Path, source: str, name: str = "train.py") -> str:
-    path = tmp_path / name
-    path.parent.mkdir(parents=True, exist_ok=True)
-    path.write_text(textwrap.dedent(source))
-    return str(path)
-
-
-def at(path: str, function: str, marker: str = "# HERE") -> Location:
-    lines = Path(path).read_text().split("\n")
-    hits = [n for n, text in enumerate(lines, 1) if text.rstrip().endswith(marker)]
-    assert len(hits) == 1, f"{marker} marks {len(hits)} lines"
-    return Location(path, hits[0], function)
-
-
-def find(*frames: Location, sources: Sources | None = None) -> tuple[Branch, ...]:
-    found, skipped = branches(frames, sources or Sources(verify=False))
-    assert skipped == ()
-    return found
+from tests.unit.test_branch import at, find, write
 
 
 def summary(found: tuple[Branch, ...]) -> list[tuple[str, str, tuple[str, ...]]]:
