@@ -8,6 +8,10 @@ from nccl_doctor.diagnosis import Finding, FindingKind
 from nccl_doctor.model import TraceSet
 
 DESYNC = {FindingKind.COLLECTIVE_MISMATCH, FindingKind.MISSING_COLLECTIVE}
+#: what keeps the ranks it names from ever going on: with ranks still running at the capture's
+#: end, the job is hung (diagnose's verdict)
+HANGING = DESYNC | {FindingKind.GPU_BUSY_HANG, FindingKind.P2P_MISMATCH,
+                    FindingKind.GROUP_MISMATCH, FindingKind.BLOCKED_WAIT}
 
 
 def first_divergence_per_group(findings: list[Finding]) -> list[Finding]:

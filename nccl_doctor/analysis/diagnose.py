@@ -12,7 +12,7 @@ from nccl_doctor.analysis.align import (
     UNSEEN_WHY, blocked_event, last_leaf, timelines, unseen_lines,
 )
 from nccl_doctor.analysis.wording import call_name, call_site, ranks_text
-from nccl_doctor.analysis.desync import DESYNC, first_divergence_per_group
+from nccl_doctor.analysis.desync import HANGING, first_divergence_per_group
 from nccl_doctor.analysis.exited import detect_rank_exited, early_stopped, first_line
 from nccl_doctor.analysis.lost import detect_node_lost
 from nccl_doctor.analysis.groups import detect_group_mismatch
@@ -441,8 +441,7 @@ def _verdict(findings: list[Finding], traces: TraceSet) -> Verdict:
     if not traces.ranks and not traces.early_exits and traces.exit_status in (None, 0):
         return Verdict.NOT_RECORDED  # (a job that failed with no rank recorded is a crash)
     running = any(t.exit.was_running for t in traces.ranks.values())
-    if running and any(f.kind in DESYNC or f.kind in (
-            FindingKind.GPU_BUSY_HANG, FindingKind.P2P_MISMATCH) for f in findings):
+    if running and any(f.kind in HANGING for f in findings):
         return Verdict.HANG
     abnormal = any(t.exit.abnormal for t in traces.ranks.values()) or bool(
         set(traces.early_exits) - early_stopped(traces))

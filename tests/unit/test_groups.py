@@ -123,3 +123,20 @@ def test_places_read_from_stacks():
                    ("/job/train.py", 40, "main"))
     assert thread_place(mine).kind is PlaceKind.OUTSIDE
     assert not PlaceKind.OUTSIDE.blocked_in_torch and PlaceKind.STORE.blocked_in_torch
+
+
+def test_a_group_mismatch_with_ranks_still_inside_is_a_hang_without_the_watchdog():
+    """Replayed with no watchdog record (run --no-watch, or a capture copied mid-run), ranks
+    still inside new_group for a group their peers never make are hung, not crashed."""
+    from nccl_doctor.analysis import analyze
+    from nccl_doctor.diagnosis import Verdict
+
+    traces = make_traceset([
+        ranks_trace(0, [((0, 1), True, 7), ((0, 2), False, 8)]),
+        ranks_trace(1, [((0, 1), True, 7), ((0, 2), True, 8)], ended=True),
+        ranks_trace(2, [((0, 2), False, 8)]),
+        ranks_trace(3, [((0, 2), True, 8)], ended=True),
+    ])
+    d = analyze(traces, annotators=())
+    assert d.root_cause is not None and d.root_cause.kind is FindingKind.GROUP_MISMATCH
+    assert d.verdict is Verdict.HANG, d.verdict
