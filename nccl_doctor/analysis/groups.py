@@ -83,7 +83,7 @@ def group_calls(trace: RankTrace, world_size: int) -> list[GroupCall]:
             asked = tuple(sorted(raw))
         else:
             asked = tuple(range(world_size))
-        count = note.get("count")
+        count, at = note.get("count"), note.get("time_ns")
         local = bool(note.get("local"))
         event = by_idx.get(note["idx"]) if isinstance(note.get("idx"), int) else None
         answered = order in made
@@ -92,7 +92,7 @@ def group_calls(trace: RankTrace, world_size: int) -> list[GroupCall]:
         out.append(GroupCall(
             rank=trace.rank, order=order, op=str(note.get("op", "")), asked=asked,
             name=str(count) if isinstance(count, int) and not local else "",
-            local=local, answered=answered, time_ns=int(note.get("time_ns", 0) or 0),
+            local=local, answered=answered, time_ns=at if isinstance(at, int) else 0,
             event=event))
     return out
 

@@ -140,3 +140,11 @@ def test_a_group_mismatch_with_ranks_still_inside_is_a_hang_without_the_watchdog
     d = analyze(traces, annotators=())
     assert d.root_cause is not None and d.root_cause.kind is FindingKind.GROUP_MISMATCH
     assert d.verdict is Verdict.HANG, d.verdict
+
+
+def test_notes_of_the_wrong_types_are_read_as_unknown_not_a_failed_pass():
+    t = ranks_trace(0, [((0, 1), True, 7)])
+    odd = replace(t, notes=tuple({**n, "time_ns": "x", "count": "y", "ranks": "z", "idx": None}
+                                 for n in t.notes))
+    (call,) = group_calls(odd, WORLD)
+    assert (call.asked, call.name, call.time_ns, call.event) == ((0, 1, 2, 3), "", 0, None)
