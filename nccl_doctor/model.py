@@ -147,6 +147,12 @@ class Event:
         return self.seq - self.seq_offset if self.seq >= 0 else -1
 
     @property
+    def frames(self) -> tuple[Location, ...]:
+        """Its recorded call path, else its user's line alone (a capture from before call
+        paths, a call Flight Recorder saw alone): what is read for the loops around it."""
+        return self.path or ((self.callsite,) if self.callsite is not None else ())
+
+    @property
     def is_composite(self) -> bool:
         flags = self.flags
         return flags is not EventFlag.NONE and bool(flags & EventFlag.COMPOSITE)

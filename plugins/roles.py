@@ -83,6 +83,4 @@ def _note_mesh(mesh: Any) -> None:
 def _note_stage(stage: Any) -> None:
     hooks.note_role(
         "stage", stage=int(stage.stage_index), num_stages=int(stage.num_stages),
-        group=_group_name(getattr(stage, "group", None)),
-        group_rank=int(getattr(stage, "group_rank", -1)),
-        group_size=int(getattr(stage, "group_size", 0)))
+        group=_group_name(getattr(stage, "group", None)))

@@ -15,12 +15,13 @@ enqueued, so a rank with calls on NCCL groups is not measured (``None``).
 
 from __future__ import annotations
 
-from collections import Counter
 from dataclasses import dataclass
 
 from nccl_doctor.analysis.align import keep_last, leaf_collectives
-from nccl_doctor.analysis.wording import call_site
-from nccl_doctor.model import Event, EventKind, RankTrace, TraceSet
+from nccl_doctor.analysis.lateness import on_nccl
+from nccl_doctor.analysis.p2p_channels import messages
+from nccl_doctor.analysis.steps import at_site, step_starts
+from nccl_doctor.model import EventKind, RankTrace, TraceSet
 
 _WAITS = (EventKind.COLLECTIVE, EventKind.P2P, EventKind.WAIT)
 MIN_STEPS = 3  # whole steps a rank's figures are read over
@@ -51,7 +52,7 @@ class RankBusy:
 @keep_last
 def busy_table(traces: TraceSet) -> dict[int, RankBusy]:
     """Per rank measured over at least ``MIN_STEPS`` whole steps, its work and waits."""
-    nccl = {name for name, g in traces.groups.items() if "nccl" in g.backend}
+    nccl = {name for name in traces.groups if on_nccl(traces, name)}
     out = {}
     for r, trace in traces.ranks.items():
         found = _measure(trace, nccl)
@@ -79,31 +80,9 @@ def _measure(trace: RankTrace, nccl: set[str]) -> RankBusy | None:
 
 
 def _step_starts(trace: RankTrace) -> list[int]:
-    """When each of the rank's steps started (enter times, on its own clock): at the calls of
-    its most repeated call site, a step ends at each long pause between one call's return and
-    the next call (at least half the longest). Pauses, not enter times: a rank that waits long
-    inside a step's first call (for a late peer) enters its second long after the first."""
-    calls = _at_site(leaf_collectives(trace))
-    if len(calls) < MIN_STEPS + 1:  # no collective a step: its sends and receives
-        calls = _at_site([e for e in trace.events if e.kind is EventKind.P2P
-                          and not e.is_composite and e.peer >= 0])
-    if not calls:
-        return []
-    pauses = [b.t_enter_ns - (a.t_exit_ns or a.t_enter_ns) for a, b in zip(calls, calls[1:])]
-    longest = max(pauses, default=0)
-    if longest <= 0:
-        return [calls[0].t_enter_ns]
-    return [calls[0].t_enter_ns] + [b.t_enter_ns for p, b in zip(pauses, calls[1:])
-                                    if p >= longest / 2]
-
-
-def _at_site(events: list[Event]) -> list[Event]:
-    """The returned calls at the most repeated call site (every call when none repeats), in
-    time order."""
-    done = [e for e in events if e.t_exit_ns is not None]
-    if not done:
-        return []
-    sites = Counter(call_site(e) for e in done)
-    site, count = sites.most_common(1)[0]
-    return sorted((e for e in done if count < 2 or call_site(e) == site),
-                  key=lambda e: e.t_enter_ns)
+    """When each of the rank's steps started (analysis/steps.py), read at its collectives, else
+    (no collective a step) at its sends and receives."""
+    calls = at_site([e for e in leaf_collectives(trace) if e.t_exit_ns is not None])
+    if len(calls) < MIN_STEPS + 1:
+        calls = at_site([e for e in messages(trace) if e.t_exit_ns is not None and e.peer >= 0])
+    return step_starts(calls)

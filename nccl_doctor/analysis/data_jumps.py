@@ -126,8 +126,7 @@ def _latest(traces: TraceSet, ranks: list[int], path: str, first: int, last: int
         for e in reversed(events[-_READ:]):
             if e.kind is not EventKind.COLLECTIVE or e.align_seq < 0 or e.is_composite:
                 continue
-            frames = e.path or ((e.callsite,) if e.callsite is not None else ())
-            for loc in frames:
+            for loc in e.frames:
                 if loc.path == path and first <= loc.line <= last:
                     out.setdefault(loc.line, {}).setdefault(r, e.align_seq)
     return out

@@ -33,6 +33,7 @@ from dataclasses import dataclass, field
 
 from nccl_doctor.analysis.align import keep_last, timelines
 from nccl_doctor.analysis.roles import peer_classes
+from nccl_doctor.analysis.steps import at_site, step_starts
 from nccl_doctor.analysis.wording import call_site
 from nccl_doctor.model import Event, EventFlag, TraceSet
 
@@ -61,7 +62,8 @@ class Arrival:
         return statistics.median([max(0, mine - t) for r, t in self.late.items() if r != rank])
 
 
-def _is_nccl(traces: TraceSet, group: str) -> bool:
+def on_nccl(traces: TraceSet, group: str) -> bool:
+    """Whether ``group`` runs on NCCL (its calls return once enqueued, before they complete)."""
     info = traces.groups.get(group)
     return info is not None and "nccl" in info.backend
 
@@ -100,7 +102,7 @@ def arrivals(traces: TraceSet) -> Arrivals:
         if len(members) < 2:
             continue
         classes = peer_classes(traces, members)
-        nccl = _is_nccl(traces, group)
+        nccl = on_nccl(traces, group)
         for seq in timeline.seqs():
             calls: dict[int, Event] = timeline.calls[seq]
             if set(calls) != set(members):
@@ -193,15 +195,7 @@ def steps_of(calls: list[Arrival]) -> tuple[float, float]:
     best: tuple[float, float] = (0.0, 0.0)
     for group_calls in by_group.values():
         rank = min(group_calls[0].events)
-        sites = Counter(call_site(a.events[rank]) for a in group_calls)
-        site, count = sites.most_common(1)[0]
-        mine = sorted((a.events[rank] for a in group_calls
-                       if count < 2 or call_site(a.events[rank]) == site),
-                      key=lambda e: e.t_enter_ns)
-        pauses = [b.t_enter_ns - (a.t_exit_ns or a.t_enter_ns) for a, b in zip(mine, mine[1:])]
-        longest = max(pauses, default=0)
-        starts = [mine[0].t_enter_ns] + [b.t_enter_ns for p, b in zip(pauses, mine[1:])
-                                         if longest > 0 and p >= longest / 2]
+        starts = step_starts(at_site([a.events[rank] for a in group_calls]))
         steps = len(starts)
         period = (starts[-1] - starts[0]) / 1e9 / (steps - 1) if steps > 1 else 0.0
         if steps > best[0]:

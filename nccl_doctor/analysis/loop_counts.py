@@ -11,14 +11,14 @@ a different number of calls from that line.
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Any, Iterable
+from typing import Any, Callable, Iterable
 
 from nccl_doctor import paths
 from nccl_doctor.analysis.branch import Loop, loops
 from nccl_doctor.analysis.source_text import Sources
 from nccl_doctor.analysis.wording import ranks_text, site
 from nccl_doctor.location import Location
-from nccl_doctor.model import EventKind, TraceSet
+from nccl_doctor.model import Event, EventKind, TraceSet
 from nccl_doctor.redact import source_line
 
 __all__ = ["Side", "loop_line"]
@@ -62,7 +62,7 @@ def loop_line(sides: list[Side], traces: TraceSet, sources: Sources,
 
 def _counted(loop: Loop, traces: TraceSet, ranks: list[int],
              ) -> tuple[str, dict[str, Any]] | None:
-    counts = {r: _calls_inside(traces, r, loop) for r in ranks}
+    counts = {r: calls_inside(traces, r, loop) for r in ranks}
     said = _fewer(counts)
     if said is None:
         return None
@@ -117,26 +117,29 @@ def _from_user_lines(sides: list[Side], traces: TraceSet, ranks: list[int],
     return None
 
 
-def _calls_inside(traces: TraceSet, rank: int, loop: Loop) -> int:
-    return _last_run(traces, rank,
-                     lambda e: _inside(e.path or ((e.callsite,) if e.callsite else ()), loop))
+def calls_inside(traces: TraceSet, rank: int, loop: Loop,
+                 counted: Callable[[Event], bool] | None = None) -> int:
+    """``rank``'s calls in its latest pass through ``loop`` (``counted``: only those)."""
+    return _last_run(traces, rank, lambda e: _inside(e.frames, loop), counted)
 
 
-def _last_run(traces: TraceSet, rank: int, inside: Any) -> int:
+def _last_run(traces: TraceSet, rank: int, inside: Callable[[Event], bool],
+              counted: Callable[[Event], bool] | None = None) -> int:
     """The calls of ``rank``'s last unbroken run of calls that are ``inside`` (a loop, a line):
-    its latest pass through it. Every rank enters it in step, so the runs differ by what each
-    did there; counting only this pass keeps the count the same in a capture cut to a window of
-    the desync as in the whole."""
+    its latest pass through it (``counted``: only those of the run it holds). Every rank enters
+    it in step, so the runs differ by what each did there; counting only this pass keeps the
+    count the same in a capture cut to a window of the desync as in the whole."""
     trace = traces.ranks.get(rank)
     if trace is None:
         return 0
-    n = 0
+    n, entered = 0, False
     for e in reversed(trace.events):
         if e.kind not in (EventKind.COLLECTIVE, EventKind.P2P):
             continue
         if inside(e):
-            n += 1
-        elif n:
+            entered = True
+            n += counted is None or counted(e)
+        elif entered:
             break
     return n
 

@@ -24,7 +24,7 @@ from nccl_doctor import paths
 from nccl_doctor.analysis.align import blocked_event, leaf_collectives
 from nccl_doctor.analysis.blame import read_frames, sources_for, source_text
 from nccl_doctor.analysis.branch import Loop, loops
-from nccl_doctor.analysis.loop_counts import _inside
+from nccl_doctor.analysis.loop_counts import calls_inside
 from nccl_doctor.analysis.missing import instead
 from nccl_doctor.analysis.p2p_channels import (
     P2P, RECVS, SENDS, Channel, channel_of, held, is_excess, messages, p2p_channels,
@@ -33,7 +33,7 @@ from nccl_doctor.analysis.source_text import Sources
 from nccl_doctor.analysis.wording import call_fields, call_name, call_site, versions_of
 from nccl_doctor.diagnosis import Finding, FindingKind, Severity
 from nccl_doctor.finding_evidence import P2PEvidence
-from nccl_doctor.model import Event, EventKind, EventState, ExitKind, TraceSet, parse_tensor_desc
+from nccl_doctor.model import Event, EventState, ExitKind, TraceSet, parse_tensor_desc
 
 HINT_COUNT = (
     "Every send must meet a receive: the two ends of a channel must agree on how many messages "
@@ -286,7 +286,8 @@ def _loops(ch: Channel, traces: TraceSet, sources: Sources,
         other = next(r for r in found if r != rank)
         own = [lp for lp in got if (lp.path, lp.line) not in keys[other]]
         loop = own[0] if own else got[0]
-        n = _last_pass(traces, rank, {e.idx for e in ch.ops(rank)}, loop)
+        ops = {e.idx for e in ch.ops(rank)}
+        n = calls_inside(traces, rank, loop, lambda e, ops=ops: e.idx in ops)
         text = source_text(loop.text)
         out.append({"rank": rank, "path": loop.path, "line": loop.line, "text": text,
                     "calls": n})
@@ -301,21 +302,6 @@ def _loops(ch: Channel, traces: TraceSet, sources: Sources,
                      f"(`{a['text']}`) rank {ch.src} made {out[0]['calls']} sends on the "
                      f"channel and rank {ch.dst} {out[1]['calls']} receives.")
     return out, "The loops ran a different number of times: " + "; ".join(said) + "."
-
-
-def _last_pass(traces: TraceSet, rank: int, ops: set[int], loop: Loop) -> int:
-    """The channel's calls of ``rank``'s last unbroken run of calls inside ``loop`` (as
-    loop_counts counts a loop's calls: its latest pass through it)."""
-    n, inside = 0, False
-    for e in reversed(traces.ranks[rank].events):
-        if e.kind not in (EventKind.COLLECTIVE, EventKind.P2P):
-            continue
-        if _inside(e.path or ((e.callsite,) if e.callsite else ()), loop):
-            inside = True
-            n += e.idx in ops
-        elif inside:
-            break
-    return n
 
 
 # -- shapes and dtypes -------------------------------------------------------------------------

@@ -61,12 +61,10 @@ class Channel:
 
 @dataclass(frozen=True)
 class P2P:
-    """Every channel of a trace set, and what the model could not place."""
+    """Every channel of a trace set (into a rank whose receives name no source -
+    ``recv(src=None)`` - none: its channels cannot be counted, and are left out)."""
 
     channels: dict[ChannelKey, Channel]
-    # (group, rank) whose receives name no source (``recv(src=None)``): the channels into it
-    # cannot be counted, and are left out
-    any_source: frozenset[tuple[str, int]]
 
 
 def messages(trace: RankTrace) -> list[Event]:
@@ -95,7 +93,7 @@ def p2p_channels(traces: TraceSet) -> P2P:
         if (group, dst) in any_source:
             continue
         out[key] = Channel(group, src, dst, tuple(sends.get(key, ())), tuple(recvs.get(key, ())))
-    return P2P(out, frozenset(any_source))
+    return P2P(out)
 
 
 # -- where a rank waits ------------------------------------------------------------------------

@@ -19,8 +19,8 @@ import statistics
 from collections import defaultdict
 
 from nccl_doctor.analysis.busy import busy_table
-from nccl_doctor.analysis.roles import roles
-from nccl_doctor.analysis.wording import ranks_text
+from nccl_doctor.analysis.roles import roles, stages_text
+from nccl_doctor.analysis.wording import duration, ranks_text
 from nccl_doctor.diagnosis import Finding, FindingKind, Severity
 from nccl_doctor.model import TraceSet
 
@@ -67,16 +67,16 @@ def detect_pipeline_imbalance(traces: TraceSet) -> list[Finding]:
     work = {s: statistics.median(f[3][s] for f in figures if s in f[3]) for s in stages}
     ranks = sorted(replicas[f[4]][slow] for f in figures)
     others = [s for s in stages if s != slow]
-    name, other_names = _stage(slow), " and ".join(_stage(s) for s in others)
-    per_stage = ", ".join(f"{_stage(s)} {_ms(work[s])}" for s in stages)
+    name, other_names = stages_text(slow), " and ".join(stages_text(s) for s in others)
+    per_stage = ", ".join(f"{stages_text(s)} {duration(work[s])}" for s in stages)
     steps = min(busy[r].steps for f in figures for r in replicas[f[4]].values())
     return [Finding(
         kind=FindingKind.PIPELINE_IMBALANCE, severity=Severity.INFO,
-        title=(f"pipeline {name} takes {_ms(excess)} more per step than {other_names}: "
+        title=(f"pipeline {name} takes {duration(excess)} more per step than {other_names}: "
                f"~{share:.0%} of each step idle on the other stages"),
         detail=(f"Work per step outside torch.distributed (the median of {len(figures)} "
                 f"replica{'s' if len(figures) > 1 else ''}, over {steps} steps of "
-                f"{_ms(step_s)}): {per_stage}. The other stages wait for {name} "
+                f"{duration(step_s)}): {per_stage}. The other stages wait for {name} "
                 f"({ranks_text(ranks)}) in their sends, receives and collectives every step; "
                 "the job is healthy, and each stage is compared only with its own replicas "
                 "for stragglers."),
@@ -86,13 +86,5 @@ def detect_pipeline_imbalance(traces: TraceSet) -> list[Finding]:
                   "step_s": round(step_s, 4), "replicas": len(figures), "steps": steps})]
 
 
-def _stage(stages: tuple[int, ...]) -> str:
-    return f"stage{'s' if len(stages) > 1 else ''} {', '.join(str(s) for s in stages)}"
-
-
 def _key(stages: tuple[int, ...]) -> str:
     return ",".join(str(s) for s in stages)
-
-
-def _ms(seconds: float) -> str:
-    return f"{seconds * 1e3:.0f} ms" if seconds < 1.0 else f"{seconds:.2f} s"

@@ -30,8 +30,9 @@ from dataclasses import dataclass, replace
 from typing import Hashable
 
 from nccl_doctor.analysis.align import keep_last
+from nccl_doctor.analysis.p2p_channels import SENDS, messages
 from nccl_doctor.capture.roles import Role, noted_role
-from nccl_doctor.model import EventKind, TraceSet
+from nccl_doctor.model import TraceSet
 
 #: words of a mesh dim's name (split at "_") that say its ranks do the same work on a shard
 SYMMETRIC = frozenset({
@@ -39,7 +40,6 @@ SYMMETRIC = frozenset({
     "tp", "tensor", "cp", "context", "sp", "sequence", "ep", "expert",
 })
 MIN_P2P = 4  # sends and receives between two ranks that make them neighbours in a pipeline
-_SENDS = ("send", "isend")
 
 
 def symmetric(dim: str) -> bool:
@@ -100,13 +100,17 @@ def peer_classes(traces: TraceSet, members: tuple[int, ...] | list[int]) -> list
     return sorted(tuple(c) for c in by_key.values() if len(c) > 1)
 
 
+def stages_text(stages: tuple[int, ...]) -> str:
+    """"stage 1", "stages 0, 2"."""
+    return f"stage{'s' if len(stages) > 1 else ''} {', '.join(str(s) for s in stages)}"
+
+
 def role_text(role: Role) -> str:
     """A role in a few words: "stage 1 of 2, pp=1" ("" for a role that says nothing)."""
     parts = []
     if role.stages:
-        stages = ", ".join(str(s) for s in role.stages)
         of = f" of {role.num_stages}" if role.num_stages else ""
-        parts.append(f"stage{'s' if len(role.stages) > 1 else ''} {stages}{of}"
+        parts.append(f"{stages_text(role.stages)}{of}"
                      + (" (inferred from its sends and receives)" if role.inferred else ""))
     for m in role.meshes:
         coords = ", ".join(f"{d}={c}" for d, c in zip(m.dims, m.coords) if not symmetric(d))
@@ -121,9 +125,8 @@ def _chains(traces: TraceSet) -> dict[int, _Place]:
     calls: Counter = Counter()  # (rank, peer) -> p2p calls from rank to or from peer
     first: dict[int, str] = {}  # rank -> the op of its first p2p call
     for r, trace in traces.ranks.items():
-        for e in trace.events:
-            if (e.kind is not EventKind.P2P or e.is_composite or e.peer < 0 or e.peer == r
-                    or e.peer not in traces.ranks):
+        for e in messages(trace):  # (a send is a record around its isend: counted once)
+            if e.peer < 0 or e.peer == r or e.peer not in traces.ranks:
                 continue
             calls[r, e.peer] += 1
             first.setdefault(r, e.op)
@@ -148,7 +151,7 @@ def _chains(traces: TraceSet) -> dict[int, _Place]:
         if any(len(near[r]) > 2 for r in part) or edges != len(part) - 1:
             continue  # a ring or a star: not a chain of stages
         ends = sorted(r for r in part if len(near[r]) == 1)
-        heads = [r for r in ends if first.get(r) in _SENDS]
+        heads = [r for r in ends if first.get(r) in SENDS]
         head = heads[0] if len(heads) == 1 else ends[0]
         order, prev = [head], None
         while len(order) < len(part):

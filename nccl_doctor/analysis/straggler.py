@@ -41,7 +41,7 @@ from nccl_doctor.analysis.lateness import (
 )
 from nccl_doctor.analysis.busy import busy_table
 from nccl_doctor.analysis.roles import role_text, roles
-from nccl_doctor.analysis.wording import call_site, ranks_text
+from nccl_doctor.analysis.wording import call_site, duration, ranks_text
 from nccl_doctor.diagnosis import Finding, FindingKind, Severity
 from nccl_doctor.model import TraceSet
 
@@ -194,8 +194,8 @@ def detect_straggler(traces: TraceSet) -> list[Finding]:
         share = node.cost_per_step_s / node.step_s if node.step_s > 0 else 0.0
         others = sorted(r for r in table if r not in node.ranks)
         cost = (f"its peers ({ranks_text(others)}) waited "
-                f"{_s(node.cost_per_step_s)} per step for it ({share:.0%} of a "
-                f"{_s(node.step_s)} step)")
+                f"{duration(node.cost_per_step_s)} per step for it ({share:.0%} of a "
+                f"{duration(node.step_s)} step)")
         evidence.update(node={"host": node.host, "ranks": list(node.ranks), "last": node.last,
                               "chance": float(f"{node.chance:.3g}"),
                               "per_step_s": round(node.per_step_s, 4),
@@ -204,7 +204,7 @@ def detect_straggler(traces: TraceSet) -> list[Finding]:
         return _finding(
             culprits, HINT_SLOW_NODE, evidence,
             f"node {node.host} ({ranks_text(list(node.ranks))}) is slow: late "
-            f"{_s(node.per_step_s)} per step; {cost}",
+            f"{duration(node.per_step_s)} per step; {cost}",
             f"One of its ranks was last to arrive at {node.last} of {considered} collectives "
             f"whose arrival skew exceeded {MIN_SKEW_NS / 1e6:.0f} ms (by chance: "
             f"{_one_in(node.chance)}), and every one of its ranks was late (skew median "
@@ -212,9 +212,9 @@ def detect_straggler(traces: TraceSet) -> list[Finding]:
     shares = ", ".join(f"rank {r} last in {last_counts[r]} of {seen[r]}" for r in culprits)
     odds_text = ", ".join(f"{_one_in(chance[r])}" for r in culprits)
     costs = "; ".join(
-        f"rank {r}: late {_s(table[r].per_step_s)} per step, its peers waited "
-        f"{_s(table[r].cost_per_step_s)} per step for it ({table[r].cost_share:.0%} of a "
-        f"{_s(table[r].step_s)} step)" for r in culprits if r in table)
+        f"rank {r}: late {duration(table[r].per_step_s)} per step, its peers waited "
+        f"{duration(table[r].cost_per_step_s)} per step for it ({table[r].cost_share:.0%} of a "
+        f"{duration(table[r].step_s)} step)" for r in culprits if r in table)
     return _finding(
         culprits, HINT_STRAGGLER, evidence,
         f"{ranks_text(culprits)} consistently last to arrive at collectives (skew median "
@@ -292,10 +292,6 @@ def _table_rows(table: dict, culprits: list[int]) -> list[dict]:
                   key=lambda row: -row.per_step_s)
     rows = named[:TABLE_ROWS] + rest[:max(0, TABLE_ROWS - len(named))]
     return [row.to_json() for row in sorted(rows, key=lambda row: row.rank)]
-
-
-def _s(seconds: float) -> str:
-    return f"{seconds * 1e3:.0f} ms" if seconds < 1.0 else f"{seconds:.2f} s"
 
 
 def _slow_node(traces: TraceSet, skewed: list[Arrival],

@@ -13,6 +13,11 @@ _NO_VERSIONS: Mapping[str, str] = {}
 ranks_text = words.ranks_text
 
 
+def duration(seconds: float) -> str:
+    """A short time as reports say it: "40 ms" under a second, else "1.25 s"."""
+    return f"{seconds * 1e3:.0f} ms" if seconds < 1.0 else f"{seconds:.2f} s"
+
+
 def site(c: Location | None) -> str:
     return c.text() if c is not None else "?"
 

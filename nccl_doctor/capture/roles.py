@@ -21,9 +21,6 @@ class MeshPlace:
     groups: tuple[str | None, ...] = ()  # each dim's process group, by torch's name
     named: bool = True
 
-    def coordinate(self) -> dict[str, int]:
-        return dict(zip(self.dims, self.coords))
-
     def to_json(self) -> dict[str, Any]:
         return {"dims": list(self.dims), "shape": list(self.shape), "coords": list(self.coords),
                 "groups": list(self.groups), "named": self.named}
@@ -53,11 +50,6 @@ class Role:
     pipeline_group: str | None = None  # the stages' process group (one pipeline replica)
     groups: tuple[str, ...] = ()
     inferred: bool = False
-
-    @property
-    def stage(self) -> int | None:
-        """Its first stage (the only one, outside interleaved schedules)."""
-        return self.stages[0] if self.stages else None
 
     @property
     def known(self) -> bool:

@@ -215,7 +215,10 @@ def observe_metrics(step: int | None, metrics: dict[str, Any], *, source: str = 
 
 
 # -- roles ---------------------------------------------------------------------------------
-MAX_ROLES = 16  # role notes per process: a job makes a few meshes and stages, not one a step
+#: role notes per process and kind: a job makes a few meshes and stages, not one a step (each
+#: kind its own count: a torch whose mesh slices cannot be told from roots at their creation
+#: must not use up the stage's room)
+MAX_ROLES = 16
 
 
 def note_role(what: str, **fields: Any) -> bool:
@@ -223,9 +226,9 @@ def note_role(what: str, **fields: Any) -> bool:
     coordinate, each dim's group) or ``stage`` (a pipeline stage's index, the stage count, its
     group). Returns whether it was recorded. Never raises."""
     try:
-        if _counts.get("role", 0) >= MAX_ROLES:
+        if _counts.get(f"role.{what}", 0) >= MAX_ROLES:
             return False
-        return _note("role", what=what, n=_next("role"), **fields)
+        return _note("role", what=what, n=_next(f"role.{what}"), **fields)
     except Exception:
         return False
 
