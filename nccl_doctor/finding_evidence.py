@@ -429,6 +429,8 @@ class BlockedWaitEvidence(Evidence):
 
     place: Mapping[int, str] = _ev(_by_rank(STR), factory=dict)  # rank -> store | rendezvous ...
     waiting_ranks: tuple[int, ...] = _ev(RANKS, factory=tuple)  # the ranks in a collective
+    # the rendezvous each rank joins ("127.0.0.1:29500 (world size 4)"): ranks told others
+    rendezvous: Mapping[int, str] = _ev(_by_rank(STR), factory=dict)
 
     def always(self) -> tuple[str, ...]:
         return ("place", "waiting_ranks")

@@ -26,7 +26,7 @@ if TYPE_CHECKING:  # (a rank imports this module to record: only the types it ho
 __all__ = [
     "EventSource", "Location", "Event", "EventFlag", "EventKind", "EventState", "ExitKind",
     "RankExit", "RankMeta", "Integrity", "RankTrace", "GroupInfo", "TraceSet", "TensorSig",
-    "Unrecorded", "EarlyExit", "parse_tensor_desc",
+    "Unrecorded", "EarlyExit", "Joining", "parse_tensor_desc",
 ]
 
 
@@ -382,6 +382,21 @@ class EarlyExit:
 
 
 @dataclass(frozen=True)
+class Joining:
+    """A rank that began ``init_process_group`` (capture/joining.py): what is known of it
+    before its capture exists - and all that is, if the call never returned."""
+
+    rank: int
+    world_size: int
+    local_world_size: int | None  # ranks its launcher started on its host (None: not said)
+    host: str
+    pid: int
+    time_ns: int
+    address: str  # where it meets the others: "MASTER_ADDR:MASTER_PORT" or the init_method
+    backend: str = ""
+
+
+@dataclass(frozen=True)
 class TraceSet:
     """Every rank of one job, as loaded from a capture directory."""
 
@@ -410,6 +425,9 @@ class TraceSet:
     # ranks that raised before they joined a process group, so left no capture
     # (capture/early_exit.py): how they ended is known, what they did is not
     early_exits: Mapping[int, EarlyExit] = field(default_factory=dict)
+    # ranks that began init_process_group and have no capture: it never returned (or the
+    # capture could not be made - then ``unrecorded`` says so too)
+    joining: Mapping[int, Joining] = field(default_factory=dict)
     # why the job's end is unknown ("" : it ended, or nothing says otherwise): still running,
     # or its supervisor was lost; then ranks behind their peers are not missing, only behind
     unfinished: str = ""

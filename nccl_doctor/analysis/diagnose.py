@@ -16,6 +16,7 @@ from nccl_doctor.analysis.desync import HANGING, first_divergence_per_group
 from nccl_doctor.analysis.exited import detect_rank_exited, early_stopped, first_line
 from nccl_doctor.analysis.lost import detect_node_lost
 from nccl_doctor.analysis.groups import detect_group_mismatch
+from nccl_doctor.analysis.rendezvous import detect_rendezvous
 from nccl_doctor.analysis.gpu_hang import detect_gpu_busy_hang
 from nccl_doctor.analysis.mismatch import detect_collective_mismatch
 from nccl_doctor.analysis.p2p import detect_p2p_mismatch, without_p2p_waits
@@ -37,6 +38,7 @@ Pass = Callable[[TraceSet], list[Finding]]
 
 #: The analysis passes, in order. Each is pure and accepts any TraceSet, empty included.
 PASSES: tuple[Pass, ...] = (
+    detect_rendezvous,
     detect_group_mismatch,
     detect_collective_mismatch,
     detect_missing_collective,
@@ -124,7 +126,11 @@ def analyze(traces: TraceSet, passes: tuple[Pass, ...] = PASSES,
     if traces.partial:
         notes.append(f"{traces.partial}: the ranks with no capture here are not seen (other "
                      "hosts, or files not given); nothing is said about them")
-    if not traces.ranks and not traces.early_exits:
+    if traces.joining and not traces.ranks:
+        notes.append(f"{ranks_text(sorted(traces.joining))} began init_process_group and "
+                     "none returned from it (the rendezvous never completed): nothing was "
+                     "recorded after it")
+    elif not traces.ranks and not traces.early_exits:
         notes.append(NOT_RECORDED_NOTE)
     if detect_straggler in passes:
         try:
@@ -438,9 +444,11 @@ def _consequences(root: Finding, traces: TraceSet) -> dict:
 def _verdict(findings: list[Finding], traces: TraceSet) -> Verdict:
     if traces.unfinished:
         return Verdict.UNFINISHED
-    if not traces.ranks and not traces.early_exits and traces.exit_status in (None, 0):
+    if (not traces.ranks and not traces.early_exits and not traces.joining
+            and traces.exit_status in (None, 0)):
         return Verdict.NOT_RECORDED  # (a job that failed with no rank recorded is a crash)
-    running = any(t.exit.was_running for t in traces.ranks.values())
+    # (ranks that never returned from init_process_group were alive inside it to the end)
+    running = bool(traces.joining) or any(t.exit.was_running for t in traces.ranks.values())
     if running and any(f.kind in HANGING for f in findings):
         return Verdict.HANG
     abnormal = any(t.exit.abnormal for t in traces.ranks.values()) or bool(
@@ -474,8 +482,17 @@ def _summaries(traces: TraceSet) -> list[RankSummary]:
                                          "joining a process group",
                 last_collective=None, stack_summary=None, capture=None,
             ))
-    for rank in range(traces.world_size):
+    for rank, j in sorted(traces.joining.items()):
         if rank not in traces.ranks and rank not in traces.early_exits:
+            out.append(RankSummary(
+                rank=rank, host=j.host, pid=j.pid, state="no_capture", exit_code=None,
+                signal=None, exit_detail=f"began init_process_group (rendezvous at "
+                                         f"{j.address or '?'}) and never returned",
+                last_collective=None, stack_summary=None, capture=None,
+            ))
+    for rank in range(traces.world_size):
+        if (rank not in traces.ranks and rank not in traces.early_exits
+                and rank not in traces.joining):
             u = traces.unrecorded.get(rank)
             out.append(RankSummary(
                 rank=rank, host=u.host if u else "", pid=0, state="no_capture", exit_code=None,

@@ -9,6 +9,7 @@ from typing import Any, Callable, Sequence
 
 from nccl_doctor.capture import format as fmt
 from nccl_doctor.capture.early_exit import read_early_exits
+from nccl_doctor.capture.joining import read_joinings
 from nccl_doctor.capture.manifest import MANIFEST, DamagedManifest, Manifest, read_manifest
 from nccl_doctor.capture.names import capture_files, named_rank, odd_captures
 from nccl_doctor.capture.unrecorded import MAX_WORLD, read_unrecorded
@@ -129,7 +130,10 @@ def assemble(path: Path, manifest: Manifest | None, files: list[Path],
         problems += bad
     unrecorded = {r: u for r, (u, _) in sorted(markers.items()) if r not in traces}
     early, early_exits = _early_exits(path, traces, unrecorded, problems)
+    joining = {r: j for r, j in (read_joinings(path) if path.is_dir() else {}).items()
+               if r not in traces and r not in early_exits}
     sizes = [t.meta.world_size for t in traces.values()]
+    sizes += [j.world_size for j in joining.values()]
     sizes += [markers[r][1] for r in unrecorded]
     sizes += [early[r][1] for r in early_exits]
     if manifest is not None and manifest.world_size:
@@ -160,7 +164,7 @@ def assemble(path: Path, manifest: Manifest | None, files: list[Path],
                    f"{node.get('node_rank', '?')} of a multi-node job; replay every node's "
                    "directory together for the whole job)")
     return TraceSet(
-        partial=partial, unrecorded=unrecorded, early_exits=early_exits,
+        partial=partial, unrecorded=unrecorded, early_exits=early_exits, joining=joining,
         ranks=traces, groups=groups_from_notes(traces.values()), world_size=world,
         command=manifest.shown_command if manifest else (), problems=tuple(problems),
         exit_status=manifest.exit_status if manifest else None, source=str(path), gpu=gpu,

@@ -26,6 +26,9 @@ from nccl_doctor.stacks.samples import STRAGGLERS_JSONL
 #: Left by a rank that an uncaught exception ended before it joined a process group (no
 #: capture exists then): capture/early_exit.py writes and reads it.
 EARLY_EXIT_SUFFIX = ".early_exit"
+#: Left by a rank as it begins init_process_group, before its capture can exist (the watchdog
+#: sees the ranks waiting in the rendezvous): capture/joining.py writes and reads it.
+JOINING_SUFFIX = ".joining"
 REPORT_JSON = "report.json"
 #: The watchdog's record, the stacks it pulled and the Flight Recorder dumps it asked for, one
 #: file a rank (capture/watch_record.py writes and reads them)
@@ -35,7 +38,7 @@ FR_DIR = "flight_recorder"
 REPORT_HTML = "report.html"  # the same diagnosis as a page (nccl_doctor/reporters/html.py)
 #: Every name nccl-doctor writes into a capture directory (an --out holding only these is ours).
 OWN_FILES = (f"*{fmt.CAPTURE_SUFFIX}", f"*{fmt.FAULT_SUFFIX}", f"*{fmt.UNRECORDED_SUFFIX}",
-             f"*{EARLY_EXIT_SUFFIX}", MANIFEST, REPORT_JSON, REPORT_HTML, GPU_JSONL,
+             f"*{EARLY_EXIT_SUFFIX}", f"*{JOINING_SUFFIX}", MANIFEST, REPORT_JSON, REPORT_HTML, GPU_JSONL,
              STRAGGLERS_JSONL, WATCH_JSON, STACKS_JSON,
              f"{FR_DIR}/rank_*.json", LOCK)
 

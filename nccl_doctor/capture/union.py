@@ -76,6 +76,7 @@ def union(sets: Sequence[TraceSet], source: str = "") -> TraceSet:
                     if r not in ranks},
         early_exits={r: e for p in sets for r, e in sorted(p.early_exits.items())
                      if r not in ranks},
+        joining={r: j for p in sets for r, j in sorted(p.joining.items()) if r not in ranks},
     )
     # still partial when ranks are missing and a part said why
     why = "; ".join(dict.fromkeys(p.partial for p in sets if p.partial))

@@ -21,11 +21,13 @@ nccl_doctor.analysis.hang's (pure).
 from __future__ import annotations
 
 import enum
+import time
 from dataclasses import dataclass, replace
 from typing import Any
 
 from nccl_doctor.analysis import analyze
 from nccl_doctor.analysis.annotate import versions_of
+from nccl_doctor.analysis import rendezvous
 from nccl_doctor.analysis.hang import blocked_peer, hang_diagnosis, idle_stall, stall, stuck_peer
 from nccl_doctor.analysis.threads import focused
 from nccl_doctor.analysis.situation import Assessment, ProcState, Situation, assess
@@ -33,12 +35,14 @@ from nccl_doctor.analysis.wording import call_name, ranks_text
 from nccl_doctor.words import ranks_verb
 from nccl_doctor.analysis.aftermath import stuck_calls_fate
 from nccl_doctor.capture import flight_recorder
+from nccl_doctor.capture.joining import read_joinings
 from nccl_doctor.capture.names import report_path
 from nccl_doctor.diagnosis import Diagnosis, Finding, Verdict
 from nccl_doctor.status_view import LiveView
-from nccl_doctor.model import EventSource, TraceSet
+from nccl_doctor.model import EventSource, Joining, TraceSet
 from nccl_doctor.stacks.places import Place, PlaceKind, place
 from nccl_doctor.stacks.rank_stack import RankStack
+from nccl_doctor.supervisor import evidence
 from nccl_doctor.supervisor.watching import Decision, LiveJob, Snapshot
 from nccl_doctor.supervisor.policy import OnHang
 from nccl_doctor.supervisor.view import rank_views
@@ -131,6 +135,8 @@ class Watchdog:
         return self._look(snap, now)
 
     def _look(self, snap: Snapshot, now: float) -> Decision | None:
+        if not snap.counts:  # no rank has a capture: they may all wait in the rendezvous
+            return self._rendezvous(now)
         traces = snap.traces
         if traces is None:
             return None
@@ -311,6 +317,59 @@ class Watchdog:
                      f"(outside collectives): watching")
         return None
 
+    def _rendezvous(self, now: float) -> Decision | None:
+        """Before any capture exists: the ranks that began init_process_group (their joining
+        records), and whether they can ever meet. Told different rendezvous, they cannot: a
+        hang once that has held for ``confirm`` s. Ranks absent from it while the others wait,
+        all on this host, are called after ``--stuck-after`` (they may be slow to start)."""
+        joinings = read_joinings(self.job.out_dir)
+        if not joinings:
+            return None
+        key = tuple(sorted((r, j.pid, j.address, j.world_size) for r, j in joinings.items()))
+        first = self._first_seen.setdefault(("rendezvous", key), now)
+        self._first_seen = {("rendezvous", key): first}
+        held = now - first
+        world = max(j.world_size for j in joinings.values())
+        absent = [r for r in range(world) if r not in joinings]
+        one_host = len({j.host for j in joinings.values()}) == 1 and all(
+            j.local_world_size in (None, world) for j in joinings.values())
+        parted = rendezvous.parted(joinings)
+        waited = time.time() - max(j.time_ns for j in joinings.values()) / 1e9
+        if parted is not None and held >= self.policy.confirm:
+            return self._rendezvous_hang(joinings, parted, held)
+        if absent and one_host and waited >= self.policy.stuck_after:
+            stacks = self._joining_stacks(joinings)
+            places = {r: p for r, s in stacks.items() if (p := place(s)) is not None}
+            if all(p.kind is PlaceKind.RENDEZVOUS for p in places.values()):
+                found = rendezvous.never_joined(joinings, absent, places, waited)
+                return self._rendezvous_hang(joinings, found, waited, stacks)
+        if absent:
+            self._status(f"{ranks_verb(sorted(joinings), 'waits')} in init_process_group for "
+                         f"{ranks_text(absent)} ({waited:.0f} s)")
+        return None
+
+    def _joining_stacks(self, joinings: dict[int, Joining]) -> dict[int, RankStack]:
+        return evidence.collect_stacks({r: j.pid for r, j in joinings.items()},
+                                       self.job.run_id, timeout=self.policy.stack_timeout)
+
+    def _rendezvous_hang(self, joinings: dict[int, Joining], root: Finding, waited: float,
+                         stacks: dict[int, RankStack] | None = None) -> Decision:
+        """The rendezvous can never complete: called, with the joining ranks' stacks."""
+        if stacks is None:
+            stacks = self._joining_stacks(joinings)
+        kill = self.policy.on_hang is OnHang.KILL
+        account = WatchAccount(
+            situation="rendezvous", how="rendezvous", waited_s=round(waited, 1),
+            policy=self.policy.on_hang.value, action="stopped the job" if kill else "reported")
+        world = max(j.world_size for j in joinings.values())
+        before = Diagnosis(verdict=Verdict.HANG, findings=(root,), ranks=(), world_size=world,
+                           notes=("no rank has joined a process group yet: what is known is "
+                                  "each rank's record of beginning init_process_group and its "
+                                  "stack",))
+        diagnosis = hang_diagnosis(before, root, stacks, account, {}, self.job.annotators)
+        self._stuck_calls = {}
+        return self._called(diagnosis, account, stacks, None, "rendezvous")
+
     def _place(self, rank: int) -> Place | None:
         """Where ``rank``'s latest sampled stack is (None: no sample)."""
         stack = self._last_stacks.get(rank)
@@ -387,6 +446,14 @@ class Watchdog:
         self._stuck_calls = {
             r: (e.group, e.seq, via_fr or e.in_flight or e.source is EventSource.FLIGHT_RECORDER)
             for r, e in a.waiting.items()}
+        return self._called(diagnosis, account, stacks, traces, a.situation.value)
+
+    def _called(self, diagnosis: Diagnosis, account: WatchAccount,
+                stacks: dict[int, RankStack], traces: TraceSet | None,
+                situation: str) -> Decision:
+        """The hang is called: held, recorded, announced, and the job stopped under
+        --on-hang kill (``_stuck_calls``: the calls the ranks wait in, set before)."""
+        kill = self.policy.on_hang is OnHang.KILL
         self._aftermath = ()
         record = HangCalled(account, diagnosis.root_cause,
                             {r: (g, q) for r, (g, q, _) in self._stuck_calls.items()}, diagnosis)
@@ -394,7 +461,7 @@ class Watchdog:
         self.diagnosis = diagnosis
         self.detected_at = self.clock()
         self.message = diagnosis.root_cause.title if diagnosis.root_cause else "hang"
-        title = diagnosis.root_cause.title if diagnosis.root_cause else a.situation.value
+        title = diagnosis.root_cause.title if diagnosis.root_cause else situation
         report = report_path(self.job.out_dir)
         if kill:
             self._to(WatchState.STOPPING)

@@ -29,6 +29,7 @@ from nccl_doctor._version import __version__
 from nccl_doctor.capture import format as fmt
 from nccl_doctor.capture import ring as ring_mod
 from nccl_doctor.model import EventFlag, EventKind, EventState
+from nccl_doctor.capture.joining import write_joining
 from nccl_doctor.capture.unrecorded import write_unrecorded
 from nccl_doctor.capture.writer import CaptureWriter
 from nccl_doctor.rank.hooks import exception_fields
@@ -176,6 +177,31 @@ class Recorder:
                              f"graphs) are not recorded: {err!r}\n")
 
     # -- the capture file --------------------------------------------------------------------
+    def joining(self, args: tuple, kwargs: dict) -> None:
+        """init_process_group begins: the rank's marker (capture/joining.py), by which the
+        watchdog sees the ranks waiting in its rendezvous before any capture exists."""
+        if not self.enabled or self.joined:
+            return  # (init_process_group again after a destroy: the rank has a capture)
+        rank, world = _arg(args, kwargs, 4, "rank"), _arg(args, kwargs, 3, "world_size")
+        if not isinstance(rank, int) or rank < 0:
+            rank = _env_int(env.LAUNCHER_RANK)
+        if not isinstance(world, int) or world < 1:
+            world = _env_int(env.LAUNCHER_WORLD_SIZE)
+        if rank is None or world is None or not 0 <= rank < world:
+            return  # who it is becomes known inside the call: nothing to say before it
+        method = _arg(args, kwargs, 1, "init_method")
+        if isinstance(method, str) and method and not method.startswith("env://"):
+            address = method
+        elif _arg(args, kwargs, 5, "store") is not None:
+            address = "a store the program made"
+        else:
+            addr, port = os.environ.get("MASTER_ADDR", ""), os.environ.get("MASTER_PORT", "")
+            address = f"{addr}:{port}" if addr or port else ""
+        backend = _arg(args, kwargs, 0, "backend")
+        write_joining(self.directory, rank, world, env.host_name(),
+                      local_world_size=_env_int(("LOCAL_WORLD_SIZE",)), address=address,
+                      backend=str(backend or ""), time_ns=time.time_ns())
+
     def open(self) -> None:
         """Create the rank's capture once its process group exists (rank is known then)."""
         self.joined = True
@@ -506,6 +532,11 @@ def _argv() -> list[str]:
     """This process's command line as the capture keeps it: its secrets masked (the whole line
     first: a flag and its value may straddle any cut), unless `run --no-redact` said not to."""
     return redact.argv(sys.argv) if redact.wanted_here() else list(sys.argv)
+
+
+def _arg(args: tuple, kwargs: dict, position: int, name: str) -> Any:
+    """init_process_group's argument ``name`` (at ``position``), as the call passed it."""
+    return args[position] if len(args) > position else kwargs.get(name)
 
 
 def _env_int(names: tuple[str, ...]) -> int | None:

@@ -42,6 +42,8 @@ class Recorder(Protocol):
 
     def open(self) -> None: ...
 
+    def joining(self, args: tuple, kwargs: dict) -> None: ...
+
     def group(self, pg: Any) -> Any: ...
 
     def finish(self, idx: int, grec: Any, seq: int, stack: list[int], flags: int,
@@ -227,6 +229,10 @@ def wrap_init(rec: Recorder, fn: Callable) -> Callable:
 
     @functools.wraps(fn)
     def init_process_group(*args: Any, **kwargs: Any) -> Any:
+        try:
+            rec.joining(args, kwargs)
+        except Exception as err:
+            rec.fail(err)
         result = fn(*args, **kwargs)
         try:
             rec.open()

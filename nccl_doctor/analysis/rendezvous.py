@@ -1,0 +1,106 @@
+"""Ranks that wait in the rendezvous of ``init_process_group`` (pure): a world the ranks see
+differently, and ranks that never came.
+
+Before ``init_process_group`` returns no rank has a capture; what is known is each rank's
+joining record (capture/joining.py: which world it joins, where it meets the others) and,
+live, its stack. Ranks told different addresses, ports or world sizes can never meet: that is
+certain at once. A rank that never reaches the call may only be slow (importing, loading data
+before it), so the watchdog waits ``--stuck-after`` for it (docs/watchdog.md).
+"""
+
+from __future__ import annotations
+
+from typing import Mapping
+
+from nccl_doctor.diagnosis import Finding, FindingKind, Severity
+from nccl_doctor.model import Joining, TraceSet
+from nccl_doctor.stacks.places import Place
+from nccl_doctor.words import ranks_text, ranks_verb
+
+HINT_PARTED = (
+    "Every rank must be given the same rendezvous: the same MASTER_ADDR and MASTER_PORT (or "
+    "init_method) and the same world size. A rank told another address waits there alone, and "
+    "the others wait for it until the init timeout. Check what sets them per rank: a launcher "
+    "flag, an environment file, code that overrides os.environ on some ranks."
+)
+HINT_ABSENT = (
+    "The ranks in init_process_group wait for every rank of the world to join. The absent "
+    "ranks never called it: they failed to start, are stuck before it (their stacks, where "
+    "they could be taken, say where), or run on a host whose launcher was not started. "
+    "Check the world size and each node's launch."
+)
+
+
+def detect_rendezvous(traces: TraceSet) -> list[Finding]:
+    """Offline, from the joining records of a job none of whose ranks got past
+    init_process_group: ranks told different rendezvous, else ranks that never began it."""
+    if traces.ranks or not traces.joining or traces.unfinished:
+        return []
+    found = parted(traces.joining)
+    if found is not None:
+        return [found]
+    world = max(j.world_size for j in traces.joining.values())
+    absent = [r for r in range(world) if r not in traces.joining and r not in traces.early_exits
+              and r not in traces.unrecorded]
+    return [never_joined(traces.joining, absent, {}, None)] if absent else []
+
+
+def parted(joinings: Mapping[int, Joining]) -> Finding | None:
+    """The ranks were told different rendezvous (addresses, ports, world sizes): they can
+    never meet. None while they agree."""
+    by_place: dict[tuple[str, int], list[int]] = {}
+    for r, j in sorted(joinings.items()):
+        by_place.setdefault((j.address, j.world_size), []).append(r)
+    if len(by_place) < 2:
+        return None
+    sides = sorted(by_place.items(), key=lambda kv: (-len(kv[1]), kv[1][0]))
+    (_, most), rest = sides[0], sides[1:]
+    odd = sorted(r for _, ranks in rest for r in ranks)
+    said = "; ".join(f"{ranks_verb(ranks, 'waits')} at {_where(place)}"
+                     for place, ranks in sides)
+    title = (f"{ranks_text(odd)} joined another rendezvous than {ranks_text(most)}: {said}; "
+             "they can never meet")
+    lines = [f"rank {r}: {_where((joinings[r].address, joinings[r].world_size))}, "
+             f"{joinings[r].backend or 'default backend'}, on {joinings[r].host or '?'} "
+             f"(pid {joinings[r].pid})" for r in sorted(joinings)]
+    return Finding(
+        kind=FindingKind.BLOCKED_WAIT, severity=Severity.ERROR, title=title,
+        detail="\n".join(lines), ranks=tuple(odd), hint=HINT_PARTED, op="init_process_group",
+        evidence={"place": {str(r): "rendezvous" for r in joinings},
+                  "rendezvous": {str(r): _where((j.address, j.world_size))
+                                 for r, j in sorted(joinings.items())}},
+        time_ns=min((j.time_ns for j in joinings.values()), default=None) or None,
+    )
+
+
+def never_joined(joinings: Mapping[int, Joining], absent: list[int],
+                 places: Mapping[int, Place], waited_s: float | None) -> Finding:
+    """``absent`` ranks never began ``init_process_group`` while the others wait in it
+    (``waited_s``: for how long since the last of them came, when known)."""
+    present = sorted(joinings)
+    j = joinings[present[0]]
+    waited = f" for {waited_s:.0f} s" if waited_s is not None else ""
+    title = (f"{ranks_text(absent)} never joined the rendezvous at "
+             f"{_where((j.address, j.world_size))}: {ranks_verb(present, 'waits')} in "
+             f"init_process_group{waited}")
+    lines = []
+    for r in present:
+        where = places.get(r)
+        lines.append(f"rank {r} waits " + (where.describe() if where is not None
+                                          else "in init_process_group") + ".")
+    lines.append(f"{ranks_text(absent)}: no sign of {'it' if len(absent) == 1 else 'them'} "
+                 "reaching init_process_group on this host.")
+    frame = next((p.frame for p in places.values() if p.frame is not None), None)
+    return Finding(
+        kind=FindingKind.BLOCKED_WAIT, severity=Severity.ERROR, title=title,
+        detail="\n".join(lines), ranks=tuple(absent), hint=HINT_ABSENT,
+        op="init_process_group", callsite=frame.text() if frame is not None else None,
+        evidence={"place": {str(r): "rendezvous" for r in present},
+                  "waiting_ranks": present},
+        time_ns=max((x.time_ns for x in joinings.values()), default=None) or None,
+    )
+
+
+def _where(place: tuple[str, int]) -> str:
+    address, world = place
+    return f"{address or 'an unknown address'} (world size {world})"
