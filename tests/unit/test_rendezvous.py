@@ -1,58 +1,82 @@
-"""The rendezvous before any capture (capture/joining.py, analysis/rendezvous.py): the joining
-records as a rank writes and the supervisor reads them, damaged ones skipped; ranks told
-different rendezvous; ranks that never came."""
+"""Where the nodes of a multi-node job meet, read from the launch command (federation/rendezvous.py)."""
 
-from __future__ import annotations
+import pytest
 
-import os
-from dataclasses import replace
+from nccl_doctor.supervisor.federation.rendezvous import (
+    PORT_OFFSET, RendezvousError, doctor_port, find, launcher_options, several_nodes,
+)
 
-from nccl_doctor.analysis.rendezvous import detect_rendezvous, never_joined, parted
-from nccl_doctor.capture.joining import read_joinings, write_joining
-from nccl_doctor.diagnosis import FindingKind
-from nccl_doctor.model import Joining
-from tests.unit.conftest import make_traceset
+TORCHRUN = ["torchrun", "--nnodes", "2", "--node-rank", "1", "--nproc-per-node", "8",
+            "--master-addr", "10.0.0.5", "--master-port", "29500", "train.py", "--lr", "1e-4"]
 
 
-def joining(rank, address="127.0.0.1:29500", world=4):
-    return Joining(rank=rank, world_size=world, local_world_size=world, host="vm",
-                   pid=100 + rank, time_ns=1_000 + rank, address=address, backend="gloo")
+def test_torchrun_master_address_and_port():
+    r = find(TORCHRUN, {})
+    assert (r.host, r.port, r.nnodes, r.node_rank) == ("10.0.0.5", 29500 + PORT_OFFSET, 2, 1)
+    assert r.job == "10.0.0.5:29500" and "torchrun" in r.source
 
 
-def test_a_joining_record_is_read_back_and_damaged_ones_are_skipped(tmp_path):
-    path = write_joining(tmp_path, 2, 4, "vm", local_world_size=4,
-                         address="127.0.0.1:29500", backend="gloo", time_ns=5)
-    assert path is not None and path.name == f"rank00002.vm.{os.getpid()}.joining"
-    (tmp_path / "rank00003.vm.1.joining").write_text("{not json")
-    (tmp_path / "rank00001.vm.1.joining").write_text('{"format": "something else"}')
-    (tmp_path / "notarank.joining").write_text("{}")
-    os.mkfifo(tmp_path / "rank00000.vm.1.joining")  # never opened: it would block
-    found = read_joinings(tmp_path)
-    assert list(found) == [2]
-    assert found[2] == Joining(2, 4, 4, "vm", os.getpid(), 5, "127.0.0.1:29500", "gloo")
+def test_equals_forms_underscores_and_python_m():
+    cmd = ["python", "-m", "torch.distributed.run", "--nnodes=4", "--node_rank=0",
+           "--master_addr=host0", "--master_port=1234", "--standalone", "train.py"]
+    r = find(cmd, {})
+    assert (r.host, r.port, r.nnodes, r.node_rank) == ("host0", 1234 + PORT_OFFSET, 4, 0)
 
 
-def test_ranks_told_different_rendezvous_are_parted_the_fewer_named():
-    found = parted({r: joining(r) for r in (0, 1, 2)}
-                   | {3: joining(3, "127.0.0.1:29501")})
-    assert found is not None and found.kind is FindingKind.BLOCKED_WAIT
-    assert found.ranks == (3,)
-    assert found.title.startswith("rank 3 joined another rendezvous than ranks 0-2")
-    assert found.evidence.rendezvous[3] == "127.0.0.1:29501 (world size 4)"
-    # another world size is another rendezvous too
-    sized = parted({0: joining(0), 1: joining(1, world=2)})
-    assert sized is not None and "world size 2" in sized.title
-    assert parted({r: joining(r) for r in range(4)}) is None
+def test_rdzv_endpoint_and_an_elastic_node_count():
+    cmd = ["torchrun", "--nnodes", "1:4", "--rdzv-backend", "c10d", "--rdzv-endpoint",
+           "head:29400", "-m", "trainer", "--nnodes", "99"]
+    r = find(cmd, {})
+    assert (r.host, r.port, r.nnodes, r.node_rank) == ("head", 29400 + PORT_OFFSET, 4, None)
 
 
-def test_ranks_that_never_came_are_named_offline_only_when_no_rank_got_past_init():
-    traces = replace(make_traceset([]), world_size=4,
-                     joining={r: joining(r) for r in (0, 1, 2)})
-    (found,) = detect_rendezvous(traces)
-    assert found.ranks == (3,) and found.title.startswith("rank 3 never joined the rendezvous")
-    assert "for" not in found.title.split("init_process_group")[-1]  # no wait time offline
-    assert detect_rendezvous(replace(traces, unfinished="still running")) == []
-    everyone = replace(traces, joining={r: joining(r) for r in range(4)})
-    assert detect_rendezvous(everyone) == []
-    live = never_joined({0: joining(0)}, [1, 2, 3], {}, 130.0)
-    assert "for 130 s" in live.title and live.ranks == (1, 2, 3)
+def test_the_scripts_own_arguments_are_not_the_launchers():
+    cmd = ["torchrun", "--nproc-per-node", "2", "train.py", "--nnodes", "2",
+           "--master-addr", "x", "--master-port", "1"]
+    assert launcher_options(cmd, 1) == {"--nproc-per-node": "2"}
+    assert find(cmd, {}) is None  # one node: nothing to meet
+
+
+def test_torchruns_environment_twins_and_master_addr():
+    r = find(["torchrun", "train.py"], {"PET_NNODES": "2", "PET_NODE_RANK": "1",
+                                        "PET_MASTER_ADDR": "h", "PET_MASTER_PORT": "40000"})
+    assert (r.host, r.port, r.node_rank) == ("h", 40000 + PORT_OFFSET, 1)
+    r = find(["torchrun", "--nnodes", "2", "train.py"], {"MASTER_ADDR": "m", "MASTER_PORT": "5"})
+    assert (r.host, r.port, r.source) == ("m", 5 + PORT_OFFSET, "MASTER_ADDR/MASTER_PORT")
+
+
+def test_accelerate_and_deepspeed():
+    acc = ["accelerate", "launch", "--multi_gpu", "--num_machines", "2", "--machine_rank", "1",
+           "--main_process_ip", "a0", "--main_process_port", "8000", "train.py"]
+    r = find(acc, {})
+    assert (r.host, r.port, r.nnodes, r.node_rank) == ("a0", 8000 + PORT_OFFSET, 2, 1)
+    ds = ["deepspeed", "--num_nodes", "3", "--node_rank", "2", "--no_ssh", "--master_addr", "d0",
+          "--master_port", "7000", "train.py"]
+    r = find(ds, {})
+    assert (r.host, r.port, r.nnodes, r.node_rank) == ("d0", 7000 + PORT_OFFSET, 3, 2)
+
+
+def test_the_options_override_and_coordinator_works_for_any_command():
+    r = find(["python", "train.py"], {}, coordinator="boss:9000", node_rank=3, nnodes=4)
+    assert (r.host, r.port, r.nnodes, r.node_rank, r.source) == ("boss", 9000, 4, 3,
+                                                                 "--coordinator")
+    r = find(TORCHRUN, {}, node_rank=0)
+    assert r.node_rank == 0
+    assert find(["python", "train.py"], {}) is None
+
+
+def test_several_nodes_but_nowhere_to_meet():
+    cmd = ["torchrun", "--nnodes", "2", "train.py"]
+    assert find(cmd, {}) is None and several_nodes(cmd, {})
+    assert not several_nodes(["torchrun", "--nnodes", "1", "train.py"], {})
+
+
+@pytest.mark.parametrize("bad", ["nohost", "h:notaport", "h:0", ":80"])
+def test_a_bad_coordinator_is_refused(bad):
+    with pytest.raises(RendezvousError):
+        find(["python", "t.py"], {}, coordinator=bad)
+
+
+def test_the_doctors_port_stays_a_port():
+    assert doctor_port(29500) == 29500 + PORT_OFFSET
+    assert doctor_port(65000) == 65000 - PORT_OFFSET
