@@ -16,7 +16,7 @@ name, in order, and says where they part.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Mapping
 
 from nccl_doctor.analysis.wording import call_fields, site
@@ -112,6 +112,7 @@ def detect_group_mismatch(traces: TraceSet) -> list[Finding]:
     damaged = traces.damaged_ranks()
     seqs = {r: s for r, s in seqs.items() if r not in damaged}
     depth = max((len(s) for s in seqs.values()), default=0)
+    latent: tuple[int, list[int]] | None = None
     for i in range(depth):
         at = {r: s[i] for r, s in seqs.items() if i < len(s)}
         asked = {c.asked for c in at.values()}
@@ -121,7 +122,39 @@ def detect_group_mismatch(traces: TraceSet) -> list[Finding]:
         stuck = [c for c in at.values() if not c.answered]
         if ended and stuck and all(_moved_on(traces.ranks[r], seqs[r]) for r in ended):
             return [_never_made(traces, seqs, stuck, ended)]
-    return []
+        if ended and latent is None and all(_went_on_well(traces.ranks[r], seqs[r])
+                                            for r in ended):
+            latent = (i, ended)
+    return [_unused(seqs, *latent)] if latent is not None else []
+
+
+def _went_on_well(trace: RankTrace, seq: list[GroupCall]) -> bool:
+    """The rank went on past its group-making calls and did not fail: what it did not make,
+    it never will."""
+    return (all(c.answered for c in seq) and _moved_on(trace, seq)
+            and not trace.exit.abnormal)
+
+
+def _unused(seqs: dict[int, list[GroupCall]], i: int, ended: list[int]) -> Finding:
+    """Groups some ranks never made, though nothing waited for them (NCCL makes a group's
+    communicator at its first collective, and these were never used): every group made after
+    them is named differently on those ranks, so the first use of one will hang."""
+    makers = sorted(r for r, s in seqs.items() if len(s) > i)
+    witness = seqs[makers[0]][i]
+    more = len(seqs[makers[0]]) - i - 1
+    also = f" (and {more} more after it)" if more > 0 else ""
+    title = (f"{ranks_text(ended)} never made process group {witness.shown()}{also}: "
+             f"{ranks_text(makers)} made it at {witness.where}; nothing used it, but every "
+             "group made after it is named differently on "
+             f"{'that rank' if len(ended) == 1 else 'those ranks'}")
+    lines = [f"{ranks_verb(ended, 'made')} {len(seqs[ended[0]])} group(s); "
+             f"{ranks_verb(makers, 'made')} {len(seqs[makers[0]])}.",
+             "The first collective on a group made after this one hangs: its members know it "
+             "by different names."]
+    found = _finding(title, lines, ended, witness,
+                     {"aspect": "never_made", "group": list(witness.asked), "made_by": makers,
+                      "waiting": []})
+    return replace(found, severity=Severity.WARNING)
 
 
 def _moved_on(trace: RankTrace, seq: list[GroupCall]) -> bool:

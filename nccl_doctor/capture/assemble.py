@@ -164,7 +164,9 @@ def assemble(path: Path, manifest: Manifest | None, files: list[Path],
                    f"{node.get('node_rank', '?')} of a multi-node job; replay every node's "
                    "directory together for the whole job)")
     return TraceSet(
-        partial=partial, unrecorded=unrecorded, early_exits=early_exits, joining=joining,
+        partial=partial, unrecorded=unrecorded, early_exits=early_exits,
+        # (a rank that returned from init but could not make its capture is unrecorded)
+        joining={r: j for r, j in joining.items() if r not in unrecorded},
         ranks=traces, groups=groups_from_notes(traces.values()), world_size=world,
         command=manifest.shown_command if manifest else (), problems=tuple(problems),
         exit_status=manifest.exit_status if manifest else None, source=str(path), gpu=gpu,

@@ -12,7 +12,7 @@ from nccl_doctor.location import Location
 from nccl_doctor.model import EventKind, EventState
 from nccl_doctor.stacks.places import PlaceKind, thread_place
 from nccl_doctor.stacks.rank_stack import ThreadStack
-from tests.unit.conftest import T0, clean, make_event, make_trace, make_traceset
+from tests.unit.conftest import T0, clean, make_event, make_trace, make_traceset, raised
 
 WORLD = 4
 
@@ -148,3 +148,19 @@ def test_notes_of_the_wrong_types_are_read_as_unknown_not_a_failed_pass():
                                  for n in t.notes))
     (call,) = group_calls(odd, WORLD)
     assert (call.asked, call.name, call.time_ns, call.event) == ((0, 1, 2, 3), "", 0, None)
+
+
+def test_groups_a_rank_never_made_though_nothing_waited_are_a_warning():
+    """NCCL makes a group's communicator at its first collective: a mesh made by every rank
+    but one, never used, hangs nothing - yet every later group is named differently there."""
+    made = [((0, 2), True, 6), ((1, 3), True, 6)]
+    traces = make_traceset([ranks_trace(r, [] if r == 1 else made, ended=True)
+                            for r in range(WORLD)])
+    (f,) = detect_group_mismatch(traces)
+    assert f.severity.value == "warning" and f.ranks == (1,)
+    assert f.title.startswith("rank 1 never made process group [0, 2] (and 1 more after it)")
+    # a rank that failed before it made them says nothing about them: its failure is the news
+    failed = make_traceset([ranks_trace(r, made, ended=True) for r in (0, 2, 3)]
+                           + [replace(ranks_trace(1, [], ended=True),
+                                      exit=raised(time_ns=T0))])
+    assert detect_group_mismatch(failed) == []
