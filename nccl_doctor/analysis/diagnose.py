@@ -15,6 +15,7 @@ from nccl_doctor.analysis.wording import call_name, call_site, ranks_text
 from nccl_doctor.analysis.desync import HANGING, first_divergence_per_group
 from nccl_doctor.analysis.exited import detect_rank_exited, early_stopped, first_line
 from nccl_doctor.analysis.lost import detect_node_lost
+from nccl_doctor.analysis.first_error import first_error
 from nccl_doctor.analysis.groups import detect_group_mismatch
 from nccl_doctor.analysis.rendezvous import detect_rendezvous
 from nccl_doctor.analysis.gpu_hang import detect_gpu_busy_hang
@@ -99,6 +100,17 @@ def analyze(traces: TraceSet, passes: tuple[Pass, ...] = PASSES,
     except Exception as err:  # as for a pass: the report goes on without it
         notes.append(f"reading the branch on the rank failed on this capture ({err!r})")
     findings = _rank_findings(findings, traces)
+    if not any(f.root_cause for f in findings) and _verdict(findings, traces) in (
+            Verdict.CRASH, Verdict.HANG):
+        # every verdict but ok has a root cause: at the least the run's first error
+        # (analysis/first_error.py), where no pass found a reason (every rank failed in one call)
+        fallback = first_error(traces)
+        said = next((f for f in findings if fallback is not None and f.kind is
+                     FindingKind.RANK_EXITED and set(fallback.ranks) <= set(f.ranks)), None)
+        if said is not None:  # a finding says how that rank ended already (a warning): it
+            findings = [replace(said, root_cause=True)] + [f for f in findings if f is not said]
+        elif fallback is not None:
+            findings = [replace(fallback, root_cause=True)] + findings
     findings = _on_hosts(findings, traces)
     try:
         findings = _with_unseen(findings, traces)
