@@ -25,7 +25,7 @@ from nccl_doctor.analysis.missing import detect_missing_collective
 from nccl_doctor.analysis.sampling import detect_identical_completions, detect_shared_rng_state
 from nccl_doctor.analysis.degenerate import detect_degenerate_signal
 from nccl_doctor.analysis.pipeline_balance import detect_pipeline_imbalance
-from nccl_doctor.analysis.roles import roles
+from nccl_doctor.analysis.roles import mesh_groups, roles
 from nccl_doctor.analysis.straggler import detect_straggler
 from nccl_doctor.capture.format import CAPTURE_SUFFIX
 from nccl_doctor.capture.roles import Role
@@ -379,9 +379,10 @@ def _on_hosts(findings: list[Finding], traces: TraceSet) -> list[Finding]:
     hosts = {r: t.meta.host for r, t in traces.ranks.items() if t.meta.host}
     several = len(set(hosts.values())) >= 2
     held = actors.actors(traces)
-    if not several and not held:
+    on_mesh = mesh_groups(traces)  # (a group of a DeviceMesh: "the data-parallel (dp) group")
+    if not several and not held and not on_mesh:
         return findings
-    roles = actors.group_roles(traces, held)
+    roles = {**on_mesh, **actors.group_roles(traces, held)}
     out = []
     for f in findings:
         mine = {r: hosts.get(r, "") for r in f.ranks if (several and r in hosts) or r in held}

@@ -74,6 +74,33 @@ def roles(traces: TraceSet) -> dict[int, Role]:
     return out
 
 
+#: what the usual mesh dim names mean, as a group's role says it
+_DIM_WORDS = {"dp": "data-parallel", "ddp": "data-parallel", "replicate": "replica",
+              "dp_replicate": "replica", "shard": "sharding", "fsdp": "sharding",
+              "dp_shard": "sharding", "tp": "tensor-parallel", "pp": "pipeline",
+              "cp": "context-parallel", "sp": "sequence-parallel", "ep": "expert-parallel"}
+
+
+@keep_last
+def mesh_groups(traces: TraceSet) -> dict[str, str]:
+    """group name -> its role on a DeviceMesh the ranks noted: "the data-parallel (dp) group
+    [1, 3]" (its dim's name, said in words where it is a usual one; the ranks its members
+    noted). A group several meshes hold is named by the first."""
+    out: dict[str, str] = {}
+    for r, role in sorted(roles(traces).items()):
+        for m in role.meshes:
+            if not m.named:
+                continue
+            for dim, group in zip(m.dims, m.groups):
+                if group is None or group in out:
+                    continue
+                ranks = ", ".join(str(x) for x in traces.group_members(group))
+                word = _DIM_WORDS.get(dim.lower())
+                said = f"{word} ({dim})" if word else dim
+                out[group] = f"the {said} group [{ranks}]"
+    return out
+
+
 @keep_last
 def peer_keys(traces: TraceSet) -> dict[int, Hashable]:
     """Per rank, a key its peers share and no rank of another role has."""

@@ -86,3 +86,17 @@ def test_a_2x2_mesh_records_each_ranks_coordinates(tmp_path):
         assert mesh["dims"] == ["dp", "tp"] and r["role"]["stages"] == []
         # each dim's group is one of the groups the rank is in
         assert set(mesh["groups"]) <= set(r["role"]["groups"])
+
+
+def test_a_hang_in_one_mesh_dim_names_its_group_by_the_dim(run_job):
+    """Rank 3 skips the data-parallel all_reduce of step 2 on a 2 x 2 ("dp", "tp") mesh: the
+    root cause names the group by its role on the mesh, live and replayed."""
+    job = run_job(4, str(JOBS / "mesh_roles.py"), env={"SKIP_DP_RANK": "3"})
+    live = json.loads((job.out / "report.json").read_text())
+    again = analyze(load_capture_dir(job.out), annotators=()).to_json()
+    for report in (live, again):
+        assert report["verdict"] == "hang"
+        (root,) = [f for f in report["findings"] if f["root_cause"]]
+        assert root["kind"] == "missing_collective" and root["ranks"] == [3], root["title"]
+        assert "the data-parallel (dp) group [1, 3]" in root["title"], root["title"]
+        assert root["evidence"]["group_role"] == "the data-parallel (dp) group [1, 3]"
