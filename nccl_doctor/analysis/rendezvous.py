@@ -39,10 +39,15 @@ def detect_rendezvous(traces: TraceSet) -> list[Finding]:
     found = parted(traces.joining)
     if found is not None:
         return [found]
-    world = max(j.world_size for j in traces.joining.values())
-    absent = [r for r in range(world) if r not in traces.joining and r not in traces.early_exits
-              and r not in traces.unrecorded]
+    absent = absent_ranks(traces.joining, (*traces.early_exits, *traces.unrecorded))
     return [never_joined(traces.joining, absent, {}, None)] if absent else []
+
+
+def absent_ranks(joinings: Mapping[int, Joining], accounted: tuple[int, ...] = ()) -> list[int]:
+    """The ranks of the world the joining ranks think they join that did not begin
+    init_process_group (``accounted``: ranks known otherwise - raised before it, unrecorded)."""
+    world = max((j.world_size for j in joinings.values()), default=0)
+    return [r for r in range(world) if r not in joinings and r not in accounted]
 
 
 def parted(joinings: Mapping[int, Joining]) -> Finding | None:

@@ -329,10 +329,9 @@ class Watchdog:
         first = self._first_seen.setdefault(("rendezvous", key), now)
         self._first_seen = {("rendezvous", key): first}
         held = now - first
-        world = max(j.world_size for j in joinings.values())
-        absent = [r for r in range(world) if r not in joinings]
+        absent = rendezvous.absent_ranks(joinings)
         one_host = len({j.host for j in joinings.values()}) == 1 and all(
-            j.local_world_size in (None, world) for j in joinings.values())
+            j.local_world_size in (None, j.world_size) for j in joinings.values())
         parted = rendezvous.parted(joinings)
         waited = time.time() - max(j.time_ns for j in joinings.values()) / 1e9
         if parted is not None and held >= self.policy.confirm:
