@@ -38,8 +38,8 @@ import time
 from pathlib import Path
 
 from nccl_doctor.analysis import analyze
-from nccl_doctor.analysis.lateness import lateness_table
-from nccl_doctor.analysis.straggler import detect_straggler
+from nccl_doctor.analysis.slow.lateness import lateness_table
+from nccl_doctor.analysis.slow.straggler import detect_straggler
 from nccl_doctor.capture import summary
 from nccl_doctor.capture.union import union
 from nccl_doctor.location import Location

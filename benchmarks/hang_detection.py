@@ -23,8 +23,8 @@ import sys
 import tempfile
 from pathlib import Path
 
-from nccl_doctor.analysis.align import blocked_event
-from nccl_doctor.analysis.loaded import load_capture_dir
+from nccl_doctor.analysis.calls.align import blocked_event
+from nccl_doctor.analysis.calls.loaded import load_capture_dir
 from nccl_doctor.capture.names import REPORT_JSON
 from nccl_doctor.supervisor.supervisor import Supervisor
 from nccl_doctor.supervisor.policy import HangPolicy

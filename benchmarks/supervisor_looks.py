@@ -20,10 +20,10 @@ import time
 from pathlib import Path
 
 from nccl_doctor.analysis import analyze
-from nccl_doctor.analysis.straggler import detect_straggler
+from nccl_doctor.analysis.slow.straggler import detect_straggler
 from nccl_doctor.capture import format as fmt
 from nccl_doctor.capture.live_captures import LiveCaptures
-from nccl_doctor.analysis.loaded import load_capture_dir
+from nccl_doctor.analysis.calls.loaded import load_capture_dir
 from nccl_doctor.model import EventKind, EventState
 from nccl_doctor.capture.writer import CaptureWriter
 from nccl_doctor.gpu.readings import GpuDevice, GpuSample

@@ -87,7 +87,7 @@ class Finding:
     evidence: Evidence = field(default_factory=Evidence)
     root_cause: bool = False
     time_ns: int | None = None  # when the divergence happened (orders findings)
-    # the branch on the rank that split the ranks (analysis/blame.py); None: none found
+    # the branch on the rank that split the ranks (analysis/who/blame.py); None: none found
     branch: Branch | None = None
 
     def __post_init__(self) -> None:
@@ -169,7 +169,7 @@ class RankSummary:
     last_collective: LastCollective | None
     stack_summary: str | None
     capture: CaptureInfo | None  # None: the rank left no capture
-    # its coordinates (mesh, pipeline stage, groups: analysis/roles.py); None when nothing was
+    # its coordinates (mesh, pipeline stage, groups: analysis/who/roles.py); None when nothing was
     # noted or inferred beyond its groups
     role: Role | None = None
 

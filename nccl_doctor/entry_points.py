@@ -3,7 +3,7 @@ distribution's, registered in these entry-point groups. The one place that loads
 
 - ``nccl_doctor.known_issues``: annotators, ``(Diagnosis, versions) -> Diagnosis``, that
   recognise a known upstream bug in a finding, or a library call that is collective
-  (nccl_doctor.analysis.annotate);
+  (nccl_doctor.analysis.calls.annotate);
 - ``nccl_doctor.integrations``: sequences of ``Integration`` (a module name and a patch applied
   when the rank imports it), installed in every rank (nccl_doctor.rank.hooks).
 """

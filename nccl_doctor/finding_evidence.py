@@ -3,7 +3,7 @@
 
 Each class names the keys its passes write (analysis/*.py: missing, mismatch, exited, hang,
 gpu_hang, straggler, sampling, degenerate, lost) and the annotations any finding may get
-(``Evidence``: analysis/diagnose.py, analysis/blame.py and the known-issue plugins). A key no
+(``Evidence``: analysis/diagnose.py, analysis/who/blame.py and the known-issue plugins). A key no
 class names (another package's annotator) is kept, as it came, in ``extra``. The JSON is
 written key by key as before: a key a producer writes is written, one it leaves out is left out
 (``always``: the keys written even when empty or null).
@@ -105,7 +105,7 @@ class KnownIssue:
 
 @dataclass(frozen=True)
 class SpinWindow:
-    """A GPU whose NCCL kernel spun while its rank waited (analysis/gpu_hang.py)."""
+    """A GPU whose NCCL kernel spun while its rank waited (analysis/what/gpu_hang.py)."""
 
     gpu: int
     since: float  # unix seconds
@@ -207,7 +207,7 @@ class Evidence(Mapping):
 
 @dataclass(frozen=True, kw_only=True)
 class DesyncEvidence(Evidence):
-    """What the branch on the rank (analysis/blame.py) adds to a desync."""
+    """What the branch on the rank (analysis/who/blame.py) adds to a desync."""
 
     blame: str | None = _ev(STR)  # missing | branch | both_branched
     branches: tuple[Json, ...] = _ev(_Codec(list, tuple), factory=tuple)  # each side's branch
@@ -303,7 +303,7 @@ class GpuBusyEvidence(Evidence):
 
 @dataclass(frozen=True, kw_only=True)
 class StragglerEvidence(Evidence):
-    """straggler: ranks (or a node) consistently last to arrive (analysis/straggler.py)."""
+    """straggler: ranks (or a node) consistently last to arrive (analysis/slow/straggler.py)."""
 
     median_ms: float = _ev(FLOAT, default=0.0)
     p95_ms: float = _ev(FLOAT, default=0.0)
@@ -371,7 +371,7 @@ class NodeLostEvidence(Evidence):
 @dataclass(frozen=True, kw_only=True)
 class PipelineImbalanceEvidence(Evidence):
     """pipeline_imbalance: a stage that works longer per step than the others
-    (analysis/pipeline_balance.py)."""
+    (analysis/slow/pipeline_balance.py)."""
 
     stage: tuple[int, ...] = _ev(RANKS, factory=tuple)  # the slow stage (several: interleaved)
     stages: Mapping[str, float] = _ev(factory=dict)  # stage -> its work per step, s
@@ -388,7 +388,7 @@ class PipelineImbalanceEvidence(Evidence):
 
 @dataclass(frozen=True, kw_only=True)
 class P2PEvidence(Evidence):
-    """p2p_mismatch: a send/receive channel whose ends disagree (analysis/p2p.py)."""
+    """p2p_mismatch: a send/receive channel whose ends disagree (analysis/what/p2p.py)."""
 
     aspect: str = _ev(STR, default="")  # count | shape | dtype | deadlock
     src: int | None = _ev(INT)  # the channel: global ranks, in the finding's group
@@ -412,7 +412,7 @@ class P2PEvidence(Evidence):
 
 @dataclass(frozen=True, kw_only=True)
 class GroupMismatchEvidence(Evidence):
-    """group_mismatch: ranks that made process groups differently (analysis/groups.py)."""
+    """group_mismatch: ranks that made process groups differently (analysis/what/groups.py)."""
 
     aspect: str = _ev(STR, default="")  # never_made | order
     group: tuple[int, ...] = _ev(RANKS, factory=tuple)  # the group some ranks never made
@@ -425,7 +425,7 @@ class GroupMismatchEvidence(Evidence):
 
 @dataclass(frozen=True, kw_only=True)
 class BlockedWaitEvidence(Evidence):
-    """blocked_wait: ranks blocked in torch.distributed's own waits (analysis/hang.py)."""
+    """blocked_wait: ranks blocked in torch.distributed's own waits (analysis/what/hang.py)."""
 
     place: Mapping[int, str] = _ev(_by_rank(STR), factory=dict)  # rank -> store | rendezvous ...
     waiting_ranks: tuple[int, ...] = _ev(RANKS, factory=tuple)  # the ranks in a collective

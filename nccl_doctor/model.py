@@ -187,7 +187,7 @@ class ExitKind(enum.Enum):
     # its host was lost: the node's supervisor stopped answering with the rank still running (a
     # multi-node job; ``exception`` names the host). Nothing more is known about its end.
     LOST = "lost"
-    # no exit record, but its work had finished (analysis/ends.py): it destroyed its process
+    # no exit record, but its work had finished (analysis/calls/ends.py): it destroyed its process
     # group, or its last collective completed, no peer needed it and the job exited 0 - a
     # launcher that ends its processes without Python's atexit (Ray's workers, os._exit, a
     # launcher's SIGKILL after success). Not a failure.

@@ -81,7 +81,7 @@ def call_path_from_json(raw: Any) -> tuple[CallFrame, ...]:
 
 @dataclass(frozen=True)
 class Branch:
-    """The branch on the rank that split the ranks (analysis/blame.py)."""
+    """The branch on the rank that split the ranks (analysis/who/blame.py)."""
 
     path: str
     line: int

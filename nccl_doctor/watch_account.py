@@ -9,7 +9,7 @@ from typing import Any, Mapping
 
 @dataclass(frozen=True)
 class WatchAccount:
-    situation: str = ""  # deadlock | stall | ... (analysis/situation.py)
+    situation: str = ""  # deadlock | stall | ... (analysis/calls/situation.py)
     how: str = ""  # which rule called it: deadlock, stuck_peer, stall_comm, ...
     waited_s: float | None = None  # seconds after the last progress
     policy: str = ""  # --on-hang: kill | report

@@ -27,7 +27,7 @@ from importlib import resources
 from pathlib import Path
 from typing import Any, Callable, Iterable, Mapping, Sequence
 
-from nccl_doctor.analysis.wording import ranks_text
+from nccl_doctor.analysis.calls.wording import ranks_text
 from nccl_doctor.diagnosis import Diagnosis, Finding, FindingKind
 
 AnnotateFn = Callable[[Diagnosis, Mapping[str, str]], Diagnosis]

@@ -2,7 +2,7 @@
 rank's coordinate, the group of each dim) and a pipeline stage (``torch.distributed.pipelining``:
 the stage's index, the stage count, its group).
 
-The straggler and slow-node rules compare ranks of the same role only (analysis/roles.py): the
+The straggler and slow-node rules compare ranks of the same role only (analysis/who/roles.py): the
 last stage of a pipeline arrives last by design, so the rank to compare it with is another
 replica's last stage, which only these coordinates say. Each hook calls the original first and
 then notes (nccl_doctor.rank.hooks.note_role); nothing here ever raises into the job.

@@ -7,26 +7,31 @@ from pathlib import Path
 from typing import Callable, Sequence
 
 from nccl_doctor import paths, words
-from nccl_doctor.analysis import actors, annotate, blame, ends, replayed, straggler
-from nccl_doctor.analysis.align import (
+from nccl_doctor.analysis.who import actors, blame
+from nccl_doctor.analysis.calls import annotate, ends
+from nccl_doctor.analysis.what import replayed
+from nccl_doctor.analysis.slow import straggler
+from nccl_doctor.analysis.calls.align import (
     UNSEEN_WHY, blocked_event, last_leaf, timelines, unseen_lines,
 )
-from nccl_doctor.analysis.wording import call_name, call_site, ranks_text
-from nccl_doctor.analysis.desync import HANGING, first_divergence_per_group
-from nccl_doctor.analysis.exited import detect_rank_exited, early_stopped, first_line
-from nccl_doctor.analysis.lost import detect_node_lost
-from nccl_doctor.analysis.first_error import first_error
-from nccl_doctor.analysis.groups import detect_group_mismatch
-from nccl_doctor.analysis.rendezvous import detect_rendezvous
-from nccl_doctor.analysis.gpu_hang import detect_gpu_busy_hang
-from nccl_doctor.analysis.mismatch import detect_collective_mismatch
-from nccl_doctor.analysis.p2p import detect_p2p_mismatch, without_p2p_waits
-from nccl_doctor.analysis.missing import detect_missing_collective
-from nccl_doctor.analysis.sampling import detect_identical_completions, detect_shared_rng_state
-from nccl_doctor.analysis.degenerate import detect_degenerate_signal
-from nccl_doctor.analysis.pipeline_balance import detect_pipeline_imbalance
-from nccl_doctor.analysis.roles import mesh_groups, roles
-from nccl_doctor.analysis.straggler import detect_straggler
+from nccl_doctor.analysis.calls.wording import call_name, call_site, ranks_text
+from nccl_doctor.analysis.what.desync import HANGING, first_divergence_per_group
+from nccl_doctor.analysis.what.exited import detect_rank_exited, early_stopped, first_line
+from nccl_doctor.analysis.what.lost import detect_node_lost
+from nccl_doctor.analysis.what.first_error import first_error
+from nccl_doctor.analysis.what.groups import detect_group_mismatch
+from nccl_doctor.analysis.what.rendezvous import detect_rendezvous
+from nccl_doctor.analysis.what.gpu_hang import detect_gpu_busy_hang
+from nccl_doctor.analysis.what.mismatch import detect_collective_mismatch
+from nccl_doctor.analysis.what.p2p import detect_p2p_mismatch, without_p2p_waits
+from nccl_doctor.analysis.what.missing import detect_missing_collective
+from nccl_doctor.analysis.silent.sampling import (
+    detect_identical_completions, detect_shared_rng_state,
+)
+from nccl_doctor.analysis.silent.degenerate import detect_degenerate_signal
+from nccl_doctor.analysis.slow.pipeline_balance import detect_pipeline_imbalance
+from nccl_doctor.analysis.who.roles import mesh_groups, roles
+from nccl_doctor.analysis.slow.straggler import detect_straggler
 from nccl_doctor.capture.format import CAPTURE_SUFFIX
 from nccl_doctor.capture.roles import Role
 from nccl_doctor.diagnosis import Diagnosis, Finding, FindingKind, RankSummary, Severity, Verdict
@@ -78,7 +83,7 @@ def analyze(traces: TraceSet, passes: tuple[Pass, ...] = PASSES,
             annotators: Sequence[annotate.Annotator] | None = None,
             watch: WatchLog | None = None) -> Diagnosis:
     """The passes' findings, ranked, as a ``Diagnosis``, then through ``annotators`` (default:
-    every installed known-issue plugin, nccl_doctor.analysis.annotate); a hang the watchdog
+    every installed known-issue plugin, nccl_doctor.analysis.calls.annotate); a hang the watchdog
     called stands (``watch``: its events, typed, default the record the traces carry: the live
     report it made is one of them, taken as it is)."""
     traces = ends.with_finished_marked(traces)
@@ -91,7 +96,7 @@ def analyze(traces: TraceSet, passes: tuple[Pass, ...] = PASSES,
                          "findings are missing")
     findings = _inside_a_mismatch(first_divergence_per_group(found))
     # a rank missing from a collective because it waits in a short p2p channel: the channel's
-    # finding is the cause (analysis/p2p.py), never the stage split as a skipping branch
+    # finding is the cause (analysis/what/p2p.py), never the stage split as a skipping branch
     findings = without_p2p_waits(findings)
     if traces.unfinished:
         findings, notes = _while_running(findings, traces, notes)
@@ -103,7 +108,8 @@ def analyze(traces: TraceSet, passes: tuple[Pass, ...] = PASSES,
     if not any(f.root_cause for f in findings) and _verdict(findings, traces) in (
             Verdict.CRASH, Verdict.HANG):
         # every verdict but ok has a root cause: at the least the run's first error
-        # (analysis/first_error.py), where no pass found a reason (every rank failed in one call)
+        # (analysis/what/first_error.py), where no pass found a reason (every rank failed in one
+        # call)
         fallback = first_error(traces)
         said = next((f for f in findings if fallback is not None and f.kind is
                      FindingKind.RANK_EXITED and set(fallback.ranks) <= set(f.ranks)), None)
@@ -240,7 +246,7 @@ def _rank_findings(findings: list[Finding], traces: TraceSet) -> list[Finding]:
     candidates = candidates or errors
     candidates = _who_left_first(candidates, traces)
     # groups made differently leave every later group named differently across ranks: what
-    # their collectives, exits and errors show after that follows from it (analysis/groups.py)
+    # their collectives, exits and errors show after that follows from it (analysis/what/groups.py)
     candidates = [f for f in candidates if f.kind is FindingKind.GROUP_MISMATCH] or candidates
     # spinning GPUs are the symptom of whatever keeps the peers away
     candidates = [f for f in candidates if f.kind is not FindingKind.GPU_BUSY_HANG] or candidates
@@ -256,7 +262,7 @@ UNSEEN_NEAR = 8  # unrecorded calls this many numbers before a finding's are sai
 
 def _with_unseen(findings: list[Finding], traces: TraceSet) -> list[Finding]:
     """Each desync finding says which ranks made calls nothing recorded just before its call
-    (analysis/align.py ``unseen``): they hold their numbers, so the finding's is torch's own,
+    (analysis/calls/align.py ``unseen``): they hold their numbers, so the finding's is torch's own,
     and those ranks are not missing from them (``evidence.unseen``)."""
     lines = timelines(traces)
     out = []
@@ -280,7 +286,7 @@ def _with_unseen(findings: list[Finding], traces: TraceSet) -> list[Finding]:
 
 def _with_unanswered(root: Finding, findings: list[Finding]) -> Finding:
     """A rank that left while its peers needed it: the call it left unanswered, and the branch
-    on the rank that kept it from that call (its missing_collective's, analysis/blame.py)."""
+    on the rank that kept it from that call (its missing_collective's, analysis/who/blame.py)."""
     if not _needed(root):
         return root
     missing = next((f for f in findings if f.kind is FindingKind.MISSING_COLLECTIVE
@@ -310,7 +316,7 @@ def _vanished(f: Finding) -> bool:
 
 
 def _blamed_branch(f: Finding) -> bool:
-    """The branch on the rank (analysis/blame.py), not the absent ranks, decided the culprit."""
+    """The branch on the rank (analysis/who/blame.py), not the absent ranks, decided the culprit."""
     return isinstance(f.evidence, DesyncEvidence) and f.evidence.blame == "branch"
 
 
@@ -319,7 +325,7 @@ def _who_left_first(candidates: list[Finding], traces: TraceSet) -> list[Finding
     they did - is the cause; a peer's own end, having made more calls there (gloo's "Connection
     closed by peer", NCCL's "remote process exited", a DistBackendError), is its consequence,
     whatever the clocks say: a rank's teardown can be stamped after the error it caused.
-    Decided by the recorded sequence numbers (analysis/align.py), not by time."""
+    Decided by the recorded sequence numbers (analysis/calls/align.py), not by time."""
     left = [f for f in candidates if _needed(f)]
     if not left:
         return candidates

@@ -4,8 +4,8 @@ skew series, the ranks' versions. The HTML reporter only lays it out."""
 
 from __future__ import annotations
 
-from nccl_doctor.analysis.straggler import skew_series
-from nccl_doctor.analysis.timeline import timeline
+from nccl_doctor.analysis.slow.straggler import skew_series
+from nccl_doctor.analysis.calls.timeline import timeline
 from nccl_doctor.diagnosis import Diagnosis, FindingKind
 from nccl_doctor.model import TraceSet
 from nccl_doctor.page_model import Page

@@ -84,7 +84,7 @@ def assemble(path: Path, manifest: Manifest | None, files: list[Path],
     """The ``TraceSet`` of what was read from ``files``: for each, a trace, why not, or None for
     a rank's older capture passed over (``union.newest_per_rank``); ``notes``: what the reader
     says of them (the captures passed over, a window). Each rank's end as its capture says it
-    (analysis/ends.py decides the rest)."""
+    (analysis/calls/ends.py decides the rest)."""
     traces: dict[int, RankTrace] = {}
     problems: list[str] = []
     errors: list[DoctorError] = []

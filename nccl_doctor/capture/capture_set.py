@@ -14,7 +14,7 @@ them - and reads each thing once, when first asked for:
   for the rows the passes see (``traces``; past ``window.above`` records, a window of them:
   capture/window.py).
 
-How each rank ended is the analysis's to decide (analysis/loaded.py): ``traces`` takes that
+How each rank ended is the analysis's to decide (analysis/calls/loaded.py): ``traces`` takes that
 decision as a function of what each directory says of the job's end (``JobEnd``), so nothing
 here imports the analysis.
 """
@@ -66,7 +66,7 @@ class JobEnd:
     stop_unknown: bool = False
 
 
-#: Decides each rank's end in one directory's traces (analysis/loaded.py ``settle``).
+#: Decides each rank's end in one directory's traces (analysis/calls/loaded.py ``settle``).
 Settle = Callable[[TraceSet, JobEnd], TraceSet]
 Beside = tuple[GpuTrace | None, tuple[StackSample, ...], list[str]]
 _Pair = tuple[tuple[Path, RankMeta], tuple[Path, RankMeta]]  # (older, newer) of one rank

@@ -56,7 +56,7 @@ def read_evidence(path: Path) -> Evidence:
 
 def with_evidence(traces: TraceSet, evidence: Evidence) -> TraceSet:
     """``traces`` with the Flight Recorder pulls merged, the watchdog's record and stacks
-    attached (the ranks it stopped are told by analysis/ends.py from the record)."""
+    attached (the ranks it stopped are told by analysis/calls/ends.py from the record)."""
     if evidence.flight_recorder:
         traces = flight_recorder.merge(traces, {r: dict(d) for r, d in
                                                 evidence.flight_recorder.items()})

@@ -98,7 +98,7 @@ class LiveCaptures:
 
     def final(self, evidence: Evidence | None = None) -> TraceSet:
         """The job at its end, for the post mortem, with the supervisor's ``evidence``
-        attached (every rank gone; their ends decided by the caller: analysis/ends.py): a
+        attached (every rank gone; their ends decided by the caller: analysis/calls/ends.py): a
         ``CaptureSet`` of what the followers hold - each capture's last records read, nothing
         decoded again - and past ``window.above`` records the window a replay sees."""
         if self._final is None or self._final[0] is not evidence:

@@ -2,7 +2,7 @@
 in-rank integration noted (plugins/roles.py, ``{"note": "role", "what": "mesh" | "stage"}``), as
 typed values with their JSON form (report.json's ``ranks[].role``). Pure.
 
-The groups a rank is in and a role inferred where nothing was noted are analysis/roles.py's.
+The groups a rank is in and a role inferred where nothing was noted are analysis/who/roles.py's.
 """
 
 from __future__ import annotations
@@ -42,7 +42,7 @@ class MeshPlace:
 class Role:
     """A rank's coordinates: its meshes, its pipeline stages (several under an interleaved
     schedule), the groups it is in. ``inferred``: nothing was noted, the stage was read from
-    whom the rank sends to and receives from (analysis/roles.py)."""
+    whom the rank sends to and receives from (analysis/who/roles.py)."""
 
     meshes: tuple[MeshPlace, ...] = ()
     stages: tuple[int, ...] = ()

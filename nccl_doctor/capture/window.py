@@ -3,7 +3,7 @@ columns (capture/records.py) before any record becomes a Python object.
 
 A 1,024-rank job with full rings holds tens of millions of records, nearly all of them the same
 collective on every rank and irrelevant to why the job hung. Every rank's leaf collectives (those
-that took a sequence number themselves, as analysis/align.py counts them) are lined up per
+that took a sequence number themselves, as analysis/calls/align.py counts them) are lined up per
 process group by sequence number with numpy, and compared on what the mismatch pass compares (op,
 tensor descriptions, group size, root). The analysis passes then see, per rank, the records
 around each group's first divergence and around the last call its slowest member made (where a

@@ -94,7 +94,7 @@ def run(args: argparse.Namespace) -> int:
     # what replay reads and writes with, imported by the replay itself: the parser of every
     # command imports this module
     from nccl_doctor.analysis import analyze
-    from nccl_doctor.analysis.loaded import load
+    from nccl_doctor.analysis.calls.loaded import load
     from nccl_doctor.capture import metrics_log
     from nccl_doctor.cli.output import emit, verdict_status
 

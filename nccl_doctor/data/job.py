@@ -3,7 +3,7 @@
 The job's captures are one ``CaptureSet`` (capture/capture_set.py), read once whichever is
 asked for first: ``Job.calls`` is built from the captures as columns (nccl_doctor/data/columns.py):
 every record of every rank, no Python object per record. ``ranks``, ``groups``, ``notes`` and
-``diagnose()`` come from the job as ``nccl-doctor replay`` loads it (analysis/loaded.py), so
+``diagnose()`` come from the job as ``nccl-doctor replay`` loads it (analysis/calls/loaded.py), so
 what they say is what replay says.
 """
 
@@ -57,7 +57,7 @@ class Job:
     @cached_property
     def traces(self) -> TraceSet:
         """The job as ``nccl-doctor replay`` loads it (the typed model of nccl_doctor.model)."""
-        from nccl_doctor.analysis.loaded import loaded
+        from nccl_doctor.analysis.calls.loaded import loaded
         return loaded(self._captures)
 
     def diagnose(self, log: PathLike | None = None) -> Diagnosis:
@@ -94,7 +94,7 @@ class Job:
     @cached_property
     def ranks(self) -> pd.DataFrame:
         """One row per rank: where it ran, how it ended (as the report says), its capture."""
-        from nccl_doctor.analysis.ends import with_finished_marked
+        from nccl_doctor.analysis.calls.ends import with_finished_marked
         traces = with_finished_marked(self.traces)
         rows = []
         for rank, t in sorted(traces.ranks.items()):
@@ -150,8 +150,8 @@ class Job:
         (relative to the first member, per collective and per step), at how many it was the
         last, and its cost - how long its peers waited for it, in all, per step and as a share
         of the step's time. Across hosts it is measured without comparing clocks
-        (analysis/lateness.py; docs/stragglers.md)."""
-        from nccl_doctor.analysis.lateness import lateness_table
+        (analysis/slow/lateness.py; docs/stragglers.md)."""
+        from nccl_doctor.analysis.slow.lateness import lateness_table
 
         rows = [row.to_json() for row in lateness_table(self.traces)]
         return pd.DataFrame(rows, columns=list(_LATENESS_COLUMNS))

@@ -62,7 +62,7 @@ class RankStack:
     error: str | None = None
     taken_at: float = 0.0
     # the thread the rank's collectives run on (the thread id its capture recorded for the call
-    # it is in, or made last: analysis/threads.py), when known
+    # it is in, or made last: analysis/calls/threads.py), when known
     focus: int | None = None
 
     @property

@@ -11,7 +11,7 @@ import psutil
 from nccl_doctor.capture.names import capture_files
 from nccl_doctor.capture.reader import read_counters
 from nccl_doctor.errors import DoctorError
-from nccl_doctor.analysis.situation import ProcState
+from nccl_doctor.analysis.calls.situation import ProcState
 
 
 @dataclass(frozen=True)

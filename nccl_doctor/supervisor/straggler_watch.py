@@ -6,13 +6,13 @@ When it names late ranks and, at that moment, a late rank is outside any collect
 have entered one it has not (``waited_by``), the late rank's stack is sampled (py-spy
 ``--nonblocking``: the rank is never paused; else its in-rank agent) into ``stragglers.jsonl``.
 The post-mortem straggler finding then says where the late rank spends the time its peers wait.
-Late ranks are those late among the peers of their role (analysis/roles.py: the same pipeline
+Late ranks are those late among the peers of their role (analysis/who/roles.py: the same pipeline
 stage, the same coordinate on the mesh dims whose ranks do different work), as in the report.
 Never a hang: hangs are the watchdog's; this watch stands aside while every rank waits (a
 deadlock being confirmed, a stall) or a hang is called. A late rank of another node is
 sampled by that node's doctor (the leader asks it, as for a hang's stacks).
 
-Each look also reads the lateness table (analysis/lateness.py): every rank's lateness per step
+Each look also reads the lateness table (analysis/slow/lateness.py): every rank's lateness per step
 (``lateness``), and the time ranks waited for the last to arrive at each skewed collective,
 added up once per collective (``cost``): what ``run --serve`` publishes for a dashboard.
 """
@@ -22,10 +22,10 @@ from __future__ import annotations
 import time
 from typing import Callable
 
-from nccl_doctor.analysis.align import blocked_event, timelines
-from nccl_doctor.analysis.lateness import MIN_SKEW_NS, arrivals, lateness_table
-from nccl_doctor.analysis.straggler import detect_straggler
-from nccl_doctor.analysis.threads import focused
+from nccl_doctor.analysis.calls.align import blocked_event, timelines
+from nccl_doctor.analysis.slow.lateness import MIN_SKEW_NS, arrivals, lateness_table
+from nccl_doctor.analysis.slow.straggler import detect_straggler
+from nccl_doctor.analysis.calls.threads import focused
 from nccl_doctor.model import TraceSet
 from nccl_doctor.finding_evidence import StragglerEvidence
 from nccl_doctor.stacks import summary

@@ -23,7 +23,7 @@ from pathlib import Path
 from typing import Callable, Sequence
 
 from nccl_doctor.analysis import analyze
-from nccl_doctor.analysis.annotate import Annotator
+from nccl_doctor.analysis.calls.annotate import Annotator
 from nccl_doctor.capture.fault_files import drop_empty_fault_files
 from nccl_doctor.capture.manifest import Manifest
 from nccl_doctor.capture.names import capture_files, report_path

@@ -3,8 +3,8 @@
 
 from __future__ import annotations
 
-from nccl_doctor.analysis.wording import call_name
-from nccl_doctor.analysis.situation import Assessment, Situation
+from nccl_doctor.analysis.calls.wording import call_name
+from nccl_doctor.analysis.calls.situation import Assessment, Situation
 from nccl_doctor.status_view import RankState, RankView
 
 

@@ -15,7 +15,7 @@ except to read its captures, sample its processes (psutil, py-spy, the in-rank a
    announcement, the policy's action), and retracted the same way if progress resumes.
 
 Its states (``WatchState``) and their allowed transitions are below; what the findings say is
-nccl_doctor.analysis.hang's (pure).
+nccl_doctor.analysis.what.hang's (pure).
 """
 
 from __future__ import annotations
@@ -26,14 +26,16 @@ from dataclasses import dataclass, replace
 from typing import Any
 
 from nccl_doctor.analysis import analyze
-from nccl_doctor.analysis.annotate import versions_of
-from nccl_doctor.analysis import rendezvous
-from nccl_doctor.analysis.hang import blocked_peer, hang_diagnosis, idle_stall, stall, stuck_peer
-from nccl_doctor.analysis.threads import focused
-from nccl_doctor.analysis.situation import Assessment, ProcState, Situation, assess
-from nccl_doctor.analysis.wording import call_name, ranks_text
+from nccl_doctor.analysis.calls.annotate import versions_of
+from nccl_doctor.analysis.what import rendezvous
+from nccl_doctor.analysis.what.hang import (
+    blocked_peer, hang_diagnosis, idle_stall, stall, stuck_peer,
+)
+from nccl_doctor.analysis.calls.threads import focused
+from nccl_doctor.analysis.calls.situation import Assessment, ProcState, Situation, assess
+from nccl_doctor.analysis.calls.wording import call_name, ranks_text
 from nccl_doctor.words import ranks_verb
-from nccl_doctor.analysis.aftermath import stuck_calls_fate
+from nccl_doctor.analysis.what.aftermath import stuck_calls_fate
 from nccl_doctor.capture import flight_recorder
 from nccl_doctor.capture.joining import read_joinings
 from nccl_doctor.capture.names import report_path
@@ -431,7 +433,7 @@ class Watchdog:
         stacks = self.job.stacks(a.live, self.policy.stack_timeout)
         if stacks and root is not None and any(f is root for f in analysis.findings):
             # the branch on the rank is read on the stacks too: a blocked rank's stack goes on
-            # out past the user's frame its call path ends at (analysis/blame.py)
+            # out past the user's frame its call path ends at (analysis/who/blame.py)
             analysis = analyze(replace(traces, stacks={**traces.stacks, **stacks}),
                                annotators=self.job.annotators)
             root = next((f for f in analysis.findings if f.same_call(root)), root)

@@ -15,8 +15,8 @@ from typing import Any, Callable, Mapping, Protocol, Sequence
 
 import psutil
 
-from nccl_doctor.analysis.annotate import Annotator
-from nccl_doctor.analysis.ends import Ending, with_ends_known
+from nccl_doctor.analysis.calls.annotate import Annotator
+from nccl_doctor.analysis.calls.ends import Ending, with_ends_known
 from nccl_doctor.capture.live_captures import LiveCaptures
 from nccl_doctor.diagnosis import Diagnosis
 from nccl_doctor.gpu.readings import GpuTrace
@@ -25,7 +25,7 @@ from nccl_doctor.errors import DoctorError
 from nccl_doctor.model import TraceSet
 from nccl_doctor.stacks.rank_stack import RankStack
 from nccl_doctor.stacks.samples import SampleLog, StackSample
-from nccl_doctor.analysis.situation import ProcState
+from nccl_doctor.analysis.calls.situation import ProcState
 from nccl_doctor.supervisor import evidence
 from nccl_doctor.supervisor.run_files import RunFiles
 from nccl_doctor.supervisor.policy import HangPolicy

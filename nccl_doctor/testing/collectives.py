@@ -16,7 +16,7 @@ from nccl_doctor.model import EventKind, TraceSet
 
 class Collectives:
     def _traces(self) -> TraceSet:
-        from nccl_doctor.analysis.loaded import load_capture_dir
+        from nccl_doctor.analysis.calls.loaded import load_capture_dir
 
         directory = os.environ.get(env.CAPTURE_DIR)
         if not directory:

@@ -15,7 +15,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from nccl_doctor.analysis.wording import ranks_text
+from nccl_doctor.analysis.calls.wording import ranks_text
 from nccl_doctor.capture.names import REPORT_HTML
 from nccl_doctor.cli.output import PageFile
 from nccl_doctor.diagnosis import Diagnosis, Verdict

@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 
-from nccl_doctor.analysis.loaded import load_capture_dir
+from nccl_doctor.analysis.calls.loaded import load_capture_dir
 from nccl_doctor.errors import ExitStatus
 
 from .test_cli import one_error_line

@@ -65,7 +65,7 @@ def assert_window_agrees(out: Path) -> None:
     says what it says on every record: the same findings and ranks (only the straggler pass,
     which reads timing over the whole run, and the window's own note may differ)."""
     from nccl_doctor.analysis import analyze
-    from nccl_doctor.analysis.loaded import load_capture_dir
+    from nccl_doctor.analysis.calls.loaded import load_capture_dir
     from nccl_doctor.capture.window import Size
 
     def report(**window) -> dict:
@@ -95,7 +95,7 @@ def replay_calls(out: Path):
     """The calls table made from what ``replay`` reads (each rank's typed events, one Python
     step per call): the reference ``nccl_doctor.open(out).calls`` (made from the captures as
     columns) must equal row for row."""
-    from nccl_doctor.analysis.loaded import load
+    from nccl_doctor.analysis.calls.loaded import load
     from nccl_doctor.data import columns
     from nccl_doctor.model import EventSource
 

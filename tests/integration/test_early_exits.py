@@ -12,7 +12,7 @@ from pathlib import Path
 
 import pytest
 
-from nccl_doctor.analysis.exited import HINT_EARLY, HINT_RENDEZVOUS
+from nccl_doctor.analysis.what.exited import HINT_EARLY, HINT_RENDEZVOUS
 from nccl_doctor.capture.names import EARLY_EXIT_SUFFIX
 
 pytestmark = pytest.mark.integration

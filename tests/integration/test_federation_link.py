@@ -6,7 +6,7 @@ from __future__ import annotations
 import threading
 import time
 
-from nccl_doctor.analysis.ends import Ending, with_ends_known
+from nccl_doctor.analysis.calls.ends import Ending, with_ends_known
 from nccl_doctor.model import ExitKind, TraceSet, Unrecorded
 from nccl_doctor.reproducers.nodes import free_port
 from nccl_doctor.supervisor.federation.link import LinkState, Local, Role, new_link

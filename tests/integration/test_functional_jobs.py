@@ -152,8 +152,8 @@ def test_a_call_seen_on_one_rank_only_is_no_culprit(run_job):
     seen = df[df["source"] == "functional"]
     assert set(seen["rank"]) == {1}, seen  # rank 0's were under inference_mode
     # rank 0's unseen calls are named, at the numbers rank 1's recorded ones hold
-    from nccl_doctor.analysis.align import timelines
-    from nccl_doctor.analysis.loaded import load_capture_dir
+    from nccl_doctor.analysis.calls.align import timelines
+    from nccl_doctor.analysis.calls.loaded import load_capture_dir
 
     (line,) = timelines(load_capture_dir(job.out)).values()
     assert set(seen["torch_seq"]) <= set(line.unseen[0]), (line.unseen, list(seen["torch_seq"]))

@@ -15,7 +15,7 @@ from pathlib import Path
 
 import pytest
 
-from nccl_doctor.analysis.loaded import load_capture_dir
+from nccl_doctor.analysis.calls.loaded import load_capture_dir
 from nccl_doctor.model import EventFlag, EventKind, EventSource, EventState
 
 pytestmark = pytest.mark.integration

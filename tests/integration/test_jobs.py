@@ -7,8 +7,8 @@ from pathlib import Path
 
 import pytest
 
-from nccl_doctor.analysis.align import leaf_collectives
-from nccl_doctor.analysis.loaded import load_capture_dir
+from nccl_doctor.analysis.calls.align import leaf_collectives
+from nccl_doctor.analysis.calls.loaded import load_capture_dir
 from nccl_doctor.capture.ring import PURE_PYTHON_ENV
 from nccl_doctor.diagnosis import FindingKind, Verdict
 

@@ -20,7 +20,7 @@ from pathlib import Path
 import psutil
 import pytest
 
-from nccl_doctor.analysis.loaded import load
+from nccl_doctor.analysis.calls.loaded import load
 from nccl_doctor.analysis import analyze
 from nccl_doctor.diagnosis import FindingKind, Verdict
 from nccl_doctor.errors import ExitStatus

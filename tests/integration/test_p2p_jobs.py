@@ -26,7 +26,7 @@ def run_job(tmp_path: Path, launch):
     """The job under the doctor (default hang policy), as conftest's ``run_job`` runs it, less
     its replay with a window forced: a window keeps the records around collectives and each
     rank's newest, which cut a channel's history, so the p2p pass leaves windowed channels out
-    (analysis/p2p.py) and the windowed report cannot be the same."""
+    (analysis/what/p2p.py) and the windowed report cannot be the same."""
     import os
     from dataclasses import dataclass
 

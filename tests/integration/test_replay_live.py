@@ -18,7 +18,7 @@ from pathlib import Path
 import pytest
 
 from nccl_doctor.analysis import analyze
-from nccl_doctor.analysis.loaded import load
+from nccl_doctor.analysis.calls.loaded import load
 from nccl_doctor.errors import ExitStatus
 from nccl_doctor.supervisor.policy import HangPolicy, OnHang
 from nccl_doctor.supervisor.supervisor import Supervisor

@@ -11,7 +11,7 @@ import os
 from pathlib import Path
 
 from nccl_doctor.analysis import analyze
-from nccl_doctor.analysis.loaded import load_capture_dir
+from nccl_doctor.analysis.calls.loaded import load_capture_dir
 from nccl_doctor.supervisor.supervisor import Supervisor
 from nccl_doctor.testing.spawn import command
 

@@ -37,7 +37,7 @@ def spawn(nproc: int, script: str) -> list[str]:
 
 def replay(out: Path):
     from nccl_doctor.analysis import analyze
-    from nccl_doctor.analysis.loaded import load_capture_dir
+    from nccl_doctor.analysis.calls.loaded import load_capture_dir
 
     return analyze(load_capture_dir(out))
 
@@ -132,7 +132,7 @@ def test_grpo_with_trls_own_seeding_is_fine(tmp_path):
 
 
 def _notes(out: Path) -> list[dict]:
-    from nccl_doctor.analysis.loaded import load_capture_dir
+    from nccl_doctor.analysis.calls.loaded import load_capture_dir
 
     traces = load_capture_dir(out)
     return [n for t in traces.ranks.values() for n in t.notes]
@@ -141,7 +141,7 @@ def _notes(out: Path) -> list[dict]:
 def test_seeding_calls_and_the_public_api_are_recorded(run_job):
     job = run_job(2, str(JOBS / "seeding_calls.py"))
     assert job.exit_status == 0
-    from nccl_doctor.analysis.loaded import load_capture_dir
+    from nccl_doctor.analysis.calls.loaded import load_capture_dir
 
     for rank, trace in load_capture_dir(job.out).ranks.items():
         rng = [n for n in trace.notes if n.get("note") == "rng"]

@@ -11,7 +11,7 @@ import sys
 import pytest
 
 from nccl_doctor.diagnosis import FindingKind, Verdict
-from nccl_doctor.analysis.loaded import load_capture_dir
+from nccl_doctor.analysis.calls.loaded import load_capture_dir
 
 pytestmark = pytest.mark.integration
 

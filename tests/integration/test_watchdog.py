@@ -133,7 +133,7 @@ def _pids_when_running(out: Path, nproc: int, timeout: float = 60) -> dict[int, 
 
 def _stop_outside_collectives(out: Path, rank: int, pid: int, tries: int = 50) -> None:
     """SIGSTOP ``pid``; if its capture then shows it inside a collective, let it go and retry."""
-    from nccl_doctor.analysis.align import blocked_event
+    from nccl_doctor.analysis.calls.align import blocked_event
     from nccl_doctor.capture.follow import read_capture
 
     path = next(f for f in capture_files(out) if read_progress(f)[0]["rank"] == rank)
@@ -255,7 +255,7 @@ def test_ddp_uneven_batches_is_a_desync_seen_through_flight_recorder(stopped_han
     assert sides["barrier"]["ranks"] == [1] and sides["barrier"]["callsite"].endswith("ddp_uneven.py:23")
     # the right sequence number: the one PyTorch gave rank 1's barrier (from its capture), which
     # rank 0's fifth gradient all_reduce took there
-    from nccl_doctor.analysis.loaded import load_capture_dir
+    from nccl_doctor.analysis.calls.loaded import load_capture_dir
 
     barrier = [e for e in load_capture_dir(sup.out_dir).ranks[1].events if e.op == "barrier"]
     assert root.seq == barrier[-1].align_seq, root.title

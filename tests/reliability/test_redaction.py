@@ -11,7 +11,7 @@ from pathlib import Path
 import pytest
 
 from nccl_doctor import env, redact
-from nccl_doctor.analysis.loaded import load_capture_dir
+from nccl_doctor.analysis.calls.loaded import load_capture_dir
 from nccl_doctor.capture.manifest import MANIFEST, Manifest, read_manifest
 from nccl_doctor.rank.recorder import core
 

@@ -7,8 +7,8 @@ from __future__ import annotations
 import tarfile
 from pathlib import Path
 
-from nccl_doctor.analysis.aftermath import stuck_calls_fate
-from nccl_doctor.analysis.loaded import load_capture_dir
+from nccl_doctor.analysis.what.aftermath import stuck_calls_fate
+from nccl_doctor.analysis.calls.loaded import load_capture_dir
 from nccl_doctor.model import EventState
 
 FIXTURE = Path(__file__).parent.parent / "fixtures" / "h100_nccl_shape_mismatch_report.tar.gz"
@@ -59,7 +59,6 @@ def test_a_real_format_1_capture_replays_without_call_paths(tmp_path):
     """Captures from before call paths (this H100 run's, format 1) replay as before - the
     user's line names each call - and a note says their paths were not recorded."""
     from nccl_doctor.analysis import analyze
-
     with tarfile.open(FIXTURE) as tar:
         tar.extractall(tmp_path, filter="data")
     traces = load_capture_dir(tmp_path / "nccl_shape_mismatch.report")

@@ -1,5 +1,5 @@
-"""Who is wrong, and why (analysis/blame.py), on synthetic traces whose callsites point into real
-source files written here: the branch settles the culprit, both or neither is said, a changed
+"""Who is wrong, and why (analysis/who/blame.py), on synthetic traces whose callsites point into
+real source files written here: the branch settles the culprit, both or neither is said, a changed
 file is never read, a loop run a different number of times is named."""
 
 from __future__ import annotations

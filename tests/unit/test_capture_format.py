@@ -14,7 +14,7 @@ import pytest
 
 from nccl_doctor.analysis import analyze
 from nccl_doctor.capture import format as fmt
-from nccl_doctor.analysis.loaded import load_capture_dir
+from nccl_doctor.analysis.calls.loaded import load_capture_dir
 from nccl_doctor.capture.manifest import MANIFEST, MANIFEST_FORMAT, Manifest, read_manifest
 from nccl_doctor.capture.names import remove_own_files
 from nccl_doctor.capture.follow import read_capture

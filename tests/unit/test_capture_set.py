@@ -12,7 +12,7 @@ from pathlib import Path
 
 import pytest
 
-from nccl_doctor.analysis.loaded import load, loaded
+from nccl_doctor.analysis.calls.loaded import load, loaded
 from nccl_doctor.capture import format as fmt
 from nccl_doctor.capture.capture_set import CaptureSet, node_dirs
 from nccl_doctor.capture.follow import CaptureFollower, read_capture
@@ -226,5 +226,5 @@ def test_nothing_in_capture_imports_a_layer_above_it():
 
 def test_the_import_walk_sees_an_upward_import(tmp_path):
     bad = tmp_path / "bad.py"
-    bad.write_text("def f():\n    from nccl_doctor.analysis.ends import with_ends_known\n")
-    assert "nccl_doctor.analysis.ends" in _imports(bad)
+    bad.write_text("def f():\n    from nccl_doctor.analysis.calls.ends import with_ends_known\n")
+    assert "nccl_doctor.analysis.calls.ends" in _imports(bad)

@@ -18,7 +18,7 @@ from pathlib import Path
 
 import pytest
 
-from nccl_doctor.analysis import annotate as annotators
+from nccl_doctor.analysis.calls import annotate as annotators
 from nccl_doctor.diagnosis import Diagnosis, Finding, FindingKind, Severity, Verdict
 from nccl_doctor.sections import StackClass
 from nccl_doctor.plugins import collective_calls as cc
@@ -38,7 +38,7 @@ def _frame(path: str, line: int, function: str, version: str | None = None) -> d
 
 def _missing(call_path=(), instead=None, hint="old hint", ranks=(1,), waiting=(0,),
              kind=FindingKind.MISSING_COLLECTIVE, evidence=None) -> Finding:
-    """A missing_collective as analysis/missing.py writes one: the call path is the waiting
+    """A missing_collective as analysis/what/missing.py writes one: the call path is the waiting
     ranks', ``instead`` says where each missing rank was."""
     ev = {"waiting_ranks": list(waiting), "missing_ranks": list(ranks), "input": "float32[8]"}
     if instead is not None:

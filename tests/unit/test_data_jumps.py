@@ -1,4 +1,4 @@
-"""A jump the data decided (analysis/data_jumps.py, branch.data_jumps): read in source, and
+"""A jump the data decided (analysis/why/data_jumps.py, branch.data_jumps): read in source, and
 shown by the calls - every rank made as many calls before the jump in the loop, some fewer from
 the line after it. Sources written to tmp_path; synthetic traces whose callsites point into them."""
 
@@ -9,8 +9,8 @@ from dataclasses import replace
 from pathlib import Path
 
 from nccl_doctor.analysis import analyze
-from nccl_doctor.analysis.branch import data_jumps
-from nccl_doctor.analysis.source_text import Sources
+from nccl_doctor.analysis.why.branch import data_jumps
+from nccl_doctor.analysis.why.source_text import Sources
 from nccl_doctor.diagnosis import FindingKind
 from nccl_doctor.files import source_digest
 from nccl_doctor.location import Location

@@ -5,10 +5,10 @@ from __future__ import annotations
 import pytest
 
 from nccl_doctor.analysis import PASSES, analyze
-from nccl_doctor.analysis.align import leaf_collectives, timelines
-from nccl_doctor.analysis.exited import detect_rank_exited
-from nccl_doctor.analysis.mismatch import detect_collective_mismatch
-from nccl_doctor.analysis.missing import detect_missing_collective
+from nccl_doctor.analysis.calls.align import leaf_collectives, timelines
+from nccl_doctor.analysis.what.exited import detect_rank_exited
+from nccl_doctor.analysis.what.mismatch import detect_collective_mismatch
+from nccl_doctor.analysis.what.missing import detect_missing_collective
 from nccl_doctor.diagnosis import FindingKind, Severity, Verdict
 from nccl_doctor.model import (
     Location, EventFlag, EventKind, EventState, ExitKind, RankExit, Unrecorded,
@@ -555,7 +555,7 @@ def test_passes_are_pure(tb, name) -> None:
 def _late(tb, late_rank: int | None, skew_ms: float, n: int = 6, ranks: int = 3, samples=()):
     from dataclasses import replace
 
-    from nccl_doctor.analysis.straggler import detect_straggler
+    from nccl_doctor.analysis.slow.straggler import detect_straggler
 
     traces = []
     for r in range(ranks):
@@ -588,7 +588,7 @@ def test_straggler_is_the_rank_consistently_last(tb):
 def test_a_loaded_host_shuffling_arrival_order_is_not_a_straggler(tb):
     """What CI's 2 cores did to 4 healthy ranks: skews of 20-190 ms in 5 of 22 collectives, rank 2
     last in 3 of them. Some rank of 4 is last in 3 of 5 four times in ten by chance alone."""
-    from nccl_doctor.analysis.straggler import chance_of, detect_straggler
+    from nccl_doctor.analysis.slow.straggler import chance_of, detect_straggler
 
     late_ms = {3: (2, 35), 7: (0, 60), 11: (2, 185), 15: (1, 30), 19: (2, 25)}  # seq: rank, ms
     traces = []

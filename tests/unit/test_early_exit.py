@@ -1,6 +1,6 @@
 """Ranks that raise before they join a process group: the record a rank leaves
 (rank/early_exit.py, capture/early_exit.py), read back by the loaders, and what the analysis says
-of it (analysis/exited.py ``raised_before_joining``)."""
+of it (analysis/what/exited.py ``raised_before_joining``)."""
 
 from __future__ import annotations
 
@@ -16,10 +16,10 @@ import pytest
 
 from nccl_doctor.analysis import analyze
 from nccl_doctor.analysis.diagnose import NOT_RECORDED_NOTE
-from nccl_doctor.analysis.exited import HINT_EARLY, HINT_RENDEZVOUS
+from nccl_doctor.analysis.what.exited import HINT_EARLY, HINT_RENDEZVOUS
 from nccl_doctor.capture.early_exit import MAX_BYTES, MAX_FRAMES, read_early_exits, write_early_exit
 from nccl_doctor.capture.live_captures import LiveCaptures
-from nccl_doctor.analysis.loaded import load_capture_dir
+from nccl_doctor.analysis.calls.loaded import load_capture_dir
 from nccl_doctor.capture.manifest import Manifest
 from nccl_doctor.capture.names import EARLY_EXIT_SUFFIX, remove_own_files
 from nccl_doctor.diagnosis import FindingKind, Verdict

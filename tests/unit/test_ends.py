@@ -6,8 +6,8 @@ from __future__ import annotations
 from dataclasses import replace
 
 from nccl_doctor.analysis import analyze
-from nccl_doctor.analysis.ends import with_finished_marked
-from nccl_doctor.analysis.exited import HINT_CRASH
+from nccl_doctor.analysis.calls.ends import with_finished_marked
+from nccl_doctor.analysis.what.exited import HINT_CRASH
 from nccl_doctor.diagnosis import FindingKind, Severity, Verdict
 from nccl_doctor.location import Location
 from nccl_doctor.model import ExitKind, RankExit

@@ -4,7 +4,7 @@ rank summaries (capture/summary.py), the union (capture/union.py), node_lost, pa
 import json
 
 from nccl_doctor.analysis import analyze
-from nccl_doctor.analysis.lost import detect_node_lost
+from nccl_doctor.analysis.what.lost import detect_node_lost
 from nccl_doctor.capture import summary
 from nccl_doctor.capture.union import union
 from nccl_doctor.diagnosis import Diagnosis, FindingKind

@@ -1,10 +1,10 @@
-"""The root cause of last resort (analysis/first_error.py): the run's first error, the call it
+"""The root cause of last resort (analysis/what/first_error.py): the run's first error, the call it
 was raised in, and what the ranks that failed there passed differently."""
 
 from __future__ import annotations
 
 from nccl_doctor.analysis import analyze
-from nccl_doctor.analysis.first_error import first_error
+from nccl_doctor.analysis.what.first_error import first_error
 from nccl_doctor.diagnosis import FindingKind, Verdict
 from nccl_doctor.model import EventState
 from tests.unit.conftest import T0, STEP, clean, make_event, make_trace, make_traceset, raised

@@ -145,7 +145,7 @@ def test_returned_calls_not_completed_on_the_gpu_become_waits(tb) -> None:
 def test_a_slow_collective_in_flight_is_not_a_deadlock_with_a_rank_one_call_behind(tb) -> None:
     """NCCL, healthy: both ranks' all_reduce #2 still runs on the GPU; rank 0's CPU has already
     queued #3, rank 1's has not (it waits on its stream). Everyone is in #2: slow, not stuck."""
-    from nccl_doctor.analysis.situation import Situation, assess
+    from nccl_doctor.analysis.calls.situation import Situation, assess
 
     rank0 = [tb.event(i, seq=i, input="float32[36]") for i in (1, 2, 3)]
     rank1 = [tb.event(i, seq=i, input="float32[36]") for i in (1, 2)]

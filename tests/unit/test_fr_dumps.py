@@ -13,7 +13,7 @@ from pathlib import Path
 import pytest
 
 from nccl_doctor.analysis import analyze
-from nccl_doctor.analysis.loaded import load
+from nccl_doctor.analysis.calls.loaded import load
 from nccl_doctor.capture import fr_dump
 from nccl_doctor.diagnosis import FindingKind, Verdict
 from nccl_doctor.errors import CorruptCapture, NotACapture, RefusedInput, UnsupportedVersion

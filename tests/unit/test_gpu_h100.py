@@ -13,7 +13,7 @@ from pathlib import Path
 import pytest
 
 from nccl_doctor.analysis import analyze
-from nccl_doctor.analysis.loaded import load_capture_dir
+from nccl_doctor.analysis.calls.loaded import load_capture_dir
 from nccl_doctor.diagnosis import FindingKind
 from nccl_doctor.gpu.readings import GpuDevice, GpuSample
 from nccl_doctor.gpu.series import read_gpu

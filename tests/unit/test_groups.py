@@ -1,4 +1,4 @@
-"""group_mismatch on synthetic traces (analysis/groups.py): each rank's group-making calls, as
+"""group_mismatch on synthetic traces (analysis/what/groups.py): each rank's group-making calls, as
 the recorder notes them, lined up; and the places a stack says a rank waits in
 (stacks/places.py)."""
 
@@ -6,7 +6,7 @@ from __future__ import annotations
 
 from dataclasses import replace
 
-from nccl_doctor.analysis.groups import detect_group_mismatch, group_calls
+from nccl_doctor.analysis.what.groups import detect_group_mismatch, group_calls
 from nccl_doctor.diagnosis import FindingKind
 from nccl_doctor.location import Location
 from nccl_doctor.model import EventKind, EventState

@@ -1,6 +1,6 @@
 """report.html: every fixture renders to one self-contained page that parses, names the culprit
 rank, its callsite and the fix, fetches nothing, shows job text as text, and stays small for a
-1,024-rank job. The timeline pass (analysis/timeline.py) is checked on the same jobs."""
+1,024-rank job. The timeline pass (analysis/calls/timeline.py) is checked on the same jobs."""
 
 from __future__ import annotations
 
@@ -13,9 +13,9 @@ import html5lib
 import pytest
 
 from nccl_doctor.analysis import analyze
-from nccl_doctor.analysis.timeline import FOLD_ABOVE, timeline
+from nccl_doctor.analysis.calls.timeline import FOLD_ABOVE, timeline
 from nccl_doctor.page_model import rank_ranges
-from nccl_doctor.analysis.loaded import load
+from nccl_doctor.analysis.calls.loaded import load
 from nccl_doctor.reporters import format_for, get_reporter
 from nccl_doctor.analysis.page_builder import page as page_of
 from nccl_doctor.reporters.html import render
@@ -156,7 +156,7 @@ def test_the_output_name_picks_the_format(name, fmt_):
 
 
 def test_ranks_in_findings_read_as_ranges():
-    from nccl_doctor.analysis.wording import ranks_text
+    from nccl_doctor.analysis.calls.wording import ranks_text
 
     assert ranks_text([*range(637), *range(638, 1024)]) == "ranks 0-636, 638-1023"
     assert ranks_text([0, 1, 3]) == "ranks 0, 1, 3" and ranks_text([4, 0, 1, 2]) == "ranks 0-2, 4"

@@ -1,4 +1,4 @@
-"""The rendezvous before any capture (capture/joining.py, analysis/rendezvous.py): the joining
+"""The rendezvous before any capture (capture/joining.py, analysis/what/rendezvous.py): the joining
 records as a rank writes and the supervisor reads them, damaged ones skipped; ranks told
 different rendezvous; ranks that never came."""
 
@@ -7,7 +7,7 @@ from __future__ import annotations
 import os
 from dataclasses import replace
 
-from nccl_doctor.analysis.rendezvous import detect_rendezvous, never_joined, parted
+from nccl_doctor.analysis.what.rendezvous import detect_rendezvous, never_joined, parted
 from nccl_doctor.capture.joining import read_joinings, write_joining
 from nccl_doctor.diagnosis import FindingKind
 from nccl_doctor.model import Joining

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from nccl_doctor.diagnosis import Diagnosis, Finding, FindingKind, Severity, Verdict
 from nccl_doctor.sections import StackClass
-from nccl_doctor.analysis.annotate import versions_of
+from nccl_doctor.analysis.calls.annotate import versions_of
 from nccl_doctor.plugins.known_issues import annotate
 
 
@@ -18,7 +18,7 @@ def _diag(f: Finding, stacks: list[str] = (), ranks=(0, 1)) -> Diagnosis:
 
 def _mismatch(aspect: str = "shape", ops=("all_gather", "all_gather"),
               shapes=("float32[2,13,96]", "float32[2,14,96]"), call_path=()) -> Finding:
-    """A collective_mismatch as analysis/mismatch.py writes one (sides with op and input)."""
+    """A collective_mismatch as analysis/what/mismatch.py writes one (sides with op and input)."""
     sides = [{"ranks": [r], "op": op, "value": op if aspect == "op" else shape, "input": shape,
               "callsite": "train.py:40"} for r, (op, shape) in enumerate(zip(ops, shapes))]
     return Finding(kind=FindingKind.COLLECTIVE_MISMATCH, severity=Severity.ERROR,
@@ -160,7 +160,7 @@ def test_from_a_synthetic_trace_and_its_environment(tb):
     from nccl_doctor.analysis import analyze
     from nccl_doctor.location import Location
     from nccl_doctor.stacks.rank_stack import RankStack, ThreadStack
-    from nccl_doctor.analysis.hang import hang_diagnosis
+    from nccl_doctor.analysis.what.hang import hang_diagnosis
 
     base = tb.scenarios["shape_mismatch"]()
     traces = replace(base, ranks={

@@ -1,4 +1,4 @@
-"""The slow node across hosts, without comparing clocks (analysis/lateness.py, straggler.py):
+"""The slow node across hosts, without comparing clocks (analysis/slow/lateness.py, straggler.py):
 each rank's time inside a blocking call, read on its own clock, says who arrived last. The
 hosts' clocks below are off by seconds (as without NTP); a rule that compared them would
 blame whichever host's clock runs ahead."""
@@ -7,8 +7,8 @@ from __future__ import annotations
 
 from dataclasses import replace
 
-from nccl_doctor.analysis.lateness import arrivals, lateness_table
-from nccl_doctor.analysis.straggler import detect_straggler
+from nccl_doctor.analysis.slow.lateness import arrivals, lateness_table
+from nccl_doctor.analysis.slow.straggler import detect_straggler
 from nccl_doctor.model import EventFlag
 
 MS = 1_000_000
@@ -133,7 +133,7 @@ def _nccl(traces, timed: bool):
 
 
 def test_on_nccl_the_kernels_time_names_the_slow_node_and_without_it_nothing_is_compared(tb):
-    from nccl_doctor.analysis.straggler import unmeasured_note
+    from nccl_doctor.analysis.slow.straggler import unmeasured_note
 
     (f,) = detect_straggler(_nccl(job(tb, "h2", 250), timed=True))
     assert f.evidence["node"]["host"] == "h2"

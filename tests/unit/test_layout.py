@@ -144,6 +144,56 @@ def test_the_import_graph_has_no_cycle():
     assert not cycles, "import cycles: " + "; ".join(" <-> ".join(sorted(c)) for c in cycles)
 
 
+#: analysis/'s sub-packages, its passes in the order they build on each other: each imports only
+#: those before it (and itself); the modules at the top (diagnose, page_builder) put them together.
+ANALYSIS_ORDER = ["calls", "why", "who", "what", "slow", "silent"]
+ANALYSIS_TOP = {"nccl_doctor.analysis", "nccl_doctor.analysis.diagnose",
+                "nccl_doctor.analysis.page_builder"}
+
+
+def analysis_arrows_back_up(g: dict[str, set[str]]) -> list[str]:
+    """Imports inside analysis/ that go up its order, or from a sub-package to the top; and any
+    analysis module outside a sub-package that is not one of the top modules."""
+    def place(module: str) -> int | None:
+        if module in ANALYSIS_TOP:
+            return len(ANALYSIS_ORDER)
+        parts = module.split(".")
+        return ANALYSIS_ORDER.index(parts[2]) if parts[2] in ANALYSIS_ORDER else None
+
+    wrong = []
+    for module, targets in sorted(g.items()):
+        if not module.startswith("nccl_doctor.analysis"):
+            continue
+        mine = place(module)
+        if mine is None:
+            wrong.append(f"{module} is in no sub-package of analysis/ ({ANALYSIS_ORDER})")
+            continue
+        for target in sorted(t for t in targets if t.startswith("nccl_doctor.analysis")):
+            theirs = place(target)
+            if theirs is None or theirs > mine:
+                wrong.append(f"{module} imports {target}, later in analysis/'s order")
+    return wrong
+
+
+def test_analysis_sub_packages_import_only_down_their_order():
+    wrong = analysis_arrows_back_up(graph())
+    assert not wrong, "\n".join(wrong)
+
+
+def test_the_analysis_order_rule_sees_a_violation():
+    g = {"nccl_doctor.analysis.calls.align": {"nccl_doctor.analysis.who.blame"},
+         "nccl_doctor.analysis.who.blame": {"nccl_doctor.analysis.diagnose"},
+         "nccl_doctor.analysis.stray": set(),
+         "nccl_doctor.analysis.what.p2p": {"nccl_doctor.analysis.who.blame"}}
+    assert analysis_arrows_back_up(g) == [
+        "nccl_doctor.analysis.calls.align imports nccl_doctor.analysis.who.blame, later in "
+        "analysis/'s order",
+        "nccl_doctor.analysis.stray is in no sub-package of analysis/ "
+        "(['calls', 'why', 'who', 'what', 'slow', 'silent'])",
+        "nccl_doctor.analysis.who.blame imports nccl_doctor.analysis.diagnose, later in "
+        "analysis/'s order"]
+
+
 #: What a reporter may import besides its own package: the data it renders (the model, the
 #: diagnosis, the page's drawings) and plain helpers. It computes nothing (docs/ARCHITECTURE.md).
 RENDERED = {"nccl_doctor.model", "nccl_doctor.diagnosis", "nccl_doctor.page_model",
@@ -183,10 +233,11 @@ def test_the_supervisor_imports_no_reporter():
 
 
 def test_the_reporter_rules_see_a_violation():
-    g = {"nccl_doctor.reporters.html": {"nccl_doctor.analysis.timeline", "nccl_doctor.page_model"},
+    g = {"nccl_doctor.reporters.html": {"nccl_doctor.analysis.calls.timeline",
+                                        "nccl_doctor.page_model"},
          "nccl_doctor.supervisor.supervisor": {"nccl_doctor.reporters.html"}}
     assert reporter_imports_beyond_the_model(g) == [
-        "nccl_doctor.reporters.html imports nccl_doctor.analysis.timeline"]
+        "nccl_doctor.reporters.html imports nccl_doctor.analysis.calls.timeline"]
     assert supervisor_imports_of_reporters(g) == [
         "nccl_doctor.supervisor.supervisor imports nccl_doctor.reporters.html"]
 

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from nccl_doctor.model import EventState
 from nccl_doctor.reporters import status_line
-from nccl_doctor.analysis.situation import Assessment, Situation
+from nccl_doctor.analysis.calls.situation import Assessment, Situation
 from nccl_doctor.status_view import LiveView, RankState, RankView
 from nccl_doctor.supervisor.view import rank_views
 

@@ -1,5 +1,5 @@
-"""Point-to-point as its own model (analysis/p2p_channels.py, analysis/p2p.py), on synthetic
-traces shaped as the recorder writes them: ``send`` records itself around the ``isend`` and the
+"""Point-to-point as its own model (analysis/calls/p2p_channels.py, analysis/what/p2p.py), on
+synthetic traces shaped as the recorder writes them: ``send`` records itself around the ``isend`` and the
 ``wait`` it makes; ``batch_isend_irecv`` is a composite record around its ops, waited through
 it; ``isend``/``irecv`` return their Work (ISSUED) and are waited later."""
 
@@ -10,9 +10,9 @@ from dataclasses import replace
 import pytest
 
 from nccl_doctor.analysis import analyze
-from nccl_doctor.analysis.p2p import detect_p2p_mismatch
-from nccl_doctor.analysis.p2p_channels import p2p_channels
-from nccl_doctor.analysis.situation import Situation, assess
+from nccl_doctor.analysis.what.p2p import detect_p2p_mismatch
+from nccl_doctor.analysis.calls.p2p_channels import p2p_channels
+from nccl_doctor.analysis.calls.situation import Situation, assess
 from nccl_doctor.diagnosis import FindingKind, Severity, Verdict
 from nccl_doctor.model import EventFlag, EventKind, EventState, ExitKind, RankExit
 

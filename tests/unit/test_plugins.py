@@ -8,7 +8,8 @@ from pathlib import Path
 
 
 from nccl_doctor import entry_points
-from nccl_doctor.analysis import analyze, annotate
+from nccl_doctor.analysis import analyze
+from nccl_doctor.analysis.calls import annotate
 from nccl_doctor.diagnosis import Diagnosis, Finding, FindingKind, Severity, Verdict
 
 README = Path(__file__).resolve().parents[2] / "docs" / "plugins.md"  # the example moved there

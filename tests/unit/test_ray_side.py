@@ -14,7 +14,8 @@ from pathlib import Path
 import pytest
 
 from nccl_doctor import env
-from nccl_doctor.analysis import actors, analyze
+from nccl_doctor.analysis.who import actors
+from nccl_doctor.analysis import analyze
 from nccl_doctor.capture.names import node_dir
 from nccl_doctor.diagnosis import FindingKind
 from nccl_doctor.model import EventState

@@ -10,7 +10,7 @@ import html5lib
 import pytest
 
 from nccl_doctor.analysis import analyze
-from nccl_doctor.analysis.loaded import load_capture_dir
+from nccl_doctor.analysis.calls.loaded import load_capture_dir
 from nccl_doctor.model import EventKind, EventState
 from nccl_doctor.watch_account import WatchAccount
 from nccl_doctor.capture.writer import CaptureWriter

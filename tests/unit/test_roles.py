@@ -1,4 +1,4 @@
-"""Roles (analysis/roles.py): ranks are compared with the peers of their role only. A synthetic
+"""Roles (analysis/who/roles.py): ranks are compared with the peers of their role only. A synthetic
 pipeline of 2 stages x 2 replicas (ranks 0, 1: replica 0's stages 0 and 1; ranks 2, 3: replica
 1's), each step: stage 0 works and sends to stage 1, which works and sends back; each stage
 all-reduces over its data-parallel group, then every rank over the world group."""
@@ -8,11 +8,11 @@ from __future__ import annotations
 from dataclasses import replace
 
 from nccl_doctor.analysis import analyze
-from nccl_doctor.analysis.busy import busy_table
-from nccl_doctor.analysis.lateness import arrivals
-from nccl_doctor.analysis.pipeline_balance import detect_pipeline_imbalance
-from nccl_doctor.analysis.roles import peer_classes, role_text, roles, symmetric
-from nccl_doctor.analysis.straggler import detect_straggler
+from nccl_doctor.analysis.slow.busy import busy_table
+from nccl_doctor.analysis.slow.lateness import arrivals
+from nccl_doctor.analysis.slow.pipeline_balance import detect_pipeline_imbalance
+from nccl_doctor.analysis.who.roles import peer_classes, role_text, roles, symmetric
+from nccl_doctor.analysis.slow.straggler import detect_straggler
 from nccl_doctor.capture.roles import MeshPlace, Role, noted_role
 from nccl_doctor.diagnosis import FindingKind, RankSummary, Severity, Verdict
 from nccl_doctor.model import EventKind

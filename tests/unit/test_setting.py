@@ -7,8 +7,8 @@ from __future__ import annotations
 from dataclasses import replace
 
 from nccl_doctor.analysis import analyze
-from nccl_doctor.analysis.exited import HINT_CRASH
-from nccl_doctor.analysis.setting import TEST_WORKER, Setting, setting_of, setting_of_command
+from nccl_doctor.analysis.what.exited import HINT_CRASH
+from nccl_doctor.analysis.calls.setting import TEST_WORKER, Setting, setting_of, setting_of_command
 from nccl_doctor.diagnosis import FindingKind
 from nccl_doctor.location import Location
 from nccl_doctor.model import EventState, ExitKind, RankExit

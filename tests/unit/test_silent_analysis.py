@@ -5,8 +5,10 @@ from __future__ import annotations
 import random
 from dataclasses import replace
 
-from nccl_doctor.analysis.sampling import detect_identical_completions, detect_shared_rng_state
-from nccl_doctor.analysis.degenerate import degenerate, detect_degenerate_signal
+from nccl_doctor.analysis.silent.sampling import (
+    detect_identical_completions, detect_shared_rng_state,
+)
+from nccl_doctor.analysis.silent.degenerate import degenerate, detect_degenerate_signal
 from nccl_doctor.diagnosis import FindingKind, Severity
 from nccl_doctor.capture import metrics_log
 from nccl_doctor.rank.fingerprint import rng_fingerprint, row_digests
@@ -135,7 +137,6 @@ def test_public_api_outside_nccl_doctor_does_nothing():
 
 def test_odd_notes_never_crash_the_analysis(tb):
     from nccl_doctor.analysis import analyze
-
     bad = [{"note": "gen", "n": "x", "all": ["list"], "rng": "nope", "time_ns": "t"},
            {"note": "gen", "n": 2, "all": {"a": 1}, "nrows": 2, "sample": "yes"},
            {"note": "metrics", "step": "s", "values": {"loss": "0", "kl": float("nan")}},
@@ -149,7 +150,6 @@ def test_odd_notes_never_crash_the_analysis(tb):
 
 def test_a_failing_pass_leaves_a_note_not_a_traceback(tb):
     from nccl_doctor.analysis import PASSES, analyze
-
     def broken(_traces):
         raise KeyError("boom")
 

@@ -11,7 +11,7 @@ from dataclasses import replace
 import pytest
 
 from nccl_doctor.analysis import analyze
-from nccl_doctor.analysis.straggler import detect_straggler
+from nccl_doctor.analysis.slow.straggler import detect_straggler
 from nccl_doctor.capture.flight_recorder import merge
 from nccl_doctor.diagnosis import FindingKind
 from nccl_doctor.model import GroupInfo

@@ -6,7 +6,7 @@ from __future__ import annotations
 
 from dataclasses import replace
 
-from nccl_doctor.analysis.threads import collective_thread, focused
+from nccl_doctor.analysis.calls.threads import collective_thread, focused
 from nccl_doctor.location import Location
 from nccl_doctor.stacks import summary
 from nccl_doctor.stacks.aggregate import classify

@@ -1,4 +1,4 @@
-"""Calls nothing recorded (analysis/align.py ``unseen``): a rank's recorded calls that skip
+"""Calls nothing recorded (analysis/calls/align.py ``unseen``): a rank's recorded calls that skip
 sequence numbers, with nothing missing from its capture between them, made calls nobody saw;
 records the capture lost are not counted; the gap never shifts the alignment and never makes a
 rank missing from a call it made unseen."""
@@ -6,7 +6,7 @@ rank missing from a call it made unseen."""
 from __future__ import annotations
 
 from nccl_doctor.analysis import analyze
-from nccl_doctor.analysis.align import timelines, unseen_lines
+from nccl_doctor.analysis.calls.align import timelines, unseen_lines
 from nccl_doctor.diagnosis import FindingKind
 from nccl_doctor.model import EventKind
 

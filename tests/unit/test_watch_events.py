@@ -8,7 +8,7 @@ import json
 from dataclasses import replace
 
 from nccl_doctor.analysis import analyze
-from nccl_doctor.analysis.hang import hang_diagnosis
+from nccl_doctor.analysis.what.hang import hang_diagnosis
 from nccl_doctor.capture import watch_record
 from nccl_doctor.diagnosis import Diagnosis, Finding, FindingKind, Severity, Verdict
 from nccl_doctor.sections import StackClass

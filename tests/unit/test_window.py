@@ -11,11 +11,11 @@ from pathlib import Path
 import pytest
 
 from nccl_doctor.analysis import analyze
-from nccl_doctor.analysis.ends import Ending, with_ends_known
+from nccl_doctor.analysis.calls.ends import Ending, with_ends_known
 from nccl_doctor.capture import format as fmt
 from nccl_doctor.capture.live_captures import LiveCaptures
 from nccl_doctor.capture.window import Size
-from nccl_doctor.analysis.loaded import load_capture_dir
+from nccl_doctor.analysis.calls.loaded import load_capture_dir
 from nccl_doctor.capture.manifest import Manifest
 from nccl_doctor.capture.writer import CaptureWriter
 from nccl_doctor.model import EventKind, EventState, Unrecorded

@@ -11,8 +11,8 @@ import pytest
 import nccl_doctor
 from nccl_doctor import paths
 from nccl_doctor.analysis import analyze
-from nccl_doctor.analysis.hang import stall, stuck_peer
-from nccl_doctor.analysis.situation import Assessment, Situation
+from nccl_doctor.analysis.what.hang import stall, stuck_peer
+from nccl_doctor.analysis.calls.situation import Assessment, Situation
 from nccl_doctor.capture.writer import CaptureWriter
 from nccl_doctor.diagnosis import Diagnosis, Verdict
 from nccl_doctor.gpu.readings import GpuTrace, RankGpu

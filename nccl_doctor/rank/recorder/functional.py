@@ -14,7 +14,7 @@ What is not recorded: a call on a tensor subclass that carries the Python dispat
 (FakeTensor and FunctionalTensor while torch.compile traces; DTensor itself, whose local
 tensors' calls are the real ones) or on the meta device; a call made under
 ``torch.inference_mode``, which leaves the key out - it still takes its group's sequence
-number, which the analysis reads as a call the doctor did not see (analysis/align.py's gaps),
+number, which the analysis reads as a call the doctor did not see (analysis/calls/align.py's gaps),
 never as a missing one; and every call when ``NCCL_DOCTOR_FUNCTIONAL=0``. A dispatch mode that
 calls the operator again makes a nested record (the outer one its parent), as the Python API's
 wrappers do: the analysis counts the innermost.

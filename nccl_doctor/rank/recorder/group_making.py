@@ -6,7 +6,7 @@ is made with ``use_local_synchronization=True`` (a hash of its ranks). A ``new_g
 some ranks only, or in another order, leaves every later group with different names on
 different ranks, and each rank waits inside ``new_group`` for peers registering under another
 name: no collective is pending anywhere. These notes are what the analysis
-(nccl_doctor/analysis/groups.py) compares across ranks. Group creation is rare, so a note (a
+(nccl_doctor/analysis/what/groups.py) compares across ranks. Group creation is rare, so a note (a
 JSON line in the capture's string table) costs nothing that matters; the note before the call
 is written before the rank can block in it.
 """

@@ -7,8 +7,8 @@ from __future__ import annotations
 from dataclasses import replace
 from typing import Any, Mapping, Sequence
 
-from nccl_doctor.analysis.ends import Ending, with_ends_known
-from nccl_doctor.analysis.situation import ProcState
+from nccl_doctor.analysis.calls.ends import Ending, with_ends_known
+from nccl_doctor.analysis.calls.situation import ProcState
 from nccl_doctor.capture.assemble import groups_from_notes
 from nccl_doctor.capture.union import union
 from nccl_doctor.model import RankTrace, TraceSet

@@ -1,7 +1,7 @@
 """The leader's part of the link: it hosts the store, reads every beat once per look and the
 summaries only when its watches read the traces (while the job is quiet), asks the followers for
 stacks and Flight Recorder pulls, and hands them its decisions and the final report. A follower
-whose beat stops for ``lost_after`` seconds is lost (its ranks' ends: analysis/ends.py)."""
+whose beat stops for ``lost_after`` seconds is lost (its ranks' ends: analysis/calls/ends.py)."""
 
 from __future__ import annotations
 
@@ -244,7 +244,7 @@ class Leader:
 
     def lost_ranks(self) -> dict[int, tuple[str, int | None]]:
         """rank -> (its host, when it was lost, ns) for the ranks of lost followers (their
-        ends: analysis/ends.py)."""
+        ends: analysis/calls/ends.py)."""
         out = {}
         for remote in self.remotes.values():
             if remote.lost:
