@@ -65,6 +65,9 @@ class FindingKind(str, enum.Enum):
     BLOCKED_WAIT = "blocked_wait"
     # a pipeline stage slower than the others (info: the cost per step of the imbalance)
     PIPELINE_IMBALANCE = "pipeline_imbalance"
+    # the ranks still pair their calls, but from different steps: a rank skipped one step's
+    # call and made the next's (a silent desync; analysis/silent/step_skew.py)
+    STEP_SKEW = "step_skew"
 
 
 @dataclass(frozen=True)

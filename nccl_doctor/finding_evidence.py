@@ -436,6 +436,22 @@ class BlockedWaitEvidence(Evidence):
         return ("place", "waiting_ranks")
 
 
+@dataclass(frozen=True, kw_only=True)
+class StepSkewEvidence(Evidence):
+    """step_skew: calls paired across different steps (analysis/silent/step_skew.py)."""
+
+    # rank -> the step of its call of the first aligned call whose steps differ
+    steps: Mapping[int, int] = _ev(_by_rank(INT), factory=dict)
+    # rank -> the steps it made no call of the site in
+    skipped: Mapping[int, Json] = _ev(_by_rank(RAW), factory=dict)
+    groups: tuple[Json, ...] = _ev(_Codec(list, tuple), factory=tuple)  # {group, seq, pairs}
+    marker: Json = _ev()  # the call that counts the steps: {path, line, op, per_step}
+    data_jump: Json = _ev()  # the jump before the call, when the source shows one
+
+    def always(self) -> tuple[str, ...]:
+        return ("steps", "skipped", "groups", "marker")
+
+
 #: each finding kind's evidence class (by FindingKind value)
 BY_KIND: dict[str, type[Evidence]] = {
     "missing_collective": MissingEvidence, "collective_mismatch": MismatchEvidence,
@@ -445,7 +461,7 @@ BY_KIND: dict[str, type[Evidence]] = {
     "node_lost": NodeLostEvidence,
     "p2p_mismatch": P2PEvidence,
     "group_mismatch": GroupMismatchEvidence, "blocked_wait": BlockedWaitEvidence,
-    "pipeline_imbalance": PipelineImbalanceEvidence,
+    "pipeline_imbalance": PipelineImbalanceEvidence, "step_skew": StepSkewEvidence,
 }
 
 

@@ -29,6 +29,7 @@ from nccl_doctor.analysis.silent.sampling import (
     detect_identical_completions, detect_shared_rng_state,
 )
 from nccl_doctor.analysis.silent.degenerate import detect_degenerate_signal
+from nccl_doctor.analysis.silent.step_skew import detect_step_skew
 from nccl_doctor.analysis.slow.pipeline_balance import detect_pipeline_imbalance
 from nccl_doctor.analysis.who.roles import mesh_groups, roles
 from nccl_doctor.analysis.slow.straggler import detect_straggler
@@ -54,6 +55,7 @@ PASSES: tuple[Pass, ...] = (
     detect_identical_completions,
     detect_shared_rng_state,
     detect_degenerate_signal,
+    detect_step_skew,
     detect_straggler,
     detect_pipeline_imbalance,
     detect_gpu_busy_hang,
@@ -61,6 +63,7 @@ PASSES: tuple[Pass, ...] = (
 #: The passes for silent errors only (the supervisor runs them on a healthy job while it runs).
 SILENT_PASSES: tuple[Pass, ...] = (
     detect_identical_completions, detect_shared_rng_state, detect_degenerate_signal,
+    detect_step_skew,
 )
 
 NOT_RECORDED_NOTE = (
