@@ -145,6 +145,9 @@ class Evidence(Mapping):
     unanswered: Json = _ev()  # {group, seq, op}: the call a rank that left did not answer
     known_issue: KnownIssue | None = _ev(_section(KnownIssue))
     collective_calls: tuple[Json, ...] = _ev(_Codec(list, tuple), factory=tuple)  # plugins
+    #: ranks that wait for ranks that wait, through several groups (analysis/what/wait_chain.py):
+    #: each link {rank, op, group, group_ranks, seq, waits_for}, then {rank, ends: words}
+    wait_chain: tuple[Json, ...] = _ev(_Codec(list, tuple), factory=tuple)
     extra: Mapping[str, Json] = field(default_factory=dict)  # keys no field names
 
     def always(self) -> tuple[str, ...]:

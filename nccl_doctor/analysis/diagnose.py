@@ -18,6 +18,7 @@ from nccl_doctor.analysis.calls.wording import call_name, call_site, ranks_text
 from nccl_doctor.analysis.what.desync import HANGING, first_divergence_per_group
 from nccl_doctor.analysis.what.exited import detect_rank_exited, early_stopped, first_line
 from nccl_doctor.analysis.what.lost import detect_node_lost
+from nccl_doctor.analysis.what.wait_chain import leads_on, wait_links, with_wait_chains
 from nccl_doctor.analysis.what.first_error import first_error
 from nccl_doctor.analysis.what.groups import detect_group_mismatch
 from nccl_doctor.analysis.what.rendezvous import detect_rendezvous
@@ -121,6 +122,10 @@ def analyze(traces: TraceSet, passes: tuple[Pass, ...] = PASSES,
         elif fallback is not None:
             findings = [replace(fallback, root_cause=True)] + findings
     findings = _on_hosts(findings, traces)
+    try:  # ranks that wait for ranks that wait, through several groups
+        findings = with_wait_chains(findings, traces, mesh_groups(traces))
+    except Exception as err:  # as for a pass: the report goes on without it
+        notes.append(f"following the wait chains failed on this capture ({err!r})")
     try:
         findings = _with_unseen(findings, traces)
     except Exception as err:  # as for a pass: the report goes on without it
@@ -244,6 +249,10 @@ def _rank_findings(findings: list[Finding], traces: TraceSet) -> list[Finding]:
     # Ranks missing from a collective of one group because they wait, in their own order, in
     # another group's: that wait is another finding's (the rank that broke its order skipped)
     candidates = [f for f in candidates if not _waiting_in_order(f, traces)] or candidates
+    # ranks missing from a collective because they wait, through other groups, for ranks that
+    # wait for no one: the chain's end is the cause (analysis/what/wait_chain.py)
+    links = wait_links(findings)
+    candidates = [f for f in candidates if not leads_on(f, links)] or candidates
     if lost:  # a rank gone unrecorded beside a lost node: when it went is unknown
         candidates = [f for f in candidates if not _vanished_beside(f, lost)] or candidates
     candidates = candidates or errors

@@ -23,6 +23,7 @@ from typing import Sequence
 
 from nccl_doctor.analysis.calls import annotate
 from nccl_doctor.analysis.what.hang import hang_diagnosis
+from nccl_doctor.analysis.what.wait_chain import not_yet
 from nccl_doctor.diagnosis import Diagnosis, Finding, Severity, Verdict
 from nccl_doctor.model import TraceSet
 from nccl_doctor.watch_log import Interrupted, WatchLog
@@ -69,6 +70,8 @@ def _standing(post: Diagnosis, live: Diagnosis, own: Finding | None) -> Diagnosi
     if root is not None:
         findings = (replace(root, root_cause=True),) + tuple(
             replace(f, root_cause=False) for f in post.findings if not f.same_call(root))
+        # (the ranks the watchdog saw stuck have not come yet: no loop count is said of them)
+        findings = tuple(not_yet(list(findings)))
     stacked = {r.rank: r.stack_summary for r in live.ranks if r.stack_summary}
     ranks = tuple(replace(r, stack_summary=stacked[r.rank]) if r.rank in stacked else r
                   for r in post.ranks)

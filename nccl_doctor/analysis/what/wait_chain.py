@@ -1,0 +1,167 @@
+"""Wait chains across groups (pure): a rank waits in a call of one group for a rank that itself
+waits in a call of another group, and so on, to the ranks that wait for no one - stuck in
+their own code, exited, or waiting in a call nobody can answer. The ranks at the chain's end
+are the ones to look at; the groups on the way are where the others hold.
+
+Read from the findings: a ``missing_collective`` says which ranks wait in its call
+(``waiting_ranks``) for which (its absent ranks); a short point-to-point channel
+(``p2p_mismatch``, count) says which end waits for the other. A rank waits in one call at a
+time, so the links form a graph of out-degree one per call; a cycle (ranks that wait for each
+other in different groups) ends the chain where it closes.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, replace
+from typing import Mapping
+
+from nccl_doctor.analysis.calls.wording import ranks_text
+from nccl_doctor.analysis.why.loop_counts import DIFFERENT_COUNTS
+from nccl_doctor.diagnosis import Finding, FindingKind
+from nccl_doctor.model import TraceSet
+
+__all__ = ["Link", "leads_on", "not_yet", "wait_links", "with_wait_chains"]
+
+
+@dataclass(frozen=True)
+class Link:
+    """A rank waiting in a call for other ranks (the finding that says so)."""
+    rank: int
+    waits_for: tuple[int, ...]
+    finding: Finding
+
+    def text(self, members: tuple[int, ...], role: str | None) -> str:
+        f = self.finding
+        group = role or f"group {f.group} [{', '.join(map(str, members))}]"
+        return (f"rank {self.rank} waits in {f.op} #{f.seq} of {group} for "
+                f"{ranks_text(list(self.waits_for))}")
+
+
+def wait_links(findings: list[Finding]) -> dict[int, Link]:
+    """rank -> the call it waits in and the ranks it waits for, from the findings."""
+    out: dict[int, Link] = {}
+    for f in findings:
+        if f.kind is FindingKind.MISSING_COLLECTIVE:
+            waiting = tuple(getattr(f.evidence, "waiting_ranks", ()) or ())
+            absent = tuple(r for r in f.absent if r not in waiting)
+            for r in waiting:
+                if absent:
+                    out.setdefault(r, Link(r, absent, f))
+        elif f.kind is FindingKind.P2P_MISMATCH and getattr(f.evidence, "aspect", "") == "count":
+            ev = f.evidence
+            ends = {ev.src, ev.dst} - {None}
+            for r, state in ev.waiting.items():
+                other = tuple(sorted(ends - {r}))
+                if state == "waits" and other:
+                    out.setdefault(r, Link(r, other, f))
+    return out
+
+
+def _follow(start: tuple[int, ...], links: Mapping[int, Link]) -> tuple[list[Link], list[int]]:
+    """The links from ``start`` on, in order, and the ranks where the chain ends."""
+    order: list[Link] = []
+    ends: list[int] = []
+    seen: set[int] = set()
+    todo = list(start)
+    while todo:
+        r = todo.pop(0)
+        if r in seen:
+            continue
+        seen.add(r)
+        link = links.get(r)
+        if link is None:
+            ends.append(r)
+            continue
+        order.append(link)
+        todo.extend(link.waits_for)
+    return order, sorted(ends)
+
+
+def leads_on(f: Finding, links: Mapping[int, Link]) -> bool:
+    """Every rank ``f`` says is missing waits itself, in another group's call: ``f`` is a link
+    of a chain, not its end (a cycle leads on everywhere: the caller keeps them all then)."""
+    return (f.kind is FindingKind.MISSING_COLLECTIVE and bool(f.absent)
+            and all(r in links and links[r].finding.group != f.group for r in f.absent))
+
+
+def with_wait_chains(findings: list[Finding], traces: TraceSet,
+                     roles: Mapping[str, str] | None = None) -> list[Finding]:
+    """Each finding on a chain of waits through at least two groups, or whose absent ranks end
+    one, says the chain: from the ranks that wait farthest from its end, through its groups, to
+    the ranks it ends at and where those are (``evidence.wait_chain``, and a line of its
+    detail)."""
+    links = wait_links(findings)
+    if len({link.finding.group for link in links.values()}) < 2:
+        return findings
+    waited = {r for link in links.values() for r in link.waits_for}
+    heads = sorted(r for r in links if r not in waited) or sorted(links)
+    roles = roles or {}
+    out = []
+    for f in findings:
+        if f.kind not in (FindingKind.MISSING_COLLECTIVE, FindingKind.P2P_MISMATCH):
+            out.append(f)
+            continue
+        chain = _chain_through(f, heads, links)
+        if chain is None:
+            out.append(f)
+            continue
+        order, ends = chain
+        said = [link.text(traces.group_members(link.finding.group),
+                          roles.get(link.finding.group or "")) for link in order]
+        where = [_where(r, findings) for r in ends]
+        line = "Wait chain: " + "; ".join(said + (where or [
+            "each waits for the next, in a cycle: no rank can go on (a deadlock)"])) + "."
+        evidence = [{"rank": link.rank, "op": link.finding.op, "group": link.finding.group,
+                     "group_ranks": list(traces.group_members(link.finding.group)),
+                     "seq": link.finding.seq, "waits_for": list(link.waits_for)}
+                    for link in order]
+        evidence += [{"rank": r, "ends": w} for r, w in zip(ends, where)]
+        out.append(replace(f, detail=f"{f.detail}\n{line}",
+                           evidence=replace(f.evidence, wait_chain=tuple(evidence))))
+    return not_yet(out)
+
+
+def not_yet(findings: list[Finding]) -> list[Finding]:
+    """A missing collective whose absent ranks have not come *yet* - each waits in another
+    group's call, or a live hang's stacks showed it stuck in its own code (analysis/what/
+    hang.py, ``evidence.stuck``) - says no loop ran a different number of times."""
+    links = wait_links(findings)
+    stuck = {int(r) for f in findings for r in (getattr(f.evidence, "stuck", None) or {})}
+    out = []
+    for f in findings:
+        if (f.kind is not FindingKind.MISSING_COLLECTIVE or not f.absent
+                or not all(r in links or r in stuck for r in f.absent)
+                or DIFFERENT_COUNTS not in f.detail):
+            out.append(f)
+            continue
+        detail = "\n".join(x for x in f.detail.splitlines() if DIFFERENT_COUNTS not in x)
+        ev = replace(f.evidence, loop=None) if hasattr(f.evidence, "loop") else f.evidence
+        branch = None if f.branch is not None and f.branch.kind in ("for", "while") else f.branch
+        out.append(replace(f, detail=detail, evidence=ev, branch=branch))
+    return out
+
+
+def _chain_through(f: Finding, heads: list[int], links: Mapping[int, Link],
+                   ) -> tuple[list[Link], list[int]] | None:
+    """The chain (from a head) that spans two groups or more and passes through ``f``'s call;
+    else one that ends at ``f``'s absent ranks (the ranks held up, through other groups, by
+    the ranks ``f`` says never came)."""
+    chains = [_follow((head,), links) for head in heads]
+    chains = [(order, ends) for order, ends in chains
+              if len({link.finding.group for link in order}) >= 2]
+    through = [c for c in chains if any(link.finding is f for link in c[0])]
+    ending = [c for c in chains if set(c[1]) & set(f.absent)]
+    return (through or ending or [None])[0]
+
+
+def _where(rank: int, findings: list[Finding]) -> str:
+    """What the rank at a chain's end does, as the finding that misses it says it."""
+    for f in findings:
+        instead = getattr(f.evidence, "instead", None) or {}
+        said = instead.get(str(rank)) if isinstance(instead, Mapping) else None
+        if isinstance(said, Mapping) and said.get("detail"):
+            return str(said["detail"])
+        stuck = getattr(f.evidence, "stuck", None) or {}
+        if rank in stuck:
+            return f"rank {rank} {stuck[rank]}"
+    return f"rank {rank} waits for no one"

@@ -1,0 +1,73 @@
+"""Wait chains across groups (analysis/what/wait_chain.py), on findings as the passes write
+them: a rank waiting for a rank that waits in another group's call is a link; the chain ends at
+the ranks that wait for no one; a cycle ends where it closes; one group alone is no chain."""
+
+from __future__ import annotations
+
+from nccl_doctor.analysis.what.wait_chain import leads_on, wait_links, with_wait_chains
+from nccl_doctor.diagnosis import Finding, FindingKind, Severity
+
+
+def missing(group, seq, waiting, absent, instead=None, detail="d"):
+    return Finding(
+        kind=FindingKind.MISSING_COLLECTIVE, severity=Severity.ERROR,
+        title=f"all_reduce #{seq} of group {group}", detail=detail, ranks=tuple(absent),
+        group=group, seq=seq, op="all_reduce",
+        evidence={"waiting_ranks": waiting, "missing_ranks": absent,
+                  "instead": instead or {}, "blame": "missing"})
+
+
+def traces(tb):
+    return tb.traceset([tb.trace(r, tb.collectives(2), world_size=4) for r in range(4)],
+                       {"1": (0, 2), "4": (2, 3), "2": (1, 3)}, world_size=4)
+
+
+def test_a_chain_through_two_groups_is_said_on_each_of_its_findings(tb):
+    outer = missing("1", 3, [0], [2], detail="d\nrank 2 made 1 call fewer: a loop ran "
+                                             "a different number of times per rank.")
+    end = missing("4", 3, [2], [3], {"3": {"category": "elsewhere",
+                                           "detail": "rank 3 is outside any collective"}})
+    links = wait_links([outer, end])
+    assert {r: link.waits_for for r, link in links.items()} == {0: (2,), 2: (3,)}
+    assert leads_on(outer, links) and not leads_on(end, links)
+    out = with_wait_chains([outer, end], traces(tb),
+                           {"4": "the tensor-parallel (tp) group [2, 3]"})
+    said = ("Wait chain: rank 0 waits in all_reduce #3 of group 1 [0, 2] for rank 2; rank 2 "
+            "waits in all_reduce #3 of the tensor-parallel (tp) group [2, 3] for rank 3; rank 3 "
+            "is outside any collective.")
+    assert all(said in f.detail for f in out), [f.detail for f in out]
+    chain = out[1].evidence.wait_chain
+    assert [c["rank"] for c in chain] == [0, 2, 3] and chain[0]["group_ranks"] == [0, 2]
+    assert chain[-1] == {"rank": 3, "ends": "rank 3 is outside any collective"}
+    # rank 2 has not come *yet* (it waits in group 4): no loop count is said of it
+    assert "different number of times" not in out[0].detail
+
+
+def test_one_group_alone_is_no_chain(tb):
+    f = missing("4", 3, [2], [3])
+    assert with_wait_chains([f], traces(tb)) == [f]
+
+
+def test_ranks_waiting_for_each_other_in_two_groups_end_where_the_cycle_closes(tb):
+    a, b = missing("1", 3, [0], [2]), missing("4", 5, [2], [0])
+    links = wait_links([a, b])
+    assert leads_on(a, links) and leads_on(b, links)  # (the caller keeps them all then)
+    out = with_wait_chains([a, b], traces(tb))
+    assert [c["rank"] for c in out[0].evidence.wait_chain] == [0, 2], out[0].evidence
+    assert out[0].detail.endswith("for rank 0; each waits for the next, in a cycle: no rank can "
+                                  "go on (a deadlock)."), out[0].detail
+
+
+def test_a_finding_whose_absent_rank_ends_a_chain_says_it(tb):
+    """Rank 2 waits for rank 0 directly (one group); rank 3 waits for rank 1, which waits for
+    rank 0 in another group: the finding that misses rank 0 from rank 2's call says that chain
+    too - the ranks rank 0 holds up through other groups."""
+    ts = tb.traceset([tb.trace(r, tb.collectives(2), world_size=4) for r in range(4)],
+                     {"dp0": (0, 2), "dp1": (1, 3), "tp0": (0, 1)}, world_size=4)
+    direct = missing("dp0", 3, [2], [0])
+    near, far = missing("tp0", 3, [1], [0]), missing("dp1", 3, [3], [1])
+    out = with_wait_chains([direct, near, far], ts)
+    for f in out:
+        assert [c["rank"] for c in f.evidence.wait_chain] == [3, 1, 0], f.evidence
+    said = "Wait chain: rank 3 waits in all_reduce #3 of group dp1 [1, 3] for rank 1"
+    assert said in out[0].detail, out[0].detail
