@@ -434,6 +434,8 @@ class BlockedWaitEvidence(Evidence):
     waiting_ranks: tuple[int, ...] = _ev(RANKS, factory=tuple)  # the ranks in a collective
     # the rendezvous each rank joins ("127.0.0.1:29500 (world size 4)"): ranks told others
     rendezvous: Mapping[int, str] = _ev(_by_rank(STR), factory=dict)
+    #: a rank that never joined, whose process was found on this host: {pid, place, frame}
+    absent_at: Mapping[int, Json] = _ev(_by_rank(RAW), factory=dict)
 
     def always(self) -> tuple[str, ...]:
         return ("place", "waiting_ranks")

@@ -28,7 +28,7 @@ import time
 from pathlib import Path
 from typing import IO
 
-from nccl_doctor.env import RUN_ID
+from nccl_doctor.env import LAUNCHER_RANK, RUN_ID
 from nccl_doctor.processes import started
 
 GRACE = 10.0  # seconds between SIGTERM and SIGKILL: torchrun stops its workers in that time
@@ -159,6 +159,35 @@ def of_run(run_id: str) -> dict[int, float]:
         created = started(int(entry)) if found else None
         if created is not None:
             out[int(entry)] = created
+    return out
+
+
+def ranks_of_run(run_id: str) -> dict[int, int]:
+    """rank -> pid of the job's process that is that rank on this host, read from each run
+    process's environment (the launcher's RANK, or MPI's, Slurm's): the outermost one, where a
+    rank's children (DataLoader workers) carry its variables too. Ranks whose process is gone,
+    or not readable, are absent."""
+    found: dict[int, list[tuple[int, int]]] = {}  # rank -> [(pid, parent pid)]
+    for pid in of_run(run_id):
+        try:
+            with open(f"/proc/{pid}/environ", "rb") as f:
+                environ = dict(item.split(b"=", 1) for item in f.read().split(b"\0")
+                               if b"=" in item)
+            with open(f"/proc/{pid}/stat", "rb") as f:
+                stat = f.read()
+            parent = int(stat[stat.rindex(b")") + 2:].split()[1])
+        except (OSError, ValueError, IndexError):
+            continue
+        rank = next((environ[name.encode()] for name in LAUNCHER_RANK
+                     if name.encode() in environ), None)
+        if rank is not None and rank.isdigit():
+            found.setdefault(int(rank), []).append((pid, parent))
+    out = {}
+    for rank, procs in found.items():
+        pids = {pid for pid, _ in procs}
+        outer = [pid for pid, parent in procs if parent not in pids]
+        if len(outer) == 1:
+            out[rank] = outer[0]
     return out
 
 

@@ -47,6 +47,7 @@ from nccl_doctor.stacks.rank_stack import RankStack
 from nccl_doctor.supervisor import evidence
 from nccl_doctor.supervisor.watching import Decision, LiveJob, Snapshot
 from nccl_doctor.supervisor.policy import OnHang
+from nccl_doctor.supervisor.reaper import ranks_of_run
 from nccl_doctor.supervisor.view import rank_views
 from nccl_doctor.watch_account import WatchAccount
 from nccl_doctor.watch_log import Aftermath, HangCalled, Retracted
@@ -342,8 +343,15 @@ class Watchdog:
             stacks = self._joining_stacks(joinings)
             places = {r: p for r, s in stacks.items() if (p := place(s)) is not None}
             if all(p.kind is PlaceKind.RENDEZVOUS for p in places.values()):
-                found = rendezvous.never_joined(joinings, absent, places, waited)
-                return self._rendezvous_hang(joinings, found, waited, stacks)
+                # the absent ranks' own processes on this host, where they are instead
+                alive = {r: pid for r, pid in ranks_of_run(self.job.run_id).items()
+                         if r in absent}
+                theirs = evidence.collect_stacks(alive, self.job.run_id,
+                                                 timeout=self.policy.stack_timeout) if alive else {}
+                at = {r: (pid, place(theirs[r]) if r in theirs else None)
+                      for r, pid in alive.items()}
+                found = rendezvous.never_joined(joinings, absent, places, waited, at)
+                return self._rendezvous_hang(joinings, found, waited, {**stacks, **theirs})
         if absent:
             self._status(f"{ranks_verb(sorted(joinings), 'waits')} in init_process_group for "
                          f"{ranks_text(absent)} ({waited:.0f} s)")

@@ -67,8 +67,13 @@ def test_a_rank_that_never_joins_is_called_after_stuck_after(tmp_path, launch, w
         assert root["kind"] == "blocked_wait" and root["ranks"] == [2], root
         assert root["title"].startswith("rank 2 never joined the rendezvous"), root["title"]
         assert root["evidence"]["waiting_ranks"] == [0, 1]
-        line = line_of(SCRIPT, "dist.init_process_group(")
+        # the absent rank's own process, found on this host: where it is instead
+        line = line_of(SCRIPT, "threading.Event().wait()")
         assert root["callsite"].endswith(f"{SCRIPT.name}:{line}"), root["callsite"]
+        at = root["evidence"]["absent_at"]["2"]
+        assert at["place"] == "outside" and at["frame"].endswith(f"{SCRIPT.name}:{line}"), at
+        assert (f"rank 2 (pid {at['pid']}) is running and has not called init_process_group: "
+                "it is in its own code, outside torch.distributed at ") in root["detail"]
     # the waiting ranks were seen in the rendezvous, from their stacks
     assert "waits in the rendezvous (init_process_group)" in live["findings"][0]["detail"]
 

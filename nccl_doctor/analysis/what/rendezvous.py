@@ -79,9 +79,11 @@ def parted(joinings: Mapping[int, Joining]) -> Finding | None:
 
 
 def never_joined(joinings: Mapping[int, Joining], absent: list[int],
-                 places: Mapping[int, Place], waited_s: float | None) -> Finding:
+                 places: Mapping[int, Place], waited_s: float | None,
+                 alive: Mapping[int, tuple[int, Place | None]] | None = None) -> Finding:
     """``absent`` ranks never began ``init_process_group`` while the others wait in it
-    (``waited_s``: for how long since the last of them came, when known)."""
+    (``waited_s``: for how long since the last of them came, when known; ``alive``: an absent
+    rank's process found on this host -> its pid and where its stack is)."""
     present = sorted(joinings)
     j = joinings[present[0]]
     waited = f" for {waited_s:.0f} s" if waited_s is not None else ""
@@ -93,15 +95,31 @@ def never_joined(joinings: Mapping[int, Joining], absent: list[int],
         where = places.get(r)
         lines.append(f"rank {r} waits " + (where.describe() if where is not None
                                           else "in init_process_group") + ".")
-    lines.append(f"{ranks_text(absent)}: no sign of {'it' if len(absent) == 1 else 'them'} "
-                 "reaching init_process_group on this host.")
-    frame = next((p.frame for p in places.values() if p.frame is not None), None)
+    alive = alive or {}
+    unseen = [r for r in absent if r not in alive]
+    for r in absent:
+        if r in alive:
+            pid, where = alive[r]
+            lines.append(f"rank {r} (pid {pid}) is running and has not called "
+                         "init_process_group: it is " + (
+                             where.describe() if where is not None
+                             else "somewhere its stack did not show") + ".")
+    if unseen:
+        lines.append(f"{ranks_text(unseen)}: no process of {'it' if len(unseen) == 1 else 'them'}"
+                     " on this host, and no sign of reaching init_process_group.")
+    # the absent rank's own line is where to look, when its process was found
+    frame = next((w.frame for _, w in alive.values() if w is not None and w.frame is not None),
+                 None) or next((p.frame for p in places.values() if p.frame is not None), None)
     return Finding(
         kind=FindingKind.BLOCKED_WAIT, severity=Severity.ERROR, title=title,
         detail="\n".join(lines), ranks=tuple(absent), hint=HINT_ABSENT,
         op="init_process_group", callsite=frame.text() if frame is not None else None,
         evidence={"place": {str(r): "rendezvous" for r in present},
-                  "waiting_ranks": present},
+                  "waiting_ranks": present,
+                  **({"absent_at": {str(r): {"pid": pid, "place": w.kind.value if w else None,
+                                             "frame": w.frame.text() if w and w.frame else None}
+                                    for r, (pid, w) in sorted(alive.items())}}
+                     if alive else {})},
         time_ns=max((x.time_ns for x in joinings.values()), default=None) or None,
     )
 
