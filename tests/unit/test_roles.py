@@ -97,6 +97,7 @@ def test_a_ranks_role_is_read_from_its_notes_and_said_in_the_report(tb):
 
 def test_mesh_dims_that_do_the_same_work_do_not_separate_roles():
     assert symmetric("dp") and symmetric("dp_shard_cp") and symmetric("tp")
+    assert symmetric("etp") and symmetric("efsdp") and symmetric("dp_shard_in_ep")
     assert not symmetric("pp") and not symmetric("stage")
 
 

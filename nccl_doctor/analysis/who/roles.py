@@ -38,6 +38,8 @@ from nccl_doctor.model import TraceSet
 SYMMETRIC = frozenset({
     "dp", "data", "ddp", "replicate", "shard", "fsdp", "hsdp", "batch",
     "tp", "tensor", "cp", "context", "sp", "sequence", "ep", "expert",
+    # torchtitan's expert-parallel meshes: expert tensor parallel, the experts' FSDP and DP
+    "etp", "efsdp", "edp",
 })
 MIN_P2P = 4  # sends and receives between two ranks that make them neighbours in a pipeline
 
