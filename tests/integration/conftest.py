@@ -63,8 +63,8 @@ def assert_window_agrees(out: Path) -> None:
     """Replayed with a window forced (capture/window.py: a few records around each group's
     first divergence and each rank's newest ones, as a large job is replayed), the job's report
     says what it says on every record: the same findings and ranks (only the straggler pass,
-    which reads timing over the whole run, the step_skew pass, which counts each rank's steps from
-    its first call, and the window's own note may differ)."""
+    which reads timing over the whole run, the step_skew pass, which names the first skewed call
+    it reads, and the window's own note may differ)."""
     from nccl_doctor.analysis import analyze
     from nccl_doctor.analysis.calls.loaded import load_capture_dir
     from nccl_doctor.capture.window import Size

@@ -17,6 +17,9 @@ from pathlib import Path
 import pytest
 
 from conftest import spawn  # (this directory: on sys.path)
+from nccl_doctor.analysis import analyze
+from nccl_doctor.analysis.calls.loaded import load_capture_dir
+from nccl_doctor.capture.window import Size
 from test_branch_jobs import line_of, replayed, root_of
 
 pytestmark = pytest.mark.integration
@@ -50,6 +53,12 @@ def test_a_skipped_step_that_still_pairs_is_a_silent_desync(run_job, nan_pass):
         assert ev["data_jump"]["line"] == line_of(SKEW, "if not torch.isfinite(loss).all():")
         assert ev["data_jump"]["leaves"] == "continue"
         assert "because of the data, not the rank number" in f["detail"], f["detail"]
+    # a long run's window (its newest records only, as the supervisor looks at a job past
+    # 100,000 records): the steps are read from the sequence numbers, the skew all the same
+    windowed = analyze(load_capture_dir(job.out, window=Size(above=0, tails=0, tail=12)))
+    (f,) = [f for f in windowed.findings if f.kind.value == "step_skew"]
+    assert f.ranks == (0, 1) and "Read from the newest records of" in f.detail, f.detail
+    assert dict(f.evidence.steps)[0] == dict(f.evidence.steps)[2] + 1, f.evidence
 
 
 @pytest.mark.parametrize("scenario", ["healthy", "accumulate"])

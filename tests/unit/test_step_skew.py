@@ -6,6 +6,8 @@ not read."""
 
 from __future__ import annotations
 
+from dataclasses import replace
+
 from nccl_doctor.analysis.silent.step_skew import detect_step_skew
 from nccl_doctor.diagnosis import FindingKind, Severity
 
@@ -53,6 +55,37 @@ def test_a_skipped_marker_counts_no_step(tb):
     assert detect_step_skew(traces) == []
 
 
-def test_a_capture_that_lost_its_start_is_not_read(tb):
+def test_a_capture_that_lost_its_start_is_read_from_its_sequence_numbers(tb):
+    """A rank whose first records are gone (a lapped ring, a long run's window): its steps are
+    numbered from the marker's sequence numbers in its group, and the skew is read all the
+    same."""
     traces = job(tb, passes(tb, 0, 7, skip_call=(3,), first_idx=5), passes(tb, 1, 6))
-    assert detect_step_skew(traces) == []
+    (f,) = detect_step_skew(traces)
+    assert dict(f.evidence.steps) == {0: 4, 1: 3} and f.ranks == (0,), f.evidence
+    assert "Read from the newest records of rank 0 only" in f.detail, f.detail
+
+
+def test_a_cut_capture_whose_marker_group_steps_unevenly_is_not_read(tb):
+    """Cut, and the marker's group makes another call every third pass: its sequence numbers
+    do not count the passes, and nothing is said."""
+    def uneven(rank, n, skip=()):
+        trace = passes(tb, rank, n, skip_call=skip, first_idx=5)
+        events, bump = [], 0
+        for e in trace.events:
+            if e.group == "m":
+                bump += 1 if e.seq % 3 == 0 else 0
+                e = replace(e, seq=e.seq + bump)
+            events.append(e)
+        return replace(trace, events=tuple(events))
+
+    assert detect_step_skew(job(tb, uneven(0, 7, (3,)), uneven(1, 6))) == []
+
+
+def test_only_the_newest_unbroken_records_of_a_cut_capture_are_read(tb):
+    """A window keeps records around a divergence and the newest ones: the steps are read from
+    the newest unbroken run only (a marker before a gap counts no pass after it)."""
+    full = passes(tb, 0, 9, skip_call=(3,))
+    kept = full.events[:2] + full.events[8:]  # (a gap after the first pass)
+    traces = job(tb, replace(full, events=kept), passes(tb, 1, 8))
+    (f,) = detect_step_skew(traces)
+    assert dict(f.evidence.steps) == {0: 6, 1: 5}, f.evidence  # the first pair read

@@ -14,8 +14,11 @@ the marker calls before the first call of the site and between each two of its c
 a multiple, at least 1, of the fewest seen: a pass skipped shows as a double count there, a
 marker that was itself skipped as none (and then it is no marker). A call's step is how many
 passes of markers its rank had made before it. Compared per group and per aligned call, from
-the first call on; a capture that lost its first records (a lapped ring) is not read, its
-steps are not counted from its start.
+the first call on. A capture that lost its first records (a lapped ring, a large job's window,
+the newest records the supervisor reads of a long run) is read from its newest unbroken run of
+records, its marker calls numbered from their sequence numbers in their group, which must step
+by one amount on every rank (else nothing is said): the first skewed call read is then not
+necessarily the first made.
 
 The reason, when the source shows one: the data-driven jump before the call in the loop that
 holds it (analysis/why/branch.py ``data_jumps``), with the ranks that skipped a step.
@@ -68,10 +71,13 @@ class _Marker:
     site: _Site
     per_pass: int  # marker calls a pass of the loop makes
     idx: dict[int, list[int]]  # rank -> its marker calls' record numbers, in order
+    ordinal: dict[int, list[int]]  # rank -> each marker call's number among them (1-based)
 
-    def step(self, rank: int, e: Event) -> int:
-        """The pass of the loop ``e`` was made in (1-based): the marker calls before it."""
-        return bisect_left(self.idx[rank], e.idx) // self.per_pass
+    def step(self, rank: int, e: Event) -> int | None:
+        """The pass of the loop ``e`` was made in (1-based): the marker calls before it (None:
+        no marker call before it was read)."""
+        at = bisect_left(self.idx[rank], e.idx)
+        return self.ordinal[rank][at - 1] // self.per_pass if at else None
 
 
 @dataclass(frozen=True)
@@ -84,8 +90,11 @@ class _Skew:
     marker: _Marker
 
 
+_BySite = dict[int, dict[tuple[_Site, str], list[Event]]]
+
+
 def detect_step_skew(traces: TraceSet) -> list[Finding]:
-    by_site = _calls_by_site(traces)
+    by_site, cut = _calls_by_site(traces)
     skews: dict[_Site, list[_Skew]] = defaultdict(list)
     groups: dict[str, set[_Site]] = defaultdict(set)  # group -> the sites its calls came from
     for calls in by_site.values():
@@ -98,16 +107,16 @@ def detect_step_skew(traces: TraceSet) -> list[Finding]:
         for site in sorted(sites):
             if any((site, name) not in by_site[r] for r in members):
                 continue
-            marker = _marker(by_site, site, name, members)
+            marker = _marker(by_site, site, name, members, cut)
             if marker is not None:
-                skew = _skew(by_site, site, name, members, marker)
+                skew = _skew(by_site, site, name, members, marker, cut)
                 if skew is not None:
                     skews[site].append(skew)
-    return [_finding(traces, site, found) for site, found in sorted(skews.items())]
+    return [_finding(traces, site, found, cut) for site, found in sorted(skews.items())]
 
 
-def _skew(by_site: dict[int, dict[tuple[_Site, str], list[Event]]], site: _Site, group: str,
-          members: tuple[int, ...], marker: _Marker) -> _Skew | None:
+def _skew(by_site: _BySite, site: _Site, group: str, members: tuple[int, ...],
+          marker: _Marker, cut: set[int]) -> _Skew | None:
     """The first call of ``site`` in ``group`` that every member made (and returned from) whose
     steps differ, with how many do; None when every such call pairs the same step."""
     calls = {r: [e for e in by_site[r][(site, group)] if e.state in _PAIRED] for r in members}
@@ -115,59 +124,94 @@ def _skew(by_site: dict[int, dict[tuple[_Site, str], list[Event]]], site: _Site,
     if any(seqs[r] != seqs[members[0]] for r in members):  # (a window, a rank behind)
         common = set.intersection(*(set(v) for v in seqs.values()))
         calls = {r: [e for e in calls[r] if e.align_seq in common] for r in members}
-    steps = [[bisect_left(marker.idx[r], e.idx) // marker.per_pass for e in calls[r]]
-             for r in members]
+    if cut & set(members):  # (calls with no marker read before them are left out)
+        steps_of = {r: {e.align_seq: marker.step(r, e) for e in calls[r]} for r in members}
+        known = {q for q in (e.align_seq for e in calls[members[0]])
+                 if all(steps_of[r].get(q) is not None for r in members)}
+        calls = {r: [e for e in calls[r] if e.align_seq in known] for r in members}
+    steps = [[marker.step(r, e) for e in calls[r]] for r in members]
     parted = [i for i, at in enumerate(zip(*steps)) if min(at) != max(at)]
-    first, pairs = None, len(parted)
-    if parted:
-        i = parted[0]
-        first = ({r: calls[r][i] for r in members},
-                 {r: steps[k][i] for k, r in enumerate(members)})
-    if first is None:
+    if not parted:
         return None
-    return _Skew(group, first[0], first[1], _skipped(by_site, site, group, marker, members),
-                 pairs, marker)
+    i = parted[0]
+    return _Skew(group, {r: calls[r][i] for r in members},
+                 {r: steps[k][i] for k, r in enumerate(members)},
+                 _skipped(by_site, site, group, marker, members, cut), len(parted), marker)
 
 
-def _calls_by_site(traces: TraceSet) -> dict[int, dict[tuple[_Site, str], list[Event]]]:
-    """rank -> (site, group) -> its calls there, in order; ranks whose capture lost its first
-    records are left out (their steps cannot be counted from the start)."""
-    out: dict[int, dict[tuple[_Site, str], list[Event]]] = {}
+def _calls_by_site(traces: TraceSet) -> tuple[_BySite, set[int]]:
+    """rank -> (site, group) -> its calls there, in order; and the ranks whose capture lost its
+    first records (a lapped ring, a window of a large job, the newest records of a long run the
+    supervisor looks at): of those only the newest unbroken run of records is read."""
+    out: _BySite = {}
+    cut: set[int] = set()
     for rank, trace in traces.ranks.items():
-        if not trace.events or trace.events[0].idx != 1:
+        events = trace.events
+        if not events:
             continue
+        leaves = leaf_collectives(trace)
+        if events[0].idx != 1 or events[-1].idx != len(events):
+            cut.add(rank)
+            start = len(events) - 1
+            while start > 0 and events[start - 1].idx == events[start].idx - 1:
+                start -= 1
+            leaves = [e for e in leaves if e.idx >= events[start].idx]
         calls: dict[tuple[_Site, str], list[Event]] = defaultdict(list)
-        for e in leaf_collectives(trace):
+        for e in leaves:
             site = _site(e)
             if site is not None:
                 calls[(site, e.group)].append(e)
         out[rank] = calls
-    return out
+    return out, cut
 
 
-def _marker(by_site: dict[int, dict[tuple[_Site, str], list[Event]]], site: _Site, group: str,
-            members: tuple[int, ...]) -> _Marker | None:
+def _marker(by_site: _BySite, site: _Site, group: str, members: tuple[int, ...],
+            cut: set[int]) -> _Marker | None:
     """A call site of the same file that every member makes on every pass of the loop, before
     ``site``'s call (see the module's docstring); None when none is."""
     own = {r: [e.idx for e in by_site[r].get((site, group), [])] for r in members}
     if any(not idx for idx in own.values()):
         return None
-    candidates: dict[_Site, dict[int, list[int]]] = defaultdict(dict)
+    candidates: dict[_Site, dict[int, list[Event]]] = defaultdict(dict)
     for r in members:
-        per_site: dict[_Site, list[int]] = defaultdict(list)
+        per_site: dict[_Site, list[Event]] = defaultdict(list)
         for (other, _), events in by_site[r].items():
             if other != site and other[0] == site[0]:
-                per_site[other].extend(e.idx for e in events)
-        for other, idx in per_site.items():
-            candidates[other][r] = sorted(idx)
-    shared = [(s, idx) for s, idx in candidates.items() if set(idx) == set(members)]
+                per_site[other].extend(events)
+        for other, events in per_site.items():
+            candidates[other][r] = sorted(events, key=lambda e: e.idx)
+    shared = [(s, ev) for s, ev in candidates.items() if set(ev) == set(members)]
     shared.sort(key=lambda item: (-min(len(v) for v in item[1].values()), item[0]))
-    for other, idx in shared[:_MARKERS]:
-        counts = [c for r in members for c in _between(idx[r], own[r])]
+    for other, events in shared[:_MARKERS]:
+        idx = {r: [e.idx for e in events[r]] for r in members}
+        # (a rank read from the middle: its first interval is cut)
+        counts = [c for r in members for c in _between(idx[r], own[r])[r in cut:]]
+        if not counts:
+            continue
         least = min(counts)
-        if least >= 1 and all(c % least == 0 for c in counts):
-            return _Marker(other, least, idx)
+        if least < 1 or any(c % least for c in counts):
+            continue
+        ordinal = _ordinals(events, members, cut)
+        if ordinal is not None:
+            return _Marker(other, least, idx, ordinal)
     return None
+
+
+def _ordinals(events: dict[int, list[Event]], members: tuple[int, ...], cut: set[int],
+              ) -> dict[int, list[int]] | None:
+    """Each marker call's number among the rank's marker calls. Counted when every member's
+    calls were read from the start; else read from the calls' sequence numbers in their group,
+    which must step by one amount on every rank and every pass (the group's calls a pass are
+    the same): None when they do not."""
+    if not cut & set(members):
+        return {r: list(range(1, len(events[r]) + 1)) for r in members}
+    steps = [b.align_seq - a.align_seq for r in members
+             for a, b in zip(events[r], events[r][1:])]
+    # (the run read is unbroken: every call of the group between two markers is in it)
+    if not steps or min(steps) < 1 or len(set(steps)) != 1:
+        return None
+    d = steps[0]
+    return {r: [(e.align_seq - 1) // d + 1 for e in events[r]] for r in members}
 
 
 def _between(marks: list[int], calls: list[int]) -> list[int]:
@@ -180,20 +224,25 @@ def _between(marks: list[int], calls: list[int]) -> list[int]:
     return out
 
 
-def _skipped(by_site: dict[int, dict[tuple[_Site, str], list[Event]]], site: _Site, group: str,
-             marker: _Marker, members: tuple[int, ...]) -> dict[int, tuple[int, ...]]:
-    """rank -> the steps (1-based) it made no call of ``site`` in, up to its last call."""
+def _skipped(by_site: _BySite, site: _Site, group: str, marker: _Marker,
+             members: tuple[int, ...], cut: set[int]) -> dict[int, tuple[int, ...]]:
+    """rank -> the steps (1-based) it made no call of ``site`` in, up to its last call (from
+    the first read, where its records were cut)."""
     out = {}
     for r in members:
-        steps = [marker.step(r, e) for e in by_site[r][(site, group)]]
+        steps = [s for s in (marker.step(r, e) for e in by_site[r][(site, group)])
+                 if s is not None]
+        if not steps:
+            continue
         made = set(steps)
-        missing = tuple(s for s in range(1, max(steps, default=0)) if s not in made)
+        missing = tuple(s for s in range(min(steps) if r in cut else 1, max(steps))
+                        if s not in made)
         if missing:
             out[r] = missing
     return out
 
 
-def _finding(traces: TraceSet, site: _Site, skews: list[_Skew]) -> Finding:
+def _finding(traces: TraceSet, site: _Site, skews: list[_Skew], cut: set[int]) -> Finding:
     # the earliest call of the loop that parted, in the group of the lowest ranks
     first = min(skews, key=lambda s: (next(iter(s.first.values())).align_seq, min(s.first)))
     any_call = next(iter(first.first.values()))
@@ -218,7 +267,11 @@ def _finding(traces: TraceSet, site: _Site, skews: list[_Skew]) -> Finding:
     lines = [
         f"The {op} at {where} still pairs on every rank, but not the same steps: {groups}. "
         f"A step is a pass of the loop, counted by the {mop} at {marker} that every rank makes "
-        f"{_times(first.marker.per_pass)} a pass.",
+        f"{_times(first.marker.per_pass)} a pass."
+        + (f" Read from the newest records of {ranks_text(sorted(cut & set(first.first)))} "
+           "only (a long run's window): the steps are numbered from the sequence numbers of "
+           f"the {mop}'s group, and #{seq} is the first such call read, not necessarily the "
+           "first made." if cut & set(first.first) else ""),
         "; ".join(f"{ranks_text(list(rs))} made no {op} at {where} in step"
                   f"{'s' if len(st) > 1 else ''} {', '.join(map(str, st))}"
                   for st, rs in _by_steps(skipped))
