@@ -14,7 +14,6 @@ import json
 from pathlib import Path
 
 import pytest
-
 from test_branch_jobs import line_of, replayed, root_of  # (this directory: on sys.path)
 
 pytestmark = pytest.mark.integration
@@ -118,9 +117,10 @@ def test_fsdp2_tp_a_rank_that_skips_a_backward_parts_its_data_parallel_group(run
                          "reduce_scatter_single": [r for r in dp_group(skipper, [2, 2])
                                                    if r != skipper]}, sides
         assert f"[group {found[role]['group']}: {role}]" in found[role]["title"]
-        # (that this mismatch is the root cause, its culprit the skipping rank and the branch
-        # that sent it away: doctor bug, not asserted here - see the report of this file's
-        # author)
+        # (not asserted yet, a doctor bug: that this mismatch is the root cause every time,
+        # its ranks [skipper] and its branch the `continue` on the rank; the report blames the
+        # lower rank of the pair for want of a majority, and reads "a loop ... ran a different
+        # number of times")
 
 
 @pytest.mark.parametrize("skipper", [6, 1])
@@ -150,8 +150,8 @@ def test_mesh_3d_a_rank_that_skips_its_data_parallel_all_reduce_is_named(run_job
         # nothing blames the data for a branch on the rank
         for f in report["findings"]:
             assert DATA not in f["detail"], f["detail"]
-        # (that this finding is the root cause, not the world barrier the other ranks wait in:
-        # doctor bug, not asserted here - see the report of this file's author)
+        # (not asserted yet, a doctor bug: that this finding is the root cause; the root cause
+        # is the world barrier the other ranks wait in, blaming them for the branch)
 
 
 # -- a NaN guard: a jump the data decided -------------------------------------------------------
@@ -182,9 +182,9 @@ def test_mesh_3d_a_nan_guard_is_named_as_data_with_the_ranks_that_took_it(run_jo
         # no branch on the rank is blamed for what the data did
         for f in report["findings"]:
             assert (f.get("branch") or {}).get("culprit") is not True, f
-        # (the root cause and each data-parallel group's missing all_reduce naming the jump
-        # and the ranks that took it: doctor bug, not asserted here - see the report of this
-        # file's author)
+        # (not asserted yet, a doctor bug: the root cause and each data-parallel group's
+        # missing all_reduce naming the jump (evidence.data_jump) and the ranks that took it;
+        # the calls before the guard are made in a helper, stage_forward)
 
 
 @pytest.mark.parametrize("replica", [0, 1])
@@ -207,5 +207,5 @@ def test_fsdp2_tp_a_nan_guard_parts_the_data_parallel_groups(run_job, replica):
         # no branch on the rank is blamed for what the data did
         for f in report["findings"]:
             assert (f.get("branch") or {}).get("culprit") is not True, f
-        # (the root cause naming the data jump and the ranks that took it: doctor bug, not
-        # asserted here - see the report of this file's author)
+        # (not asserted yet, a doctor bug: each mismatch naming the guard (evidence.data_jump)
+        # and the rank of its group that took it)
