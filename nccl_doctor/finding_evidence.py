@@ -452,6 +452,7 @@ class StepSkewEvidence(Evidence):
     groups: tuple[Json, ...] = _ev(_Codec(list, tuple), factory=tuple)  # {group, seq, pairs}
     marker: Json = _ev()  # the call that counts the steps: {path, line, op, per_step}
     data_jump: Json = _ev()  # the jump before the call, when the source shows one
+    branch: Json = _ev()  # else the branch on the rank that leaves the call out of a pass
 
     def always(self) -> tuple[str, ...]:
         return ("steps", "skipped", "groups", "marker")

@@ -18,7 +18,9 @@ from nccl_doctor.analysis.calls.wording import call_name, call_site, ranks_text
 from nccl_doctor.analysis.what.desync import HANGING, first_divergence_per_group
 from nccl_doctor.analysis.what.exited import detect_rank_exited, early_stopped, first_line
 from nccl_doctor.analysis.what.lost import detect_node_lost
-from nccl_doctor.analysis.what.wait_chain import leads_on, wait_links, with_wait_chains
+from nccl_doctor.analysis.what.wait_chain import (
+    behind, leads_on, wait_links, with_wait_chains,
+)
 from nccl_doctor.analysis.what.first_error import first_error
 from nccl_doctor.analysis.what.groups import detect_group_mismatch
 from nccl_doctor.analysis.what.rendezvous import detect_rendezvous
@@ -104,8 +106,11 @@ def analyze(traces: TraceSet, passes: tuple[Pass, ...] = PASSES,
     findings = without_p2p_waits(findings)
     if traces.unfinished:
         findings, notes = _while_running(findings, traces, notes)
-    try:  # who is wrong, and why: the branch on the rank
-        findings = blame.settle(findings, traces)
+    try:  # who is wrong, and why: the branch on the rank (not for a call its absent ranks
+        # have not reached yet: analysis/what/wait_chain.py)
+        waits = [f for f in findings if behind(f, traces)]
+        settled = iter(blame.settle([f for f in findings if f not in waits], traces))
+        findings = [f if f in waits else next(settled) for f in findings]
     except Exception as err:  # as for a pass: the report goes on without it
         notes.append(f"reading the branch on the rank failed on this capture ({err!r})")
     findings = _rank_findings(findings, traces)
@@ -253,6 +258,9 @@ def _rank_findings(findings: list[Finding], traces: TraceSet) -> list[Finding]:
     # wait for no one: the chain's end is the cause (analysis/what/wait_chain.py)
     links = wait_links(findings)
     candidates = [f for f in candidates if not leads_on(f, links)] or candidates
+    # (ranks waiting for each other in a cycle: where the absent ranks went past the call, not
+    # where they have not reached it yet)
+    candidates = [f for f in candidates if not behind(f, traces)] or candidates
     if lost:  # a rank gone unrecorded beside a lost node: when it went is unknown
         candidates = [f for f in candidates if not _vanished_beside(f, lost)] or candidates
     candidates = candidates or errors

@@ -150,8 +150,16 @@ def test_mesh_3d_a_rank_that_skips_its_data_parallel_all_reduce_is_named(run_job
         # nothing blames the data for a branch on the rank
         for f in report["findings"]:
             assert DATA not in f["detail"], f["detail"]
-        # (not asserted yet, a doctor bug: that this finding is the root cause; the root cause
-        # is the world barrier the other ranks wait in, blaming them for the branch)
+        # it is the root cause: the world barrier the others wait in is a consequence (the
+        # ranks wait for each other in a cycle; the skipper's peer has not reached the barrier)
+        assert root_of(report) == dp, root_of(report)["title"]
+        # the skip paired the following all_reduces across steps: said, with the same branch
+        (skew,) = [f for f in report["findings"] if f["kind"] == "step_skew"]
+        assert skew["ranks"] == [skipper] and skew["evidence"]["branch"]["line"] == line, skew
+        assert "data_jump" not in skew["evidence"], skew["evidence"]
+        for f in report["findings"]:  # no rank but the skipper is said to have taken it
+            if (f.get("branch") or {}).get("culprit"):
+                assert f["branch"]["ranks"] == [skipper], (f["title"], f["detail"])
 
 
 # -- a NaN guard: a jump the data decided -------------------------------------------------------

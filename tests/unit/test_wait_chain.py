@@ -71,3 +71,52 @@ def test_a_finding_whose_absent_rank_ends_a_chain_says_it(tb):
         assert [c["rank"] for c in f.evidence.wait_chain] == [3, 1, 0], f.evidence
     said = "Wait chain: rank 3 waits in all_reduce #3 of group dp1 [1, 3] for rank 1"
     assert said in out[0].detail, out[0].detail
+
+
+SOURCE = """\
+def main(dist, steps, rank):
+    for step in range(steps):
+        dist.all_reduce(step)
+        if rank != 1:
+            dist.all_reduce(step)
+    dist.barrier()
+"""
+
+
+def _blocked(tb, rank, line, path, group, seq):
+    from nccl_doctor.location import Location
+    from nccl_doctor.model import EventState
+
+    from dataclasses import replace
+
+    from nccl_doctor.files import source_digest
+
+    e = tb.event(1, group=group, seq=seq, state=EventState.ENTERED,
+                 callsite=Location(str(path), line, "main"))
+    trace = tb.trace(rank, [e], world_size=3)
+    return replace(trace, meta=replace(trace.meta, sources={
+        str(path): source_digest(path.read_bytes())}))
+
+
+def test_a_rank_blocked_before_the_call_in_the_same_function_is_behind(tb, tmp_path):
+    """Rank 2 waits inside the loop (line 5); ranks 0, 1 wait at the barrier after it (line 6):
+    the barrier's finding has rank 2 behind, not past it. Its data-parallel finding (rank 1
+    at the barrier, past the loop's call) is not; nor is a call whose loop holds the absent
+    rank's line (it may have come round)."""
+    from nccl_doctor.analysis.what.wait_chain import behind
+
+    path = tmp_path / "train.py"
+    path.write_text(SOURCE)
+    ts = tb.traceset([_blocked(tb, 0, 6, path, "w", 1), _blocked(tb, 1, 6, path, "w", 1),
+                      _blocked(tb, 2, 5, path, "d", 3)], {"w": (0, 1, 2), "d": (1, 2)},
+                     world_size=3)
+    barrier = missing("w", 1, [0, 1], [2])
+    dp = missing("d", 3, [2], [1])
+    assert behind(barrier, ts) and not behind(dp, ts)
+    # the same, but both calls in the loop: rank 2 at line 3, the call at line 5
+    loop = tb.traceset([_blocked(tb, 1, 5, path, "d", 3), _blocked(tb, 2, 3, path, "w", 4)],
+                       {"d": (1, 2), "w": (1, 2)}, world_size=3)
+    assert not behind(missing("d", 3, [1], [2]), loop)
+    # a source that is not the one that ran is not read: no claim
+    path.write_text(SOURCE + "# edited\n")
+    assert not behind(barrier, ts)

@@ -35,7 +35,7 @@ from nccl_doctor import paths
 from nccl_doctor.analysis.calls.align import leaf_collectives
 from nccl_doctor.analysis.calls.wording import call_fields, ranks_text
 from nccl_doctor.analysis.who.blame import sources_for
-from nccl_doctor.analysis.why.branch import data_jumps
+from nccl_doctor.analysis.why.branch import Branch, DataJump, branches, data_jumps
 from nccl_doctor.diagnosis import Finding, FindingKind, Severity
 from nccl_doctor.location import Location
 from nccl_doctor.model import Event, EventState, TraceSet
@@ -287,9 +287,19 @@ def _finding(traces: TraceSet, site: _Site, skews: list[_Skew], cut: set[int]) -
                     "pairs": s.pairs} for s in skews],
         "marker": {"path": mpath, "line": mline, "op": mop, "per_step": first.marker.per_pass},
     }
-    jump = _jump(traces, first.first[culprits[0]] if culprits[0] in first.first else any_call)
+    rank_branch, jump = _reason(traces, first.first[culprits[0]] if culprits[0] in first.first
+                                else any_call)
     hint = HINT
-    if jump is not None:
+    if rank_branch is not None:
+        b = rank_branch
+        text = source_line(b.text)
+        lines.append(f"The branch on the rank at {paths.short_path(b.path)}:{b.line} (`{text}`) "
+                     f"decides whether a rank makes the {op} in a pass.")
+        evidence["branch"] = {"path": b.path, "line": b.line, "text": text, "kind": b.kind,
+                              "names": list(b.names)}
+        hint = (f"`{text}` at {paths.short_path(b.path)}:{b.line} lets some ranks leave out a "
+                f"pass's {op}. {HINT}")
+    elif jump is not None:
         b = jump.branch
         text = source_line(b.text)
         lines.append(f"The `{jump.leaves}` at {paths.short_path(b.path)}:{b.line} (`{text}`) "
@@ -320,13 +330,18 @@ def _times(n: int) -> str:
     return "once" if n == 1 else f"{n} times"
 
 
-def _jump(traces: TraceSet, e: Event):
-    """The data-driven jump before ``e`` in the loop holding it (user frames only)."""
+def _reason(traces: TraceSet, e: Event) -> tuple[Branch | None, DataJump | None]:
+    """Why a rank leaves out the call ``e`` in a pass (user frames only): a branch on the rank
+    enclosing or skipping it, else the data-driven jump before it in the loop holding it."""
     frames = tuple(f for f in e.frames if paths.is_user_file(f.path))
     if not frames:
-        return None
+        return None, None
     try:
-        found = data_jumps(frames, sources_for(traces))
+        sources = sources_for(traces)
+        found, _ = branches(frames, sources)
+        if found:
+            return found[0], None
+        jumps = data_jumps(frames, sources)
     except Exception:  # the source is input: the finding stands without its reason
-        return None
-    return found[0] if found else None
+        return None, None
+    return None, (jumps[0] if jumps else None)

@@ -4,8 +4,9 @@ their own code, exited, or waiting in a call nobody can answer. The ranks at the
 are the ones to look at; the groups on the way are where the others hold.
 
 Read from the findings: a ``missing_collective`` says which ranks wait in its call
-(``waiting_ranks``) for which (its absent ranks); a short point-to-point channel
-(``p2p_mismatch``, count) says which end waits for the other. A rank waits in one call at a
+(``waiting_ranks``) for which (its absent ranks); the sides of a ``collective_mismatch`` each
+wait in it for the others; a short point-to-point channel (``p2p_mismatch``, count) says which
+end waits for the other. A rank waits in one call at a
 time, so the links form a graph of out-degree one per call; a cycle (ranks that wait for each
 other in different groups) ends the chain where it closes.
 """
@@ -15,12 +16,17 @@ from __future__ import annotations
 from dataclasses import dataclass, replace
 from typing import Mapping
 
+from nccl_doctor.analysis.calls.align import blocked_event, last_leaf
 from nccl_doctor.analysis.calls.wording import ranks_text
+from nccl_doctor.analysis.who.blame import sources_for
+from nccl_doctor.analysis.why.branch import loops
+from nccl_doctor.analysis.why.source_text import Sources
 from nccl_doctor.analysis.why.loop_counts import DIFFERENT_COUNTS
 from nccl_doctor.diagnosis import Finding, FindingKind
-from nccl_doctor.model import TraceSet
+from nccl_doctor.location import Location
+from nccl_doctor.model import EventState, ExitKind, TraceSet
 
-__all__ = ["Link", "leads_on", "not_yet", "wait_links", "with_wait_chains"]
+__all__ = ["Link", "behind", "leads_on", "not_yet", "wait_links", "with_wait_chains"]
 
 
 @dataclass(frozen=True)
@@ -47,6 +53,15 @@ def wait_links(findings: list[Finding]) -> dict[int, Link]:
             for r in waiting:
                 if absent:
                     out.setdefault(r, Link(r, absent, f))
+        elif f.kind is FindingKind.COLLECTIVE_MISMATCH:
+            # every side waits in the call for the ranks of the other sides
+            sides = [tuple(s.get("ranks", ())) for s in getattr(f.evidence, "sides", ())
+                     if isinstance(s, Mapping)]
+            for side in sides:
+                others = tuple(sorted({r for s in sides if s is not side for r in s}))
+                for r in side:
+                    if others:
+                        out.setdefault(r, Link(r, others, f))
         elif f.kind is FindingKind.P2P_MISMATCH and getattr(f.evidence, "aspect", "") == "count":
             ev = f.evidence
             ends = {ev.src, ev.dst} - {None}
@@ -82,6 +97,50 @@ def leads_on(f: Finding, links: Mapping[int, Link]) -> bool:
     of a chain, not its end (a cycle leads on everywhere: the caller keeps them all then)."""
     return (f.kind is FindingKind.MISSING_COLLECTIVE and bool(f.absent)
             and all(r in links and links[r].finding.group != f.group for r in f.absent))
+
+
+def behind(f: Finding, traces: TraceSet, sources: Sources | None = None) -> bool:
+    """Every rank ``f`` says is missing is blocked in a call made earlier in the same function of
+    the user's than ``f``'s call (its line before the call's, in the same file and function,
+    and no loop holding the call holds that line too: a loop may have brought it round): it
+    has not reached ``f``'s call yet - it is behind, not past it. Where the ranks wait for each
+    other in a cycle, the finding whose absent ranks went past its call (and wait further on,
+    a barrier after the loop) is the one that says where they parted; and no branch is blamed
+    for keeping a rank from a call it has not reached."""
+    if f.kind is not FindingKind.MISSING_COLLECTIVE or not f.absent:
+        return False
+    waiting = tuple(getattr(f.evidence, "waiting_ranks", ()) or ())
+    here = next((at for at in (_blocked_line(traces, r) for r in waiting) if at is not None),
+                None)
+    if here is None:
+        return False
+    for r in f.absent:
+        there = _blocked_line(traces, r)
+        if there is None or (there.path, there.function) != (here.path, here.function) \
+                or there.line >= here.line:
+            return False
+    sources = sources if sources is not None else sources_for(traces)
+    try:
+        if sources.get(here.path).text is None:
+            return False  # (a source not read - changed, no fingerprint: no claim)
+        held = loops((here,), sources)
+    except Exception:  # the source is input: unread, no claim
+        return False
+    return not any(loop.first_line <= _blocked_line(traces, r).line <= loop.last_line
+                   for loop in held for r in f.absent)
+
+
+def _blocked_line(traces: TraceSet, rank: int) -> Location | None:
+    """The user's line of the call ``rank`` is blocked in (or was, when nccl-doctor or the user
+    stopped the job: the stop made the call fail)."""
+    trace = traces.ranks.get(rank)
+    if trace is None:
+        return None
+    blocked = blocked_event(trace)
+    if blocked is None and trace.exit.kind is ExitKind.STOPPED:
+        last = last_leaf(trace)
+        blocked = last if last is not None and last.state is EventState.FAILED else None
+    return blocked.callsite if blocked is not None else None
 
 
 def with_wait_chains(findings: list[Finding], traces: TraceSet,
