@@ -190,9 +190,20 @@ def test_mesh_3d_a_nan_guard_is_named_as_data_with_the_ranks_that_took_it(run_jo
         # no branch on the rank is blamed for what the data did
         for f in report["findings"]:
             assert (f.get("branch") or {}).get("culprit") is not True, f
-        # (not asserted yet, a doctor bug: the root cause and each data-parallel group's
-        # missing all_reduce naming the jump (evidence.data_jump) and the ranks that took it;
-        # the calls before the guard are made in a helper, stage_forward)
+        # the root cause and each data-parallel group's missing all_reduce name the jump and
+        # the ranks that took it (the calls before the guard are made in a helper,
+        # stage_forward, that the loop calls before it: they show the loop ran as often)
+        jump = root["evidence"].get("data_jump")
+        assert jump is not None, (root["title"], root["detail"])
+        assert (jump["line"], jump["leaves"], jump["call_line"]) == (guard, "continue", call)
+        assert set(jump["ranks"]) <= set(took) and jump["ranks"], jump
+        assert DATA in root["detail"], root["detail"]
+        dp = [f for f in report["findings"] if f["kind"] == "missing_collective"
+              and f["op"] == "all_reduce"]
+        assert len(dp) == 2, [f["title"] for f in dp]
+        for f in dp:
+            (mine,) = [r for r in took if dp_role(r, [2, 2, 2]) == f["evidence"]["group_role"]]
+            assert f["evidence"]["data_jump"]["ranks"] == [mine], f["detail"]
 
 
 @pytest.mark.parametrize("replica", [0, 1])

@@ -17,6 +17,7 @@ guards are its business, and following them costs the report.
 
 from __future__ import annotations
 
+import re
 from dataclasses import dataclass
 from typing import Any
 
@@ -86,17 +87,19 @@ def data_skip(sides: list[Side], traces: TraceSet, sources: Sources) -> DataSkip
         if not frames:
             continue
         for jump in data_jumps(frames, sources):
-            found = _shown(jump, jump.branch.frame.line, ranks, traces)
+            found = _shown(jump, jump.branch.frame.line, ranks, traces, sources)
             if found is not None:
                 return found
     return None
 
 
 def _shown(jump: DataJump, call_line: int, ranks: list[int], traces: TraceSet,
-           ) -> DataSkip | None:
+           sources: Sources | None = None) -> DataSkip | None:
     loop = jump.loop
-    latest = _latest(traces, ranks, jump.branch.path, loop.first_line, max(call_line,
-                                                                           loop.last_line))
+    last = max(call_line, loop.last_line)
+    helpers = _helpers(sources, jump.branch.path, loop.first_line, jump.branch.line) \
+        if sources is not None else {}
+    latest = _latest(traces, ranks, jump.branch.path, loop.first_line, last, helpers)
     after = latest.get(call_line, {})
     if len(after) < len(ranks) or len(set(after.values())) < 2:
         return None  # a rank never made the call from there, or every rank made as many
@@ -117,16 +120,40 @@ _READ = 4096
 
 
 def _latest(traces: TraceSet, ranks: list[int], path: str, first: int, last: int,
-            ) -> dict[int, dict[int, int]]:
+            helpers: dict[str, int] | None = None) -> dict[int, dict[int, int]]:
     """line -> rank -> the sequence number (in its group) of the rank's latest collective made
-    from that line of ``path`` (lines ``first``..``last``)."""
+    from that line of ``path`` (lines ``first``..``last``). A call recorded inside a function of
+    the user's (its path stops at the user's innermost frame) counts for the loop's line that
+    calls that function by name (``helpers``: name -> line), when no frame of it is in the
+    loop."""
     out: dict[int, dict[int, int]] = {}
+    helpers = helpers or {}
     for r in ranks:
         events = traces.ranks[r].events
         for e in reversed(events[-_READ:]):
             if e.kind is not EventKind.COLLECTIVE or e.align_seq < 0 or e.is_composite:
                 continue
-            for loc in e.frames:
-                if loc.path == path and first <= loc.line <= last:
-                    out.setdefault(loc.line, {}).setdefault(r, e.align_seq)
+            lines = [loc.line for loc in e.frames if loc.path == path and first <= loc.line <= last]
+            if not lines and e.callsite is not None and e.callsite.function in helpers:
+                lines = [helpers[e.callsite.function]]
+            for line in lines:
+                out.setdefault(line, {}).setdefault(r, e.align_seq)
     return out
+
+
+_CALLED = re.compile(r"([A-Za-z_]\w*)\s*\(")
+
+
+def _helpers(sources: Sources, path: str, first: int, before: int) -> dict[str, int]:
+    """name -> the line of ``path`` (``first``..``before - 1``: the loop's lines before the
+    jump) that calls a function of that name, the first such line; names called on more than
+    one of those lines are left out (which line made the call is not known)."""
+    out: dict[str, int] = {}
+    twice: set[str] = set()
+    lines = sources.lines(path)
+    for line in range(first, min(before, len(lines) + 1)):
+        for name in set(_CALLED.findall(lines[line - 1].split("#", 1)[0])):
+            if name in out:
+                twice.add(name)
+            out.setdefault(name, line)
+    return {n: line for n, line in out.items() if n not in twice}
