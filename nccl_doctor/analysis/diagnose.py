@@ -106,11 +106,12 @@ def analyze(traces: TraceSet, passes: tuple[Pass, ...] = PASSES,
     findings = without_p2p_waits(findings)
     if traces.unfinished:
         findings, notes = _while_running(findings, traces, notes)
-    try:  # who is wrong, and why: the branch on the rank (not for a call its absent ranks
-        # have not reached yet: analysis/what/wait_chain.py)
-        waits = [f for f in findings if behind(f, traces)]
-        settled = iter(blame.settle([f for f in findings if f not in waits], traces))
-        findings = [f if f in waits else next(settled) for f in findings]
+    try:  # who is wrong, and why: the branch on the rank - never blamed for a call its
+        # absent ranks have not reached yet (analysis/what/wait_chain.py ``behind``; a jump the
+        # data decided is still named: the ranks that took it did)
+        waits = [behind(f, traces) for f in findings]
+        findings = [f if wait and s.branch is not None and s.branch.culprit else s
+                    for f, s, wait in zip(findings, blame.settle(findings, traces), waits)]
     except Exception as err:  # as for a pass: the report goes on without it
         notes.append(f"reading the branch on the rank failed on this capture ({err!r})")
     findings = _rank_findings(findings, traces)
