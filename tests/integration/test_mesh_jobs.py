@@ -117,10 +117,23 @@ def test_fsdp2_tp_a_rank_that_skips_a_backward_parts_its_data_parallel_group(run
                          "reduce_scatter_single": [r for r in dp_group(skipper, [2, 2])
                                                    if r != skipper]}, sides
         assert f"[group {found[role]['group']}: {role}]" in found[role]["title"]
-        # (not asserted yet, a doctor bug: that this mismatch is the root cause every time,
-        # its ranks [skipper] and its branch the `continue` on the rank; the report blames the
-        # lower rank of the pair for want of a majority, and reads "a loop ... ran a different
-        # number of times")
+        # the same line on both sides, a pass apart: the side ahead left its pass early, and
+        # the `continue` on the rank before the other side's call is why (analysis/who/ahead.py)
+        root = root_of(report)
+        assert root == found[role], root["title"]
+        assert root["ranks"] == [skipper], (root["ranks"], root["detail"])
+        text = "if rank == skip_rank and step == skip_step:"
+        line = line_of(FSDP, text, 'scenario == "skip"')
+        branch = root["branch"]
+        assert (branch["path"], branch["line"], branch["text"]) == (str(FSDP), line, text)
+        assert branch["kind"] == "jump" and branch["ranks"] == [skipper], branch
+        assert branch["culprit"] is True and root["evidence"]["blame"] == "branch", root
+        assert root["evidence"]["ahead"]["ranks"] == [skipper], root["evidence"]
+        assert f"rank {skipper} is a pass ahead of rank" in root["detail"], root["detail"]
+        assert "a different number of times" not in root["detail"], root["detail"]
+        for f in report["findings"]:  # no rank but the skipper is said to have taken it
+            if (f.get("branch") or {}).get("culprit"):
+                assert f["branch"]["ranks"] == [skipper], (f["title"], f["detail"])
 
 
 @pytest.mark.parametrize("skipper", [6, 1])
@@ -226,5 +239,12 @@ def test_fsdp2_tp_a_nan_guard_parts_the_data_parallel_groups(run_job, replica):
         # no branch on the rank is blamed for what the data did
         for f in report["findings"]:
             assert (f.get("branch") or {}).get("culprit") is not True, f
-        # (not asserted yet, a doctor bug: each mismatch naming the guard (evidence.data_jump)
-        # and the rank of its group that took it)
+        # each mismatch names the guard and the rank of its group that took it (a pass ahead)
+        guard = line_of(FSDP, "if not torch.isfinite(loss):", 'scenario == "nan_guard"')
+        for role, f in found.items():
+            jump = f["evidence"].get("data_jump")
+            assert jump is not None, (f["title"], f["detail"])
+            (mine,) = [r for r in took if dp_role(r, [2, 2]) == role]
+            assert (jump["line"], jump["leaves"], jump["ranks"]) == (guard, "continue", [mine])
+            assert f["ranks"] == [mine], f
+            assert DATA in f["detail"] and "a different number of times" not in f["detail"]

@@ -18,6 +18,7 @@ from typing import Mapping
 
 from nccl_doctor.analysis.calls.align import blocked_event, last_leaf
 from nccl_doctor.analysis.calls.wording import ranks_text
+from nccl_doctor.analysis.who.ahead import further, progress
 from nccl_doctor.analysis.who.blame import sources_for
 from nccl_doctor.analysis.why.branch import loops
 from nccl_doctor.analysis.why.source_text import Sources
@@ -100,16 +101,19 @@ def leads_on(f: Finding, links: Mapping[int, Link]) -> bool:
 
 
 def behind(f: Finding, traces: TraceSet, sources: Sources | None = None) -> bool:
-    """Every rank ``f`` says is missing is blocked in a call made earlier in the same function of
-    the user's than ``f``'s call (its line before the call's, in the same file and function,
-    and no loop holding the call holds that line too: a loop may have brought it round): it
-    has not reached ``f``'s call yet - it is behind, not past it. Where the ranks wait for each
+    """Every rank ``f`` says is missing has not reached ``f``'s call yet - it is behind, not past
+    it: it is blocked in another group's call having gone less far in its other groups than a
+    rank waiting in ``f``'s call (``_lagging``), or in a call made earlier in the same function
+    of the user's (its line before the call's, in the same file and function, and no loop
+    holding the call holds that line too: a loop may have brought it round). Where the ranks wait for each
     other in a cycle, the finding whose absent ranks went past its call (and wait further on,
     a barrier after the loop) is the one that says where they parted; and no branch is blamed
     for keeping a rank from a call it has not reached."""
     if f.kind is not FindingKind.MISSING_COLLECTIVE or not f.absent:
         return False
     waiting = tuple(getattr(f.evidence, "waiting_ranks", ()) or ())
+    if _lagging(f, waiting, traces):
+        return True
     here = next((at for at in (_blocked_line(traces, r) for r in waiting) if at is not None),
                 None)
     if here is None:
@@ -130,9 +134,28 @@ def behind(f: Finding, traces: TraceSet, sources: Sources | None = None) -> bool
                    for loop in held for r in f.absent)
 
 
-def _blocked_line(traces: TraceSet, rank: int) -> Location | None:
-    """The user's line of the call ``rank`` is blocked in (or was, when nccl-doctor or the user
-    stopped the job: the stop made the call fail)."""
+def _lagging(f: Finding, waiting: tuple[int, ...], traces: TraceSet) -> bool:
+    """Every absent rank of ``f`` is blocked in a call of another group having gone less far,
+    in the groups it shares call sites with, than a waiting rank had before ``f``'s call
+    (analysis/who/ahead.py): it lags behind - it has not reached the call, it did not skip it
+    (a rank that skipped the call has gone further, or ended)."""
+    at = next(((r, e) for r in waiting if (e := _blocked(traces, r)) is not None
+               and e.group == f.group), None)
+    if at is None:
+        return False
+    ahead = progress(traces.ranks[at[0]], at[1], f.group)
+    for r in f.absent:
+        e = _blocked(traces, r)
+        if e is None or e.group == f.group:
+            return False
+        if not further(ahead, progress(traces.ranks[r], e, f.group)):
+            return False
+    return True
+
+
+def _blocked(traces: TraceSet, rank: int):
+    """The call ``rank`` is blocked in (or was, when nccl-doctor or the user stopped the job:
+    the stop made the call fail)."""
     trace = traces.ranks.get(rank)
     if trace is None:
         return None
@@ -140,6 +163,13 @@ def _blocked_line(traces: TraceSet, rank: int) -> Location | None:
     if blocked is None and trace.exit.kind is ExitKind.STOPPED:
         last = last_leaf(trace)
         blocked = last if last is not None and last.state is EventState.FAILED else None
+    return blocked
+
+
+def _blocked_line(traces: TraceSet, rank: int) -> Location | None:
+    """The user's line of the call ``rank`` is blocked in (or was, when nccl-doctor or the user
+    stopped the job: the stop made the call fail)."""
+    blocked = _blocked(traces, rank)
     return blocked.callsite if blocked is not None else None
 
 

@@ -24,7 +24,8 @@ from typing import Any, Sequence
 
 from nccl_doctor import call_path, paths, redact, words
 from nccl_doctor.analysis.calls.align import blocked_event, last_leaf, timelines
-from nccl_doctor.analysis.why.branch import Branch, NotAnalysed, branches
+from nccl_doctor.analysis.who.ahead import ahead_side
+from nccl_doctor.analysis.why.branch import Branch, NotAnalysed, branches, data_jumps
 from nccl_doctor.analysis.why.data_jumps import data_skip
 from nccl_doctor.analysis.calls.ends import aborted_at_its_end
 from nccl_doctor.analysis.why.loop_counts import Side, loop_line
@@ -190,6 +191,57 @@ def _skipping(b: Branch) -> bool:
     return not special
 
 
+def _ahead(f: Finding, sides: list[Side], found: list[tuple[Branch, ...]],
+           ahead: tuple[int, dict], traces: TraceSet, sources: Sources, lines: list[str],
+           why: str, evidence: dict[str, Any]) -> Finding:
+    """A mismatch whose sides are a pass apart (analysis/who/ahead.py): the side ahead left its
+    pass early; the jump before the behind side's call, in the loop they share, is why - a
+    branch on the rank (its culprit), or one the data decided."""
+    i, more = ahead
+    culprit = tuple(sorted(sides[i].ranks))
+    behind = [j for j in range(len(sides)) if j != i]
+    others = sorted(r for j in behind for r in sides[j].ranks)
+    lead = "; ".join(f"the {op} at {paths.short_path(p)}:{line}, {n} call{'s' if n != 1 else ''}"
+                     " further" for (p, line, op), n in sorted(more.items())[:3])
+    said = (f"{ranks_text(list(culprit))} {words.verb(culprit, 'is')} a pass ahead of "
+            f"{ranks_text(others)}: before this call {words.pick(culprit, 'it', 'they')} "
+            f"had gone further in {words.pick(culprit, 'its', 'their')} other groups ({lead}) "
+            f"- {words.pick(culprit, 'it', 'they')} left the pass {ranks_text(others)} "
+            f"{words.verb(others, 'is')} in before this call.")
+    evidence["ahead"] = {"ranks": list(culprit), "more": [
+        {"path": p, "line": line, "op": op, "calls": n} for (p, line, op), n in
+        sorted(more.items())]}
+    jump = next((b for j in behind for b in found[j] if b.kind == "jump" and _skipping(b)),
+                None)
+    if jump is not None:
+        evidence["blame"] = "branch"
+        lines = _replace_why(lines, why, said + " " + _reason(jump, culprit, others))
+        return replace(f, ranks=culprit, detail="\n".join(lines),
+                       branch=_branch_json(jump, culprit, culprit=True), hint=_hint(jump),
+                       evidence=evidence, **_culprit_call(f, sides[i]))
+    evidence["blame"] = "ahead"
+    for j in behind:
+        frames = tuple(x for x in sides[j].frames if paths.is_user_file(x.path))
+        data = data_jumps(frames, sources)[:1] if frames else ()
+        for d in data:
+            b = d.branch
+            text = redact.source_line(b.text)
+            evidence["data_jump"] = {"path": b.path, "line": b.line, "text": text,
+                                     "leaves": d.leaves, "ranks": list(culprit),
+                                     "call_line": b.frame.line, "loop_line": d.loop.line}
+            where = f"{paths.short_path(b.path)}:{b.line}"
+            lines = _replace_why(lines, why, said + f" {ranks_text(list(culprit))} took the "
+                                 f"`{d.leaves}` at {where} (`{text}`) before the call "
+                                 f"{ranks_text(others)} {words.verb(others, 'is')} in. The "
+                                 f"condition at {where} differs per rank because of the data, "
+                                 "not the rank number.")
+            return replace(f, ranks=culprit, detail="\n".join(lines), evidence=evidence,
+                           branch=_branch_json(b, culprit), **_culprit_call(f, sides[i]))
+    lines = _replace_why(lines, why, said)
+    return replace(f, ranks=culprit, detail="\n".join(lines), evidence=evidence,
+                   **_culprit_call(f, sides[i]))
+
+
 def _settled(f: Finding, traces: TraceSet, sources: Sources) -> Finding:
     sides = _sides(f, traces)
     if len(sides) < 2:
@@ -209,7 +261,10 @@ def _settled(f: Finding, traces: TraceSet, sources: Sources) -> Finding:
         took = next((b for b in got if not _skipping(b)), None)
         if took is not None:
             blamed.setdefault(i, took)
-        jump = next((b for b in got if _skipping(b)), None)
+        # (a missing call's absent ranks are elsewhere: a jump before *their* call skips
+        # nothing of this one - only the sides in the call are read for it)
+        in_call = f.kind is FindingKind.COLLECTIVE_MISMATCH or i == 0
+        jump = next((b for b in got if _skipping(b)), None) if in_call else None
         if jump is not None:  # the others took it, and skipped the call this side is in
             for j in range(len(sides)):
                 if j != i:
@@ -254,6 +309,9 @@ def _settled(f: Finding, traces: TraceSet, sources: Sources) -> Finding:
         first = min(blamed.items())[1]
         return replace(f, detail="\n".join(lines), evidence=evidence,
                        branch=_branch_json(first, sides[min(blamed)].ranks))
+    ahead = None if crashed or blamed else ahead_side(f, sides, traces)
+    if ahead is not None:  # the same line on every side, a pass apart
+        return _ahead(f, sides, found, ahead, traces, sources, lines, why, evidence)
     jumped = None if crashed or _unseen_in(f, traces) else _shared_jump(
         found, counts, len(sides), f)
     if jumped is not None:
