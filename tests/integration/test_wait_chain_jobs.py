@@ -15,18 +15,11 @@ import pytest
 
 from nccl_doctor.supervisor.policy import HangPolicy
 from tests.integration.test_branch_jobs import replayed, root_of
+from tests.integration.test_mesh_jobs import coords
 
 pytestmark = pytest.mark.integration
 
 SCRIPT = Path(__file__).parent / "jobs" / "wait_chain.py"
-
-
-def coords(rank: int, dims: list[int]) -> list[int]:
-    out = []
-    for d in reversed(dims):
-        out.append(rank % d)
-        rank //= d
-    return out[::-1]
 
 
 def run(tmp_path, launch, watched, nproc: int, env: dict[str, str]) -> tuple[dict, dict]:
