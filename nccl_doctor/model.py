@@ -339,6 +339,9 @@ class RankTrace:
     # records in the capture when ``events`` holds only a window of them (a large replay:
     # nccl_doctor/capture/window.py); None: ``events`` is every record
     recorded: int | None = None
+    # a window (``recorded``) that kept every point-to-point record, with the waits on them
+    # and their parents: its channels can be counted (analysis/calls/p2p_channels.py)
+    p2p_whole: bool = False
     # its records name their call paths (False: a capture of format 1, from before them)
     paths_recorded: bool = True
 

@@ -394,14 +394,15 @@ class Scan:
                 return held
             kept = set(self.decoded.rows["idx"][keep].tolist())
             return replace(held, events=tuple(e for e in held.events if e.idx in kept),
-                           recorded=len(self.decoded.rows))
+                           recorded=len(self.decoded.rows), p2p_whole=True)
         d = self.decoded
         if keep is not None:
             d = records.Decoded(d.rows[keep], d.exited[keep], d.slots[keep], d.torn_slots)
         return RankTrace(meta=self.meta, events=tuple(records.events(d, self.strings, self.paths)),
                          exit=self.exit, integrity=self.integrity, path=str(self.path),
                          notes=self.notes, paths_recorded=self.paths,
-                         recorded=None if keep is None else len(self.decoded.rows))
+                         recorded=None if keep is None else len(self.decoded.rows),
+                         p2p_whole=keep is not None)
 
 
 def scan_capture(path: Path) -> Scan:

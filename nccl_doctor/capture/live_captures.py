@@ -19,7 +19,7 @@ from nccl_doctor.capture.window import DEFAULT, Size
 from nccl_doctor.errors import DoctorError
 from nccl_doctor.gpu.readings import GpuTrace
 from nccl_doctor.gpu.series import GPU_JSONL
-from nccl_doctor.model import RankTrace, TraceSet
+from nccl_doctor.model import Event, EventKind, RankTrace, TraceSet
 from nccl_doctor.stacks.samples import STRAGGLERS_JSONL, StackSample
 
 
@@ -133,7 +133,8 @@ class LiveCaptures:
         for t in traces:
             held = self._cut.get(id(t))
             cut[id(t)] = held if held is not None and held[0] is t else (
-                t, replace(t, events=t.events[-tail:], recorded=t.records))
+                t, replace(t, events=_newest(t.events, tail), recorded=t.records,
+                           p2p_whole=True))
         self._cut = cut
         return [cut[id(t)][1] if isinstance(t, RankTrace) else t for t in read]
 
@@ -150,6 +151,19 @@ class LiveCaptures:
         for follower in self._followers.values():
             follower.close()
         self._followers.clear()
+
+
+def _newest(events: tuple[Event, ...], tail: int) -> tuple[Event, ...]:
+    """The newest ``tail`` events, with every point-to-point message before them, the waits on
+    them and their parents (capture/window.py keeps the same: a channel is paired message by
+    message from its first)."""
+    older = events[:-tail] if tail < len(events) else ()
+    p2p = {e.idx for e in older if e.kind is EventKind.P2P}
+    if not p2p:
+        return events[-tail:]
+    keep = p2p | {e.parent for e in older if e.idx in p2p and e.parent}
+    keep |= {e.idx for e in older if e.parent in p2p}
+    return tuple(e for e in older if e.idx in keep) + tuple(events[-tail:])
 
 
 def _stamp(path: Path) -> tuple[int, int] | None:

@@ -157,10 +157,15 @@ def focus(by_rank: Mapping[int, Leaves], members: Mapping[int, Sequence[int]],
 def keep(rows: np.ndarray, lv: Leaves, points: Mapping[int, list[int]], tail: int) -> np.ndarray:
     """bool per row of one rank: the records the passes see. Around each point of each group
     (``MARGIN`` collectives either side): every record between the first and the last of those
-    calls; the rank's newest ``tail`` records; and the parents of what is kept."""
+    calls; the rank's newest ``tail`` records; every point-to-point record and the waits on
+    them (a channel is paired message by message from its first: ``p2p_whole``); and the
+    parents of what is kept."""
     idx = rows["idx"]
     mask = np.zeros(len(rows), dtype=bool)
     mask[max(0, len(rows) - tail):] = True
+    p2p = rows["kind"] == int(EventKind.P2P)
+    if p2p.any():
+        mask |= p2p | np.isin(rows["parent"], idx[p2p])
     for g, (seq, g_idx, _key) in lv.groups.items():
         for s in points.get(g, ()):
             lo, hi = np.searchsorted(seq, [s - MARGIN, s + MARGIN + 1])

@@ -21,31 +21,6 @@ PIPELINING = JOBS / "pipelining.py"
 HAND_WRITTEN = JOBS / "pipeline_p2p.py"
 
 
-@pytest.fixture
-def run_job(tmp_path: Path, launch):
-    """The job under the doctor (default hang policy), as conftest's ``run_job`` runs it, less
-    its replay with a window forced: a window keeps the records around collectives and each
-    rank's newest, which cut a channel's history, so the p2p pass leaves windowed channels out
-    (analysis/what/p2p.py) and the windowed report cannot be the same."""
-    import os
-    from dataclasses import dataclass
-
-    from nccl_doctor.supervisor.supervisor import Supervisor
-
-    @dataclass
-    class Run:
-        exit_status: int
-        out: Path
-
-    def run(nproc: int, script: str, env: dict[str, str]) -> Run:
-        out = tmp_path / "capture"
-        result = Supervisor(launch(nproc, script), out, environ=dict(os.environ, **env)).run()
-        assert result.analysis_error is None, result.analysis_error
-        return Run(result.exit_status, out)
-
-    return run
-
-
 def line_of(path: Path, text: str) -> int:
     return next(i for i, line in enumerate(path.read_text().splitlines(), 1) if text in line)
 

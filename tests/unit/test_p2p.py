@@ -242,6 +242,24 @@ def test_a_window_or_a_lapped_ring_cuts_a_channel_so_it_is_not_counted(tb):
         assert detect_p2p_mismatch(replace(traces, ranks={**traces.ranks, 1: cut})) == []
 
 
+def test_a_window_that_kept_every_message_counts_its_channels(tb):
+    """The supervisor's look at a long run (its newest records, with every message before them,
+    the waits on them and their parents) counts a channel as the whole capture does."""
+    from nccl_doctor.capture.live_captures import _newest
+
+    traces = pipeline(tb, [4, 4, 4, 3], [4, 4, 4, 4], exit=STOPPED)
+    (whole,) = detect_p2p_mismatch(traces)
+    cut = {r: replace(t, events=_newest(t.events, 6), recorded=len(t.events), p2p_whole=True)
+           for r, t in traces.ranks.items()}
+    assert all(len(t.events) < len(traces.ranks[r].events) for r, t in cut.items())
+    (f,) = detect_p2p_mismatch(replace(traces, ranks=cut))
+    ev, was = f.evidence, whole.evidence
+    assert (ev.aspect, ev.src, ev.dst, ev.sent, ev.received, dict(ev.waiting)) == (
+        was.aspect, was.src, was.dst, was.sent, was.received, dict(was.waiting))
+    # (the barrier the step is counted from is older than the look: the whole channel is said)
+    assert "rank 0 sent 15 messages, rank 1 waits for a 16th" in f.title, f.title
+
+
 def test_a_replay_of_a_run_whose_end_is_unknown_calls_no_channel_short(tb):
     traces = pipeline(tb, [4, 3], [4, 4])
     assert detect_p2p_mismatch(replace(traces, unfinished="the job was still running")) == []

@@ -59,11 +59,12 @@ def detect_p2p_mismatch(traces: TraceSet) -> list[Finding]:
     if not p2p.channels:
         return []
     # Ends whose history is not all here: a capture that lost records (damage, a lapped ring),
-    # or a large job's window of them (capture/window.py keeps the collectives' neighbourhoods,
-    # which cut a channel): their messages cannot be counted or paired - their channels are
-    # left out.
-    unsure = traces.damaged_ranks() | {r for r, t in traces.ranks.items()
-                                       if t.recorded is not None or t.integrity.overwritten}
+    # or a window of them that did not keep every message (a large job's window and the
+    # supervisor's look at a long run keep them all: ``p2p_whole``): their messages cannot be
+    # counted or paired - their channels are left out.
+    unsure = traces.damaged_ranks() | {
+        r for r, t in traces.ranks.items()
+        if (t.recorded is not None and not t.p2p_whole) or t.integrity.overwritten}
     model = _Waits(traces, p2p)
     findings = []
     sources: list[Sources] = []  # (read once, on the first short channel)
