@@ -23,7 +23,7 @@ from typing import Any, Sequence
 
 import numpy as np
 
-from nccl_doctor.capture import format as fmt, records
+from nccl_doctor.capture import format as fmt, records, window
 from nccl_doctor.capture.reader import (
     LOOKAHEAD, _exit_from, _meta, parse_strings, read_fault, read_header, read_meta, ring_slots,
     with_code_notes,
@@ -394,7 +394,8 @@ class Scan:
                 return held
             kept = set(self.decoded.rows["idx"][keep].tolist())
             return replace(held, events=tuple(e for e in held.events if e.idx in kept),
-                           recorded=len(self.decoded.rows), p2p_whole=True)
+                           recorded=len(self.decoded.rows),
+                           p2p_whole=window.p2p_whole(self.decoded.rows, keep))
         d = self.decoded
         if keep is not None:
             d = records.Decoded(d.rows[keep], d.exited[keep], d.slots[keep], d.torn_slots)
@@ -402,7 +403,7 @@ class Scan:
                          exit=self.exit, integrity=self.integrity, path=str(self.path),
                          notes=self.notes, paths_recorded=self.paths,
                          recorded=None if keep is None else len(self.decoded.rows),
-                         p2p_whole=keep is not None)
+                         p2p_whole=keep is not None and window.p2p_whole(self.decoded.rows, keep))
 
 
 def scan_capture(path: Path) -> Scan:

@@ -15,7 +15,7 @@ from nccl_doctor.capture.follow import CaptureFollower, Scan
 from nccl_doctor.capture.manifest import Manifest
 from nccl_doctor.capture.names import EARLY_EXIT_SUFFIX, capture_files
 from nccl_doctor.capture.union import newest_per_rank
-from nccl_doctor.capture.window import DEFAULT, Size
+from nccl_doctor.capture.window import DEFAULT, P2P_WHOLE, Size
 from nccl_doctor.errors import DoctorError
 from nccl_doctor.gpu.readings import GpuTrace
 from nccl_doctor.gpu.series import GPU_JSONL
@@ -132,9 +132,10 @@ class LiveCaptures:
         cut = {}
         for t in traces:
             held = self._cut.get(id(t))
-            cut[id(t)] = held if held is not None and held[0] is t else (
-                t, replace(t, events=_newest(t.events, tail), recorded=t.records,
-                           p2p_whole=True))
+            if held is None or held[0] is not t:
+                events, whole = _newest(t.events, tail)
+                held = (t, replace(t, events=events, recorded=t.records, p2p_whole=whole))
+            cut[id(t)] = held
         self._cut = cut
         return [cut[id(t)][1] if isinstance(t, RankTrace) else t for t in read]
 
@@ -153,17 +154,20 @@ class LiveCaptures:
         self._followers.clear()
 
 
-def _newest(events: tuple[Event, ...], tail: int) -> tuple[Event, ...]:
-    """The newest ``tail`` events, with every point-to-point message before them, the waits on
-    them and their parents (capture/window.py keeps the same: a channel is paired message by
-    message from its first)."""
+def _newest(events: tuple[Event, ...], tail: int) -> tuple[tuple[Event, ...], bool]:
+    """The newest ``tail`` events, with every point-to-point message before them (up to
+    ``window.P2P_WHOLE``), the waits on them and their parents, and whether every message is
+    there (capture/window.py keeps the same: a channel is paired message by message from its
+    first)."""
     older = events[:-tail] if tail < len(events) else ()
     p2p = {e.idx for e in older if e.kind is EventKind.P2P}
     if not p2p:
-        return events[-tail:]
+        return tuple(events[-tail:]), True
+    if len(p2p) > P2P_WHOLE:
+        return tuple(events[-tail:]), False
     keep = p2p | {e.parent for e in older if e.idx in p2p and e.parent}
     keep |= {e.idx for e in older if e.parent in p2p}
-    return tuple(e for e in older if e.idx in keep) + tuple(events[-tail:])
+    return tuple(e for e in older if e.idx in keep) + tuple(events[-tail:]), True
 
 
 def _stamp(path: Path) -> tuple[int, int] | None:

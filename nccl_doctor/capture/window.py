@@ -38,6 +38,10 @@ class Size:
 
 DEFAULT = Size()
 
+#: Point-to-point records a rank's window keeps whole (every message, so that its channels can
+#: be counted): past this many, only those in the window proper, and its channels are not said.
+P2P_WHOLE = 65_536
+
 #: Collectives kept on each side of a group's first divergence and of its slowest member's last
 #: call (context: the calls each side made before and after it).
 MARGIN = 4
@@ -154,17 +158,22 @@ def focus(by_rank: Mapping[int, Leaves], members: Mapping[int, Sequence[int]],
     return out
 
 
+def p2p_whole(rows: np.ndarray, kept: np.ndarray) -> bool:
+    """Whether ``kept`` (bool per row) holds every point-to-point record of the rank."""
+    return not bool((~kept & (rows["kind"] == int(EventKind.P2P))).any())
+
+
 def keep(rows: np.ndarray, lv: Leaves, points: Mapping[int, list[int]], tail: int) -> np.ndarray:
     """bool per row of one rank: the records the passes see. Around each point of each group
     (``MARGIN`` collectives either side): every record between the first and the last of those
     calls; the rank's newest ``tail`` records; every point-to-point record and the waits on
-    them (a channel is paired message by message from its first: ``p2p_whole``); and the
-    parents of what is kept."""
+    them, up to ``P2P_WHOLE`` of them (a channel is paired message by message from its first:
+    ``p2p_whole``); and the parents of what is kept."""
     idx = rows["idx"]
     mask = np.zeros(len(rows), dtype=bool)
     mask[max(0, len(rows) - tail):] = True
     p2p = rows["kind"] == int(EventKind.P2P)
-    if p2p.any():
+    if 0 < int(p2p.sum()) <= P2P_WHOLE:
         mask |= p2p | np.isin(rows["parent"], idx[p2p])
     for g, (seq, g_idx, _key) in lv.groups.items():
         for s in points.get(g, ()):

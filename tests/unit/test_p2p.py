@@ -249,7 +249,8 @@ def test_a_window_that_kept_every_message_counts_its_channels(tb):
 
     traces = pipeline(tb, [4, 4, 4, 3], [4, 4, 4, 4], exit=STOPPED)
     (whole,) = detect_p2p_mismatch(traces)
-    cut = {r: replace(t, events=_newest(t.events, 6), recorded=len(t.events), p2p_whole=True)
+    cut = {r: replace(t, events=_newest(t.events, 6)[0], recorded=len(t.events),
+                      p2p_whole=True)
            for r, t in traces.ranks.items()}
     assert all(len(t.events) < len(traces.ranks[r].events) for r, t in cut.items())
     (f,) = detect_p2p_mismatch(replace(traces, ranks=cut))
@@ -274,3 +275,15 @@ def test_a_receive_from_any_source_leaves_its_channels_out(tb):
     traces = tb.traceset([r0.trace(), r1.trace()])
     assert ("0", 0, 1) not in p2p_channels(traces).channels  # left out, not counted short
     assert detect_p2p_mismatch(traces) == []
+
+
+def test_past_its_bound_a_look_keeps_no_whole_channel(tb, monkeypatch):
+    """More messages than ``window.P2P_WHOLE`` before the look's newest records: they are not
+    all kept, and the channel is not counted (memory stays bounded)."""
+    from nccl_doctor.capture import live_captures
+
+    traces = pipeline(tb, [4, 4, 4, 3], [4, 4, 4, 4], exit=STOPPED)
+    monkeypatch.setattr(live_captures, "P2P_WHOLE", 5)
+    events, whole = live_captures._newest(traces.ranks[0].events, 6)
+    assert not whole and len(events) == 6
+    assert live_captures._newest(traces.ranks[0].events, 400) == (traces.ranks[0].events, True)
