@@ -67,7 +67,8 @@ test: $(STAMP)
 	$(PYTEST)
 
 # Every tier: the default one, upstream (TRL), frameworks (Lightning, Accelerate, Trainer,
-# DeepSpeed), ray, slurm, serve (Prometheus, Chromium), demos, nodes, soak and fuzz. CI runs it.
+# DeepSpeed), ray, slurm, serve (Prometheus, Chromium), demos, meshes, nodes, soak and fuzz. CI
+# runs it.
 test-all: $(STAMP) tools
 	@$(COMPILE)
 	$(PYTEST) --tier all

@@ -86,6 +86,8 @@ TIERS: dict[str, tuple[str, ...]] = {
     "frameworks": ("tests/frameworks/",),  # Lightning, Accelerate, Trainer, DeepSpeed
     "serve": ("tests/e2e/test_serve.py",),  # run --serve: Prometheus and Chromium
     "demos": ("tests/e2e/test_demo.py",),  # every reproducer through nccl-doctor demo
+    # 2-D and 3-D meshes (FSDP2 + TP, pp x dp x tp on 8 ranks) and waits through their groups
+    "meshes": ("tests/integration/test_mesh_jobs.py", "tests/integration/test_wait_chain_jobs.py"),
     "nodes": ("tests/integration/test_nodes.py", "tests/integration/test_slow_node.py",
               "tests/integration/test_federation_link.py"),  # several node doctors at once
     "soak": ("tests/reliability/test_soak.py",),
