@@ -120,3 +120,20 @@ def test_a_rank_blocked_before_the_call_in_the_same_function_is_behind(tb, tmp_p
     # a source that is not the one that ran is not read: no claim
     path.write_text(SOURCE + "# edited\n")
     assert not behind(barrier, ts)
+
+
+def test_each_side_of_a_mismatch_waits_for_the_others_in_its_own_call(tb):
+    mismatch = Finding(
+        kind=FindingKind.COLLECTIVE_MISMATCH, severity=Severity.ERROR, title="t", detail="d",
+        ranks=(2,), group="1", seq=11, op="reduce_scatter_single",
+        evidence={"aspect": "op", "sides": [{"ranks": [0], "op": "all_gather_single"},
+                                            {"ranks": [2], "op": "reduce_scatter_single"}]})
+    waiting = missing("4", 7, [3], [2])
+    links = wait_links([mismatch, waiting])
+    assert {r: (link.waits_for, link.op) for r, link in links.items() if r != 3} == {
+        0: ((2,), "all_gather_single"), 2: ((0,), "reduce_scatter_single")}
+    assert leads_on(waiting, links)  # rank 2 waits in the mismatch: group 4's is not the cause
+    ts = tb.traceset([tb.trace(r, tb.collectives(2), world_size=4) for r in range(4)],
+                     {"1": (0, 2), "4": (2, 3)}, world_size=4)
+    out = with_wait_chains([mismatch, waiting], ts)
+    assert "rank 0 waits in all_gather_single #11 of group 1 [0, 2] for rank 2" in out[1].detail

@@ -6,9 +6,9 @@ are the ones to look at; the groups on the way are where the others hold.
 Read from the findings: a ``missing_collective`` says which ranks wait in its call
 (``waiting_ranks``) for which (its absent ranks); the sides of a ``collective_mismatch`` each
 wait in it for the others; a short point-to-point channel (``p2p_mismatch``, count) says which
-end waits for the other. A rank waits in one call at a
-time, so the links form a graph of out-degree one per call; a cycle (ranks that wait for each
-other in different groups) ends the chain where it closes.
+end waits for the other. A rank waits in one call at a time, so the links form a graph of
+out-degree one per call; a cycle (ranks that wait for each other in different groups) ends the
+chain where it closes.
 """
 
 from __future__ import annotations
@@ -36,11 +36,12 @@ class Link:
     rank: int
     waits_for: tuple[int, ...]
     finding: Finding
+    op: str | None = None  # the rank's own call, where the sides' differ (a mismatch)
 
     def text(self, members: tuple[int, ...], role: str | None) -> str:
         f = self.finding
         group = role or f"group {f.group} [{', '.join(map(str, members))}]"
-        return (f"rank {self.rank} waits in {f.op} #{f.seq} of {group} for "
+        return (f"rank {self.rank} waits in {self.op or f.op} #{f.seq} of {group} for "
                 f"{ranks_text(list(self.waits_for))}")
 
 
@@ -56,13 +57,13 @@ def wait_links(findings: list[Finding]) -> dict[int, Link]:
                     out.setdefault(r, Link(r, absent, f))
         elif f.kind is FindingKind.COLLECTIVE_MISMATCH:
             # every side waits in the call for the ranks of the other sides
-            sides = [tuple(s.get("ranks", ())) for s in getattr(f.evidence, "sides", ())
-                     if isinstance(s, Mapping)]
-            for side in sides:
-                others = tuple(sorted({r for s in sides if s is not side for r in s}))
+            sides = [(tuple(s.get("ranks", ())), s.get("op"))
+                     for s in getattr(f.evidence, "sides", ()) if isinstance(s, Mapping)]
+            for side, op in sides:
+                others = tuple(sorted({r for s, _ in sides if s is not side for r in s}))
                 for r in side:
                     if others:
-                        out.setdefault(r, Link(r, others, f))
+                        out.setdefault(r, Link(r, others, f, op))
         elif f.kind is FindingKind.P2P_MISMATCH and getattr(f.evidence, "aspect", "") == "count":
             ev = f.evidence
             ends = {ev.src, ev.dst} - {None}
@@ -200,7 +201,8 @@ def with_wait_chains(findings: list[Finding], traces: TraceSet,
         where = [_where(r, findings) for r in ends]
         line = "Wait chain: " + "; ".join(said + (where or [
             "each waits for the next, in a cycle: no rank can go on (a deadlock)"])) + "."
-        evidence = [{"rank": link.rank, "op": link.finding.op, "group": link.finding.group,
+        evidence = [{"rank": link.rank, "op": link.op or link.finding.op,
+                     "group": link.finding.group,
                      "group_ranks": list(traces.group_members(link.finding.group)),
                      "seq": link.finding.seq, "waits_for": list(link.waits_for)}
                     for link in order]
