@@ -27,6 +27,8 @@ class ExitStatus:
     # `run` / `replay` with --fail-on suspect: the job itself succeeded (or there is no job), but
     # the verdict is not ok (a silent error such as identical completions, a hang, a crash).
     VERDICT_FAILED = 123
+    # `check`: the source holds findings (a collective some ranks may skip)
+    CHECK_FOUND = 1
     # The reader of stdout went away (``| head``): the output was cut short, quietly, as a tool
     # killed by SIGPIPE is (128 + 13). `run` keeps the job's status instead (cli/pipes.py).
     CLOSED_PIPE = 141
@@ -43,6 +45,11 @@ class UsageError(DoctorError):
 
 
 class CaptureNotFound(DoctorError):
+    exit_status = ExitStatus.NOT_FOUND
+
+
+class InputNotFound(DoctorError):
+    """An input path that does not exist (``check``'s files): as a missing capture."""
     exit_status = ExitStatus.NOT_FOUND
 
 

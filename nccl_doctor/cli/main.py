@@ -11,12 +11,12 @@ import traceback
 from typing import NoReturn, Sequence
 
 from nccl_doctor._version import __version__
-from nccl_doctor.cli import demo, export, pipes, replay, run
+from nccl_doctor.cli import check, demo, export, pipes, replay, run
 from nccl_doctor.cli.pipes import OutputClosed
 from nccl_doctor.errors import DoctorError, ExitStatus
 from nccl_doctor.reporters.escape import visible
 
-COMMANDS = (run, replay, export, demo)
+COMMANDS = (run, replay, export, check, demo)
 
 
 class _Parser(argparse.ArgumentParser):

@@ -30,6 +30,7 @@ LAYERS = {
     "nccl_doctor.sections": "core", "nccl_doctor.finding_evidence": "core",
     "nccl_doctor.agent_protocol": "core", "nccl_doctor.capture": "core",
     "nccl_doctor.analysis": "core", "nccl_doctor.gpu": "core", "nccl_doctor.stacks": "core",
+    "nccl_doctor.check": "core",  # the static pre-flight: files in, findings out
     "nccl_doctor.reporters": "core",
     # a recorded job as pandas tables and files (nccl_doctor.open, export): reads, pure
     "nccl_doctor.data": "core",

@@ -1,0 +1,186 @@
+"""Files in, findings out: each collective call site (and each call of a function of the user's
+that makes one, check/sites.py) read by the run's own branch analysis (analysis/why/branch.py
+``branches``, one engine for both): the rank-dependent conditions that enclose it or jump past
+it are the findings. Pure but for reading the files named.
+
+A condition whose other arm makes the same collective splits nobody (``if rank == 0:
+dist.broadcast(t, 0) else: dist.broadcast(t, 0)``) and is not said. ``# nccl-doctor:
+ignore[ND001]`` (or a bare ``# nccl-doctor: ignore``) on the call's line or the condition's
+silences it. A file that cannot be read or parsed is a problem, one line, never a traceback."""
+
+from __future__ import annotations
+
+import ast
+import io
+import os
+import re
+import tokenize
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Iterable, Sequence
+
+from nccl_doctor.analysis.why.branch import branches
+from nccl_doctor.analysis.why.source_text import Sources
+from nccl_doctor.check.rules import CheckFinding
+from nccl_doctor.check.sites import Module, Site, collective_of, read_module, user_sites
+from nccl_doctor.location import Location
+
+MAX_BYTES = 2_000_000  # a file larger than this is not read (as the run's source analysis)
+_SKIP_DIRS = frozenset({".git", ".hg", ".venv", "venv", "__pycache__", "node_modules", ".tox",
+                        "build", "dist", ".mypy_cache", ".pytest_cache"})
+_IGNORE = re.compile(r"#\s*nccl-doctor:\s*ignore(?:\[([A-Z0-9, ]+)\])?")
+
+
+@dataclass(frozen=True)
+class CheckReport:
+    findings: tuple[CheckFinding, ...]
+    files: int  # files read
+    problems: tuple[str, ...]  # files that could not be read, one line each
+
+
+def python_files(paths: Sequence[Path]) -> Iterable[Path]:
+    """The .py files named or under the folders named, in a stable order."""
+    for p in paths:
+        if p.is_dir():
+            for root, dirs, files in os.walk(p):
+                dirs[:] = sorted(d for d in dirs if d not in _SKIP_DIRS and not d.startswith("."))
+                for name in sorted(files):
+                    if name.endswith(".py"):
+                        yield Path(root) / name
+        else:
+            yield p
+
+
+def check_paths(paths: Sequence[Path]) -> CheckReport:
+    modules: list[Module] = []
+    problems: list[str] = []
+    texts: dict[str, list[str]] = {}
+    for path in python_files(paths):
+        got = _parse(path)
+        if isinstance(got, str):
+            problems.append(f"{path}: {got}")
+            continue
+        tree, lines = got
+        key = str(path.resolve())
+        texts[key] = lines
+        modules.append(read_module(key, tree))
+    sites = [s for m in modules for s in m.sites] + user_sites(modules)
+    sources = Sources(verify=False, max_bytes=MAX_BYTES, max_files=max(64, len(modules) + 8))
+    trees = {m.path: m for m in modules}
+    found: dict[tuple, CheckFinding] = {}
+    for site in sites:
+        for f in _site_findings(site, sources, trees[site.path], texts[site.path]):
+            found.setdefault((f.code, f.path, f.line, f.col, f.condition_line), f)
+    ordered = sorted(found.values(), key=lambda f: (f.path, f.line, f.col, f.code))
+    return CheckReport(tuple(ordered), len(modules), tuple(problems))
+
+
+def _parse(path: Path) -> tuple[ast.Module, list[str]] | str:
+    try:
+        size = path.stat().st_size
+        if size > MAX_BYTES:
+            return f"not read: {size} bytes, over the {MAX_BYTES} a file is read"
+        data = path.read_bytes()
+    except OSError as err:
+        return f"cannot be read ({err.strerror or err})"
+    try:
+        encoding, _ = tokenize.detect_encoding(io.BytesIO(data).readline)
+        text = data.decode(encoding)
+    except (SyntaxError, LookupError, UnicodeDecodeError) as err:
+        return f"cannot be decoded ({type(err).__name__}: {err})"
+    try:
+        tree = ast.parse(text, str(path))
+    except (SyntaxError, ValueError, RecursionError, MemoryError) as err:
+        line = getattr(err, "lineno", None)
+        return f"not Python this interpreter parses ({type(err).__name__}" + (
+            f" at line {line}" if line else "") + ")"
+    return tree, text.splitlines()
+
+
+def _site_findings(site: Site, sources: Sources, module: Module, lines: list[str],
+                   ) -> Iterable[CheckFinding]:
+    frame = Location(site.path, site.line, site.function)
+    try:
+        got, _ = branches((frame,), sources)
+    except Exception:  # a file we cannot analyse costs its findings, not the check
+        return ()
+    out = []
+    for b in got:
+        if b.path != site.path:
+            continue
+        if b.kind in ("if", "else") and _both_arms(module.tree, b.line, site):
+            continue
+        if not site.user and _members_only(module.tree, b.line, b.names, site):
+            continue
+        code = "ND003" if b.kind == "jump" else ("ND002" if site.user else "ND001")
+        if _ignored(lines, site.line, code) or _ignored(lines, b.line, code):
+            continue
+        out.append(CheckFinding(code=code, path=site.path, line=site.line, col=site.col + 1,
+                                call=site.call, condition=b.text, condition_line=b.line,
+                                names=tuple(b.names), via=site.collective if site.user else ""))
+    return out
+
+
+def _ignored(lines: list[str], line: int, code: str) -> bool:
+    if not 1 <= line <= len(lines):
+        return False
+    m = _IGNORE.search(lines[line - 1])
+    if m is None:
+        return False
+    codes = m.group(1)
+    return codes is None or code in {c.strip() for c in codes.split(",")}
+
+
+def _both_arms(tree: ast.Module, line: int, site: Site) -> bool:
+    """The ``if`` at ``line`` makes the site's collective (or calls its function) in both arms."""
+    for node in ast.walk(tree):
+        if isinstance(node, ast.If) and node.lineno == line and node.orelse:
+            arms = [_made(node.body), _made(node.orelse)]
+            name = _name(site)
+            return all(name in made for made in arms)
+    return False
+
+
+_GROUP_KEYWORDS = frozenset({"group", "pg", "process_group"})
+
+
+def _members_only(tree: ast.Module, line: int, names: Sequence[str], site: Site) -> bool:
+    """The call names a process group (``group=g``) and the condition only asks whether this
+    rank is in it - tests the group itself (``if g is not None:``) or a membership (``if rank in
+    (0, 2):``): only a group's members make its collectives, which is right."""
+    call = next((n for n in ast.walk(tree) if isinstance(n, ast.Call)
+                 and (n.lineno, n.col_offset) == (site.line, site.col)), None)
+    if call is None:
+        return False
+    groups = [k.value for k in call.keywords if k.arg in _GROUP_KEYWORDS
+              and not (isinstance(k.value, ast.Constant) and k.value.value is None)]
+    if not groups:
+        return False
+    group_names = {n.id for g in groups for n in ast.walk(g) if isinstance(n, ast.Name)}
+    if group_names & {name.split(".")[0] for name in names}:
+        return True
+    test = next((n.test for n in ast.walk(tree) if isinstance(n, (ast.If, ast.While))
+                 and n.lineno == line), None)
+    return (isinstance(test, ast.Compare) and len(test.ops) == 1
+            and isinstance(test.ops[0], (ast.In, ast.NotIn)))
+
+
+def _name(site: Site) -> str:
+    return site.call.rpartition(".")[2]
+
+
+def _made(statements: list[ast.stmt]) -> set[str]:
+    """The last names of the calls made in ``statements``."""
+    out = set()
+    for stmt in statements:
+        for node in ast.walk(stmt):
+            if isinstance(node, ast.Call):
+                func = node.func
+                name = func.attr if isinstance(func, ast.Attribute) else (
+                    func.id if isinstance(func, ast.Name) else None)
+                if name:
+                    out.add(name)
+    return out
+
+
+__all__ = ["CheckReport", "check_paths", "collective_of", "python_files"]

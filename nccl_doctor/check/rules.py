@@ -1,0 +1,71 @@
+"""The rules of ``nccl-doctor check``: each a stable code, what it finds and the fix."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+from nccl_doctor import paths
+
+
+@dataclass(frozen=True)
+class Rule:
+    code: str
+    title: str
+    fix: str
+
+
+RULES: dict[str, Rule] = {r.code: r for r in (
+    Rule("ND001", "a collective on one side of a rank-dependent condition",
+         "Make the collective on every rank (before the condition, or in both arms), or keep "
+         "it out of every rank alike: every rank must make the same collectives in the same "
+         "order."),
+    Rule("ND002", "a call of a function of yours that makes collectives, on one side of a "
+                  "rank-dependent condition",
+         "Call it on every rank, or move its collectives out of it and make them on every "
+         "rank: the function makes collectives every rank must join."),
+    Rule("ND003", "a rank-dependent early exit (continue, break, return, raise) before a "
+                  "collective",
+         "Decide the exit on every rank alike, or make the collective before it: the ranks "
+         "that leave skip a collective the others wait in."),
+)}
+
+
+@dataclass(frozen=True)
+class CheckFinding:
+    """One finding: where the call is, the rule, and the condition that splits the ranks."""
+
+    code: str
+    path: str
+    line: int
+    col: int  # 1-based, as linters print it
+    call: str  # the call as written: "dist.all_reduce", "save_checkpoint"
+    condition: str  # the condition's line, stripped
+    condition_line: int
+    names: tuple[str, ...]  # the rank-dependent names it reads
+    via: str = ""  # ND002: the collective the function makes, "path:line call"
+
+    @property
+    def rule(self) -> Rule:
+        return RULES[self.code]
+
+    def message(self) -> str:
+        via_path, _, via_rest = self.via.partition(":")
+        via = f"{paths.short_path(via_path)}:{via_rest}" if self.via else ""
+        what = {"ND001": f"`{self.call}` is a collective",
+                "ND002": f"`{self.call}` makes collectives ({via})",
+                "ND003": f"`{self.call}` is a collective"}[self.code]
+        where = (f"after the rank-dependent exit at line {self.condition_line}"
+                 if self.code == "ND003" else
+                 f"under the rank-dependent condition at line {self.condition_line}")
+        reads = f", reading {', '.join(self.names)}" if self.names else ""
+        return (f"{what} {where} (`{self.condition}`{reads}): some ranks skip it while the "
+                "others wait in it")
+
+    def to_json(self) -> dict[str, Any]:
+        return {"code": self.code, "path": self.path, "line": self.line, "column": self.col,
+                "call": self.call, "message": self.message(), "rule": self.rule.title,
+                "fix": self.rule.fix,
+                "condition": {"line": self.condition_line, "text": self.condition,
+                              "names": list(self.names)},
+                **({"via": self.via} if self.via else {})}

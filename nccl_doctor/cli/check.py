@@ -1,0 +1,45 @@
+"""``nccl-doctor check PATH...``: the static pre-flight (nccl_doctor/check/): the collectives a
+rank-dependent condition lets some ranks skip, found in the source before the job runs."""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from pathlib import Path
+
+from nccl_doctor.errors import ExitStatus, InputNotFound
+
+HELP = ("find, before the run, the collectives a rank-dependent condition lets some ranks skip "
+        "(files or folders of Python)")
+
+
+
+def register(sub: argparse._SubParsersAction) -> None:
+    from nccl_doctor.check.formats import FORMATS
+
+    p = sub.add_parser("check", help=HELP, description=HELP[0].upper() + HELP[1:] + ". Exit "
+                       "status 0: no finding, 1: findings (docs/check.md).")
+    p.add_argument("paths", type=Path, metavar="PATH", nargs="+",
+                   help="a Python file, or a folder (its .py files, recursively)")
+    p.add_argument("--format", choices=FORMATS, default="console",
+                   help="console: a line per finding, path:line:col: CODE message (default); "
+                        "json")
+    p.set_defaults(func=run)
+
+
+def run(args: argparse.Namespace) -> int:
+    from nccl_doctor.check import check_paths
+    from nccl_doctor.check import formats
+
+    missing = [p for p in args.paths if not p.exists()]
+    if missing:
+        raise InputNotFound(f"{missing[0]} does not exist: name a Python file or a folder")
+    report = check_paths(args.paths)
+    out = formats.as_json(report) if args.format == "json" else formats.console(report)
+    sys.stdout.write(out)
+    sys.stdout.flush()
+    for problem in report.problems:
+        sys.stderr.write(f"nccl-doctor check: {problem}\n")
+    if args.format == "console":
+        sys.stderr.write(formats.summary(report) + "\n")
+    return ExitStatus.CHECK_FOUND if report.findings else ExitStatus.OK

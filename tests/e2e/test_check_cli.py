@@ -1,0 +1,74 @@
+"""``nccl-doctor check`` as users run it (a subprocess): every branch on the rank that the run
+names for the jobs of tests/integration (test_branch_jobs.py's cases, the mesh jobs' skips) is
+found before the run, at the same line; the healthy jobs are clean; the documented exit
+statuses and the JSON form."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from tests.integration.test_branch_jobs import CASES, line_of
+
+JOBS = Path(__file__).resolve().parents[1] / "integration" / "jobs"
+CLI = [sys.executable, "-m", "nccl_doctor", "check"]
+
+
+def check(*args: str) -> subprocess.CompletedProcess:
+    return subprocess.run([*CLI, *args], capture_output=True, text=True, timeout=120)
+
+
+@pytest.fixture(scope="module")
+def jobs_report() -> dict:
+    proc = check("--format", "json", str(JOBS))
+    assert proc.returncode == 1, proc.stderr
+    return json.loads(proc.stdout)
+
+
+def conditions(report: dict) -> set[tuple[str, int]]:
+    return {(Path(f["path"]).name, f["condition"]["line"]) for f in report["findings"]}
+
+
+@pytest.mark.parametrize("scenario", sorted(CASES))
+def test_the_runs_branch_on_the_rank_is_found_before_the_run(jobs_report, scenario):
+    _, where, text, after, _ = CASES[scenario]
+    assert (where.name, line_of(where, text, after)) in conditions(jobs_report), scenario
+
+
+@pytest.mark.parametrize("script,text,after", [
+    ("mesh_3d.py", "if rank != skip_rank or step != skip_step:", None),
+    ("mesh_roles.py", "if not (step == 2 and dist.get_rank() == skipper):", None),
+    ("group_creation.py", "if rank in (0, 1):", None),
+    ("interprocedural.py", "if is_main():", 'scenario == "helper_return"'),
+    ("interprocedural.py", "if self.is_main:", "def step"),  # an attribute set from the rank
+])
+def test_the_mesh_and_group_skips_are_found(jobs_report, script, text, after):
+    assert (script, line_of(JOBS / script, text, after)) in conditions(jobs_report)
+
+
+@pytest.mark.parametrize("script", ["clean.py", "nan_guard.py", "pipeline_p2p.py",
+                                    "step_skew.py", "no_collectives.py"])
+def test_jobs_with_no_rank_branch_around_a_collective_are_clean(script):
+    proc = check(str(JOBS / script))
+    assert proc.returncode == 0, proc.stdout
+    assert proc.stdout == "" and "no finding in 1 file" in proc.stderr, proc.stderr
+
+
+def test_the_console_line_and_the_exit_statuses(tmp_path):
+    bad = tmp_path / "train.py"
+    bad.write_text("import torch.distributed as dist\n\n\ndef main(rank):\n"
+                   "    if rank == 0:\n        dist.barrier()\n")
+    proc = check(str(bad))
+    assert proc.returncode == 1
+    assert proc.stdout.startswith(f"{bad}:6:9: ND001 `dist.barrier` is a collective under the "
+                                  "rank-dependent condition at line 5 (`if rank == 0:`"), proc.stdout
+    assert "1 finding in 1 file" in proc.stderr
+    missing = check(str(tmp_path / "nope.py"))
+    assert missing.returncode == 3 and missing.stdout == ""
+    assert missing.stderr.count("\n") == 1 and "does not exist" in missing.stderr
+    usage = check("--format", "yaml", str(bad))
+    assert usage.returncode == 2 and "Traceback" not in usage.stderr

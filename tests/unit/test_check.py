@@ -1,0 +1,156 @@
+"""``nccl-doctor check``'s engine (nccl_doctor/check/) on sources written here: a collective on
+one side of a rank-dependent condition, through a function of the user's, after a rank-dependent
+exit; what splits nobody (both arms, a group's members only, the data, the world size, a
+pipeline's send and receive) said nowhere; ignore comments; hostile files one line each."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from nccl_doctor.check import check_paths
+
+
+def write(tmp_path: Path, text: str, name: str = "train.py") -> Path:
+    path = tmp_path / name
+    path.write_text(text)
+    return path
+
+
+def line(path: Path, text: str, after: str | None = None) -> int:
+    lines = path.read_text().splitlines()
+    start = 0 if after is None else next(i for i, s in enumerate(lines) if after in s) + 1
+    return next(n for n, s in enumerate(lines[start:], start + 1) if text in s)
+
+
+def found(*paths: Path) -> list[tuple[str, int, int]]:
+    return [(f.code, f.line, f.condition_line) for f in check_paths(list(paths)).findings]
+
+
+BUGS = """\
+import torch.distributed as dist
+from torch.distributed import barrier as sync
+
+
+def save(model):
+    dist.barrier()
+
+
+class Trainer:
+    def sync_metrics(self, t):
+        dist.all_reduce(t)
+
+    def step(self, t, rank):
+        if rank == 0:
+            self.sync_metrics(t)
+
+
+def main(t, steps):
+    rank = dist.get_rank()
+    if rank == 0:
+        dist.broadcast(t, src=0)
+    is_master = rank == 0
+    if is_master:
+        save(t)
+    for step in range(steps):
+        if rank == 1 and step == 2:
+            continue
+        sync()
+"""
+
+
+def test_collectives_some_ranks_may_skip_are_found(tmp_path):
+    path = write(tmp_path, BUGS)
+    assert found(path) == [
+        ("ND002", line(path, "self.sync_metrics(t)"), line(path, "if rank == 0:")),
+        ("ND001", line(path, "dist.broadcast(t, src=0)"),
+         line(path, "if rank == 0:", "rank = dist.get_rank()")),
+        ("ND002", line(path, "save(t)"), line(path, "if is_master:")),
+        ("ND003", line(path, "sync()"), line(path, "if rank == 1 and step == 2:")),
+    ]
+    (f,) = [f for f in check_paths([path]).findings if f.code == "ND003"]
+    assert f.call == "sync" and f.names == ("rank",) and f.col == 9
+    assert "after the rank-dependent exit at line" in f.message()
+    (g,) = [f for f in check_paths([path]).findings if f.call == "save"]
+    assert g.via.endswith(f"train.py:{line(path, 'dist.barrier()')} dist.barrier"), g.via
+
+
+HEALTHY = """\
+import torch
+import torch.distributed as dist
+
+
+def main(t, loss, world_size, g02, dp_group, steps):
+    rank = dist.get_rank()
+    if rank == 0:
+        dist.broadcast(t, src=0)
+    else:
+        dist.broadcast(t, src=0)
+    if rank in (0, 2):
+        dist.all_reduce(t, group=g02)
+    if dp_group is not None:
+        dist.all_reduce(t, group=dp_group)
+    if world_size > 1:
+        dist.all_reduce(t)
+    if rank == 0:
+        print("only logs")
+        torch.save(t, "x.pt")
+    if rank == 0:
+        dist.send(t, dst=1)
+    else:
+        dist.recv(t, src=0)
+    for step in range(steps):
+        if not torch.isfinite(loss):
+            continue
+        dist.all_reduce(t)
+    dist.broadcast_object_list([t if rank == 0 else None], src=0)
+"""
+
+
+def test_what_splits_nobody_is_said_nowhere(tmp_path):
+    assert found(write(tmp_path, HEALTHY)) == []
+
+
+def test_an_ignore_comment_on_the_call_or_the_condition_silences_its_rule(tmp_path):
+    path = write(tmp_path, """\
+import torch.distributed as dist
+
+
+def main(t, rank):
+    if rank == 0:
+        dist.barrier()  # nccl-doctor: ignore[ND001]
+    if rank == 1:  # nccl-doctor: ignore
+        dist.barrier()
+    if rank == 2:
+        dist.barrier()  # nccl-doctor: ignore[ND003]
+""")
+    assert found(path) == [("ND001", line(path, "ignore[ND003]"), line(path, "if rank == 2:"))]
+
+
+def test_a_function_imported_from_another_file_checked_is_followed_by_name(tmp_path):
+    write(tmp_path, "import torch.distributed as dist\n\n\ndef gather_all(t):\n"
+                    "    dist.all_gather_into_tensor(t, t)\n", "helpers.py")
+    main = write(tmp_path, "from helpers import gather_all\n\n\ndef main(t, rank):\n"
+                           "    if rank == 0:\n        gather_all(t)\n\n\ndef evaluate(t):\n"
+                           "    return t\n")
+    other = write(tmp_path, "def run(t, rank):\n    if rank == 0:\n        evaluate(t)\n",
+                  "other.py")
+    # (other.py's evaluate is not main.py's: a bare name is followed in its own file only)
+    assert found(tmp_path) == [("ND002", 6, 5)]
+    assert found(main) == [] and found(other) == []  # (helpers.py not checked: not followed)
+
+
+@pytest.mark.parametrize("data,why", [
+    (b"def broken(:\n", "not Python this interpreter parses (SyntaxError at line 1)"),
+    (b"# -*- coding: no-such-codec -*-\nx = 1\n", "cannot be decoded"),
+    (b"x = '\xff\xfe'\n", "cannot be decoded"),
+])
+def test_a_file_that_cannot_be_read_is_one_line(tmp_path, data, why):
+    bad = tmp_path / "bad.py"
+    bad.write_bytes(data)
+    good = write(tmp_path, BUGS)
+    report = check_paths([bad, good])
+    (problem,) = report.problems
+    assert problem.startswith(f"{bad}: {why}"), problem
+    assert report.files == 1 and report.findings  # the others are still read
