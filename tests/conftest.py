@@ -83,7 +83,8 @@ TIERS: dict[str, tuple[str, ...]] = {
     "upstream": ("tests/upstream/test_trl.py",),  # TRL's buggy releases, their own venvs
     "ray": ("tests/upstream/test_ray.py", "tests/upstream/test_ray_cluster.py"),
     "slurm": ("tests/upstream/test_slurm.py", "tests/upstream/test_slurm_cluster.py"),
-    "frameworks": ("tests/frameworks/",),  # Lightning, Accelerate, Trainer, DeepSpeed
+    "frameworks": ("tests/frameworks/",  # Lightning, Accelerate, Trainer, DeepSpeed
+                   "tests/e2e/test_check_corpora.py"),  # check on their installed sources
     "serve": ("tests/e2e/test_serve.py",),  # run --serve: Prometheus and Chromium
     "demos": ("tests/e2e/test_demo.py",),  # every reproducer through nccl-doctor demo
     # 2-D and 3-D meshes (FSDP2 + TP, pp x dp x tp on 8 ranks) and waits through their groups

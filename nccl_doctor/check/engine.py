@@ -71,8 +71,59 @@ def check_paths(paths: Sequence[Path]) -> CheckReport:
     for site in sites:
         for f in _site_findings(site, sources, trees[site.path], texts[site.path]):
             found.setdefault((f.code, f.path, f.line, f.col, f.condition_line), f)
-    ordered = sorted(found.values(), key=lambda f: (f.path, f.line, f.col, f.code))
+    ordered = sorted(_without_complements(list(found.values()), sites),
+                     key=lambda f: (f.path, f.line, f.col, f.code))
     return CheckReport(tuple(ordered), len(modules), tuple(problems))
+
+
+def _without_complements(findings: list[CheckFinding], sites: list[Site]) -> list[CheckFinding]:
+    """The "one rank first" idiom: the same collective in one function under a condition and,
+    in another statement, under its negation (``if not is_main: dist.barrier()``, then, after
+    the main process did its work, ``if is_main: dist.barrier()``): every rank makes it once,
+    at a different place - they pair. Both are left out."""
+    function = {(s.path, s.line, s.col): s.function for s in sites}
+    by_place: dict[tuple, list[CheckFinding]] = {}
+    for f in findings:
+        if f.code == "ND001":
+            key = (f.path, function.get((f.path, f.line, f.col - 1)), f.call.rpartition(".")[2])
+            by_place.setdefault(key, []).append(f)
+    paired: set[int] = set()
+    for group in by_place.values():
+        for a in group:
+            for b in group:
+                if a.condition_line != b.condition_line and _complements(a.condition,
+                                                                         b.condition):
+                    paired.update((id(a), id(b)))
+    return [f for f in findings if id(f) not in paired]
+
+
+def _test(text: str) -> ast.expr | None:
+    """The test of an ``if``/``elif``/``while`` line's text, parsed (None when it is not whole
+    on the line)."""
+    t = re.sub(r"^(?:el)?if\s+|^while\s+", "", text.strip()).rstrip(":").strip()
+    try:
+        return ast.parse(t, mode="eval").body
+    except SyntaxError:
+        return None
+
+
+_FLIP = {ast.Eq: ast.NotEq, ast.NotEq: ast.Eq, ast.In: ast.NotIn, ast.NotIn: ast.In,
+         ast.Is: ast.IsNot, ast.IsNot: ast.Is}
+
+
+def _complements(a: str, b: str) -> bool:
+    x, y = _test(a), _test(b)
+    if x is None or y is None:
+        return False
+    if isinstance(x, ast.UnaryOp) and isinstance(x.op, ast.Not):
+        return ast.dump(x.operand) == ast.dump(y)
+    if isinstance(y, ast.UnaryOp) and isinstance(y.op, ast.Not):
+        return ast.dump(y.operand) == ast.dump(x)
+    if isinstance(x, ast.Compare) and len(x.ops) == 1 and type(x.ops[0]) in _FLIP:
+        flipped = ast.Compare(left=x.left, ops=[_FLIP[type(x.ops[0])]()],
+                              comparators=x.comparators)
+        return ast.dump(flipped) == ast.dump(y)
+    return False
 
 
 def _parse(path: Path) -> tuple[ast.Module, list[str]] | str:

@@ -54,8 +54,10 @@ class Module:
     sites: list[Site] = field(default_factory=list)
     #: each def (bare name, class name or None) -> the collectives made directly in its body
     makes: dict[tuple[str, str | None], Site] = field(default_factory=dict)
-    #: calls of names that may be the user's: (callee, class of ``self`` or None, the call site)
-    calls: list[tuple[str, str | None, Site]] = field(default_factory=list)
+    #: calls of names that may be the user's: (callee, class of ``self`` or None, the call site,
+    #: the def (name, class) whose body makes it, or None at the top level)
+    calls: list[tuple[str, str | None, Site, tuple[str, str | None] | None]] = field(
+        default_factory=list)
     #: names imported from other modules: local name -> (module, name)
     imported: dict[str, tuple[str, str]] = field(default_factory=dict)
 
@@ -131,11 +133,11 @@ def _walk(node: ast.AST, mod: Module, aliases: dict[str, str], function: str,
                     mod.makes.setdefault(owner, site)
             elif isinstance(child.func, ast.Name):
                 mod.calls.append((child.func.id, None, Site(
-                    mod.path, child.lineno, child.col_offset, text, function, "", True)))
+                    mod.path, child.lineno, child.col_offset, text, function, "", True), owner))
             elif (isinstance(child.func, ast.Attribute) and isinstance(child.func.value, ast.Name)
                   and child.func.value.id == "self" and cls is not None):
                 mod.calls.append((child.func.attr, cls, Site(
-                    mod.path, child.lineno, child.col_offset, text, function, "", True)))
+                    mod.path, child.lineno, child.col_offset, text, function, "", True), owner))
         _walk(child, mod, aliases, function, owner, cls)
 
 
@@ -165,9 +167,8 @@ def user_sites(modules: list[Module], depth: int = 4) -> list[Site]:
     for _ in range(depth):  # a function that calls one that makes collectives makes them
         grown = False
         for mod in modules:
-            for callee, cls, site in mod.calls:
+            for callee, cls, site, owner in mod.calls:
                 target = target_of(mod, callee, cls)
-                owner = _owner(mod, site)
                 if target is not None and owner is not None and (mod.path, *owner) not in makes:
                     makes[(mod.path, *owner)] = target
                     grown = True
@@ -175,34 +176,10 @@ def user_sites(modules: list[Module], depth: int = 4) -> list[Site]:
             break
     out = []
     for mod in modules:
-        for callee, cls, site in mod.calls:
+        for callee, cls, site, _ in mod.calls:
             target = target_of(mod, callee, cls)
             if target is not None:
                 via = f"{target.path}:{target.line} {target.call}"
                 out.append(Site(site.path, site.line, site.col, site.call, site.function,
                                 via, True))
     return out
-
-
-def _owner(mod: Module, site: Site) -> tuple[str, str | None] | None:
-    """The def (name, the class it is a method of) whose body holds ``site``: the innermost."""
-    best: tuple[ast.AST, str | None] | None = None
-
-    def visit(node: ast.AST, cls: str | None) -> None:
-        nonlocal best
-        for child in ast.iter_child_nodes(node):
-            if isinstance(child, ast.ClassDef):
-                visit(child, child.name)
-            elif isinstance(child, _DEFS) and _holds(child, site.line):
-                best = (child, cls)
-                visit(child, cls)
-            else:
-                visit(child, cls)
-
-    visit(mod.tree, None)
-    return (best[0].name, best[1]) if best is not None else None
-
-
-def _holds(node: ast.AST, line: int) -> bool:
-    end = getattr(node, "end_lineno", None) or node.lineno
-    return node.lineno <= line <= end

@@ -154,3 +154,32 @@ def test_a_file_that_cannot_be_read_is_one_line(tmp_path, data, why):
     (problem,) = report.problems
     assert problem.startswith(f"{bad}: {why}"), problem
     assert report.files == 1 and report.findings  # the others are still read
+
+
+def test_one_rank_first_with_the_negated_condition_pairs_and_is_not_said(tmp_path):
+    """``if not is_main: barrier()``, the main process's work, ``if is_main: barrier()``: every
+    rank makes one barrier (transformers' main_process_first). Two different ranks' barriers
+    at two places pair nobody else's: said."""
+    path = write(tmp_path, """\
+import contextlib
+
+import torch.distributed as dist
+
+
+@contextlib.contextmanager
+def main_first(is_main):
+    if not is_main:
+        dist.barrier()
+    yield
+    if is_main:
+        dist.barrier()
+
+
+def wrong(rank):
+    if rank == 0:
+        dist.barrier()
+    if rank == 1:
+        dist.barrier()
+""")
+    assert [(c, cl) for c, _, cl in found(path)] == [
+        ("ND001", line(path, "if rank == 0:")), ("ND001", line(path, "if rank == 1:"))]
