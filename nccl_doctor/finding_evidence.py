@@ -148,6 +148,8 @@ class Evidence(Mapping):
     #: ranks that wait for ranks that wait, through several groups (analysis/what/wait_chain.py):
     #: each link {rank, op, group, group_ranks, seq, waits_for}, then {rank, ends: words}
     wait_chain: tuple[Json, ...] = _ev(_Codec(list, tuple), factory=tuple)
+    #: the rule ``nccl-doctor check`` finds this root cause by: {code, path, line, column}
+    check_rule: Json = _ev()
     extra: Mapping[str, Json] = field(default_factory=dict)  # keys no field names
 
     def always(self) -> tuple[str, ...]:

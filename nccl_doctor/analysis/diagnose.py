@@ -132,6 +132,13 @@ def analyze(traces: TraceSet, passes: tuple[Pass, ...] = PASSES,
         findings = with_wait_chains(findings, traces, mesh_groups(traces))
     except Exception as err:  # as for a pass: the report goes on without it
         notes.append(f"following the wait chains failed on this capture ({err!r})")
+    try:  # the rule nccl-doctor check finds the root cause by, before the run
+        # (imported here: nccl_doctor.check reads analysis/why/, whose package imports this)
+        from nccl_doctor.check.pointer import with_rule
+
+        findings = with_rule(findings, traces)
+    except Exception as err:  # as for a pass: the report goes on without it
+        notes.append(f"reading the branch's file as nccl-doctor check does failed ({err!r})")
     try:
         findings = _with_unseen(findings, traces)
     except Exception as err:  # as for a pass: the report goes on without it

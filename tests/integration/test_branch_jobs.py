@@ -108,3 +108,19 @@ def test_user_code_patterns_make_an_installed_package_yours(tmp_path):
         (side,) = [s for s in root["evidence"]["sides"] if s["ranks"] == [0]]
         # the helper's own line is the user's line now, not the script's call of it
         assert side["your_line"].endswith(f"__init__.py:{line_of(library, 'dist.all_reduce')}"), side
+
+
+@pytest.mark.parametrize("scenario,rule", [("rank0_barrier", "ND001"),
+                                           ("skip_continue", "ND003"), ("in_caller", "ND002")])
+def test_the_report_names_the_rule_check_finds_it_by_before_the_run(run_job, scenario, rule):
+    """Issue 51: the run points back - the root cause's branch is one ``nccl-doctor check``
+    finds, and the report says so (its detail, evidence.check_rule), live and replayed."""
+    _, where, text, after, _ = CASES[scenario]
+    job = run_job(2, str(SCRIPT), env={"SCENARIO": scenario})
+    line = line_of(where, text, after)
+    for report in (json.loads((job.out / "report.json").read_text()), replayed(job.out)):
+        root = root_of(report)
+        said = root["evidence"]["check_rule"]
+        assert said["code"] == rule and said["path"] == str(where), said
+        assert f"`nccl-doctor check` finds this before the run: {rule} at" in root["detail"]
+        assert root["branch"]["line"] == line
