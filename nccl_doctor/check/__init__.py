@@ -3,9 +3,25 @@ branch on the rank (analysis/why/) is run before the job, on the files given: ev
 call site, and every call of a function of the user's that makes one, read for the
 rank-dependent conditions and early exits that let some ranks skip it.
 
-Pure: files in (``check_paths``), findings out (rules.py), rendered by formats.py."""
+Pure: files in (``check_paths``), findings out (rules.py), rendered by formats.py. Its names
+are imported on first use: the command line's parser reads ``FORMATS`` without the analysis."""
 
-from nccl_doctor.check.engine import check_paths
-from nccl_doctor.check.rules import RULES, CheckFinding
+from __future__ import annotations
 
-__all__ = ["RULES", "CheckFinding", "check_paths"]
+from typing import Any
+
+FORMATS = ("console", "json")
+
+__all__ = ["FORMATS", "RULES", "CheckFinding", "check_paths"]
+
+
+def __getattr__(name: str) -> Any:
+    if name == "check_paths":
+        from nccl_doctor.check.engine import check_paths
+
+        return check_paths
+    if name in ("RULES", "CheckFinding"):
+        from nccl_doctor.check import rules
+
+        return getattr(rules, name)
+    raise AttributeError(name)

@@ -9,7 +9,7 @@ from typing import Any
 from nccl_doctor import paths
 from nccl_doctor.check.engine import CheckReport
 
-FORMATS = ("console", "json")
+FORMATS = ("console", "json")  # (nccl_doctor.check.FORMATS, for the parser, says the same)
 
 
 def console(report: CheckReport) -> str:

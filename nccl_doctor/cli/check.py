@@ -15,7 +15,7 @@ HELP = ("find, before the run, the collectives a rank-dependent condition lets s
 
 
 def register(sub: argparse._SubParsersAction) -> None:
-    from nccl_doctor.check.formats import FORMATS
+    from nccl_doctor.check import FORMATS
 
     p = sub.add_parser("check", help=HELP, description=HELP[0].upper() + HELP[1:] + ". Exit "
                        "status 0: no finding, 1: findings (docs/check.md).")

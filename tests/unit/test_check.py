@@ -183,3 +183,9 @@ def wrong(rank):
 """)
     assert [(c, cl) for c, _, cl in found(path)] == [
         ("ND001", line(path, "if rank == 0:")), ("ND001", line(path, "if rank == 1:"))]
+
+
+def test_the_parsers_formats_are_the_renderers():
+    from nccl_doctor.check import FORMATS, formats
+
+    assert FORMATS == formats.FORMATS

@@ -30,7 +30,8 @@ def _imported(code: str, names: tuple[str, ...]) -> list[str]:
 
 
 @pytest.mark.parametrize("argv", [["run", "--", "true"], ["replay", "x"], ["export", "x", "-o",
-                                                                             "f.csv"]])
+                                                                             "f.csv"],
+                                  ["check", "x.py"]])
 def test_the_parser_imports_no_command_s_work(argv):
     code = ("from nccl_doctor.cli.main import build_parser\n"
             f"build_parser().parse_args({argv!r})")
