@@ -68,9 +68,12 @@ def check_paths(paths: Sequence[Path]) -> CheckReport:
     sources = Sources(verify=False, max_bytes=MAX_BYTES, max_files=max(64, len(modules) + 8))
     trees = {m.path: m for m in modules}
     found: dict[tuple, CheckFinding] = {}
+    callers = _callers(modules)
     for site in sites:
-        for f in _site_findings(site, sources, trees[site.path], texts[site.path]):
-            found.setdefault((f.code, f.path, f.line, f.col, f.condition_line), f)
+        outer = callers.get((site.path, site.function.rpartition(".")[2]), [None])
+        for caller in outer[:_CALLERS]:
+            for f in _site_findings(site, sources, trees[site.path], texts[site.path], caller):
+                found.setdefault((f.code, f.path, f.line, f.col, f.condition_line), f)
     ordered = sorted(_without_complements(list(found.values()), sites),
                      key=lambda f: (f.path, f.line, f.col, f.code))
     return CheckReport(tuple(ordered), len(modules), tuple(problems))
@@ -148,17 +151,42 @@ def _parse(path: Path) -> tuple[ast.Module, list[str]] | str:
     return tree, text.splitlines()
 
 
+#: callers of a function read for the rank-derived arguments they pass it (each one more path)
+_CALLERS = 8
+
+
+def _callers(modules: list[Module]) -> dict[tuple[str, str], list[Location | None]]:
+    """(path, function name) -> the lines that call it by its bare name (in its own file, or
+    where it is imported by name), as the caller's frame: the run reads a parameter as the
+    rank's when its caller passed a rank-derived argument (analysis/why/branch.py ``_seeds``);
+    ``check`` gives it the same two frames. None first: the function read alone."""
+    stems = {Path(m.path).stem: m.path for m in modules}
+    out: dict[tuple[str, str], list[Location | None]] = {}
+    for mod in modules:
+        for callee, cls, site, _ in mod.calls:
+            if cls is not None:
+                continue
+            target = mod.path
+            if callee in mod.imported:
+                module, name = mod.imported[callee]
+                target, callee = stems.get(module.rpartition(".")[2], ""), name
+            if target:
+                out.setdefault((target, callee), [None]).append(
+                    Location(site.path, site.line, site.function))
+    return out
+
+
 def _site_findings(site: Site, sources: Sources, module: Module, lines: list[str],
-                   ) -> Iterable[CheckFinding]:
+                   caller: Location | None = None) -> Iterable[CheckFinding]:
     frame = Location(site.path, site.line, site.function)
     try:
-        got, _ = branches((frame,), sources)
+        got, _ = branches((frame,) if caller is None else (frame, caller), sources)
     except Exception:  # a file we cannot analyse costs its findings, not the check
         return ()
     out = []
     for b in got:
-        if b.path != site.path:
-            continue
+        if b.path != site.path or b.frame != frame:
+            continue  # (a branch in the caller's frame is its own site's: ND002)
         if b.kind in ("if", "else") and _both_arms(module.tree, b.line, site):
             continue
         if not site.user and _members_only(module.tree, b.line, b.names, site):
@@ -168,7 +196,8 @@ def _site_findings(site: Site, sources: Sources, module: Module, lines: list[str
             continue
         out.append(CheckFinding(code=code, path=site.path, line=site.line, col=site.col + 1,
                                 call=site.call, condition=b.text, condition_line=b.line,
-                                names=tuple(b.names), via=site.collective if site.user else ""))
+                                names=tuple(b.names), via=site.collective if site.user else "",
+                                how=b.via[0] if b.via else ""))
     return out
 
 

@@ -44,6 +44,8 @@ class CheckFinding:
     condition_line: int
     names: tuple[str, ...]  # the rank-dependent names it reads
     via: str = ""  # ND002: the collective the function makes, "path:line call"
+    how: str = ""  # how a name it reads depends on the rank, from another function (a caller's
+    # argument, a helper's return, an attribute set elsewhere: analysis/why/rank_flow.py)
 
     @property
     def rule(self) -> Rule:
@@ -59,6 +61,7 @@ class CheckFinding:
                  if self.code == "ND003" else
                  f"under the rank-dependent condition at line {self.condition_line}")
         reads = f", reading {', '.join(self.names)}" if self.names else ""
+        reads += f"; {self.how}" if self.how else ""
         return (f"{what} {where} (`{self.condition}`{reads}): some ranks skip it while the "
                 "others wait in it")
 
@@ -68,4 +71,5 @@ class CheckFinding:
                 "fix": self.rule.fix,
                 "condition": {"line": self.condition_line, "text": self.condition,
                               "names": list(self.names)},
-                **({"via": self.via} if self.via else {})}
+                **({"via": self.via} if self.via else {}),
+                **({"how": self.how} if self.how else {})}

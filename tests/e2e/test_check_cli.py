@@ -45,6 +45,7 @@ def test_the_runs_branch_on_the_rank_is_found_before_the_run(jobs_report, scenar
     ("group_creation.py", "if rank in (0, 1):", None),
     ("interprocedural.py", "if is_main():", 'scenario == "helper_return"'),
     ("interprocedural.py", "if self.is_main:", "def step"),  # an attribute set from the rank
+    ("interprocedural.py", "if is_main:", "def share"),  # a caller's rank-derived argument
 ])
 def test_the_mesh_and_group_skips_are_found(jobs_report, script, text, after):
     assert (script, line_of(JOBS / script, text, after)) in conditions(jobs_report)

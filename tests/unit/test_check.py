@@ -189,3 +189,30 @@ def test_the_parsers_formats_are_the_renderers():
     from nccl_doctor.check import FORMATS, formats
 
     assert FORMATS == formats.FORMATS
+
+
+def test_a_rank_derived_argument_is_followed_from_its_caller(tmp_path):
+    """``share(t, dist.get_rank() == 0)``: in share, ``if flag:`` is the rank's (the run's own
+    reading of a caller's argument); a flag that only decides a print is not said."""
+    path = write(tmp_path, """\
+import torch.distributed as dist
+
+
+def share(t, flag):
+    if flag:
+        dist.all_reduce(t)
+
+
+def logged(t, flag):
+    if flag:
+        print("main")
+    dist.all_reduce(t)
+
+
+def main(t):
+    share(t, dist.get_rank() == 0)
+    logged(t, dist.get_rank() == 0)
+""")
+    (f,) = check_paths([path]).findings
+    assert (f.code, f.line, f.condition_line) == ("ND001", 6, 5)
+    assert f.how.startswith("`flag` is `dist.get_rank() == 0`, passed at"), f.how
