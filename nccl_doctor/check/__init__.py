@@ -10,7 +10,7 @@ from __future__ import annotations
 
 from typing import Any
 
-FORMATS = ("console", "json")
+FORMATS = ("console", "json", "sarif")
 
 __all__ = ["FORMATS", "RULES", "CheckFinding", "check_paths"]
 

@@ -7,9 +7,11 @@ import json
 from typing import Any
 
 from nccl_doctor import paths
+from nccl_doctor._version import __version__
 from nccl_doctor.check.engine import CheckReport
+from nccl_doctor.check.rules import RULES
 
-FORMATS = ("console", "json")  # (nccl_doctor.check.FORMATS, for the parser, says the same)
+FORMATS = ("console", "json", "sarif")  # (nccl_doctor.check.FORMATS says the same)
 
 
 def console(report: CheckReport) -> str:
@@ -29,3 +31,36 @@ def as_json(report: CheckReport) -> str:
         "findings": [dict(f.to_json(), path=paths.short_path(f.path)) for f in report.findings],
         "files": report.files, "problems": list(report.problems)}
     return json.dumps(data, indent=2) + "\n"
+
+
+def as_sarif(report: CheckReport) -> str:
+    """SARIF 2.1.0 (what GitHub code scanning reads): one run, the rules, a result per finding
+    with the condition as its related location; files that could not be read as notifications."""
+    codes = sorted(RULES)
+    rules = [{"id": code, "name": code, "shortDescription": {"text": RULES[code].title},
+              "help": {"text": RULES[code].fix}} for code in codes]
+    results = []
+    for f in report.findings:
+        uri = paths.short_path(f.path)
+        results.append({
+            "ruleId": f.code, "ruleIndex": codes.index(f.code), "level": "error",
+            "message": {"text": f.message()},
+            "locations": [{"physicalLocation": {
+                "artifactLocation": {"uri": uri},
+                "region": {"startLine": f.line, "startColumn": f.col}}}],
+            "relatedLocations": [{"id": 1, "message": {"text": "the rank-dependent condition"},
+                                  "physicalLocation": {
+                                      "artifactLocation": {"uri": uri},
+                                      "region": {"startLine": f.condition_line}}}],
+        })
+    log = {
+        "$schema": "https://json.schemastore.org/sarif-2.1.0.json", "version": "2.1.0",
+        "runs": [{
+            "tool": {"driver": {"name": "nccl-doctor check", "version": __version__,
+                                "rules": rules}},
+            "invocations": [{"executionSuccessful": True, "toolExecutionNotifications": [
+                {"level": "warning", "message": {"text": p}} for p in report.problems]}],
+            "results": results,
+        }],
+    }
+    return json.dumps(log, indent=2) + "\n"

@@ -23,7 +23,7 @@ def register(sub: argparse._SubParsersAction) -> None:
                    help="a Python file, or a folder (its .py files, recursively)")
     p.add_argument("--format", choices=FORMATS, default="console",
                    help="console: a line per finding, path:line:col: CODE message (default); "
-                        "json")
+                        "json; sarif (SARIF 2.1.0, for GitHub code scanning)")
     p.set_defaults(func=run)
 
 
@@ -35,7 +35,8 @@ def run(args: argparse.Namespace) -> int:
     if missing:
         raise InputNotFound(f"{missing[0]} does not exist: name a Python file or a folder")
     report = check_paths(args.paths)
-    out = formats.as_json(report) if args.format == "json" else formats.console(report)
+    out = {"json": formats.as_json, "sarif": formats.as_sarif}.get(args.format,
+                                                                   formats.console)(report)
     sys.stdout.write(out)
     sys.stdout.flush()
     for problem in report.problems:

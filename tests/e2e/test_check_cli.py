@@ -73,3 +73,26 @@ def test_the_console_line_and_the_exit_statuses(tmp_path):
     assert missing.stderr.count("\n") == 1 and "does not exist" in missing.stderr
     usage = check("--format", "yaml", str(bad))
     assert usage.returncode == 2 and "Traceback" not in usage.stderr
+
+
+def test_sarif_is_valid_sarif_2_1_0_and_says_each_finding(tmp_path):
+    import jsonschema
+
+    schema = json.loads((Path(__file__).resolve().parents[1] / "fixtures" / "sarif"
+                         / "sarif-schema-2.1.0.json").read_text())
+    bad = tmp_path / "bad.py"
+    bad.write_bytes(b"def broken(:\n")
+    proc = check("--format", "sarif", str(JOBS / "branches.py"), str(bad))
+    assert proc.returncode == 1, proc.stderr
+    log = json.loads(proc.stdout)
+    jsonschema.Draft4Validator(schema).validate(log)
+    (run,) = log["runs"]
+    text = check("--format", "json", str(JOBS / "branches.py")).stdout
+    assert [(r["ruleId"], r["locations"][0]["physicalLocation"]["region"]["startLine"])
+            for r in run["results"]] == [(f["code"], f["line"])
+                                         for f in json.loads(text)["findings"]]
+    (note,) = run["invocations"][0]["toolExecutionNotifications"]
+    assert "bad.py: not Python" in note["message"]["text"]
+    # the validator does reject what is not SARIF
+    with pytest.raises(jsonschema.ValidationError):
+        jsonschema.Draft4Validator(schema).validate(dict(log, version="2.0.0"))
