@@ -22,6 +22,7 @@ from typing import Iterable, Sequence
 from nccl_doctor.analysis.why.branch import branches
 from nccl_doctor.analysis.why.source_text import Sources
 from nccl_doctor.check.rules import CheckFinding
+from nccl_doctor.check.settings import Settings
 from nccl_doctor.check.sites import Module, Site, collective_of, read_module, user_sites
 from nccl_doctor.location import Location
 
@@ -51,11 +52,16 @@ def python_files(paths: Sequence[Path]) -> Iterable[Path]:
             yield p
 
 
-def check_paths(paths: Sequence[Path]) -> CheckReport:
+def check_paths(paths: Sequence[Path], settings: Settings | None = None) -> CheckReport:
+    """``settings``: rules off and files left out ([tool.nccl-doctor.check]; none: every rule,
+    every file)."""
+    settings = settings or Settings()
     modules: list[Module] = []
     problems: list[str] = []
     texts: dict[str, list[str]] = {}
     for path in python_files(paths):
+        if settings.excluded(str(path)):
+            continue
         got = _parse(path)
         if isinstance(got, str):
             problems.append(f"{path}: {got}")
@@ -74,8 +80,9 @@ def check_paths(paths: Sequence[Path]) -> CheckReport:
         for caller in outer[:_CALLERS]:
             for f in _site_findings(site, sources, trees[site.path], texts[site.path], caller):
                 found.setdefault((f.code, f.path, f.line, f.col, f.condition_line), f)
-    ordered = sorted(_without_complements(list(found.values()), sites),
-                     key=lambda f: (f.path, f.line, f.col, f.code))
+    kept = [f for f in _without_complements(list(found.values()), sites)
+            if not settings.silenced(f.path, f.code)]
+    ordered = sorted(kept, key=lambda f: (f.path, f.line, f.col, f.code))
     return CheckReport(tuple(ordered), len(modules), tuple(problems))
 
 

@@ -34,7 +34,9 @@ def run(args: argparse.Namespace) -> int:
     missing = [p for p in args.paths if not p.exists()]
     if missing:
         raise InputNotFound(f"{missing[0]} does not exist: name a Python file or a folder")
-    report = check_paths(args.paths)
+    from nccl_doctor.check import settings
+
+    report = check_paths(args.paths, settings.find())
     out = {"json": formats.as_json, "sarif": formats.as_sarif}.get(args.format,
                                                                    formats.console)(report)
     sys.stdout.write(out)

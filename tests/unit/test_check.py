@@ -216,3 +216,30 @@ def main(t):
     (f,) = check_paths([path]).findings
     assert (f.code, f.line, f.condition_line) == ("ND001", 6, 5)
     assert f.how.startswith("`flag` is `dist.get_rank() == 0`, passed at"), f.how
+
+
+def test_the_projects_settings_switch_rules_off_and_leave_files_out(tmp_path):
+    from nccl_doctor.check import settings
+    from nccl_doctor.errors import UsageError
+
+    (tmp_path / "scripts").mkdir()
+    (tmp_path / "legacy").mkdir()
+    write(tmp_path, BUGS, "scripts/tool.py")
+    write(tmp_path, BUGS, "legacy/old.py")
+    write(tmp_path, BUGS, "train.py")
+    (tmp_path / "pyproject.toml").write_text(
+        '[tool.nccl-doctor.check]\nignore = ["ND003"]\n'
+        'per-file-ignores = {"scripts/*" = ["ND001", "ND002"]}\nexclude = ["legacy/"]\n')
+    found_ = settings.find(tmp_path / "scripts")  # (from a folder below it)
+    report = check_paths([tmp_path], found_)
+    where = sorted({(Path(f.path).relative_to(tmp_path).as_posix(), f.code)
+                    for f in report.findings})
+    assert where == [("train.py", "ND001"), ("train.py", "ND002")], where
+    assert report.files == 2  # legacy/ not read
+    for bad, said in [('ignore = ["ND999"]', "no rule ND999"), ("ignore = 3", "must be a list"),
+                      ("colour = 1", "has no setting 'colour'")]:
+        (tmp_path / "pyproject.toml").write_text(f"[tool.nccl-doctor.check]\n{bad}\n")
+        with pytest.raises(UsageError, match=said):
+            settings.find(tmp_path)
+    (tmp_path / "pyproject.toml").write_text("[tool.other]\nx = 1\n")
+    assert settings.find(tmp_path).source == ""
