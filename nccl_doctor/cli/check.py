@@ -20,7 +20,9 @@ def register(sub: argparse._SubParsersAction) -> None:
     p = sub.add_parser("check", help=HELP, description=HELP[0].upper() + HELP[1:] + ". Exit "
                        "status 0: no finding, 1: findings (docs/check.md).")
     p.add_argument("paths", type=Path, metavar="PATH", nargs="+",
-                   help="a Python file, or a folder (its .py files, recursively)")
+                   help="a Python file, or a folder (its .py files, recursively); or, after "
+                        "--, the launch command (check -- torchrun ... train.py): its script "
+                        "and the modules of yours it imports")
     p.add_argument("--format", choices=FORMATS, default="console",
                    help="console: a line per finding, path:line:col: CODE message (default); "
                         "json; sarif (SARIF 2.1.0, for GitHub code scanning)")
@@ -28,15 +30,19 @@ def register(sub: argparse._SubParsersAction) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    from nccl_doctor.check import check_paths
-    from nccl_doctor.check import formats
+    from nccl_doctor.check import check_paths, formats, settings
 
-    missing = [p for p in args.paths if not p.exists()]
+    targets = list(args.paths)
+    first = targets[0]
+    if not first.exists() and first.suffix != ".py" and "/" not in str(first):
+        # a launch command (check -- torchrun ... train.py): what it runs, as the run reads it
+        from nccl_doctor.check.command import files_of_command
+
+        targets = files_of_command([str(p) for p in targets])
+    missing = [p for p in targets if not p.exists()]
     if missing:
         raise InputNotFound(f"{missing[0]} does not exist: name a Python file or a folder")
-    from nccl_doctor.check import settings
-
-    report = check_paths(args.paths, settings.find())
+    report = check_paths(targets, settings.find())
     out = {"json": formats.as_json, "sarif": formats.as_sarif}.get(args.format,
                                                                    formats.console)(report)
     sys.stdout.write(out)

@@ -96,3 +96,26 @@ def test_sarif_is_valid_sarif_2_1_0_and_says_each_finding(tmp_path):
     # the validator does reject what is not SARIF
     with pytest.raises(jsonschema.ValidationError):
         jsonschema.Draft4Validator(schema).validate(dict(log, version="2.0.0"))
+
+
+def test_a_launch_command_is_checked_with_the_modules_of_yours_it_imports(tmp_path):
+    (tmp_path / "pkg").mkdir()
+    (tmp_path / "pkg" / "__init__.py").write_text("")
+    (tmp_path / "pkg" / "helpers.py").write_text(
+        "import torch.distributed as dist\n\n\ndef save():\n    dist.barrier()\n")
+    (tmp_path / "train.py").write_text(
+        "import torch.distributed as dist\nimport numpy\nfrom pkg.helpers import save\n\n\n"
+        "def main():\n    if dist.get_rank() == 0:\n        save()\n")
+
+    def run(*argv: str) -> subprocess.CompletedProcess:
+        return subprocess.run([*CLI, "--", *argv], capture_output=True, text=True,
+                              timeout=120, cwd=tmp_path)
+
+    for argv in (["torchrun", "--nproc-per-node", "2", "train.py"], ["python", "-m", "train"]):
+        proc = run(*argv)
+        assert proc.returncode == 1, proc.stderr
+        assert proc.stdout.startswith("train.py:8:9: ND002 `save` makes collectives "
+                                      "(pkg/helpers.py:5 dist.barrier)"), proc.stdout
+        assert "1 finding in 2 files" in proc.stderr  # (numpy: a library's, not read)
+    nothing = run("torchrun", "--nproc-per-node", "2")
+    assert nothing.returncode == 2 and "no Python script in the command" in nothing.stderr
