@@ -198,14 +198,28 @@ def _site_findings(site: Site, sources: Sources, module: Module, lines: list[str
             continue
         if not site.user and _members_only(module.tree, b.line, b.names, site):
             continue
-        code = "ND003" if b.kind == "jump" else ("ND002" if site.user else "ND001")
+        entry = _entry(site)
+        code = "ND003" if b.kind == "jump" else (
+            "ND002" if site.user else "ND004" if entry is not None else "ND001")
         if _ignored(lines, site.line, code) or _ignored(lines, b.line, code):
             continue
         out.append(CheckFinding(code=code, path=site.path, line=site.line, col=site.col + 1,
                                 call=site.call, condition=b.text, condition_line=b.line,
-                                names=tuple(b.names), via=site.collective if site.user else "",
+                                names=tuple(b.names),
+                                via=(site.collective if site.user else
+                                     f"{entry.package}: {entry.what}" if entry else ""),
+                                fix=entry.fix if entry is not None else "",
                                 how=b.via[0] if b.via else ""))
     return out
+
+
+def _entry(site: Site):
+    """The catalog entry a library call site makes (check/catalog.py), or None."""
+    if not site.collective.startswith("catalog:"):
+        return None
+    from nccl_doctor.check import catalog
+
+    return catalog.entries().get(site.collective.partition(":")[2])
 
 
 def _ignored(lines: list[str], line: int, code: str) -> bool:

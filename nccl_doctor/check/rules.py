@@ -24,6 +24,11 @@ RULES: dict[str, Rule] = {r.code: r for r in (
                   "rank-dependent condition",
          "Call it on every rank, or move its collectives out of it and make them on every "
          "rank: the function makes collectives every rank must join."),
+    Rule("ND004", "a library call that makes collectives on every rank (the catalog: "
+                  "Accelerator.wait_for_everyone, Trainer.evaluate, DCP's save, "
+                  "save_checkpoint, ...), on one side of a rank-dependent condition",
+         "Call it on every rank: the library makes collectives inside it that every rank must "
+         "join."),
     Rule("ND003", "a rank-dependent early exit (continue, break, return, raise) before a "
                   "collective",
          "Decide the exit on every rank alike, or make the collective before it: the ranks "
@@ -44,6 +49,7 @@ class CheckFinding:
     condition_line: int
     names: tuple[str, ...]  # the rank-dependent names it reads
     via: str = ""  # ND002: the collective the function makes, "path:line call"
+    fix: str = ""  # ND004: the catalog entry's own fix
     how: str = ""  # how a name it reads depends on the rank, from another function (a caller's
     # argument, a helper's return, an attribute set elsewhere: analysis/why/rank_flow.py)
 
@@ -54,7 +60,8 @@ class CheckFinding:
     def message(self) -> str:
         via_path, _, via_rest = self.via.partition(":")
         via = f"{paths.short_path(via_path)}:{via_rest}" if self.via else ""
-        what = {"ND001": f"`{self.call}` is a collective",
+        what = {"ND004": f"`{self.call}` makes collectives ({self.via})",
+                "ND001": f"`{self.call}` is a collective",
                 "ND002": f"`{self.call}` makes collectives ({via})",
                 "ND003": f"`{self.call}` is a collective"}[self.code]
         where = (f"after the rank-dependent exit at line {self.condition_line}"
@@ -68,7 +75,7 @@ class CheckFinding:
     def to_json(self) -> dict[str, Any]:
         return {"code": self.code, "path": self.path, "line": self.line, "column": self.col,
                 "call": self.call, "message": self.message(), "rule": self.rule.title,
-                "fix": self.rule.fix,
+                "fix": self.fix or self.rule.fix,
                 "condition": {"line": self.condition_line, "text": self.condition,
                               "names": list(self.names)},
                 **({"via": self.via} if self.via else {}),

@@ -112,6 +112,23 @@ def collective_of(func: ast.AST, aliases: dict[str, str]) -> str | None:
     return name if name in COLLECTIVES and module in DIST_MODULES else None
 
 
+def _catalogued(func: ast.AST, aliases: dict[str, str]):
+    """The catalog entry (check/catalog.py) a library call makes, if any."""
+    from nccl_doctor.check import catalog
+
+    if isinstance(func, ast.Attribute):
+        found = catalog.method_entry(func.attr, _dotted(func.value))
+        if found is not None:
+            return found
+    dotted = _dotted(func)
+    if dotted is None:
+        return None
+    head, _, rest = dotted.partition(".")
+    full = aliases.get(head, head) + (f".{rest}" if rest else "")
+    module, _, name = full.rpartition(".")
+    return catalog.function_entry(module, name)
+
+
 def _walk(node: ast.AST, mod: Module, aliases: dict[str, str], function: str,
           owner: tuple[str, str | None] | None, cls: str | None) -> None:
     for child in ast.iter_child_nodes(node):
@@ -128,6 +145,12 @@ def _walk(node: ast.AST, mod: Module, aliases: dict[str, str], function: str,
             name = collective_of(child.func, aliases)
             if name is not None:
                 site = Site(mod.path, child.lineno, child.col_offset, text, function, name)
+                mod.sites.append(site)
+                if owner is not None:
+                    mod.makes.setdefault(owner, site)
+            elif (entry := _catalogued(child.func, aliases)) is not None:
+                site = Site(mod.path, child.lineno, child.col_offset, text, function,
+                            f"catalog:{entry.id}")
                 mod.sites.append(site)
                 if owner is not None:
                     mod.makes.setdefault(owner, site)

@@ -119,3 +119,20 @@ def test_a_launch_command_is_checked_with_the_modules_of_yours_it_imports(tmp_pa
         assert "1 finding in 2 files" in proc.stderr  # (numpy: a library's, not read)
     nothing = run("torchrun", "--nproc-per-node", "2")
     assert nothing.returncode == 2 and "no Python script in the command" in nothing.stderr
+
+
+FRAMEWORKS = Path(__file__).resolve().parents[1] / "frameworks" / "jobs"
+
+
+@pytest.mark.parametrize("script,text", [
+    ("acc_wait.py", "if accelerator.is_main_process:"),
+    ("acc_gather_metrics.py", "if is_main:"),
+    ("hf_eval_on_main.py", "if state.global_step == 2 and state.is_world_process_zero:"),
+])
+def test_the_frameworks_jobs_library_calls_are_found(script, text):
+    """The frameworks tier's jobs whose hang is a catalogued library call made on the main
+    process only (accelerate and transformers are installed with the project)."""
+    proc = check("--format", "json", str(FRAMEWORKS / script))
+    assert proc.returncode == 1, proc.stderr
+    (f,) = json.loads(proc.stdout)["findings"]
+    assert f["code"] == "ND004" and f["condition"]["line"] == line_of(FRAMEWORKS / script, text)

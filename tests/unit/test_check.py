@@ -243,3 +243,31 @@ def test_the_projects_settings_switch_rules_off_and_leave_files_out(tmp_path):
             settings.find(tmp_path)
     (tmp_path / "pyproject.toml").write_text("[tool.other]\nx = 1\n")
     assert settings.find(tmp_path).source == ""
+
+
+def test_a_library_call_that_makes_collectives_is_found_by_the_catalog(tmp_path):
+    """ND004: the run's catalog of library calls every rank must make, matched at a call site
+    by the method's name where it says it, by a receiver named for its class, or by the module
+    a name was imported from; only for a package installed in the entry's range."""
+    path = write(tmp_path, """\
+import torch.distributed as dist
+import torch.distributed.checkpoint as dcp
+
+
+def main(accelerator, trainer, model, state):
+    if accelerator.is_main_process:
+        accelerator.wait_for_everyone()
+    if trainer.is_world_process_zero():
+        trainer.evaluate()
+    if dist.get_rank() == 0:
+        dcp.save(state, checkpoint_id="ckpt")
+        model.evaluate()
+    accelerator.wait_for_everyone()
+""")
+    found_ = check_paths([path]).findings
+    assert [(f.code, f.line, f.condition_line) for f in found_] == [
+        ("ND004", 7, 6), ("ND004", 9, 8), ("ND004", 11, 10)]
+    wait = found_[0]
+    assert wait.via.startswith("accelerate: it is a barrier"), wait.via
+    assert "wait_for_everyone() on every rank" in wait.to_json()["fix"]
+    assert found_[2].via.startswith("torch: "), found_[2].via

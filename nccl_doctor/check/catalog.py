@@ -1,0 +1,106 @@
+"""The library calls that make collectives on every rank (the catalog the run names them by:
+plugins/collective_calls.json, read here as data), as a call site of the user's shows them.
+
+The run matches a library's frame by its qualname; a call site has only the receiver's name.
+So an entry is matched by its method's name where that name says it (``wait_for_everyone``,
+``gather_for_metrics``, ``pad_across_processes``), by the name and a receiver named for the
+class (``trainer.evaluate()``, ``trainer.save_checkpoint()``, ``engine.save_checkpoint()``,
+``accelerator.gather()``), or by the module the name was imported from (DCP's ``dcp.save``).
+Each entry applies only where its package is installed in a version within its range."""
+
+from __future__ import annotations
+
+import functools
+import json
+from dataclasses import dataclass
+from importlib import metadata, resources
+
+#: method -> (the words a receiver's name must hold, one of them; None: any receiver), entry ids
+_METHODS: dict[str, tuple[tuple[str, ...] | None, tuple[str, ...]]] = {
+    "wait_for_everyone": (None, ("accelerate-wait-for-everyone",)),
+    "gather_for_metrics": (None, ("accelerate-gather-for-metrics",)),
+    "pad_across_processes": (None, ("accelerate-pad-across-processes",)),
+    "gather": (("accelerator",), ("accelerate-gather",)),
+    "reduce": (("accelerator",), ("accelerate-reduce",)),
+    "evaluate": (("trainer",), ("transformers-trainer-evaluate",)),
+    "predict": (("trainer",), ("transformers-trainer-predict",)),
+    "save_checkpoint": (("trainer", "engine"), ("lightning-trainer-save-checkpoint",
+                                                "deepspeed-save-checkpoint")),
+    "load_checkpoint": (("engine",), ("deepspeed-load-checkpoint",)),
+}
+#: module -> function -> entry id (names resolved through the module's imports)
+_FUNCTIONS = {
+    "torch.distributed.checkpoint": {"save": "torch-dcp-save", "save_state_dict": "torch-dcp-save",
+                                     "async_save": "torch-dcp-async-save",
+                                     "load": "torch-dcp-load",
+                                     "load_state_dict": "torch-dcp-load"},
+}
+
+
+@dataclass(frozen=True)
+class Entry:
+    id: str
+    package: str
+    what: str
+    fix: str
+
+
+@functools.lru_cache(maxsize=1)
+def entries() -> dict[str, Entry]:
+    """The catalog's entries whose package is installed within their version range."""
+    try:
+        raw = json.loads(resources.files("nccl_doctor.plugins").joinpath(
+            "collective_calls.json").read_text(encoding="utf-8"))
+    except (OSError, ValueError, ModuleNotFoundError):
+        return {}
+    out = {}
+    for e in raw.get("entries", ()):
+        packages = e.get("package")
+        packages = packages if isinstance(packages, list) else [packages]
+        low, high = (list(e.get("versions") or [None, None]) + [None, None])[:2]
+        for package in packages:
+            version = _installed(package)
+            if version is not None and _within(version, low, high):
+                out[e["id"]] = Entry(e["id"], package, e.get("what", ""), e.get("fix", ""))
+                break
+    return out
+
+
+def _installed(package: str) -> str | None:
+    try:
+        return metadata.version(package)
+    except metadata.PackageNotFoundError:
+        return None
+
+
+def _key(version: str) -> tuple[int, ...]:
+    out = []
+    for part in version.split("."):
+        digits = "".join(c for c in part if c.isdigit())
+        if not digits:
+            break
+        out.append(int(digits))
+    return tuple(out)
+
+
+def _within(version: str, low: str | None, high: str | None) -> bool:
+    v = _key(version)
+    return (low is None or v >= _key(low)) and (high is None or v < _key(high))
+
+
+def method_entry(method: str, receiver: str | None) -> Entry | None:
+    """The catalog entry a call ``receiver.method(...)`` makes, if any (installed)."""
+    rule = _METHODS.get(method)
+    if rule is None:
+        return None
+    words, ids = rule
+    if words is not None and not (receiver and any(w in receiver.lower() for w in words)):
+        return None
+    known = entries()
+    return next((known[i] for i in ids if i in known), None)
+
+
+def function_entry(module: str, name: str) -> Entry | None:
+    """The catalog entry a function imported from ``module`` makes, if any (installed)."""
+    i = _FUNCTIONS.get(module, {}).get(name)
+    return entries().get(i) if i is not None else None
