@@ -13,8 +13,6 @@ import subprocess
 import sys
 from pathlib import Path
 
-import pytest
-
 PACKAGES = ("accelerate", "trl", "transformers")
 PER_FALSE = 50_000  # lines per false finding allowed
 
@@ -25,14 +23,14 @@ def _root(name: str) -> Path:
     return Path(spec.origin).parent
 
 
-@pytest.mark.parametrize("package", PACKAGES)
-def test_findings_on_the_installed_libraries_stay_under_the_goal(package):
-    root = _root(package)
-    lines = sum(len(p.read_bytes().splitlines()) for p in root.rglob("*.py"))
+def test_findings_on_the_installed_libraries_stay_under_the_goal():
+    """The rate is over the corpus, as the goal is: the three packages together."""
+    roots = [_root(p) for p in PACKAGES]
+    lines = sum(len(p.read_bytes().splitlines()) for r in roots for p in r.rglob("*.py"))
     proc = subprocess.run([sys.executable, "-m", "nccl_doctor", "check", "--format", "json",
-                           str(root)], capture_output=True, text=True, timeout=600)
+                           *map(str, roots)], capture_output=True, text=True, timeout=900)
     assert proc.returncode in (0, 1), proc.stderr
     report = json.loads(proc.stdout)
-    assert report["files"] > 50, report["files"]
+    assert report["files"] > 1000 and lines > 500_000, (report["files"], lines)
     found = [f"{f['path']}:{f['line']} {f['code']}" for f in report["findings"]]
-    assert len(found) <= max(1, lines // PER_FALSE), (lines, found)
+    assert len(found) <= lines // PER_FALSE, (lines, found)
