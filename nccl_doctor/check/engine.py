@@ -21,6 +21,7 @@ from typing import Iterable, Sequence
 
 from nccl_doctor.analysis.why.branch import branches
 from nccl_doctor.analysis.why.source_text import Sources
+from nccl_doctor.check.generate import generate_findings
 from nccl_doctor.check.rules import CheckFinding
 from nccl_doctor.check.settings import Settings
 from nccl_doctor.check.sites import Module, Site, collective_of, read_module, user_sites
@@ -79,6 +80,10 @@ def check_paths(paths: Sequence[Path], settings: Settings | None = None) -> Chec
         outer = callers.get((site.path, site.function.rpartition(".")[2]), [None])
         for caller in outer[:_CALLERS]:
             for f in _site_findings(site, sources, trees[site.path], texts[site.path], caller):
+                found.setdefault((f.code, f.path, f.line, f.col, f.condition_line), f)
+    for module in modules:
+        for f in generate_findings(module):
+            if not _ignored(texts[module.path], f.line, f.code):
                 found.setdefault((f.code, f.path, f.line, f.col, f.condition_line), f)
     kept = [f for f in _without_complements(list(found.values()), sites)
             if not settings.silenced(f.path, f.code)]

@@ -29,6 +29,9 @@ RULES: dict[str, Rule] = {r.code: r for r in (
                   "save_checkpoint, ...), on one side of a rank-dependent condition",
          "Call it on every rank: the library makes collectives inside it that every rank must "
          "join."),
+    Rule("ND005", "generate under ZeRO-3 or FSDP without synced_gpus=True",
+         "Pass synced_gpus=True to generate: with the parameters sharded, each decoding step is "
+         "a collective, and a rank whose sequences end first would leave the others waiting."),
     Rule("ND003", "a rank-dependent early exit (continue, break, return, raise) before a "
                   "collective",
          "Decide the exit on every rank alike, or make the collective before it: the ranks "
@@ -60,6 +63,10 @@ class CheckFinding:
     def message(self) -> str:
         via_path, _, via_rest = self.via.partition(":")
         via = f"{paths.short_path(via_path)}:{via_rest}" if self.via else ""
+        if self.code == "ND005":
+            return (f"`{self.call}` under {self.condition} (shown at line "
+                    f"{self.condition_line}) without synced_gpus=True: a rank whose sequences "
+                    "end first leaves the others waiting in the sharded forward's all-gather")
         what = {"ND004": f"`{self.call}` makes collectives ({self.via})",
                 "ND001": f"`{self.call}` is a collective",
                 "ND002": f"`{self.call}` makes collectives ({via})",

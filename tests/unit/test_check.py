@@ -271,3 +271,28 @@ def main(accelerator, trainer, model, state):
     assert wait.via.startswith("accelerate: it is a barrier"), wait.via
     assert "wait_for_everyone() on every rank" in wait.to_json()["fix"]
     assert found_[2].via.startswith("torch: "), found_[2].via
+
+
+@pytest.mark.parametrize("shown", [
+    'CONFIG = {"zero_optimization": {"stage": 3}}',
+    "model = fully_shard(model)",
+    "trainer = make(zero_stage=3)",
+])
+def test_generate_under_zero3_or_fsdp_without_synced_gpus_is_found(tmp_path, shown):
+    path = write(tmp_path, f"""\
+{shown}
+
+
+def main(engine, prompt, flag):
+    engine.module.generate(prompt)
+    engine.module.generate(prompt, synced_gpus=False)
+    engine.module.generate(prompt, synced_gpus=True)
+    engine.module.generate(prompt, synced_gpus=flag)
+""")
+    assert [(c, ln) for c, ln, _ in found(path)] == [("ND005", 5), ("ND005", 6)]
+
+
+def test_generate_with_no_sharding_in_sight_is_not_said(tmp_path):
+    path = write(tmp_path, 'CONFIG = {"zero_optimization": {"stage": 2}}\n\n\n'
+                           "def main(model, prompt):\n    model.generate(prompt)\n")
+    assert found(path) == []
