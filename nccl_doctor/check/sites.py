@@ -101,15 +101,22 @@ def _dotted(node: ast.AST) -> str | None:
     return None
 
 
-def collective_of(func: ast.AST, aliases: dict[str, str]) -> str | None:
-    """The collective ``func`` names (``dist.all_reduce`` -> "all_reduce"), or None."""
+def resolved(func: ast.AST, aliases: dict[str, str]) -> tuple[str, str] | None:
+    """(module, name) a called name stands for through the module's imports
+    (``dist.all_reduce`` -> ("torch.distributed", "all_reduce")), or None."""
     dotted = _dotted(func)
     if dotted is None:
         return None
     head, _, rest = dotted.partition(".")
     full = aliases.get(head, head) + (f".{rest}" if rest else "")
     module, _, name = full.rpartition(".")
-    return name if name in COLLECTIVES and module in DIST_MODULES else None
+    return module, name
+
+
+def collective_of(func: ast.AST, aliases: dict[str, str]) -> str | None:
+    """The collective ``func`` names (``dist.all_reduce`` -> "all_reduce"), or None."""
+    found = resolved(func, aliases)
+    return found[1] if found and found[1] in COLLECTIVES and found[0] in DIST_MODULES else None
 
 
 def _catalogued(func: ast.AST, aliases: dict[str, str]):
@@ -120,13 +127,8 @@ def _catalogued(func: ast.AST, aliases: dict[str, str]):
         found = catalog.method_entry(func.attr, _dotted(func.value))
         if found is not None:
             return found
-    dotted = _dotted(func)
-    if dotted is None:
-        return None
-    head, _, rest = dotted.partition(".")
-    full = aliases.get(head, head) + (f".{rest}" if rest else "")
-    module, _, name = full.rpartition(".")
-    return catalog.function_entry(module, name)
+    found = resolved(func, aliases)
+    return catalog.function_entry(*found) if found is not None else None
 
 
 def _walk(node: ast.AST, mod: Module, aliases: dict[str, str], function: str,
