@@ -50,6 +50,13 @@ def _library(loc: Location, versions: Mapping[str, str]) -> str:
     return f" ({package} {version})" if version else f" ({package})"
 
 
+def site_key(e: Event) -> tuple[str, int, str] | None:
+    """Where a call was made, as a key: the line that issued it (a library's, when one did),
+    else the user's, and its op (``("trl/.../cpo_trainer.py", 839, "all_gather")``)."""
+    loc = e.issuing or e.callsite or e.api_callsite
+    return (loc.path, loc.line, e.op) if loc is not None else None
+
+
 def call_fields(e: Event, versions: Mapping[str, str] = _NO_VERSIONS) -> dict[str, Any]:
     """A finding's fields naming its call: ``callsite`` (the issuing line, ``path:line``),
     ``entry_callsite`` (the user's line that led there, when another) and ``call_path`` (its

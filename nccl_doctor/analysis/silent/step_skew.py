@@ -33,11 +33,10 @@ from typing import Any
 
 from nccl_doctor import paths
 from nccl_doctor.analysis.calls.align import leaf_collectives
-from nccl_doctor.analysis.calls.wording import call_fields, ranks_text
+from nccl_doctor.analysis.calls.wording import call_fields, ranks_text, site_key
 from nccl_doctor.analysis.who.blame import sources_for
 from nccl_doctor.analysis.why.branch import Branch, DataJump, branches, data_jumps
 from nccl_doctor.diagnosis import Finding, FindingKind, Severity
-from nccl_doctor.location import Location
 from nccl_doctor.model import Event, EventState, TraceSet
 from nccl_doctor.redact import source_line
 
@@ -54,16 +53,6 @@ HINT = ("A rank skipped one step's call and made the next step's, so its calls p
 
 _PAIRED = (EventState.RETURNED, EventState.ISSUED)  # a call its peers' calls answered
 _Site = tuple[str, int, str]  # path, line, op: where a rank makes a call
-
-
-def _where(e: Event) -> Location | None:
-    """The line that issued the call (a library's, when one did), else the user's."""
-    return e.issuing or e.callsite or e.api_callsite
-
-
-def _site(e: Event) -> _Site | None:
-    loc = _where(e)
-    return (loc.path, loc.line, e.op) if loc is not None else None
 
 
 @dataclass(frozen=True)
@@ -124,12 +113,15 @@ def _skew(by_site: _BySite, site: _Site, group: str, members: tuple[int, ...],
     if any(seqs[r] != seqs[members[0]] for r in members):  # (a window, a rank behind)
         common = set.intersection(*(set(v) for v in seqs.values()))
         calls = {r: [e for e in calls[r] if e.align_seq in common] for r in members}
+    steps_of = {r: [marker.step(r, e) for e in calls[r]] for r in members}
     if cut & set(members):  # (calls with no marker read before them are left out)
-        steps_of = {r: {e.align_seq: marker.step(r, e) for e in calls[r]} for r in members}
-        known = {q for q in (e.align_seq for e in calls[members[0]])
-                 if all(steps_of[r].get(q) is not None for r in members)}
-        calls = {r: [e for e in calls[r] if e.align_seq in known] for r in members}
-    steps = [[marker.step(r, e) for e in calls[r]] for r in members]
+        unknown = {e.align_seq for r in members for e, s in zip(calls[r], steps_of[r])
+                   if s is None}
+        keep = {r: [i for i, e in enumerate(calls[r]) if e.align_seq not in unknown]
+                for r in members}
+        calls = {r: [calls[r][i] for i in keep[r]] for r in members}
+        steps_of = {r: [steps_of[r][i] for i in keep[r]] for r in members}
+    steps = [steps_of[r] for r in members]
     parted = [i for i, at in enumerate(zip(*steps)) if min(at) != max(at)]
     if not parted:
         return None
@@ -158,7 +150,7 @@ def _calls_by_site(traces: TraceSet) -> tuple[_BySite, set[int]]:
             leaves = [e for e in leaves if e.idx >= events[start].idx]
         calls: dict[tuple[_Site, str], list[Event]] = defaultdict(list)
         for e in leaves:
-            site = _site(e)
+            site = site_key(e)
             if site is not None:
                 calls[(site, e.group)].append(e)
         out[rank] = calls

@@ -15,6 +15,7 @@ from __future__ import annotations
 from typing import Sequence
 
 from nccl_doctor.analysis.calls.align import leaf_collectives, timelines
+from nccl_doctor.analysis.calls.wording import site_key
 from nccl_doctor.analysis.why.loop_counts import Side
 from nccl_doctor.diagnosis import Finding, FindingKind
 from nccl_doctor.model import Event, RankTrace, TraceSet
@@ -22,11 +23,6 @@ from nccl_doctor.model import Event, RankTrace, TraceSet
 __all__ = ["ahead_side", "further", "progress"]
 
 _Site = tuple[str, int, str]
-
-
-def _site(e: Event) -> _Site | None:
-    loc = e.issuing or e.callsite or e.api_callsite
-    return (loc.path, loc.line, e.op) if loc is not None else None
 
 
 def ahead_side(f: Finding, sides: Sequence[Side], traces: TraceSet,
@@ -72,7 +68,7 @@ def progress(trace: RankTrace, call: Event, group: str | None) -> dict[_Site, in
     call there before ``call``: how far it had gone."""
     out: dict[_Site, int] = {}
     for e in leaf_collectives(trace):
-        if e.idx < call.idx and e.group != group and (s := _site(e)) is not None:
+        if e.idx < call.idx and e.group != group and (s := site_key(e)) is not None:
             out[s] = max(out.get(s, -1), e.align_seq)
     return out
 
