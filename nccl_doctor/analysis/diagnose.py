@@ -106,15 +106,21 @@ def analyze(traces: TraceSet, passes: tuple[Pass, ...] = PASSES,
     findings = without_p2p_waits(findings)
     if traces.unfinished:
         findings, notes = _while_running(findings, traces, notes)
-    try:  # who is wrong, and why: the branch on the rank - never blamed for a call its
-        # absent ranks have not reached yet (analysis/what/wait_chain.py ``behind``; a jump the
-        # data decided is still named: the ranks that took it did)
-        waits = [behind(f, traces) for f in findings]
-        findings = [f if wait and s.branch is not None and s.branch.culprit else s
-                    for f, s, wait in zip(findings, blame.settle(findings, traces), waits)]
+    # calls whose absent ranks have not reached them yet (analysis/what/wait_chain.py
+    # ``behind``): never blamed on a branch (a jump the data decided is still named: the ranks
+    # that took it did), never the root cause. Read once, with the sources blame reads.
+    sources = blame.sources_for(traces)
+    try:
+        not_yet_there = {_call(f) for f in findings if behind(f, traces, sources)}
+    except Exception as err:  # as for a pass: the report goes on without it
+        not_yet_there = set()
+        notes.append(f"telling the ranks behind a call failed on this capture ({err!r})")
+    try:  # who is wrong, and why: the branch on the rank
+        findings = [f if _call(f) in not_yet_there and s.branch is not None and s.branch.culprit
+                    else s for f, s in zip(findings, blame.settle(findings, traces, sources))]
     except Exception as err:  # as for a pass: the report goes on without it
         notes.append(f"reading the branch on the rank failed on this capture ({err!r})")
-    findings = _rank_findings(findings, traces)
+    findings = _rank_findings(findings, traces, not_yet_there)
     if not any(f.root_cause for f in findings) and _verdict(findings, traces) in (
             Verdict.CRASH, Verdict.HANG):
         # every verdict but ok has a root cause: at the least the run's first error
@@ -240,7 +246,13 @@ def _while_running(findings: list[Finding], traces: TraceSet,
     return kept, [traces.unfinished] + said + notes
 
 
-def _rank_findings(findings: list[Finding], traces: TraceSet) -> list[Finding]:
+def _call(f: Finding) -> tuple:
+    """A finding's call, as ``Finding.same_call`` compares them (its kind, group and number)."""
+    return f.kind, f.group, f.seq
+
+
+def _rank_findings(findings: list[Finding], traces: TraceSet,
+                   not_yet_there: set[tuple] = frozenset()) -> list[Finding]:
     """Mark the root cause and put it first; later findings are consequences or context."""
     errors = [f for f in findings if f.severity is Severity.ERROR]
     if not errors:
@@ -268,7 +280,7 @@ def _rank_findings(findings: list[Finding], traces: TraceSet) -> list[Finding]:
     candidates = [f for f in candidates if not leads_on(f, links)] or candidates
     # (ranks waiting for each other in a cycle: where the absent ranks went past the call, not
     # where they have not reached it yet)
-    candidates = [f for f in candidates if not behind(f, traces)] or candidates
+    candidates = [f for f in candidates if _call(f) not in not_yet_there] or candidates
     if lost:  # a rank gone unrecorded beside a lost node: when it went is unknown
         candidates = [f for f in candidates if not _vanished_beside(f, lost)] or candidates
     candidates = candidates or errors

@@ -185,13 +185,16 @@ def with_wait_chains(findings: list[Finding], traces: TraceSet,
         return findings
     waited = {r for link in links.values() for r in link.waits_for}
     heads = sorted(r for r in links if r not in waited) or sorted(links)
+    # each head's chain, those through two groups or more (read once for every finding)
+    chains = [(order, ends) for order, ends in (_follow((head,), links) for head in heads)
+              if len({link.finding.group for link in order}) >= 2]
     roles = roles or {}
     out = []
     for f in findings:
         if f.kind not in (FindingKind.MISSING_COLLECTIVE, FindingKind.P2P_MISMATCH):
             out.append(f)
             continue
-        chain = _chain_through(f, heads, links)
+        chain = _chain_through(f, chains)
         if chain is None:
             out.append(f)
             continue
@@ -232,14 +235,11 @@ def not_yet(findings: list[Finding]) -> list[Finding]:
     return out
 
 
-def _chain_through(f: Finding, heads: list[int], links: Mapping[int, Link],
+def _chain_through(f: Finding, chains: list[tuple[list[Link], list[int]]],
                    ) -> tuple[list[Link], list[int]] | None:
-    """The chain (from a head) that spans two groups or more and passes through ``f``'s call;
+    """Of ``chains`` (through two groups or more), the one that passes through ``f``'s call;
     else one that ends at ``f``'s absent ranks (the ranks held up, through other groups, by
     the ranks ``f`` says never came)."""
-    chains = [_follow((head,), links) for head in heads]
-    chains = [(order, ends) for order, ends in chains
-              if len({link.finding.group for link in order}) >= 2]
     through = [c for c in chains if any(link.finding is f for link in c[0])]
     ending = [c for c in chains if set(c[1]) & set(f.absent)]
     return (through or ending or [None])[0]
