@@ -106,10 +106,19 @@ def _without_complements(findings: list[CheckFinding], sites: list[Site]) -> lis
     for group in by_place.values():
         for a in group:
             for b in group:
-                if a.condition_line != b.condition_line and _complements(a.condition,
-                                                                         b.condition):
+                if a.condition_line != b.condition_line and _opposite(a, b):
                     paired.update((id(a), id(b)))
     return [f for f in findings if id(f) not in paired]
+
+
+def _opposite(a: CheckFinding, b: CheckFinding) -> bool:
+    """The two calls stand on opposite sides: under complementary conditions in the same arm,
+    or under the same condition in opposite arms (``if not is_main: ... else: barrier()``,
+    then ``if is_main: barrier()`` does not pair)."""
+    if {a.arm, b.arm} == {"if", "else"}:
+        x, y = _test(a.condition), _test(b.condition)
+        return x is not None and y is not None and ast.dump(x) == ast.dump(y)
+    return _complements(a.condition, b.condition)
 
 
 def _test(text: str) -> ast.expr | None:
@@ -200,8 +209,15 @@ def _site_findings(site: Site, sources: Sources, module: Module, lines: list[str
         if b.path != site.path or b.frame != frame:
             continue  # (a branch in the caller's frame is its own site's: ND002)
         if b.kind in ("if", "else") and _both_arms(module.tree, b.line, site):
+            order = _creation_order(module.tree, b.line, site)
+            if order is not None and not _ignored(lines, b.line, "ND006"):
+                line, col, orders = order
+                out.append(CheckFinding(code="ND006", path=site.path, line=line, col=col + 1,
+                                        call=orders, condition=b.text, condition_line=b.line,
+                                        names=tuple(b.names), how=b.via[0] if b.via else ""))
             continue
-        if not site.user and _members_only(module.tree, b.line, b.names, site):
+        if not site.user and (_members_only(module.tree, b.line, b.names, site)
+                              or _local_creation(module.tree, site)):
             continue
         entry = _entry(site)
         code = "ND003" if b.kind == "jump" else (
@@ -210,6 +226,7 @@ def _site_findings(site: Site, sources: Sources, module: Module, lines: list[str
             continue
         out.append(CheckFinding(code=code, path=site.path, line=site.line, col=site.col + 1,
                                 call=site.call, condition=b.text, condition_line=b.line,
+                                arm=b.kind,
                                 names=tuple(b.names),
                                 via=(site.collective if site.user else
                                      f"{entry.package}: {entry.what}" if entry else ""),
@@ -248,14 +265,62 @@ def _both_arms(tree: ast.Module, line: int, site: Site) -> bool:
 
 
 _GROUP_KEYWORDS = frozenset({"group", "pg", "process_group"})
+_CREATIONS = frozenset({"new_group", "new_subgroups", "new_subgroups_by_enumeration",
+                        "split_group", "init_device_mesh", "DeviceMesh"})
+
+
+def _call_at(tree: ast.Module, site: Site) -> ast.Call | None:
+    return next((n for n in ast.walk(tree) if isinstance(n, ast.Call)
+                 and (n.lineno, n.col_offset) == (site.line, site.col)), None)
+
+
+def _local_creation(tree: ast.Module, site: Site) -> bool:
+    """``new_group(..., use_local_synchronization=True)``: only the group's members call it
+    (torch: the others need not), so a condition choosing the members is right."""
+    call = _call_at(tree, site)
+    return call is not None and _name(site) == "new_group" and any(
+        k.arg == "use_local_synchronization" and isinstance(k.value, ast.Constant)
+        and k.value.value is True for k in call.keywords)
+
+
+def _creation_order(tree: ast.Module, line: int, site: Site) -> tuple[int, int, str] | None:
+    """Both arms of the ``if`` at ``line`` create process groups, in a different order (``low,
+    high`` on some ranks, ``high, low`` on others): every rank must create every group in the
+    same order (each creation is numbered by its order, and a collective of its own). The
+    first creation in the ``if``'s body (line, column) and the two orders, or None."""
+    if _name(site) not in _CREATIONS:
+        return None
+    node = next((n for n in ast.walk(tree) if isinstance(n, ast.If) and n.lineno == line
+                 and n.orelse), None)
+    if node is None:
+        return None
+    arms = [_creations(node.body), _creations(node.orelse)]
+    texts = [[t for _, _, t in arm] for arm in arms]
+    if not all(texts) or texts[0] == texts[1]:
+        return None
+    first_line, first_col, _ = arms[0][0]
+    return first_line, first_col, " then ".join(texts[0]) + " vs " + " then ".join(texts[1])
+
+
+def _creations(statements: list[ast.stmt]) -> list[tuple[int, int, str]]:
+    """The group creations in ``statements``, in source order: (line, column, the call)."""
+    out = []
+    for stmt in statements:
+        for n in ast.walk(stmt):
+            if isinstance(n, ast.Call):
+                f = n.func
+                name = f.attr if isinstance(f, ast.Attribute) else getattr(f, "id", "")
+                if name in _CREATIONS:
+                    args = ast.unparse(n)[len(ast.unparse(f)) + 1:-1]
+                    out.append((n.lineno, n.col_offset, f"{name}({args})"))
+    return sorted(out)
 
 
 def _members_only(tree: ast.Module, line: int, names: Sequence[str], site: Site) -> bool:
     """The call names a process group (``group=g``) and the condition only asks whether this
     rank is in it - tests the group itself (``if g is not None:``) or a membership (``if rank in
     (0, 2):``): only a group's members make its collectives, which is right."""
-    call = next((n for n in ast.walk(tree) if isinstance(n, ast.Call)
-                 and (n.lineno, n.col_offset) == (site.line, site.col)), None)
+    call = _call_at(tree, site)
     if call is None:
         return False
     groups = [k.value for k in call.keywords if k.arg in _GROUP_KEYWORDS

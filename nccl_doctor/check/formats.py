@@ -10,14 +10,39 @@ from nccl_doctor import paths
 from nccl_doctor._version import __version__
 from nccl_doctor.check.engine import CheckReport
 from nccl_doctor.check.rules import RULES
+from nccl_doctor.reporters.layout import spans
 
 FORMATS = ("console", "json", "sarif")  # (nccl_doctor.check.FORMATS says the same)
 
 
-def console(report: CheckReport) -> str:
-    lines = [f"{paths.short_path(f.path)}:{f.line}:{f.col}: {f.code} {f.message()}"
-             for f in report.findings]
-    return "".join(line + "\n" for line in lines)
+#: the indent of a finding's continued lines on a terminal
+INDENT = "    "
+
+
+def console(report: CheckReport, width: int | None = None) -> str:
+    """A line per finding, ``path:line:col: CODE message``; with a ``width`` (a terminal's,
+    reporters/layout.py ``width_of``) the message goes on over indented lines that fit it, and
+    the fix follows, indented (a pipe or a file: one line each, as editors and CI read them)."""
+    out = []
+    for f in report.findings:
+        head = f"{paths.short_path(f.path)}:{f.line}:{f.col}: {f.code} "
+        if width is None:
+            out.append(head + f.message() + "\n")
+            continue
+        out += _wrapped(head, f.message(), width)
+        out += _wrapped(INDENT + "fix: ", f.fix or f.rule.fix, width)
+    return "".join(out)
+
+
+def _wrapped(head: str, text: str, width: int) -> list[str]:
+    """``head`` then ``text`` laid out to ``width``, its continued lines indented (``head``
+    alone on its line when it takes more than half of it)."""
+    rest = width - len(INDENT)
+    if len(head) > width // 2:
+        return [head.rstrip() + "\n"] + [INDENT + text[a:b] + "\n"
+                                         for a, b in spans(text, rest, phrases=True)]
+    return [(head if k == 0 else INDENT) + text[a:b] + "\n" for k, (a, b) in
+            enumerate(spans(text, width - len(head), rest, phrases=True))]
 
 
 def summary(report: CheckReport) -> str:

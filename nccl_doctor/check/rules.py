@@ -32,6 +32,10 @@ RULES: dict[str, Rule] = {r.code: r for r in (
     Rule("ND005", "generate under ZeRO-3 or FSDP without synced_gpus=True",
          "Pass synced_gpus=True to generate: with the parameters sharded, each decoding step is "
          "a collective, and a rank whose sequences end first would leave the others waiting."),
+    Rule("ND006", "process groups created in a rank-dependent order",
+         "Create every group on every rank in the same order (all of them, before the "
+         "branch), then choose the one each rank uses: torch numbers the groups by the order "
+         "they are created in, and each creation is a collective of the default group."),
     Rule("ND003", "a rank-dependent early exit (continue, break, return, raise) before a "
                   "collective",
          "Decide the exit on every rank alike, or make the collective before it: the ranks "
@@ -53,6 +57,8 @@ class CheckFinding:
     names: tuple[str, ...]  # the rank-dependent names it reads
     via: str = ""  # ND002: the collective the function makes, "path:line call"
     fix: str = ""  # ND004: the catalog entry's own fix
+    arm: str = "if"  # where the call stands: "if" (under the condition), "else", "jump" (after
+    # an exit it decides)
     how: str = ""  # how a name it reads depends on the rank, from another function (a caller's
     # argument, a helper's return, an attribute set elsewhere: analysis/why/rank_flow.py)
 
@@ -63,6 +69,11 @@ class CheckFinding:
     def message(self) -> str:
         via_path, _, via_rest = self.via.partition(":")
         via = f"{paths.short_path(via_path)}:{via_rest}" if self.via else ""
+        if self.code == "ND006":
+            return (f"process groups are created in a rank-dependent order under the "
+                    f"condition at line {self.condition_line} (`{self.condition}`): "
+                    f"{self.call}: the ranks pair different groups' creations and hang or "
+                    "mix them up")
         if self.code == "ND005":
             return (f"`{self.call}` under {self.condition} (shown at line "
                     f"{self.condition_line}) without synced_gpus=True: a rank whose sequences "

@@ -24,10 +24,12 @@ COLLECTIVES = frozenset({
     "all_to_all", "all_to_all_single", "barrier", "monitored_barrier", "gather",
     "gather_object", "scatter", "scatter_object_list", "new_group", "new_subgroups",
     "new_subgroups_by_enumeration", "split_group",
+    "init_device_mesh",  # (it creates a group per mesh dimension: new_group on every rank)
 })
 DIST_MODULES = frozenset({
     "torch.distributed", "torch.distributed.distributed_c10d",
     "torch.distributed._functional_collectives", "torch.distributed.nn.functional",
+    "torch.distributed.device_mesh",
 })
 _DEFS = (ast.FunctionDef, ast.AsyncFunctionDef)
 
@@ -41,7 +43,7 @@ class Site:
     col: int  # 0-based, as ast gives it
     call: str  # as written
     function: str  # the enclosing def's name ("<module>" at the top level)
-    collective: str  # the collective it makes ("all_reduce"), or for a user function "path:line call"
+    collective: str  # the collective it makes ("all_reduce"); a user function's: "path:line call"
     user: bool = False  # a call of a function of the user's (ND002)
 
 

@@ -296,3 +296,71 @@ def test_generate_with_no_sharding_in_sight_is_not_said(tmp_path):
     path = write(tmp_path, 'CONFIG = {"zero_optimization": {"stage": 2}}\n\n\n'
                            "def main(model, prompt):\n    model.generate(prompt)\n")
     assert found(path) == []
+
+
+def test_groups_created_in_a_rank_dependent_order_are_found_the_same_order_is_not(tmp_path):
+    path = write(tmp_path, """\
+import torch.distributed as dist
+from torch.distributed.device_mesh import init_device_mesh
+
+
+def main(rank, world):
+    if rank < 2:
+        low = dist.new_group([0, 1])
+        high = dist.new_group([2, 3])
+    else:
+        high = dist.new_group([2, 3])
+        low = dist.new_group([0, 1])
+    if rank < 2:
+        a = dist.new_group([0, 1])
+        b = dist.new_group([2, 3])
+    else:
+        a = dist.new_group([0, 1])
+        b = dist.new_group([2, 3])
+    if rank in (0, 1):
+        local = dist.new_group([0, 1], use_local_synchronization=True)
+    if rank != 1:
+        mesh = init_device_mesh("cpu", (2, world // 2))
+""")
+    report = check_paths([path])
+    assert [(f.code, f.line, f.condition_line) for f in report.findings] == [
+        ("ND006", line(path, "low = dist"), line(path, "if rank < 2:")),
+        ("ND001", line(path, "init_device_mesh(\"cpu\""), line(path, "if rank != 1:"))]
+    order = report.findings[0]
+    assert order.call == ("new_group([0, 1]) then new_group([2, 3]) vs new_group([2, 3]) then "
+                          "new_group([0, 1])"), order.call
+    assert "rank-dependent order" in order.message() and "same order" in order.rule.fix
+
+
+def test_the_same_condition_in_the_other_arm_is_not_the_one_rank_first_idiom(tmp_path):
+    path = write(tmp_path, """\
+import torch.distributed as dist
+
+
+def main():
+    is_main = dist.get_rank() == 0
+    if not is_main:
+        pass
+    else:
+        dist.barrier()
+    if is_main:
+        dist.barrier()
+""")
+    assert [c for c, _, _ in found(path)] == ["ND001", "ND001"]
+
+
+def test_the_console_is_one_line_a_finding_in_a_pipe_and_fits_a_terminal(tmp_path, monkeypatch):
+    from nccl_doctor.check import formats
+
+    path = write(tmp_path, BUGS)
+    monkeypatch.chdir(tmp_path)  # (paths said from here: train.py)
+    report = check_paths([path])
+    piped = formats.console(report).splitlines()
+    assert len(piped) == len(report.findings)
+    assert all(s.startswith("train.py:") for s in piped), piped
+    for width in (60, 100):
+        lines = formats.console(report, width).splitlines()
+        assert lines and all(len(s) <= width for s in lines), [s for s in lines if len(s) > width]
+        heads = [s for s in lines if not s.startswith(formats.INDENT)]
+        assert len(heads) == len(report.findings), heads
+        assert sum("fix: " in s for s in lines) == len(report.findings)
