@@ -29,6 +29,18 @@ def entry_of(argv: Sequence[str], cwd: Path) -> Path:
                      "the files themselves")
 
 
+def configs_of_command(argv: Sequence[str], cwd: Path | None = None) -> list[Path]:
+    """The config files a launch command names (``--deepspeed ds_z3.json``, ``accelerate
+    launch --config_file fsdp.yaml``, ``--deepspeed=ds.json``): read for the sharding (ND005)."""
+    cwd = cwd or Path.cwd()
+    out = []
+    for word in argv:
+        value = word.partition("=")[2] if word.startswith("-") else word
+        if value.endswith((".json", ".yaml", ".yml")) and (cwd / value).is_file():
+            out.append(cwd / value)
+    return out
+
+
 def files_of_command(argv: Sequence[str], cwd: Path | None = None) -> list[Path]:
     """The script of ``argv`` and the user's modules it imports, transitively."""
     cwd = cwd or Path.cwd()

@@ -21,7 +21,7 @@ from typing import Iterable, Sequence
 
 from nccl_doctor.analysis.why.branch import branches
 from nccl_doctor.analysis.why.source_text import Sources
-from nccl_doctor.check.generate import generate_findings
+from nccl_doctor.check.generate import Shown, generate_findings
 from nccl_doctor.check.rules import CheckFinding
 from nccl_doctor.check.settings import Settings
 from nccl_doctor.check.sites import Module, Site, collective_of, read_module, user_sites
@@ -53,9 +53,11 @@ def python_files(paths: Sequence[Path]) -> Iterable[Path]:
             yield p
 
 
-def check_paths(paths: Sequence[Path], settings: Settings | None = None) -> CheckReport:
+def check_paths(paths: Sequence[Path], settings: Settings | None = None,
+                configs: Sequence[Path] = ()) -> CheckReport:
     """``settings``: rules off and files left out ([tool.nccl-doctor.check]; none: every rule,
-    every file)."""
+    every file). ``configs``: config files the launch command names (``--deepspeed
+    ds_z3.json``), read for the sharding ND005 needs seen."""
     settings = settings or Settings()
     modules: list[Module] = []
     problems: list[str] = []
@@ -81,14 +83,48 @@ def check_paths(paths: Sequence[Path], settings: Settings | None = None) -> Chec
         for caller in outer[:_CALLERS]:
             for f in _site_findings(site, sources, trees[site.path], texts[site.path], caller):
                 found.setdefault((f.code, f.path, f.line, f.col, f.condition_line), f)
+    shown = _sharding_by_module(modules, configs)
     for module in modules:
-        for f in generate_findings(module):
+        for f in generate_findings(module, shown.get(module.path)):
             if not _ignored(texts[module.path], f.line, f.code):
                 found.setdefault((f.code, f.path, f.line, f.col, f.condition_line), f)
     kept = [f for f in _without_complements(list(found.values()), sites)
             if not settings.silenced(f.path, f.code)]
     ordered = sorted(kept, key=lambda f: (f.path, f.line, f.col, f.code))
     return CheckReport(tuple(ordered), len(modules), tuple(problems))
+
+
+def _sharding_by_module(modules: list[Module], configs: Sequence[Path]) -> dict[str, Shown]:
+    """Each module -> the sharding seen where it is linked: a config file of the command, or a
+    module it imports or is imported by (transitively, among those checked)."""
+    from nccl_doctor.check.generate import config_sharding, sharding
+
+    command = next((Shown(what, str(c.resolve()), 1) for c in configs
+                    if (what := config_sharding(c)) is not None), None)
+    stems = {Path(m.path).stem: m.path for m in modules}
+    links: dict[str, set[str]] = {m.path: set() for m in modules}
+    for m in modules:
+        for node in ast.walk(m.tree):
+            names = ([a.name for a in node.names] if isinstance(node, ast.Import) else
+                     [node.module or "", *(a.name for a in node.names)]
+                     if isinstance(node, ast.ImportFrom) else [])
+            for name in names:
+                other = stems.get(name.rpartition(".")[2])
+                if other is not None and other != m.path:
+                    links[m.path].add(other)
+                    links[other].add(m.path)
+    own = {m.path: sharding(m) for m in modules}
+    out: dict[str, Shown] = {}
+    for m in modules:
+        seen, todo = {m.path}, [m.path]
+        while todo:
+            for other in links[todo.pop()] - seen:
+                seen.add(other)
+                todo.append(other)
+        found = next((own[p] for p in sorted(seen - {m.path}) if own[p] is not None), command)
+        if found is not None:
+            out[m.path] = found
+    return out
 
 
 def _without_complements(findings: list[CheckFinding], sites: list[Site]) -> list[CheckFinding]:

@@ -163,6 +163,12 @@ class _Plan:
         if len(calls) != 1:
             return Outcome(f, False, "not fixed: the generate call was not found as written")
         call = calls[0]
+        given = next((a.value for a in call.args if a.keyword is not None
+                      and a.keyword.value == "synced_gpus"), None)
+        if given is not None and not (isinstance(given, cst.Name) and given.value == "False"):
+            return Outcome(f, False, f"not fixed: synced_gpus is `{_code(cst, given)}`, yours "
+                                     "to decide: make it True on a sharded model (give the "
+                                     "flag, or make it the default)")
         if any(a.star == "**" for a in call.args):
             return Outcome(f, False, "not fixed: the call spreads **kwargs, which may hold "
                                      "synced_gpus already; pass synced_gpus=True in them")

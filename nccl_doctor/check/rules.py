@@ -75,9 +75,11 @@ class CheckFinding:
                     f"{self.call}: the ranks pair different groups' creations and hang or "
                     "mix them up")
         if self.code == "ND005":
-            return (f"`{self.call}` under {self.condition} (shown at line "
-                    f"{self.condition_line}) without synced_gpus=True: a rank whose sequences "
-                    "end first leaves the others waiting in the sharded forward's all-gather")
+            shown = self.how if self.how.startswith("shown in") else (
+                f"shown at line {self.condition_line}" + (f"; {self.how}" if self.how else ""))
+            return (f"`{self.call}` under {self.condition} ({shown}) without "
+                    "synced_gpus=True: a rank whose sequences end first leaves the others "
+                    "waiting in the sharded forward's all-gather")
         what = {"ND004": f"`{self.call}` makes collectives ({self.via})",
                 "ND001": f"`{self.call}` is a collective",
                 "ND002": f"`{self.call}` makes collectives ({via})",

@@ -42,21 +42,23 @@ def run(args: argparse.Namespace) -> int:
 
     targets = list(args.paths)
     first = targets[0]
+    configs: list[Path] = []
     if not first.exists() and first.suffix != ".py" and "/" not in str(first):
         # a launch command (check -- torchrun ... train.py): what it runs, as the run reads it
-        from nccl_doctor.check.command import files_of_command
+        from nccl_doctor.check.command import configs_of_command, files_of_command
 
-        targets = files_of_command([str(p) for p in targets])
+        argv = [str(p) for p in targets]
+        targets, configs = files_of_command(argv), configs_of_command(argv)
     missing = [p for p in targets if not p.exists()]
     if missing:
         raise InputNotFound(f"{missing[0]} does not exist: name a Python file or a folder")
     found = settings.find()
-    report = check_paths(targets, found)
+    report = check_paths(targets, found, configs)
     if args.diff or args.fix:
         if args.format != "console":
             raise UsageError(f"--{'diff' if args.diff else 'fix'} says its patch and what is "
                              "left on the console: drop --format")
-        return _fixes(report, targets, found, write=args.fix)
+        return _fixes(report, targets, found, configs, write=args.fix)
     if args.format == "console":
         from nccl_doctor.reporters.layout import width_of
 
@@ -72,7 +74,7 @@ def run(args: argparse.Namespace) -> int:
     return ExitStatus.CHECK_FOUND if report.findings else ExitStatus.OK
 
 
-def _fixes(report, targets, found, *, write: bool) -> int:
+def _fixes(report, targets, found, configs, *, write: bool) -> int:
     """--diff: the patch on stdout. --fix: the files rewritten (each whole, atomically), then
     checked again. Either way the findings not fixed go to stderr, each with why."""
     from nccl_doctor import paths
@@ -101,7 +103,7 @@ def _fixes(report, targets, found, *, write: bool) -> int:
                          f"{'s' if n != 1 else ''} with a fix, in {files} file"
                          f"{'s' if files != 1 else ''} (--fix makes it)\n")
         return ExitStatus.CHECK_FOUND if n else ExitStatus.OK
-    left = check_paths(targets, found)
+    left = check_paths(targets, found, configs)
     from nccl_doctor.reporters.layout import width_of
 
     sys.stdout.write(formats.console(left, width_of(sys.stdout)))

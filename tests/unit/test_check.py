@@ -364,3 +364,49 @@ def test_the_console_is_one_line_a_finding_in_a_pipe_and_fits_a_terminal(tmp_pat
         heads = [s for s in lines if not s.startswith(formats.INDENT)]
         assert len(heads) == len(report.findings), heads
         assert sum("fix: " in s for s in lines) == len(report.findings)
+
+
+def test_a_synced_gpus_flag_off_unless_given_is_said_with_the_flag():
+    """tests/frameworks/jobs/ds_generate.py, the job whose hang the frameworks tier diagnoses:
+    ``synced_gpus=args.fixed``, ``--fixed`` a store_true flag."""
+    job = Path(__file__).resolve().parents[1] / "frameworks" / "jobs" / "ds_generate.py"
+    (f,) = check_paths([job]).findings
+    assert (f.code, f.line) == ("ND005", line(job, "out = engine.module.generate"))
+    flag = line(job, 'add_argument("--fixed"')
+    assert f"synced_gpus=args.fixed is False unless --fixed is given (line {flag})" \
+        in f.message(), f.message()
+
+
+@pytest.mark.parametrize("flag,said", [
+    ('p.add_argument("--sync", action="store_true")', True),
+    ('p.add_argument("--sync", default=False, type=bool)', True),
+    ('p.add_argument("--sync", action="store_true", default=True)', False),
+    ('p.add_argument("--no-sync", dest="sync", action="store_false")', False),
+])
+def test_a_flag_is_said_only_where_it_is_off_by_default(tmp_path, flag, said):
+    path = write(tmp_path, f'CFG = {{"zero_optimization": {{"stage": 3}}}}\n{flag}\n'
+                           "args = p.parse_args()\nm.generate(x, synced_gpus=args.sync)\n")
+    assert bool(found(path)) is said
+
+
+def test_the_sharding_is_seen_in_a_linked_module_a_named_config_or_the_command(tmp_path):
+    from nccl_doctor.check.command import configs_of_command
+
+    write(tmp_path, "from config import CFG\n\n\ndef main(model, p):\n    model.generate(p)\n")
+    write(tmp_path, "CFG = dict(zero_stage=3)\n", "config.py")
+    write(tmp_path, "def main(model, p):\n    model.generate(p)\n", "alone.py")
+    write(tmp_path, 'ARGS = dict(deepspeed="ds_z3.json")\n\n\ndef main(m, p):\n'
+                    "    m.generate(p)\n", "named.py")
+    write(tmp_path, '{"zero_optimization": {"stage": 3, "overlap_comm": true}}', "ds_z3.json")
+    write(tmp_path, "distributed_type: FSDP\nfsdp_config:\n  fsdp_version: 2\n", "fsdp.yaml")
+    write(tmp_path, '{"zero_optimization": {"stage": 2}}', "ds_z2.json")
+    report = check_paths([tmp_path])
+    said = {Path(f.path).name: f for f in report.findings}
+    assert sorted(said) == ["named.py", "train.py"], said
+    assert "shown in config.py:1" in said["train.py"].message()
+    assert "(shown in ds_z3.json)" in said["named.py"].message()
+    for config, what in (("fsdp.yaml", "FSDP"), ("ds_z3.json", "ZeRO-3"), ("ds_z2.json", None)):
+        configs = configs_of_command(["accelerate", "launch", f"--config_file={config}",
+                                      "alone.py"], tmp_path)
+        got = [f for f in check_paths([tmp_path / "alone.py"], configs=configs).findings]
+        assert [f.condition for f in got] == ([what] if what else []), (config, got)

@@ -259,3 +259,12 @@ def test_diff_prints_a_patch_git_applies_and_fix_makes_it(tmp_path):
                            capture_output=True, text=True, timeout=60)
     assert wrong.returncode == 2 and "drop --format" in wrong.stderr, wrong.stderr
     assert "Traceback" not in wrong.stderr
+
+
+def test_a_synced_gpus_flag_is_left_to_its_author(tmp_path):
+    ff = fixed(tmp_path, 'CFG = {"zero_optimization": {"stage": 3}}\n'
+                         'p.add_argument("--sync", action="store_true")\n'
+                         "args = p.parse_args()\nm.generate(x, synced_gpus=args.sync)\n")
+    assert ff.after == ff.before
+    (o,) = ff.outcomes
+    assert not o.made and "synced_gpus is `args.sync`, yours to decide" in o.done, o.done
