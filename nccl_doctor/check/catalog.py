@@ -15,18 +15,29 @@ import json
 from dataclasses import dataclass
 from importlib import metadata, resources
 
-#: method -> (the words a receiver's name must hold, one of them; None: any receiver), entry ids
-_METHODS: dict[str, tuple[tuple[str, ...] | None, tuple[str, ...]]] = {
-    "wait_for_everyone": (None, ("accelerate-wait-for-everyone",)),
-    "gather_for_metrics": (None, ("accelerate-gather-for-metrics",)),
-    "pad_across_processes": (None, ("accelerate-pad-across-processes",)),
-    "gather": (("accelerator",), ("accelerate-gather",)),
-    "reduce": (("accelerator",), ("accelerate-reduce",)),
-    "evaluate": (("trainer",), ("transformers-trainer-evaluate",)),
-    "predict": (("trainer",), ("transformers-trainer-predict",)),
-    "save_checkpoint": (("trainer", "engine"), ("lightning-trainer-save-checkpoint",
-                                                "deepspeed-save-checkpoint")),
-    "load_checkpoint": (("engine",), ("deepspeed-load-checkpoint",)),
+#: method -> the ways a call of it is told to be an entry's: (the words a receiver's name must
+#: hold, one of them; None: any receiver; "self@LightningModule": ``self`` in a class deriving
+#: from it), the keyword it must pass as True (or None), the entry ids (the first installed)
+_METHODS: dict[str, tuple[tuple[tuple[str, ...] | None, str | None, tuple[str, ...]], ...]] = {
+    "wait_for_everyone": ((None, None, ("accelerate-wait-for-everyone",)),),
+    "gather_for_metrics": ((None, None, ("accelerate-gather-for-metrics",)),),
+    "pad_across_processes": ((None, None, ("accelerate-pad-across-processes",)),),
+    "gather": ((("accelerator",), None, ("accelerate-gather",)),),
+    "reduce": ((("accelerator",), None, ("accelerate-reduce",)),
+               (("strategy",), None, ("lightning-strategy-reduce",))),
+    "reduce_boolean_decision": ((("strategy",), None, ("lightning-strategy-reduce",)),),
+    "barrier": ((("strategy",), None, ("lightning-strategy-barrier",)),),
+    "broadcast": ((("strategy",), None, ("lightning-strategy-broadcast",)),),
+    "all_gather": ((("strategy",), None, ("lightning-strategy-all-gather",)),
+                   (("self@LightningModule",), None, ("lightning-module-all-gather",))),
+    # (self.log(..., sync_dist=True) reduces the value across the ranks: Lightning's)
+    "log": ((None, "sync_dist", ("lightning-module-log-sync-dist",)),),
+    "log_dict": ((None, "sync_dist", ("lightning-module-log-sync-dist",)),),
+    "evaluate": ((("trainer",), None, ("transformers-trainer-evaluate",)),),
+    "predict": ((("trainer",), None, ("transformers-trainer-predict",)),),
+    "save_checkpoint": ((("trainer", "engine"), None, ("lightning-trainer-save-checkpoint",
+                                                         "deepspeed-save-checkpoint")),),
+    "load_checkpoint": ((("engine",), None, ("deepspeed-load-checkpoint",)),),
 }
 #: module -> function -> entry id (names resolved through the module's imports)
 _FUNCTIONS = {
@@ -88,16 +99,28 @@ def _within(version: str, low: str | None, high: str | None) -> bool:
     return (low is None or v >= _key(low)) and (high is None or v < _key(high))
 
 
-def method_entry(method: str, receiver: str | None) -> Entry | None:
-    """The catalog entry a call ``receiver.method(...)`` makes, if any (installed)."""
-    rule = _METHODS.get(method)
-    if rule is None:
-        return None
-    words, ids = rule
-    if words is not None and not (receiver and any(w in receiver.lower() for w in words)):
-        return None
+def method_entry(method: str, receiver: str | None, true_keywords: frozenset[str] = frozenset(),
+                 bases: tuple[str, ...] = ()) -> Entry | None:
+    """The catalog entry a call ``receiver.method(...)`` makes, if any (installed).
+    ``true_keywords``: the keywords it passes as True; ``bases``: the base classes of the class
+    whose method makes the call (for ``self``)."""
     known = entries()
-    return next((known[i] for i in ids if i in known), None)
+    for words, keyword, ids in _METHODS.get(method, ()):
+        if keyword is not None and keyword not in true_keywords:
+            continue
+        if words is not None and not any(_receiver_is(w, receiver, bases) for w in words):
+            continue
+        found = next((known[i] for i in ids if i in known), None)
+        if found is not None:
+            return found
+    return None
+
+
+def _receiver_is(word: str, receiver: str | None, bases: tuple[str, ...]) -> bool:
+    if word.startswith("self@"):
+        cls = word.partition("@")[2]
+        return receiver == "self" and any(b.rpartition(".")[2] == cls for b in bases)
+    return bool(receiver) and word in receiver.lower()
 
 
 def function_entry(module: str, name: str) -> Entry | None:

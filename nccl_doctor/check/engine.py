@@ -96,12 +96,15 @@ def check_paths(paths: Sequence[Path], settings: Settings | None = None,
 
 def _sharding_by_module(modules: list[Module], configs: Sequence[Path]) -> dict[str, Shown]:
     """Each module -> the sharding seen where it is linked: a config file of the command, or a
-    module it imports or is imported by (transitively, among those checked)."""
+    module it imports or is imported by, directly, by a name that is one module's alone among
+    those checked (a library's hundreds of files are not one program)."""
     from nccl_doctor.check.generate import config_sharding, sharding
 
     command = next((Shown(what, str(c.resolve()), 1) for c in configs
                     if (what := config_sharding(c)) is not None), None)
-    stems = {Path(m.path).stem: m.path for m in modules}
+    stems: dict[str, list[str]] = {}
+    for m in modules:
+        stems.setdefault(Path(m.path).stem, []).append(m.path)
     links: dict[str, set[str]] = {m.path: set() for m in modules}
     for m in modules:
         for node in ast.walk(m.tree):
@@ -109,19 +112,14 @@ def _sharding_by_module(modules: list[Module], configs: Sequence[Path]) -> dict[
                      [node.module or "", *(a.name for a in node.names)]
                      if isinstance(node, ast.ImportFrom) else [])
             for name in names:
-                other = stems.get(name.rpartition(".")[2])
-                if other is not None and other != m.path:
-                    links[m.path].add(other)
-                    links[other].add(m.path)
+                found = stems.get(name.rpartition(".")[2], [])
+                if len(found) == 1 and found[0] != m.path:
+                    links[m.path].add(found[0])
+                    links[found[0]].add(m.path)
     own = {m.path: sharding(m) for m in modules}
     out: dict[str, Shown] = {}
     for m in modules:
-        seen, todo = {m.path}, [m.path]
-        while todo:
-            for other in links[todo.pop()] - seen:
-                seen.add(other)
-                todo.append(other)
-        found = next((own[p] for p in sorted(seen - {m.path}) if own[p] is not None), command)
+        found = next((own[p] for p in sorted(links[m.path]) if own[p] is not None), command)
         if found is not None:
             out[m.path] = found
     return out

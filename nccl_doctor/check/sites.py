@@ -62,6 +62,8 @@ class Module:
         default_factory=list)
     #: names imported from other modules: local name -> (module, name)
     imported: dict[str, tuple[str, str]] = field(default_factory=dict)
+    #: each class -> its base classes, as written (``L.LightningModule``)
+    bases: dict[str, tuple[str, ...]] = field(default_factory=dict)
 
 
 def read_module(path: str, tree: ast.Module) -> Module:
@@ -121,12 +123,16 @@ def collective_of(func: ast.AST, aliases: dict[str, str]) -> str | None:
     return found[1] if found and found[1] in COLLECTIVES and found[0] in DIST_MODULES else None
 
 
-def _catalogued(func: ast.AST, aliases: dict[str, str]):
-    """The catalog entry (check/catalog.py) a library call makes, if any."""
+def _catalogued(call: ast.Call, aliases: dict[str, str], bases: tuple[str, ...] = ()):
+    """The catalog entry (check/catalog.py) a library call makes, if any. ``bases``: the base
+    classes of the class whose method makes the call."""
     from nccl_doctor.check import catalog
 
+    func = call.func
     if isinstance(func, ast.Attribute):
-        found = catalog.method_entry(func.attr, _dotted(func.value))
+        true = frozenset(k.arg for k in call.keywords if k.arg and isinstance(
+            k.value, ast.Constant) and k.value.value is True)
+        found = catalog.method_entry(func.attr, _dotted(func.value), true, bases)
         if found is not None:
             return found
     found = resolved(func, aliases)
@@ -137,6 +143,7 @@ def _walk(node: ast.AST, mod: Module, aliases: dict[str, str], function: str,
           owner: tuple[str, str | None] | None, cls: str | None) -> None:
     for child in ast.iter_child_nodes(node):
         if isinstance(child, ast.ClassDef):
+            mod.bases[child.name] = tuple(d for b in child.bases if (d := _dotted(b)))
             _walk(child, mod, aliases, function, owner, child.name)
             continue
         if isinstance(child, _DEFS):
@@ -152,7 +159,7 @@ def _walk(node: ast.AST, mod: Module, aliases: dict[str, str], function: str,
                 mod.sites.append(site)
                 if owner is not None:
                     mod.makes.setdefault(owner, site)
-            elif (entry := _catalogued(child.func, aliases)) is not None:
+            elif (entry := _catalogued(child, aliases, mod.bases.get(cls, ()))) is not None:
                 site = Site(mod.path, child.lineno, child.col_offset, text, function,
                             f"catalog:{entry.id}")
                 mod.sites.append(site)

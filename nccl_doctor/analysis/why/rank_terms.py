@@ -39,6 +39,14 @@ RANK_ENV = frozenset({
     "RANK", "LOCAL_RANK", "NODE_RANK", "GROUP_RANK", "ROLE_RANK", "SLURM_PROCID",
     "SLURM_LOCALID", "OMPI_COMM_WORLD_RANK", "OMPI_COMM_WORLD_LOCAL_RANK", "PMI_RANK",
 })
+# Collectives whose result is the same on every rank, called as a method (``strategy.broadcast(x)``,
+# ``strategy.reduce_boolean_decision(found, all=True)``, ``accelerator.gather(t)``): what is
+# passed in may differ by rank, what comes back does not.
+UNIFORM_CALLS = frozenset({
+    "broadcast", "broadcast_object", "reduce_boolean_decision", "all_gather", "gather",
+    "gather_for_metrics", "gather_object", "reduce", "all_reduce",
+})
+_LOCAL_RECEIVERS = frozenset({"torch", "functools", "np", "numpy", "operator"})
 _GLOBAL_DEPTH = 3  # module-level names derived from names derived from ... the rank
 # Builtins through which a value stays the rank's (``is_master = int(rank) == 0``).
 _CONVERSIONS = frozenset({"int", "bool", "str", "float", "abs", "min", "max", "divmod", "round"})
@@ -197,8 +205,11 @@ class Deps:
         stack: list[tuple[ast.AST, bool]] = [(node, True)]
         while stack:
             current, value = stack.pop()
+            if _uniform(current):
+                continue  # (its result is the same on every rank, whatever it was passed)
             if self._matches(current, value):
-                found.append(self._source(current))
+                if not self._made_uniform(current):
+                    found.append(self._source(current))
                 continue
             children = list(ast.iter_child_nodes(current))
             # A called function or an attribute's object is no value of the module's to look
@@ -235,6 +246,17 @@ class Deps:
                 and node.func.id in _CONVERSIONS:
             return any(self.derives(n) for n in node.args)
         return False
+
+    def _made_uniform(self, node: ast.AST) -> bool:
+        """``node`` is a name the rank reached only through an assignment, and the last one
+        before it (by line, in the region) makes it the same on every rank: ``found =
+        strategy.broadcast(found)`` after ``found = ... if is_global_zero else False``."""
+        if not isinstance(node, ast.Name) or rank_like(node.id) or self.facts.root is None \
+                or node.id not in self.tainted or node.id in self.facts.seeds:
+            return False
+        before = [v for k, v in _assignments(self.facts.root, self.lines)
+                  if k == node.id and getattr(v, "lineno", 0) < getattr(node, "lineno", 0)]
+        return bool(before) and _uniform(max(before, key=lambda v: v.lineno))
 
     def _matches(self, node: ast.AST, value: bool = True) -> bool:
         if isinstance(node, ast.Call):
@@ -289,6 +311,15 @@ class Deps:
             if text:
                 return text
         return ast.unparse(node)
+
+
+def _uniform(node: ast.AST) -> bool:
+    """A call of a collective whose result is the same on every rank (``UNIFORM_CALLS``)."""
+    if not (isinstance(node, ast.Call) and isinstance(node.func, ast.Attribute)
+            and node.func.attr in UNIFORM_CALLS):
+        return False
+    receiver = _dotted(node.func.value)
+    return receiver is None or receiver.split(".")[0] not in _LOCAL_RECEIVERS
 
 
 def _targets(target: ast.AST, value: ast.AST | None) -> Iterator[tuple[str, ast.AST]]:
