@@ -12,7 +12,7 @@ process holding torch's objects pays more for each garbage collection, whatever 
 
     python benchmarks/branch_cost.py [--rounds 30]
 
-A second finding measures following the rank across calls (analysis/why/rank_flow.py): torch's
+A second finding measures following the rank across calls (source/rank_flow.py): torch's
 all_reduce and broadcast called from a user script's ``share(t, is_main)``, whose flag is an
 argument, set from an attribute, set from a helper's return, read from another helper.
 
@@ -34,8 +34,8 @@ import tempfile
 import time
 from pathlib import Path
 
-from nccl_doctor.analysis.why.branch import branches, loops
-from nccl_doctor.analysis.why.source_text import Sources, digest
+from nccl_doctor.source.branch import branches, loops
+from nccl_doctor.source.source_text import Sources, digest
 from nccl_doctor.location import Location
 
 GOAL_MS = 50.0
@@ -76,7 +76,7 @@ if __name__ == "__main__":
 '''
 
 
-# The interprocedural case (analysis/why/rank_flow.py): the branch's test reads the rank only
+# The interprocedural case (source/rank_flow.py): the branch's test reads the rank only
 # through a parameter, whose argument is an attribute, set in __init__ from a helper's return,
 # which reads another helper's: each link followed to find `if is_main:`. The script is padded
 # with ordinary functions to a training script's size (the helpers are found by a text search
@@ -338,7 +338,7 @@ def main() -> int:
             print(f"  {via}")
         # the same findings with the following switched off (names read as before it):
         # what following costs, on this machine, in this run
-        from nccl_doctor.analysis.why import branch as branch_module
+        from nccl_doctor.source import branch as branch_module
         saved = branch_module.resolver_for, branch_module._seeds
         branch_module.resolver_for = lambda *a, **k: None  # type: ignore[assignment]
         branch_module._seeds = lambda *a, **k: {}  # type: ignore[assignment]

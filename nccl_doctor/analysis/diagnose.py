@@ -10,6 +10,7 @@ from nccl_doctor import paths, words
 from nccl_doctor.analysis.who import actors, blame
 from nccl_doctor.analysis.calls import annotate, ends
 from nccl_doctor.analysis.what import replayed
+from nccl_doctor.analysis.why.check_rule import with_rule
 from nccl_doctor.analysis.slow import straggler
 from nccl_doctor.analysis.calls.align import (
     UNSEEN_WHY, blocked_event, last_leaf, timelines, unseen_lines,
@@ -139,9 +140,6 @@ def analyze(traces: TraceSet, passes: tuple[Pass, ...] = PASSES,
     except Exception as err:  # as for a pass: the report goes on without it
         notes.append(f"following the wait chains failed on this capture ({err!r})")
     try:  # the rule nccl-doctor check finds the root cause by, before the run
-        # (imported here: nccl_doctor.check reads analysis/why/, whose package imports this)
-        from nccl_doctor.check.pointer import with_rule
-
         findings = with_rule(findings, traces)
     except Exception as err:  # as for a pass: the report goes on without it
         notes.append(f"reading the branch's file as nccl-doctor check does failed ({err!r})")

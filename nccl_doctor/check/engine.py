@@ -1,5 +1,5 @@
 """Files in, findings out: each collective call site (and each call of a function of the user's
-that makes one, check/sites.py) read by the run's own branch analysis (analysis/why/branch.py
+that makes one, source/sites.py) read by the run's own branch analysis (source/branch.py
 ``branches``, one engine for both): the rank-dependent conditions that enclose it or jump past
 it are the findings. Pure but for reading the files named.
 
@@ -19,12 +19,13 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Iterable, Sequence
 
-from nccl_doctor.analysis.why.branch import branches
-from nccl_doctor.analysis.why.source_text import Sources
-from nccl_doctor.check.generate import Shown, generate_findings
+from nccl_doctor.source.branch import branches
+from nccl_doctor.source.source_text import Sources
+from nccl_doctor.check.generate import generate_findings
+from nccl_doctor.source.sharding import Shown
 from nccl_doctor.check.rules import CheckFinding
 from nccl_doctor.check.settings import Settings
-from nccl_doctor.check.sites import Module, Site, collective_of, read_module, user_sites
+from nccl_doctor.source.sites import Module, Site, collective_of, read_module, user_sites
 from nccl_doctor.location import Location
 
 MAX_BYTES = 2_000_000  # a file larger than this is not read (as the run's source analysis)
@@ -98,7 +99,7 @@ def _sharding_by_module(modules: list[Module], configs: Sequence[Path]) -> dict[
     """Each module -> the sharding seen where it is linked: a config file of the command, or a
     module it imports or is imported by, directly, by a name that is one module's alone among
     those checked (a library's hundreds of files are not one program)."""
-    from nccl_doctor.check.generate import config_sharding, sharding
+    from nccl_doctor.source.sharding import config_sharding, sharding
 
     command = next((Shown(what, str(c.resolve()), 1) for c in configs
                     if (what := config_sharding(c)) is not None), None)
@@ -213,7 +214,7 @@ _CALLERS = 8
 def _callers(modules: list[Module]) -> dict[tuple[str, str], list[Location | None]]:
     """(path, function name) -> the lines that call it by its bare name (in its own file, or
     where it is imported by name), as the caller's frame: the run reads a parameter as the
-    rank's when its caller passed a rank-derived argument (analysis/why/branch.py ``_seeds``);
+    rank's when its caller passed a rank-derived argument (source/branch.py ``_seeds``);
     ``check`` gives it the same two frames. None first: the function read alone."""
     stems = {Path(m.path).stem: m.path for m in modules}
     out: dict[tuple[str, str], list[Location | None]] = {}
@@ -270,10 +271,10 @@ def _site_findings(site: Site, sources: Sources, module: Module, lines: list[str
 
 
 def _entry(site: Site):
-    """The catalog entry a library call site makes (check/catalog.py), or None."""
+    """The catalog entry a library call site makes (source/catalog_calls.py), or None."""
     if not site.collective.startswith("catalog:"):
         return None
-    from nccl_doctor.check import catalog
+    from nccl_doctor.source import catalog_calls as catalog
 
     return catalog.entries().get(site.collective.partition(":")[2])
 

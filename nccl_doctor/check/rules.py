@@ -60,7 +60,7 @@ class CheckFinding:
     arm: str = "if"  # where the call stands: "if" (under the condition), "else", "jump" (after
     # an exit it decides)
     how: str = ""  # how a name it reads depends on the rank, from another function (a caller's
-    # argument, a helper's return, an attribute set elsewhere: analysis/why/rank_flow.py)
+    # argument, a helper's return, an attribute set elsewhere: source/rank_flow.py)
 
     @property
     def rule(self) -> Rule:

@@ -1,5 +1,5 @@
-"""The branch on the rank that split the ranks, found in source (analysis/why/branch.py) and the
-source files it reads (analysis/why/source_text.py). Every source is written to tmp_path; the frames
+"""The branch on the rank that split the ranks, found in source (source/branch.py) and the
+source files it reads (source/source_text.py). Every source is written to tmp_path; the frames
 point at lines marked ``# HERE`` (or ``# HERE2``)."""
 
 from __future__ import annotations
@@ -9,8 +9,8 @@ from pathlib import Path
 
 import pytest
 
-from nccl_doctor.analysis.why.branch import Branch, branches, loops, rank_like
-from nccl_doctor.analysis.why.source_text import Sources, digest
+from nccl_doctor.source.branch import Branch, branches, loops, rank_like
+from nccl_doctor.source.source_text import Sources, digest
 from nccl_doctor.location import Location
 
 

@@ -9,8 +9,8 @@ from dataclasses import replace
 from pathlib import Path
 
 from nccl_doctor.analysis import analyze
-from nccl_doctor.analysis.why.branch import data_jumps
-from nccl_doctor.analysis.why.source_text import Sources
+from nccl_doctor.source.branch import data_jumps
+from nccl_doctor.source.source_text import Sources
 from nccl_doctor.diagnosis import FindingKind
 from nccl_doctor.files import source_digest
 from nccl_doctor.location import Location

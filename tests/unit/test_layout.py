@@ -31,6 +31,7 @@ LAYERS = {
     "nccl_doctor.agent_protocol": "core", "nccl_doctor.capture": "core",
     "nccl_doctor.analysis": "core", "nccl_doctor.gpu": "core", "nccl_doctor.stacks": "core",
     "nccl_doctor.check": "core",  # the static pre-flight: files in, findings out
+    "nccl_doctor.source": "core",  # the source analysis the run's analysis and check share
     "nccl_doctor.reporters": "core",
     # a recorded job as pandas tables and files (nccl_doctor.open, export): reads, pure
     "nccl_doctor.data": "core",
@@ -193,6 +194,27 @@ def test_the_analysis_order_rule_sees_a_violation():
         "(['calls', 'why', 'who', 'what', 'slow', 'silent'])",
         "nccl_doctor.analysis.who.blame imports nccl_doctor.analysis.diagnose, later in "
         "analysis/'s order"]
+
+
+def shared_source_arrows(g: dict[str, set[str]]) -> list[str]:
+    """Issue 51: one source analysis, two callers - nccl_doctor.source imports neither caller,
+    and check (the front end) none of the run's analysis."""
+    return [f"{m} imports {t}" for m, targets in sorted(g.items()) for t in sorted(targets)
+            if (m.startswith("nccl_doctor.source") and t.startswith(("nccl_doctor.analysis",
+                                                                      "nccl_doctor.check")))
+            or (m.startswith("nccl_doctor.check") and t.startswith("nccl_doctor.analysis"))]
+
+
+def test_the_shared_source_analysis_imports_neither_caller():
+    wrong = shared_source_arrows(graph())
+    assert not wrong, "\n".join(wrong)
+    g = {"nccl_doctor.source.branch": {"nccl_doctor.check.rules"},
+         "nccl_doctor.check.engine": {"nccl_doctor.analysis.why.check_rule",
+                                      "nccl_doctor.source.branch"},
+         "nccl_doctor.analysis.why.check_rule": {"nccl_doctor.check.engine"}}
+    assert shared_source_arrows(g) == [
+        "nccl_doctor.check.engine imports nccl_doctor.analysis.why.check_rule",
+        "nccl_doctor.source.branch imports nccl_doctor.check.rules"]
 
 
 #: What a reporter may import besides its own package: the data it renders (the model, the

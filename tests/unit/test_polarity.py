@@ -1,10 +1,10 @@
-"""Which arm of a test on the rank is the special case (analysis/why/polarity.py)."""
+"""Which arm of a test on the rank is the special case (source/polarity.py)."""
 
 from __future__ import annotations
 
 import pytest
 
-from nccl_doctor.analysis.why.polarity import body_is_special
+from nccl_doctor.source.polarity import body_is_special
 
 
 @pytest.mark.parametrize("text, names, special", [

@@ -1,4 +1,4 @@
-"""The rank carried across calls (analysis/why/rank_flow.py, through analysis/why/branch.py): a
+"""The rank carried across calls (source/rank_flow.py, through source/branch.py): a
 rank-derived argument bound to a parameter along the recorded call path, a helper's return, an
 attribute a method sets, a property; and what must not count (a decoy flag that does not decide
 the call, a caller that is not the one on the path, a library's own code, the bounds). Every
@@ -8,9 +8,9 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from nccl_doctor.analysis.why import rank_flow
+from nccl_doctor.source import rank_flow
 from nccl_doctor.paths import short_path as short
-from nccl_doctor.analysis.why.branch import Branch
+from nccl_doctor.source.branch import Branch
 from nccl_doctor.location import Location
 from tests.unit.test_branch import at, find, write
 

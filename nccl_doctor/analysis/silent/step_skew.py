@@ -21,7 +21,7 @@ by one amount on every rank (else nothing is said): the first skewed call read i
 necessarily the first made.
 
 The reason, when the source shows one: the data-driven jump before the call in the loop that
-holds it (analysis/why/branch.py ``data_jumps``), with the ranks that skipped a step.
+holds it (source/branch.py ``data_jumps``), with the ranks that skipped a step.
 """
 
 from __future__ import annotations
@@ -35,7 +35,7 @@ from nccl_doctor import paths
 from nccl_doctor.analysis.calls.align import leaf_collectives
 from nccl_doctor.analysis.calls.wording import call_fields, ranks_text, site_key
 from nccl_doctor.analysis.who.blame import sources_for
-from nccl_doctor.analysis.why.branch import Branch, DataJump, branches, data_jumps
+from nccl_doctor.source.branch import Branch, DataJump, branches, data_jumps
 from nccl_doctor.diagnosis import Finding, FindingKind, Severity
 from nccl_doctor.model import Event, EventState, TraceSet
 from nccl_doctor.redact import source_line

@@ -5,7 +5,7 @@ pairs them).
   rest, while the other end cannot post them: it ended, or it is blocked elsewhere - in a
   collective, or in a channel that is itself short. "rank 0 sent 3 messages to rank 1 since
   barrier #2, rank 1 waits for a 4th". The loops on both sides that made them are named with
-  how many each made in its last pass (analysis/why/branch.py reads them from the recorded frames).
+  how many each made in its last pass (source/branch.py reads them from the recorded frames).
 - **shape** / **dtype**: the n-th send and the n-th receive of a channel describe different
   tensors (gloo and NCCL move bytes: a wider buffer is filled in part, or the job fails later).
 - **deadlock**: ranks that each wait to receive from the next, in a cycle, with nothing sent
@@ -23,13 +23,13 @@ from typing import Any
 from nccl_doctor import paths
 from nccl_doctor.analysis.calls.align import blocked_event, leaf_collectives
 from nccl_doctor.analysis.who.blame import read_frames, sources_for, source_text
-from nccl_doctor.analysis.why.branch import Loop, loops
+from nccl_doctor.source.branch import Loop, loops
 from nccl_doctor.analysis.why.loop_counts import calls_inside
 from nccl_doctor.analysis.what.missing import instead
 from nccl_doctor.analysis.calls.p2p_channels import (
     P2P, RECVS, SENDS, Channel, channel_of, held, is_excess, messages, p2p_channels,
 )
-from nccl_doctor.analysis.why.source_text import Sources
+from nccl_doctor.source.source_text import Sources
 from nccl_doctor.analysis.calls.wording import call_fields, call_name, call_site, versions_of
 from nccl_doctor.diagnosis import Finding, FindingKind, Severity
 from nccl_doctor.finding_evidence import P2PEvidence

@@ -20,8 +20,8 @@ from nccl_doctor.analysis.calls.align import blocked_event, last_leaf
 from nccl_doctor.analysis.calls.wording import ranks_text
 from nccl_doctor.analysis.who.ahead import further, progress
 from nccl_doctor.analysis.who.blame import sources_for
-from nccl_doctor.analysis.why.branch import loops
-from nccl_doctor.analysis.why.source_text import Sources
+from nccl_doctor.source.branch import loops
+from nccl_doctor.source.source_text import Sources
 from nccl_doctor.analysis.why.loop_counts import DIFFERENT_COUNTS
 from nccl_doctor.diagnosis import Finding, FindingKind
 from nccl_doctor.location import Location

@@ -2,7 +2,7 @@
 
 A ``collective_mismatch`` or ``missing_collective`` has sides: the ranks in one call, and the
 ranks in another (or elsewhere: blocked in another group, exited). Each side's frames are read
-(analysis/why/branch.py, through the report's ``Sources``): the library frames from torch out to the
+(source/branch.py, through the report's ``Sources``): the library frames from torch out to the
 line that issued the call (call_path.py), and every frame of the user's. A rank-dependent
 condition around a side's call that the other side's frames do not share says that side took a
 branch the others did not: it made a call they never make, and it is the culprit. A
@@ -25,12 +25,12 @@ from typing import Any, Sequence
 from nccl_doctor import call_path, paths, redact, words
 from nccl_doctor.analysis.calls.align import blocked_event, last_leaf, timelines
 from nccl_doctor.analysis.who.ahead import ahead_side
-from nccl_doctor.analysis.why.branch import Branch, NotAnalysed, branches, data_jumps
+from nccl_doctor.source.branch import Branch, NotAnalysed, branches, data_jumps
 from nccl_doctor.analysis.why.data_jumps import data_skip
 from nccl_doctor.analysis.calls.ends import aborted_at_its_end
 from nccl_doctor.analysis.why.loop_counts import Side, loop_line
-from nccl_doctor.analysis.why.polarity import body_is_special
-from nccl_doctor.analysis.why.source_text import Sources
+from nccl_doctor.source.polarity import body_is_special
+from nccl_doctor.source.source_text import Sources
 from nccl_doctor.analysis.calls.wording import ranks_text, site
 from nccl_doctor.diagnosis import Finding, FindingKind
 from nccl_doctor.location import Location
@@ -179,7 +179,7 @@ def _key(b: Branch) -> tuple[str, int, str]:
 
 
 def _skipping(b: Branch) -> bool:
-    """A branch whose special path (analysis/why/polarity.py) the ranks *outside* this call took,
+    """A branch whose special path (source/polarity.py) the ranks *outside* this call took,
     which kept them from it: a jump before it (``if rank == 1 and step == 2: continue``), the
     ``if`` arm of the ``else`` it is in (``if rank == skipper: pass`` / ``else:
     dist.broadcast(t)``), or an ``if`` that leaves them out (``if rank != skipper:
@@ -356,7 +356,7 @@ def _shared_jump(found: list[tuple[Branch, ...]], counts: Counter, n_sides: int,
     """Every side of a missing collective is past the same rank-dependent jump (``if rank == 1
     and step == 2: continue``), in the loop or function they share: the ranks that made fewer
     calls in the group - the absent ones - took it, when the jump singles out the ranks that
-    take it (analysis/why/polarity.py). (The branch, the culprits) or None."""
+    take it (source/polarity.py). (The branch, the culprits) or None."""
     if f.kind is not FindingKind.MISSING_COLLECTIVE or not found:
         return None
     culprit = tuple(sorted(f.absent or f.ranks))
@@ -431,7 +431,7 @@ def _reason(b: Branch, culprit: Sequence[int], others: Sequence[int]) -> str:
 
 
 def _via(b: Branch) -> str:
-    """How a test that reads the rank from another function does (analysis/why/rank_flow.py):
+    """How a test that reads the rank from another function does (source/rank_flow.py):
     " It depends on the rank through another function: `is_main` is `rank == 0`, passed at
     train.py:31." ("" for a test that names the rank itself)."""
     if not b.via:

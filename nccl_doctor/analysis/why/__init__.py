@@ -1,5 +1,5 @@
-"""Why a rank did what it did, read from the source: the branch that decided a call, the rank
-terms and how a rank-derived value flows through arguments, returns and attributes, the loops
-whose counts differ, a data-driven jump (a NaN guard's ``continue``).
+"""Why a rank did what it did, where the recorded calls meet the source (nccl_doctor/source/,
+the source analysis shared with ``nccl-doctor check``): the loops whose counts differ, a
+data-driven jump (a NaN guard's ``continue``), and the rule ``check`` finds a root cause by.
 
-Imports only ``calls``."""
+Imports only ``calls`` (and nccl_doctor.source, nccl_doctor.check)."""

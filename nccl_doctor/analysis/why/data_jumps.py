@@ -3,7 +3,7 @@ a ``continue``/``break``/``return``/``raise`` under a condition that does not re
 NaN guard, ``if not torch.isfinite(loss): continue``) kept some ranks from a call the others
 made.
 
-The jump is read from a side's frames of the user's (analysis/why/branch.py ``data_jumps``): in the
+The jump is read from a side's frames of the user's (source/branch.py ``data_jumps``): in the
 loop that holds the side's call, before it. The ranks that took it are read from the calls:
 every rank made as many calls from a line of that loop *before* the jump (the loop ran as often
 on every rank), and some made fewer from the side's line *after* it - those skipped it. The
@@ -22,9 +22,9 @@ from dataclasses import dataclass
 from typing import Any
 
 from nccl_doctor import paths
-from nccl_doctor.analysis.why.branch import DataJump, data_jumps
+from nccl_doctor.source.branch import DataJump, data_jumps
 from nccl_doctor.analysis.why.loop_counts import Side
-from nccl_doctor.analysis.why.source_text import Sources
+from nccl_doctor.source.source_text import Sources
 from nccl_doctor.analysis.calls.wording import ranks_text
 from nccl_doctor.model import EventKind, TraceSet
 from nccl_doctor.redact import source_line

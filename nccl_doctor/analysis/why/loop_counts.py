@@ -1,7 +1,7 @@
 """A loop the sides of a desync ran a different number of times, and the calls each rank made in
 its last pass: what blame.py says when no branch on the rank split the ranks.
 
-The loops are read from each side's frames (analysis/why/branch.py ``loops``): one that some side is
+The loops are read from each side's frames (source/branch.py ``loops``): one that some side is
 in and another is not is a loop some ranks left sooner. The ranks' calls inside it, counted on
 each rank's last unbroken pass through it, say by how many calls each fell short. A loop inside
 a library the user's line called (ZeRO-3's generate decoding until each rank's own end) shows as
@@ -14,8 +14,8 @@ from dataclasses import dataclass
 from typing import Any, Callable, Iterable
 
 from nccl_doctor import paths
-from nccl_doctor.analysis.why.branch import Loop, loops
-from nccl_doctor.analysis.why.source_text import Sources
+from nccl_doctor.source.branch import Loop, loops
+from nccl_doctor.source.source_text import Sources
 from nccl_doctor.analysis.calls.wording import ranks_text, site
 from nccl_doctor.location import Location
 from nccl_doctor.model import Event, EventKind, TraceSet

@@ -19,7 +19,7 @@ import re
 import weakref
 from typing import Callable, Iterator, Mapping, Protocol
 
-from nccl_doctor.analysis.why.source_text import Region, Sources
+from nccl_doctor.source.source_text import Region, Sources
 
 __all__ = ["Deps", "Resolver", "rank_like", "unique", "RANK_NAMES", "RANK_CALLS", "RANK_ENV"]
 
@@ -109,7 +109,7 @@ def _env_rank(name: str) -> bool:
 
 class Resolver(Protocol):
     """What a region's calls and ``self`` attributes carry from elsewhere in its file (the
-    helpers it calls, the methods that set an attribute: analysis/why/rank_flow.py): an account of
+    helpers it calls, the methods that set an attribute: source/rank_flow.py): an account of
     how the value comes from the rank ("`is_main()` returns `dist.get_rank() == 0` (train.py:12)"),
     or None when it does not."""
 

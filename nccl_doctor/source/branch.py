@@ -4,7 +4,7 @@ of a call path (and the rank-dependent jumps before it), found in the frames' Py
 PARCOACH's idea for MPI - a collective under a condition that depends on the rank is where ranks
 part - done with ``ast`` on the one function each frame is in. A may-analysis: it names every
 condition that can depend on the rank (``RANK_NAMES``, ``RANK_CALLS``, ``RANK_ENV``, the names a
-function derives from them: analysis/why/rank_terms.py), not the one that did; the doctor picks
+function derives from them: source/rank_terms.py), not the one that did; the doctor picks
 among them with the two sides' paths. Pure: the only input is the ``Sources`` of the report.
 """
 
@@ -15,14 +15,14 @@ from dataclasses import dataclass, replace
 from typing import Iterator, Optional, Sequence
 
 # RANK_* and rank_like: re-exported (what "depends on the rank" means is asked of this module)
-from nccl_doctor.analysis.why.rank_terms import (
+from nccl_doctor.source.rank_terms import (
     RANK_CALLS, RANK_ENV, RANK_NAMES, Deps, rank_like, unique,
 )
 from nccl_doctor import paths
-from nccl_doctor.analysis.why.rank_flow import (
+from nccl_doctor.source.rank_flow import (
     MAX_CALL_DEPTH, bind, call_name, class_of, resolver_for,
 )
-from nccl_doctor.analysis.why.source_text import Region, Sources
+from nccl_doctor.source.source_text import Region, Sources
 from nccl_doctor.location import Location
 
 __all__ = ["Branch", "DataJump", "Loop", "NotAnalysed", "branches", "data_jumps", "loops",
@@ -50,7 +50,7 @@ class Branch:
     skips: bool  # "jump": the ranks taking it skip the call ``frame`` is at
     names: tuple[str, ...]  # the rank-dependent names in the test, as written
     # how those of ``names`` that came from another function depend on the rank: a caller's
-    # argument, a helper's return, an attribute set elsewhere (analysis/why/rank_flow.py)
+    # argument, a helper's return, an attribute set elsewhere (source/rank_flow.py)
     via: tuple[str, ...] = ()
 
 

@@ -10,7 +10,7 @@ from dataclasses import replace
 from pathlib import Path
 
 from nccl_doctor import paths
-from nccl_doctor.analysis.why.source_text import digest
+from nccl_doctor.source.source_text import digest
 from nccl_doctor.check.engine import check_paths
 from nccl_doctor.check.rules import CheckFinding
 from nccl_doctor.diagnosis import Finding

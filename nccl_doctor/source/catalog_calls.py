@@ -1,5 +1,6 @@
 """The library calls that make collectives on every rank (the catalog the run names them by:
-plugins/collective_calls.json, read here as data), as a call site of the user's shows them.
+plugins/collective_calls.json, read by source/catalog.py), as a call site of the user's
+shows them.
 
 The run matches a library's frame by its qualname; a call site has only the receiver's name.
 So an entry is matched by its method's name where that name says it (``wait_for_everyone``,
@@ -11,9 +12,10 @@ Each entry applies only where its package is installed in a version within its r
 from __future__ import annotations
 
 import functools
-import json
 from dataclasses import dataclass
-from importlib import metadata, resources
+from importlib import metadata
+
+from nccl_doctor.source.catalog import builtin_catalog, in_range, version_key
 
 #: method -> the ways a call of it is told to be an entry's: (the words a receiver's name must
 #: hold, one of them; None: any receiver; "self@LightningModule": ``self`` in a class deriving
@@ -49,7 +51,9 @@ _FUNCTIONS = {
 
 
 @dataclass(frozen=True)
-class Entry:
+class Installed:
+    """A catalog entry whose package is installed within its range: the package it is."""
+
     id: str
     package: str
     what: str
@@ -57,22 +61,15 @@ class Entry:
 
 
 @functools.lru_cache(maxsize=1)
-def entries() -> dict[str, Entry]:
+def entries() -> dict[str, Installed]:
     """The catalog's entries whose package is installed within their version range."""
-    try:
-        raw = json.loads(resources.files("nccl_doctor.plugins").joinpath(
-            "collective_calls.json").read_text(encoding="utf-8"))
-    except (OSError, ValueError, ModuleNotFoundError):
-        return {}
     out = {}
-    for e in raw.get("entries", ()):
-        packages = e.get("package")
-        packages = packages if isinstance(packages, list) else [packages]
-        low, high = (list(e.get("versions") or [None, None]) + [None, None])[:2]
-        for package in packages:
+    for e in builtin_catalog().entries:
+        for package in e.packages:
             version = _installed(package)
-            if version is not None and _within(version, low, high):
-                out[e["id"]] = Entry(e["id"], package, e.get("what", ""), e.get("fix", ""))
+            if version is not None and version_key(version) is not None \
+                    and in_range(version, e.versions):
+                out[e.id] = Installed(e.id, package, e.what, e.fix)
                 break
     return out
 
@@ -84,23 +81,8 @@ def _installed(package: str) -> str | None:
         return None
 
 
-def _key(version: str) -> tuple[int, ...]:
-    out = []
-    for part in version.split("."):
-        digits = "".join(c for c in part if c.isdigit())
-        if not digits:
-            break
-        out.append(int(digits))
-    return tuple(out)
-
-
-def _within(version: str, low: str | None, high: str | None) -> bool:
-    v = _key(version)
-    return (low is None or v >= _key(low)) and (high is None or v < _key(high))
-
-
 def method_entry(method: str, receiver: str | None, true_keywords: frozenset[str] = frozenset(),
-                 bases: tuple[str, ...] = ()) -> Entry | None:
+                 bases: tuple[str, ...] = ()) -> Installed | None:
     """The catalog entry a call ``receiver.method(...)`` makes, if any (installed).
     ``true_keywords``: the keywords it passes as True; ``bases``: the base classes of the class
     whose method makes the call (for ``self``)."""
@@ -123,7 +105,7 @@ def _receiver_is(word: str, receiver: str | None, bases: tuple[str, ...]) -> boo
     return bool(receiver) and word in receiver.lower()
 
 
-def function_entry(module: str, name: str) -> Entry | None:
+def function_entry(module: str, name: str) -> Installed | None:
     """The catalog entry a function imported from ``module`` makes, if any (installed)."""
     i = _FUNCTIONS.get(module, {}).get(name)
     return entries().get(i) if i is not None else None

@@ -24,8 +24,8 @@ import weakref
 from dataclasses import dataclass
 
 from nccl_doctor import paths
-from nccl_doctor.analysis.why.rank_terms import Deps
-from nccl_doctor.analysis.why.source_text import Region, Sources
+from nccl_doctor.source.rank_terms import Deps
+from nccl_doctor.source.source_text import Region, Sources
 
 __all__ = ["FileResolver", "resolver_for", "call_name", "bind", "class_of",
            "MAX_CALL_DEPTH", "MAX_HELPER_DEPTH", "MAX_DEFINITIONS", "BUDGET_S"]

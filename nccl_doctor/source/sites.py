@@ -124,9 +124,9 @@ def collective_of(func: ast.AST, aliases: dict[str, str]) -> str | None:
 
 
 def _catalogued(call: ast.Call, aliases: dict[str, str], bases: tuple[str, ...] = ()):
-    """The catalog entry (check/catalog.py) a library call makes, if any. ``bases``: the base
+    """The catalog entry (source/catalog_calls.py) a library call makes, if any. ``bases``: the base
     classes of the class whose method makes the call."""
-    from nccl_doctor.check import catalog
+    from nccl_doctor.source import catalog_calls as catalog
 
     func = call.func
     if isinstance(func, ast.Attribute):
