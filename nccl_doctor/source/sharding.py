@@ -1,7 +1,8 @@
 """Where a program shards its model (ZeRO-3, FSDP), and its ``generate`` calls that do not pass
-``synced_gpus=True`` (``nccl-doctor check``'s ND005, check/generate.py). Each rank decodes until its own sequences end; with the parameters sharded, every
-forward is a collective, so a rank that ends first leaves the others waiting in an all-gather
-(docs/bugs.md D; transformers' ``synced_gpus`` keeps every rank stepping until all are done).
+``synced_gpus=True`` (``nccl-doctor check``'s ND005, check/generate.py). Each rank decodes
+until its own sequences end; with the parameters sharded, every forward is a collective, so a
+rank that ends first leaves the others waiting in an all-gather (docs/bugs.md D; transformers'
+``synced_gpus`` keeps every rank stepping until all are done).
 
 The sharding is seen where a module holds a DeepSpeed config with ``"zero_optimization":
 {"stage": 3}``, passes ``zero_stage=3``, wraps a model with FSDP (``fully_shard``,
