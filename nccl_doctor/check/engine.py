@@ -17,7 +17,7 @@ import re
 import tokenize
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Iterable, Sequence
+from typing import Iterable, Mapping, Sequence
 
 from nccl_doctor.source.branch import branches
 from nccl_doctor.source.source_text import Sources
@@ -55,10 +55,13 @@ def python_files(paths: Sequence[Path]) -> Iterable[Path]:
 
 
 def check_paths(paths: Sequence[Path], settings: Settings | None = None,
-                configs: Sequence[Path] = ()) -> CheckReport:
+                configs: Sequence[Path] = (), versions: Mapping[str, str] | None = None
+                ) -> CheckReport:
     """``settings``: rules off and files left out ([tool.nccl-doctor.check]; none: every rule,
     every file). ``configs``: config files the launch command names (``--deepspeed
-    ds_z3.json``), read for the sharding ND005 needs seen."""
+    ds_z3.json``), read for the sharding ND005 needs seen. ``versions``: the libraries' versions
+    the catalog is matched by (a run's ranks recorded them; none: those installed here)."""
+    pinned = tuple(sorted((versions or {}).items()))
     settings = settings or Settings()
     modules: list[Module] = []
     problems: list[str] = []
@@ -73,7 +76,7 @@ def check_paths(paths: Sequence[Path], settings: Settings | None = None,
         tree, lines = got
         key = str(path.resolve())
         texts[key] = lines
-        modules.append(read_module(key, tree))
+        modules.append(read_module(key, tree, pinned))
     sites = [s for m in modules for s in m.sites] + user_sites(modules)
     sources = Sources(verify=False, max_bytes=MAX_BYTES, max_files=max(64, len(modules) + 8))
     trees = {m.path: m for m in modules}
@@ -254,7 +257,7 @@ def _site_findings(site: Site, sources: Sources, module: Module, lines: list[str
         if not site.user and (_members_only(module.tree, b.line, b.names, site)
                               or _local_creation(module.tree, site)):
             continue
-        entry = _entry(site)
+        entry = _entry(site, module.versions)
         code = "ND003" if b.kind == "jump" else (
             "ND002" if site.user else "ND004" if entry is not None else "ND001")
         if _ignored(lines, site.line, code) or _ignored(lines, b.line, code):
@@ -270,13 +273,13 @@ def _site_findings(site: Site, sources: Sources, module: Module, lines: list[str
     return out
 
 
-def _entry(site: Site):
+def _entry(site: Site, versions: tuple[tuple[str, str], ...] = ()):
     """The catalog entry a library call site makes (source/catalog_calls.py), or None."""
     if not site.collective.startswith("catalog:"):
         return None
     from nccl_doctor.source import catalog_calls as catalog
 
-    return catalog.entries().get(site.collective.partition(":")[2])
+    return catalog.entries(versions).get(site.collective.partition(":")[2])
 
 
 def _ignored(lines: list[str], line: int, code: str) -> bool:

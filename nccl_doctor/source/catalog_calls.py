@@ -60,13 +60,19 @@ class Installed:
     fix: str
 
 
-@functools.lru_cache(maxsize=1)
-def entries() -> dict[str, Installed]:
-    """The catalog's entries whose package is installed within their version range."""
+Versions = tuple[tuple[str, str], ...]  # (package, version) pairs, sorted: a cache key
+
+
+@functools.lru_cache(maxsize=8)
+def entries(versions: Versions = ()) -> dict[str, Installed]:
+    """The catalog's entries whose package is installed within their version range.
+    ``versions``: the packages' versions to read instead (a run's ranks recorded them, in their
+    own environment); a package not among them is read from this interpreter's."""
+    given = dict(versions)
     out = {}
     for e in builtin_catalog().entries:
         for package in e.packages:
-            version = _installed(package)
+            version = given.get(package) or _installed(package)
             if version is not None and version_key(version) is not None \
                     and in_range(version, e.versions):
                 out[e.id] = Installed(e.id, package, e.what, e.fix)
@@ -82,11 +88,11 @@ def _installed(package: str) -> str | None:
 
 
 def method_entry(method: str, receiver: str | None, true_keywords: frozenset[str] = frozenset(),
-                 bases: tuple[str, ...] = ()) -> Installed | None:
+                 bases: tuple[str, ...] = (), versions: Versions = ()) -> Installed | None:
     """The catalog entry a call ``receiver.method(...)`` makes, if any (installed).
     ``true_keywords``: the keywords it passes as True; ``bases``: the base classes of the class
     whose method makes the call (for ``self``)."""
-    known = entries()
+    known = entries(versions)
     for words, keyword, ids in _METHODS.get(method, ()):
         if keyword is not None and keyword not in true_keywords:
             continue
@@ -105,7 +111,7 @@ def _receiver_is(word: str, receiver: str | None, bases: tuple[str, ...]) -> boo
     return bool(receiver) and word in receiver.lower()
 
 
-def function_entry(module: str, name: str) -> Installed | None:
+def function_entry(module: str, name: str, versions: Versions = ()) -> Installed | None:
     """The catalog entry a function imported from ``module`` makes, if any (installed)."""
     i = _FUNCTIONS.get(module, {}).get(name)
-    return entries().get(i) if i is not None else None
+    return entries(versions).get(i) if i is not None else None

@@ -64,10 +64,15 @@ class Module:
     imported: dict[str, tuple[str, str]] = field(default_factory=dict)
     #: each class -> its base classes, as written (``L.LightningModule``)
     bases: dict[str, tuple[str, ...]] = field(default_factory=dict)
+    #: the libraries' versions the catalog is matched by (none: those installed here)
+    versions: tuple[tuple[str, str], ...] = ()
 
 
-def read_module(path: str, tree: ast.Module) -> Module:
-    mod = Module(path, tree)
+def read_module(path: str, tree: ast.Module, versions: tuple[tuple[str, str], ...] = ()
+                ) -> Module:
+    """``versions``: the libraries' versions the catalog is matched by (source/catalog_calls.py;
+    none: those installed here)."""
+    mod = Module(path, tree, versions=versions)
     aliases = _aliases(tree, mod)
     _walk(tree, mod, aliases, "<module>", None, None)
     return mod
@@ -123,20 +128,21 @@ def collective_of(func: ast.AST, aliases: dict[str, str]) -> str | None:
     return found[1] if found and found[1] in COLLECTIVES and found[0] in DIST_MODULES else None
 
 
-def _catalogued(call: ast.Call, aliases: dict[str, str], bases: tuple[str, ...] = ()):
-    """The catalog entry (source/catalog_calls.py) a library call makes, if any. ``bases``: the base
-    classes of the class whose method makes the call."""
+def _catalogued(call: ast.Call, aliases: dict[str, str], bases: tuple[str, ...] = (),
+                versions: tuple[tuple[str, str], ...] = ()):
+    """The catalog entry (source/catalog_calls.py) a library call makes, if any. ``bases``: the
+    base classes of the class whose method makes the call."""
     from nccl_doctor.source import catalog_calls as catalog
 
     func = call.func
     if isinstance(func, ast.Attribute):
         true = frozenset(k.arg for k in call.keywords if k.arg and isinstance(
             k.value, ast.Constant) and k.value.value is True)
-        found = catalog.method_entry(func.attr, _dotted(func.value), true, bases)
+        found = catalog.method_entry(func.attr, _dotted(func.value), true, bases, versions)
         if found is not None:
             return found
     found = resolved(func, aliases)
-    return catalog.function_entry(*found) if found is not None else None
+    return catalog.function_entry(*found, versions) if found is not None else None
 
 
 def _walk(node: ast.AST, mod: Module, aliases: dict[str, str], function: str,
@@ -159,7 +165,8 @@ def _walk(node: ast.AST, mod: Module, aliases: dict[str, str], function: str,
                 mod.sites.append(site)
                 if owner is not None:
                     mod.makes.setdefault(owner, site)
-            elif (entry := _catalogued(child, aliases, mod.bases.get(cls, ()))) is not None:
+            elif (entry := _catalogued(child, aliases, mod.bases.get(cls, ()),
+                                       mod.versions)) is not None:
                 site = Site(mod.path, child.lineno, child.col_offset, text, function,
                             f"catalog:{entry.id}")
                 mod.sites.append(site)

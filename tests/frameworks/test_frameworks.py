@@ -194,6 +194,8 @@ def assert_rank_branch(report: dict, case: RankBranch) -> None:
     assert_versions(f, case.package)
     assert_catalog(f, *case.catalog)
     assert_no_cpp_callsite(report)
+    # the run points back (issue 51), the catalog matched by the releases the ranks ran
+    assert (f["evidence"].get("check_rule") or {}).get("code") == "ND004", f["evidence"]
 
 
 @pytest.mark.parametrize("case", RANK_BRANCHES, ids=str)
@@ -230,6 +232,9 @@ def test_deepspeed_zero3_generate_is_known_issue_e_at_deepspeeds_line(python, tm
         assert_versions(f, "deepspeed")
         assert_catalog(f, "GenerationMixin.generate", "transformers")
         assert_no_cpp_callsite(r)
+        said = f["evidence"].get("check_rule") or {}
+        assert (said.get("code"), said.get("line")) == ("ND005", generate), f["evidence"]
+        assert "`nccl-doctor check` finds this before the run: ND005" in f["detail"]
     assert_same_root(report, replay)
 
 

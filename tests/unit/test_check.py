@@ -410,3 +410,26 @@ def test_the_sharding_is_seen_in_a_linked_module_a_named_config_or_the_command(t
                                       "alone.py"], tmp_path)
         got = [f for f in check_paths([tmp_path / "alone.py"], configs=configs).findings]
         assert [f.condition for f in got] == ([what] if what else []), (config, got)
+
+
+def test_the_catalog_is_matched_by_the_versions_given_else_those_installed(tmp_path):
+    """A run points back with the libraries its ranks recorded (their environment, not the
+    supervisor's): Lightning is not installed here, its entries apply when its version is
+    given."""
+    path = write(tmp_path, """\
+import lightning as L
+
+
+class Module(L.LightningModule):
+    def on_train_batch_end(self, outputs, batch, batch_idx):
+        if self.global_rank == 0:
+            self.log("loss", outputs["loss"], sync_dist=True)
+            self.log("lr", 0.1)
+""")
+    from importlib.util import find_spec
+
+    assert find_spec("lightning") is None, "the case needs Lightning absent here"
+    assert check_paths([path]).findings == ()
+    (f,) = check_paths([path], versions={"lightning": "2.6.6"}).findings
+    assert (f.code, f.line, f.call) == ("ND004", line(path, 'self.log("loss"'), "self.log")
+    assert "sync_dist" in f.fix or "every rank" in f.fix, f.fix

@@ -1,5 +1,6 @@
 """The run points back (issue 51): when a run's root cause is a branch on the rank that
-``nccl-doctor check`` finds before the run, the report names the rule.
+``nccl-doctor check`` finds before the run (or a ``generate`` it finds unsynced on a sharded
+model), the report names the rule.
 
 The branch's file is checked as ``check`` reads it - only when its bytes are still those the
 run recorded (the fingerprint a rank took of it): line numbers of an edited file mean nothing."""
@@ -10,6 +11,7 @@ from dataclasses import replace
 from pathlib import Path
 
 from nccl_doctor import paths
+from nccl_doctor.analysis.calls.annotate import versions_of
 from nccl_doctor.source.source_text import digest
 from nccl_doctor.check.engine import check_paths
 from nccl_doctor.check.rules import CheckFinding
@@ -18,18 +20,42 @@ from nccl_doctor.model import TraceSet
 
 
 def rule_for(f: Finding, traces: TraceSet) -> CheckFinding | None:
-    """The ``check`` finding whose condition is ``f``'s culprit branch, if any."""
+    """The ``check`` finding whose condition is ``f``'s culprit branch, or (with no branch)
+    whose call is one of ``f``'s lines in the user's code (ND005: the ``generate`` a sharded
+    model hung in), if any."""
     b = f.branch
-    if b is None or not b.culprit or not b.path:
-        return None
-    recorded = {t.meta.sources.get(b.path) for t in traces.ranks.values()} - {None}
-    path = Path(b.path)
+    if b is not None and b.culprit and b.path:
+        found = _checked(b.path, traces)
+        return next((c for c in found if c.condition_line == b.line), None)
+    for where in _your_lines(f):
+        path, _, line = where.rpartition(":")
+        if not line.isdigit():
+            continue
+        found = _checked(path, traces)
+        hit = next((c for c in found if c.code == "ND005" and c.line == int(line)), None)
+        if hit is not None:
+            return hit
+    return None
+
+
+def _checked(path: str, traces: TraceSet) -> tuple[CheckFinding, ...]:
+    """``check``'s findings in the file at ``path``, when its bytes are those a rank recorded."""
+    recorded = {t.meta.sources.get(path) for t in traces.ranks.values()} - {None}
     try:
-        if not recorded or digest(path.read_bytes()) not in recorded:
-            return None
+        if not recorded or digest(Path(path).read_bytes()) not in recorded:
+            return ()
     except OSError:
-        return None
-    return next((c for c in check_paths([path]).findings if c.condition_line == b.line), None)
+        return ()
+    # (the catalog matched by the libraries the ranks ran, not this interpreter's)
+    return check_paths([Path(path)], versions=versions_of(traces)).findings
+
+
+def _your_lines(f: Finding) -> list[str]:
+    """The user's lines ``f`` names (its own, each side's), as ``path:line``."""
+    ev = f.evidence
+    lines = [getattr(ev, "your_line", None)]
+    lines += [s.get("your_line") for s in getattr(ev, "sides", ()) if isinstance(s, dict)]
+    return list(dict.fromkeys(x for x in lines if isinstance(x, str) and x))
 
 
 def with_rule(findings: list[Finding], traces: TraceSet) -> list[Finding]:
