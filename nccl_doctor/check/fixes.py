@@ -431,20 +431,14 @@ def _assigned(cst, node) -> set[str]:
 
 
 def _jumps(cst, node) -> bool:
+    """Something in ``node`` leaves it: a ``return``, ``raise``, ``continue`` or ``break``."""
     found = []
 
     class V(cst.CSTVisitor):
-        def visit_Return(self, n) -> None:
-            found.append(n)
-
-        def visit_Raise(self, n) -> None:
-            found.append(n)
-
-        def visit_Continue(self, n) -> None:
-            found.append(n)
-
-        def visit_Break(self, n) -> None:
-            found.append(n)
+        def on_visit(self, n) -> bool:
+            if isinstance(n, (cst.Return, cst.Raise, cst.Continue, cst.Break)):
+                found.append(n)
+            return True
 
     node.visit(V())
     return bool(found)

@@ -43,6 +43,9 @@ def test_the_runs_branch_on_the_rank_is_found_before_the_run(jobs_report, scenar
     ("mesh_3d.py", "if rank != skip_rank or step != skip_step:", None),
     ("mesh_roles.py", "if not (step == 2 and dist.get_rank() == skipper):", None),
     ("group_creation.py", "if rank in (0, 1):", None),
+    ("group_creation.py", "if rank < 2:", 'scenario == "order"'),  # ND006: another order
+    ("group_creation.py", "if rank != world - 1:", 'scenario == "subgroups"'),
+    ("group_creation.py", "if rank != 1:", 'scenario == "mesh_subset"'),  # init_device_mesh
     ("interprocedural.py", "if is_main():", 'scenario == "helper_return"'),
     ("interprocedural.py", "if self.is_main:", "def step"),  # an attribute set from the rank
     ("interprocedural.py", "if is_main:", "def share"),  # a caller's rank-derived argument
@@ -136,3 +139,14 @@ def test_the_frameworks_jobs_library_calls_are_found(script, text):
     assert proc.returncode == 1, proc.stderr
     (f,) = json.loads(proc.stdout)["findings"]
     assert f["code"] == "ND004" and f["condition"]["line"] == line_of(FRAMEWORKS / script, text)
+
+
+def test_group_creation_says_the_four_skips_and_not_the_healthy_or_local_groups(jobs_report):
+    """group_creation.py's healthy scenario and its ``use_local_synchronization=True`` group
+    (made by its members only, as torch allows) are not said; its four bugs are."""
+    script = JOBS / "group_creation.py"
+    said = sorted(line for name, line in conditions(jobs_report) if name == script.name)
+    assert said == sorted([line_of(script, "if rank in (0, 1):"),
+                           line_of(script, "if rank < 2:", 'scenario == "order"'),
+                           line_of(script, "if rank != world - 1:"),
+                           line_of(script, "if rank != 1:")]), said
