@@ -124,3 +124,11 @@ def test_the_report_names_the_rule_check_finds_it_by_before_the_run(run_job, sce
         assert said["code"] == rule and said["path"] == str(where), said
         assert f"`nccl-doctor check` finds this before the run: {rule} at" in root["detail"]
         assert root["branch"]["line"] == line
+    said = f"finds this before the run: {rule} at"
+    page = subprocess.run([sys.executable, "-m", "nccl_doctor", "replay", "--format", "html",
+                           str(job.out)], capture_output=True, text=True, timeout=120).stdout
+    assert said in page, "the HTML page does not say the rule"
+    console = subprocess.run([sys.executable, "-m", "nccl_doctor", "replay", str(job.out)],
+                             capture_output=True, text=True, timeout=120,
+                             env={**os.environ, "COLUMNS": "400"}).stdout
+    assert said in console, console
