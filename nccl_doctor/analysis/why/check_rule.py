@@ -7,6 +7,8 @@ run recorded (the fingerprint a rank took of it): line numbers of an edited file
 
 from __future__ import annotations
 
+import re
+from collections.abc import Mapping
 from dataclasses import replace
 from pathlib import Path
 
@@ -19,6 +21,9 @@ from nccl_doctor.diagnosis import Finding
 from nccl_doctor.model import TraceSet
 
 
+_WHERE = re.compile(r"(?P<path>.+?):(?P<line>\d+)(?:\s.*)?\Z")  # path:line [function]
+
+
 def rule_for(f: Finding, traces: TraceSet) -> CheckFinding | None:
     """The ``check`` finding whose condition is ``f``'s culprit branch, or (with no branch)
     whose call is one of ``f``'s lines in the user's code (ND005: the ``generate`` a sharded
@@ -28,11 +33,11 @@ def rule_for(f: Finding, traces: TraceSet) -> CheckFinding | None:
         found = _checked(b.path, traces)
         return next((c for c in found if c.condition_line == b.line), None)
     for where in _your_lines(f):
-        path, _, line = where.rpartition(":")
-        if not line.isdigit():
+        m = _WHERE.match(where)
+        if m is None:
             continue
-        found = _checked(path, traces)
-        hit = next((c for c in found if c.code == "ND005" and c.line == int(line)), None)
+        found = _checked(m["path"], traces)
+        hit = next((c for c in found if c.code == "ND005" and c.line == int(m["line"])), None)
         if hit is not None:
             return hit
     return None
@@ -51,10 +56,14 @@ def _checked(path: str, traces: TraceSet) -> tuple[CheckFinding, ...]:
 
 
 def _your_lines(f: Finding) -> list[str]:
-    """The user's lines ``f`` names (its own, each side's), as ``path:line``."""
+    """The user's lines ``f`` names (its own, each side's, where it entered the library, the
+    loop whose counts differ), as ``path:line``."""
     ev = f.evidence
-    lines = [getattr(ev, "your_line", None)]
-    lines += [s.get("your_line") for s in getattr(ev, "sides", ()) if isinstance(s, dict)]
+    lines = [getattr(ev, "your_line", None), getattr(f, "entry_callsite", None)]
+    lines += [s.get("your_line") for s in getattr(ev, "sides", ()) if isinstance(s, Mapping)]
+    loop = getattr(ev, "loop", None)
+    if isinstance(loop, Mapping) and loop.get("path") and loop.get("line"):
+        lines.append(f"{loop['path']}:{loop['line']}")
     return list(dict.fromkeys(x for x in lines if isinstance(x, str) and x))
 
 
