@@ -87,9 +87,11 @@ def check_paths(paths: Sequence[Path], settings: Settings | None = None,
         for caller in outer[:_CALLERS]:
             for f in _site_findings(site, sources, trees[site.path], texts[site.path], caller):
                 found.setdefault((f.code, f.path, f.line, f.col, f.condition_line), f)
-    shown = _sharding_by_module(modules, configs)
+    shown = _sharding_by_module(modules, texts, configs)
     for module in modules:
-        for f in generate_findings(module, shown.get(module.path)):
+        if module.path not in shown:
+            continue
+        for f in generate_findings(module, shown[module.path]):
             if not _ignored(texts[module.path], f.line, f.code):
                 found.setdefault((f.code, f.path, f.line, f.col, f.condition_line), f)
     kept = [f for f in _without_complements(list(found.values()), sites)
@@ -98,12 +100,17 @@ def check_paths(paths: Sequence[Path], settings: Settings | None = None,
     return CheckReport(tuple(ordered), len(modules), tuple(problems))
 
 
-def _sharding_by_module(modules: list[Module], configs: Sequence[Path]) -> dict[str, Shown]:
-    """Each module -> the sharding seen where it is linked: a config file of the command, or a
-    module it imports or is imported by, directly, by a name that is one module's alone among
-    those checked (a library's hundreds of files are not one program)."""
+def _sharding_by_module(modules: list[Module], texts: Mapping[str, list[str]],
+                        configs: Sequence[Path]) -> dict[str, Shown]:
+    """Each module that calls ``generate`` -> the sharding seen where it is linked: a config
+    file of the command, or a module it imports or is imported by, directly, by a name that is
+    one module's alone among those checked (a library's hundreds of files are not one
+    program). Only those modules and their neighbours are read for it."""
     from nccl_doctor.source.sharding import config_sharding, sharding
 
+    callers = [m for m in modules if any(".generate(" in line for line in texts[m.path])]
+    if not callers:
+        return {}
     command = next((Shown(what, str(c.resolve()), 1) for c in configs
                     if (what := config_sharding(c)) is not None), None)
     stems: dict[str, list[str]] = {}
@@ -111,19 +118,23 @@ def _sharding_by_module(modules: list[Module], configs: Sequence[Path]) -> dict[
         stems.setdefault(Path(m.path).stem, []).append(m.path)
     links: dict[str, set[str]] = {m.path: set() for m in modules}
     for m in modules:
-        for node in ast.walk(m.tree):
-            names = ([a.name for a in node.names] if isinstance(node, ast.Import) else
-                     [node.module or "", *(a.name for a in node.names)]
-                     if isinstance(node, ast.ImportFrom) else [])
-            for name in names:
-                found = stems.get(name.rpartition(".")[2], [])
-                if len(found) == 1 and found[0] != m.path:
-                    links[m.path].add(found[0])
-                    links[found[0]].add(m.path)
-    own = {m.path: sharding(m) for m in modules}
+        for name in m.imports:
+            found = stems.get(name.rpartition(".")[2], [])
+            if len(found) == 1 and found[0] != m.path:
+                links[m.path].add(found[0])
+                links[found[0]].add(m.path)
+    by_path = {m.path: m for m in modules}
+    own: dict[str, Shown | None] = {}
+
+    def shown(path: str) -> Shown | None:
+        if path not in own:
+            own[path] = sharding(by_path[path])
+        return own[path]
+
     out: dict[str, Shown] = {}
-    for m in modules:
-        found = next((own[p] for p in sorted(links[m.path]) if own[p] is not None), command)
+    for m in callers:
+        found = shown(m.path) or next((s for p in sorted(links[m.path])
+                                       if (s := shown(p)) is not None), command)
         if found is not None:
             out[m.path] = found
     return out

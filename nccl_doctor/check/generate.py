@@ -9,16 +9,13 @@ import ast
 from pathlib import Path
 
 from nccl_doctor.check.rules import CheckFinding
-from nccl_doctor.source.sharding import CONFIG_SUFFIXES, Shown, sharding, unsynced
+from nccl_doctor.source.sharding import CONFIG_SUFFIXES, Shown, unsynced
 from nccl_doctor.source.sites import Module
 
 
-def generate_findings(module: Module, elsewhere: Shown | None = None) -> list[CheckFinding]:
-    """``elsewhere``: the sharding a linked module or the launch command shows (the module's
-    own comes first)."""
-    shown = sharding(module) or elsewhere
-    if shown is None:
-        return []
+def generate_findings(module: Module, shown: Shown) -> list[CheckFinding]:
+    """``shown``: the sharding seen for the module (its own, a linked module's or the launch
+    command's: check/engine.py)."""
     here = shown.path == module.path
     where = "" if here else (f"shown in {Path(shown.path).name}" + (
         f":{shown.line}" if not shown.path.endswith(CONFIG_SUFFIXES) else ""))

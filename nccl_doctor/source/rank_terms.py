@@ -137,6 +137,7 @@ class _Facts:
         self.via: dict[str, str] = {}
         self._tainted: frozenset[str] | None = None
         self._local: frozenset[str] | None = None
+        self._assignments: list[tuple[str, ast.AST]] | None = None
 
     @classmethod
     def of(cls, region: Region, sources: Sources, seeds: Mapping[str, str] | None = None,
@@ -151,7 +152,7 @@ class _Facts:
         """The names assigned from the rank anywhere in the region (flow-insensitive, to a
         fixpoint; nested functions included, for their closures), and the seeds."""
         if self._tainted is None:
-            assignments = _assignments(self.root, self.lines) if self.root is not None else []
+            assignments = self.assignments()
             tainted: set[str] = set(self.seeds)
             changed = True
             while changed:
@@ -162,6 +163,14 @@ class _Facts:
                         changed = True
             self._tainted = frozenset(tainted)
         return self._tainted
+
+    def assignments(self) -> list[tuple[str, ast.AST]]:
+        """(name, the expression assigned to it) for every assignment in the region, read
+        once."""
+        if self._assignments is None:
+            self._assignments = _assignments(self.root, self.lines) \
+                if self.root is not None else []
+        return self._assignments
 
     def local(self) -> frozenset[str]:
         """Names bound anywhere in the region: not the module's."""
@@ -254,7 +263,7 @@ class Deps:
         if not isinstance(node, ast.Name) or rank_like(node.id) or self.facts.root is None \
                 or node.id not in self.tainted or node.id in self.facts.seeds:
             return False
-        before = [v for k, v in _assignments(self.facts.root, self.lines)
+        before = [v for k, v in self.facts.assignments()
                   if k == node.id and getattr(v, "lineno", 0) < getattr(node, "lineno", 0)]
         return bool(before) and _uniform(max(before, key=lambda v: v.lineno))
 

@@ -62,6 +62,8 @@ class Module:
         default_factory=list)
     #: names imported from other modules: local name -> (module, name)
     imported: dict[str, tuple[str, str]] = field(default_factory=dict)
+    #: every module name it imports, and each name imported from one (``pkg.config``)
+    imports: set[str] = field(default_factory=set)
     #: each class -> its base classes, as written (``L.LightningModule``)
     bases: dict[str, tuple[str, ...]] = field(default_factory=dict)
     #: the libraries' versions the catalog is matched by (none: those installed here)
@@ -83,16 +85,19 @@ def _aliases(tree: ast.Module, mod: Module) -> dict[str, str]:
     out: dict[str, str] = {}
     for node in ast.walk(tree):
         if isinstance(node, ast.Import):
+            mod.imports.update(a.name for a in node.names)
             for a in node.names:
                 if a.asname:
                     out[a.asname] = a.name
                 else:
                     out[a.name.split(".")[0]] = a.name.split(".")[0]
         elif isinstance(node, ast.ImportFrom) and node.module and not node.level:
+            mod.imports.update([node.module, *(f"{node.module}.{a.name}" for a in node.names)])
             for a in node.names:
                 out[a.asname or a.name] = f"{node.module}.{a.name}"
                 mod.imported[a.asname or a.name] = (node.module, a.name)
         elif isinstance(node, ast.ImportFrom) and node.level:
+            mod.imports.update([node.module or "", *(a.name for a in node.names)])
             for a in node.names:  # (a relative import: one of the user's modules)
                 mod.imported[a.asname or a.name] = ("." * node.level + (node.module or ""),
                                                     a.name)
