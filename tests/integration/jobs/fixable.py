@@ -1,4 +1,4 @@
-"""Desyncs whose fix ``nccl-doctor check --fix`` makes (tests/integration/test_check_fix.py). As
+"""Desyncs whose fix ``nccl-doctor check --fix`` makes (tests/integration/test_check_fix_jobs.py). As
 written, rank 0 makes collectives the other ranks skip and the job hangs or fails; after
 ``check --fix`` every rank makes them, the job runs healthy and ``check`` is clean.
 
