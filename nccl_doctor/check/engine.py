@@ -269,7 +269,7 @@ def _site_findings(site: Site, sources: Sources, module: Module, lines: list[str
                               or _local_creation(module.tree, site)):
             continue
         entry = _entry(site, module.versions)
-        code = "ND003" if b.kind == "jump" else (
+        code = "ND003" if b.kind in ("jump", "for") else (
             "ND002" if site.user else "ND004" if entry is not None else "ND001")
         if _ignored(lines, site.line, code) or _ignored(lines, b.line, code):
             continue

@@ -37,9 +37,10 @@ RULES: dict[str, Rule] = {r.code: r for r in (
          "branch), then choose the one each rank uses: torch numbers the groups by the order "
          "they are created in, and each creation is a collective of the default group."),
     Rule("ND003", "a rank-dependent early exit (continue, break, return, raise) before a "
-                  "collective",
-         "Decide the exit on every rank alike, or make the collective before it: the ranks "
-         "that leave skip a collective the others wait in."),
+                  "collective, or a loop whose count depends on the rank around one",
+         "Decide the exit (or the loop's count) on every rank alike, or make the collective "
+         "before it: the ranks that leave, or loop fewer times, skip a collective the others "
+         "wait in."),
 )}
 
 
@@ -84,7 +85,9 @@ class CheckFinding:
                 "ND001": f"`{self.call}` is a collective",
                 "ND002": f"`{self.call}` makes collectives ({via})",
                 "ND003": f"`{self.call}` is a collective"}[self.code]
-        where = (f"after the rank-dependent exit at line {self.condition_line}"
+        where = (f"in the loop whose count depends on the rank at line {self.condition_line}"
+                 if self.arm == "for" else
+                 f"after the rank-dependent exit at line {self.condition_line}"
                  if self.code == "ND003" else
                  f"under the rank-dependent condition at line {self.condition_line}")
         reads = f", reading {', '.join(self.names)}" if self.names else ""

@@ -41,7 +41,7 @@ _CODE_NAMES: dict[str, type] = {
 
 @dataclass(frozen=True)
 class Branch:
-    kind: str  # if | else | while | ifexp | match | comprehension | decorator | jump
+    kind: str  # if | else | while | for | ifexp | match | comprehension | decorator | jump
     path: str
     line: int  # the condition's line: the if/elif/while header, for "else" the if's header
     text: str  # that line stripped, at most TEXT_CHARS
@@ -189,6 +189,11 @@ class _View:
             names = self.deps.names(parent.test)
             if names:
                 yield self._branch("while", parent.lineno, names)
+        elif isinstance(parent, (ast.For, ast.AsyncFor)) and field == "body":
+            # a loop bound by the rank (``for _ in range(rank + 1):``): each rank its own count
+            names = self.deps.names(parent.iter)
+            if names:
+                yield self._branch("for", parent.lineno, names)
         elif isinstance(parent, ast.IfExp) and field in ("body", "orelse"):
             names = self.deps.names(parent.test)
             if names:

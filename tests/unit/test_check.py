@@ -433,3 +433,24 @@ class Module(L.LightningModule):
     (f,) = check_paths([path], versions={"lightning": "2.6.6"}).findings
     assert (f.code, f.line, f.call) == ("ND004", line(path, 'self.log("loss"'), "self.log")
     assert "sync_dist" in f.fix or "every rank" in f.fix, f.fix
+
+
+def test_a_loop_whose_count_depends_on_the_rank_is_found_one_on_the_world_is_not(tmp_path):
+    path = write(tmp_path, """\
+import torch.distributed as dist
+
+
+def main(t, shards):
+    rank = dist.get_rank()
+    for _ in range(rank + 1):
+        dist.all_reduce(t)
+    for _ in range(dist.get_world_size()):
+        dist.all_reduce(t)
+    for shard in shards:
+        dist.all_reduce(shard)
+""")
+    report = check_paths([path])
+    (f,) = report.findings
+    assert (f.code, f.line, f.condition_line, f.arm) == (
+        "ND003", line(path, "dist.all_reduce(t)"), line(path, "range(rank + 1)"), "for")
+    assert "in the loop whose count depends on the rank" in f.message(), f.message()
