@@ -2,12 +2,17 @@
 
 from __future__ import annotations
 
-from nccl_doctor.env import host_name
+import mmap
+import os
+import time
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Callable
 
 import psutil
 
+from nccl_doctor.capture import format as fmt
+from nccl_doctor.env import host_name
 from nccl_doctor.capture.names import capture_files
 from nccl_doctor.capture.reader import read_counters
 from nccl_doctor.errors import DoctorError
@@ -27,33 +32,84 @@ class RankProcess:
 
 
 class Registry:
-    """The job's ranks and their progress counters, from the capture directory (cheap to poll)."""
+    """The job's ranks and their progress counters, from the capture directory (cheap to poll).
 
-    def __init__(self, directory: Path) -> None:
+    A poll costs what changed: the folder is listed again only when its modification time moved
+    (a rank's capture created, a restarted rank's new one) or ``RESCAN_S`` went by (a filesystem
+    whose times are coarse); a capture's header is read whole once, when it first can be, and
+    then kept mapped, so that its two counters are read from memory, with no system call."""
+
+    #: the longest a poll goes without listing the folder again
+    RESCAN_S = 2.0
+
+    def __init__(self, directory: Path, clock: Callable[[], float] = time.monotonic) -> None:
         self.directory = directory
         self.ranks: dict[int, RankProcess] = {}
         self.notes: dict[int, int] = {}  # rank -> bytes of notes written (moves with each note)
-        self._known: dict[Path, RankProcess | None] = {}
+        self._known: dict[Path, RankProcess | None] = {}  # (None: a capture with no usable rank)
+        self._maps: dict[Path, mmap.mmap] = {}  # each known capture's header, mapped
+        self._paths: list[Path] = []
+        self._listed: tuple[int, float] | None = None  # (the folder's mtime, when) at the listing
+        self._clock = clock
 
     def poll(self) -> dict[int, int]:
         """rank -> records started so far. New capture files join the registry."""
+        self._list()
         counts: dict[int, int] = {}
-        for path in capture_files(self.directory):
-            try:
-                meta, started, notes = read_counters(path)
-            except DoctorError:
-                continue  # being created, or damaged: the full read will say which
-            known = self._known.get(path)
-            if known is None:
+        for path in self._paths:
+            mapped = self._maps.get(path)
+            if mapped is not None:
+                (started,) = fmt.COUNTER.unpack_from(mapped, fmt.EVENTS_STARTED_OFFSET)
+                (notes,) = fmt.COUNTER.unpack_from(mapped, fmt.STRTAB_USED_OFFSET)
+                known = self._known.get(path)
+            elif path in self._known:
+                continue  # (read once: no rank in it)
+            else:
+                try:
+                    meta, started, notes = read_counters(path)
+                except DoctorError:
+                    continue  # being created, or damaged: the full read will say which
                 known = self._known[path] = _rank_process(meta, path)
-                if known is not None:
-                    current = self.ranks.get(known.rank)
-                    if current is None or current.started_ns <= known.started_ns:
-                        self.ranks[known.rank] = known  # a restarted rank replaces the old one
+                if known is None:
+                    continue
+                self._map(path)
+                current = self.ranks.get(known.rank)
+                if current is None or current.started_ns <= known.started_ns:
+                    self.ranks[known.rank] = known  # a restarted rank replaces the old one
             if known is not None and self.ranks.get(known.rank) is known:
                 counts[known.rank] = started
                 self.notes[known.rank] = notes
         return counts
+
+    def _list(self) -> None:
+        """The folder's captures listed again, when it may hold others than last time."""
+        now = self._clock()
+        try:
+            mtime = os.stat(self.directory).st_mtime_ns
+        except OSError:
+            mtime = -1
+        if self._listed is not None and self._listed[0] == mtime \
+                and now - self._listed[1] < self.RESCAN_S:
+            return
+        self._listed = (mtime, now)
+        self._paths = capture_files(self.directory)
+        for gone in set(self._maps) - set(self._paths):
+            self._maps.pop(gone).close()
+
+    def _map(self, path: Path) -> None:
+        """The capture's header page, mapped for its counters (a file that cannot be mapped
+        is read as before, a system call a poll)."""
+        try:
+            with path.open("rb") as fh:
+                self._maps[path] = mmap.mmap(fh.fileno(), fmt.HEADER_SIZE,
+                                             access=mmap.ACCESS_READ)
+        except (OSError, ValueError):
+            self._known.pop(path, None)  # (read again next poll)
+
+    def close(self) -> None:
+        for mapped in self._maps.values():
+            mapped.close()
+        self._maps.clear()
 
     def local(self) -> dict[int, RankProcess]:
         """The ranks running on this host (the only ones this supervisor can sample)."""

@@ -228,6 +228,7 @@ class Supervisor:
             diagnosis, report, error = self._analyse(manifest)
         finally:
             self.live.captures.close()
+            self.live.registry.close()
             if self.cluster is not None:
                 self.cluster.close(self.final_wait)
         self._to(State.DONE)

@@ -1,0 +1,92 @@
+"""The supervisor's registry of ranks (supervisor/probe.py ``Registry``), polled five times a
+second: a capture joins when it appears, its counters are read from its mapped header as the
+rank writes, a restarted rank's newer capture replaces the old one, a capture still being
+created waits for its header, and a folder whose time did not move is listed again after
+``RESCAN_S`` all the same."""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+from nccl_doctor.capture import format as fmt
+from nccl_doctor.capture.writer import CaptureWriter
+from nccl_doctor.model import EventKind, EventState
+from nccl_doctor.supervisor.probe import Registry
+
+
+def writer(directory: Path, rank: int, pid: int, started_ns: int = 1) -> CaptureWriter:
+    meta = {"rank": rank, "world_size": 2, "host": "node0", "pid": pid, "local_rank": rank,
+            "started_ns": started_ns, "run_id": "t"}
+    return CaptureWriter(directory / f"rank{rank:05d}.node0.{pid}{fmt.CAPTURE_SUFFIX}", meta)
+
+
+def call(w: CaptureWriter, seq: int) -> None:
+    op, group = w.intern("all_reduce"), w.intern("0")
+    idx = w.begin((0, 1000 + seq, seq, 16, 7, op, group, 0, 0, 0, 0, 0, 0, 0, 0, -1, 2, 0,
+                   int(EventKind.COLLECTIVE), 0, 0))
+    w.end(idx, int(EventState.RETURNED), 1)
+
+
+class Clock:
+    def __init__(self) -> None:
+        self.now = 100.0
+
+    def __call__(self) -> float:
+        return self.now
+
+
+def test_captures_join_as_they_appear_and_their_counters_move_as_ranks_write(tmp_path):
+    registry = Registry(tmp_path)
+    assert registry.poll() == {}
+    a = writer(tmp_path, 0, 11)
+    assert registry.poll() == {0: 0}
+    for seq in range(1, 4):
+        call(a, seq)
+    b = writer(tmp_path, 1, 12)
+    call(b, 1)
+    assert registry.poll() == {0: 3, 1: 1}
+    notes = registry.notes[0]
+    assert a.note("lifecycle", what="x")
+    call(a, 4)
+    assert registry.poll() == {0: 4, 1: 1}
+    assert registry.notes[0] > notes  # (a note moves the second counter)
+    registry.close()
+
+
+def test_a_restarted_ranks_newer_capture_replaces_the_old_and_a_gone_file_is_let_go(tmp_path):
+    registry = Registry(tmp_path)
+    old = writer(tmp_path, 0, 11, started_ns=1)
+    call(old, 1)
+    assert registry.poll() == {0: 1}
+    new = writer(tmp_path, 0, 21, started_ns=2)
+    assert registry.poll() == {0: 0} and registry.ranks[0].pid == 21
+    old.path.unlink()
+    assert registry.poll() == {0: 0}
+    assert old.path not in registry._maps  # (its mapping closed)
+    call(new, 1)
+    assert registry.poll() == {0: 1}
+
+
+def test_a_capture_still_being_created_waits_for_its_header(tmp_path):
+    registry = Registry(tmp_path)
+    path = tmp_path / f"rank00000.node0.11{fmt.CAPTURE_SUFFIX}"
+    path.write_bytes(bytes(100))  # (the writer has not written the header yet)
+    assert registry.poll() == {}
+    path.unlink()
+    w = writer(tmp_path, 0, 11)
+    call(w, 1)
+    assert registry.poll() == {0: 1}
+
+
+def test_a_folder_whose_time_did_not_move_is_listed_again_after_rescan_s(tmp_path):
+    clock = Clock()
+    registry = Registry(tmp_path, clock=clock)
+    writer(tmp_path, 0, 11)
+    assert registry.poll() == {0: 0}
+    before = os.stat(tmp_path).st_mtime_ns
+    writer(tmp_path, 1, 12)
+    os.utime(tmp_path, ns=(before, before))  # (a filesystem whose times are coarse)
+    assert registry.poll() == {0: 0}  # not listed again yet: the time says nothing changed
+    clock.now += Registry.RESCAN_S
+    assert registry.poll() == {0: 0, 1: 0}
