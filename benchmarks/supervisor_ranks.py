@@ -151,8 +151,9 @@ def measure(ranks: int, calls: int, pause: float, calls_s: float, every: float,
         written = ranks * span / (every + 0.0001)  # (each rank's pace: a call, then a sleep)
         _, err = proc.communicate(timeout=pause + calls_s + 300)
         report = json.loads((out / "report.json").read_text())
+        said = [f"{f.get('kind')}: {f.get('title')}" for f in report.get("findings", [])][:3]
         return {"ranks": ranks, "status": proc.returncode, "verdict": report.get("verdict"),
-                "wait": wait, "per_1000": spent / written * 1000, "calls_per_s": written / span,
+                "said": said, "wait": wait, "per_1000": spent / written * 1000, "calls_per_s": written / span,
                 "stderr": err[-500:]}
     finally:
         shutil.rmtree(work, ignore_errors=True)
@@ -177,7 +178,7 @@ def main() -> None:
         ok = r["status"] == 0 and r["verdict"] == "ok"
         print(f"{ranks:>5} {r['wait']:>12.2%} {r['per_1000'] * 1e3:>13.1f} ms "
               f"{r['calls_per_s']:>8.0f}  exit {r['status']}, verdict {r['verdict']}"
-              + ("" if ok else f"  NOT A HEALTHY RUN: {r['stderr']!r}"))
+              + ("" if ok else f"  NOT A HEALTHY RUN: {r['said']} {r['stderr']!r}"))
         last = r
     if last is not None:
         print(f"supervisor_ranks ranks={last['ranks']} wait={last['wait']:.2%} "

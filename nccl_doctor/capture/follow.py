@@ -79,6 +79,7 @@ class CaptureFollower:
         self._built: tuple[np.ndarray, tuple[Event, ...]] = (np.zeros(0, dtype=np.uint64), ())
         self._torn: set[int] = set()  # slots holding a torn record (or a torn exit part)
         self._open: set[int] = set()  # slots whose record awaits its exit, or a string
+        self._last_decode: tuple[bytes, bytes, int] | None = None  # (slots, rows, strings)
         self._frontier = 1  # lowest record index not yet seen in its slot
         self._started = -1
         self._used = -1
@@ -182,12 +183,15 @@ class CaptureFollower:
         (used,) = fmt.COUNTER.unpack_from(head, fmt.STRTAB_USED_OFFSET)
         return started, used
 
-    def read(self) -> RankTrace:
-        """The capture as it is now (the previous object when nothing changed)."""
+    def read(self, moved_folder: bool = True) -> RankTrace:
+        """The capture as it is now (the previous object when nothing changed).
+        ``moved_folder``: whether its folder may hold new files (False: a fault file that was
+        not there is still not there, and is not looked for)."""
         started, used = self._counters()
         changed = self._read_strings(used)
         changed |= self._read_ring(started)
-        changed |= self._read_fault()
+        if moved_folder or self._fault is not None:
+            changed |= self._read_fault()
         if changed or self._trace is None:
             self._trace = self._build()
         return self._trace
@@ -220,12 +224,22 @@ class CaptureFollower:
             self._held[:] = False
             self._torn.clear()
             self._open.clear()
+            self._last_decode = None  # (what was held is forgotten: everything decoded anew)
             self._started = started
             self._frontier = started - capacity + 1 if started >= capacity else 1
             self._decode(np.arange(ring_slots(capacity, started, self._available)))
             self._advance(started)
             return True
         moved, self._started = started != self._started, started
+        if not moved:  # (the watchdog's looks while ranks wait: only the unsettled slots)
+            pending = self._open | self._torn
+            if not pending:
+                self._advance(started)
+                return False
+            slots = np.fromiter(sorted(pending), dtype=np.int64, count=len(pending))
+            changed = self._decode(slots[slots < self._available])
+            self._advance(started)
+            return changed
         # the records started since (and a few past the counter: a racing thread of the pure-
         # Python ring may have written there; it publishes its own index once it has, so while
         # the counter stands still nothing new was written), and the unsettled slots
@@ -254,10 +268,18 @@ class CaptureFollower:
                 break
 
     def _decode(self, slots: np.ndarray) -> bool:
-        """Decode ``slots`` afresh; whether what they hold changed."""
+        """Decode ``slots`` afresh; whether what they hold changed. The same slots read back
+        byte for byte as last time, with no string learnt since, decode to what they did: not
+        decoded again (the watchdog's looks while ranks wait in a call: each rank's open record,
+        read again and again)."""
         if not len(slots):
             return False
-        decoded = records.decode(self._rows(slots), slots, self.capacity)
+        rows = self._rows(slots)
+        same_as_last = (slots.tobytes(), rows.tobytes(), len(self._strings))
+        if same_as_last == self._last_decode:
+            return False
+        self._last_decode = same_as_last
+        decoded = records.decode(rows, slots, self.capacity)
         touched = slots.tolist()
         before = (self._held[slots].copy(), self._exited[slots].copy(),
                   self._cols[slots].view(np.uint8).copy())

@@ -3,6 +3,8 @@ written since the previous one (capture/follow.py)."""
 
 from __future__ import annotations
 
+import os
+import time
 from dataclasses import replace
 from pathlib import Path
 from typing import Protocol
@@ -67,17 +69,22 @@ class LiveCaptures:
         self._beside: tuple[tuple, tuple] = ((), ())  # (stamps, what) of gpu.jsonl & stragglers
         self._cut: dict[int, tuple[RankTrace, RankTrace]] = {}  # id -> (trace, its newest part)
         self._last: TraceSet | None = None
+        self._listed: tuple[int, Manifest | None] | None = None  # (folder mtime, manifest)
+        self._listed_at = 0.0
+        self._listing: tuple[tuple[Manifest | None, list[Path], list[str]], list[Path]] = (
+            (None, [], []), [])
 
     def load(self) -> TraceSet:
-        """The job as its captures show it now (ranks still running: no exit yet)."""
-        manifest, files, damage = self._contents()
-        read = [self._follow(f) for f in files]
+        """The job as its captures show it now (ranks still running: no exit yet). The folder
+        is listed again only when its time moved (a file created, renamed or removed in it) or
+        ``RESCAN_S`` went by; in between a look reads each capture's counters and what moved."""
+        moved_folder = self._list()
+        (manifest, files, damage), others = self._listing
+        read = [self._follow(f, moved_folder) for f in files]
         stamps: tuple = (self.beside.stamp(),)
         # a rank that could not make its capture, or raised before joining, is news too,
         # though no capture moved
-        stamps += tuple((p.name, _stamp(p)) for suffix in (fmt.UNRECORDED_SUFFIX,
-                                                          EARLY_EXIT_SUFFIX)
-                        for p in sorted(self.directory.glob(f"*{suffix}")))
+        stamps += tuple((p.name, _stamp(p)) for p in others)
         moved = stamps != self._beside[0]
         if moved:
             self._beside = (stamps, self.beside.read())
@@ -107,6 +114,26 @@ class LiveCaptures:
                                            evidence=evidence, window=self.window)
             self._final = (evidence, captures.traces())
         return self._final[1]
+
+    #: the longest ``load`` goes without listing the folder again (a filesystem whose times are
+    #: coarse)
+    RESCAN_S = 2.0
+
+    def _list(self) -> bool:
+        """The folder listed again when it may hold other files than last time; whether it was."""
+        now = time.monotonic()
+        try:
+            mtime = os.stat(self.directory).st_mtime_ns
+        except OSError:
+            mtime = -1
+        if self._listed is not None and self._listed == (mtime, self.manifest) \
+                and now - self._listed_at < self.RESCAN_S:
+            return False
+        self._listed, self._listed_at = (mtime, self.manifest), now
+        others = [p for suffix in (fmt.UNRECORDED_SUFFIX, EARLY_EXIT_SUFFIX)
+                  for p in sorted(self.directory.glob(f"*{suffix}"))]
+        self._listing = (self._contents(), others)
+        return True
 
     def _contents(self) -> tuple[Manifest | None, list[Path], list[str]]:
         if self.manifest is None:
@@ -139,12 +166,12 @@ class LiveCaptures:
         self._cut = cut
         return [cut[id(t)][1] if isinstance(t, RankTrace) else t for t in read]
 
-    def _follow(self, path: Path) -> RankTrace | DoctorError:
+    def _follow(self, path: Path, moved_folder: bool = True) -> RankTrace | DoctorError:
         follower = self._followers.get(path)
         try:
             if follower is None:  # (a file being created may not be readable yet: next time)
                 follower = self._followers[path] = CaptureFollower(path)
-            return follower.read()
+            return follower.read(moved_folder)
         except DoctorError as err:
             return err
 

@@ -90,3 +90,31 @@ def test_a_folder_whose_time_did_not_move_is_listed_again_after_rescan_s(tmp_pat
     assert registry.poll() == {0: 0}  # not listed again yet: the time says nothing changed
     clock.now += Registry.RESCAN_S
     assert registry.poll() == {0: 0, 1: 0}
+
+
+def test_a_process_read_from_proc_says_what_psutil_says():
+    """proc_state reads /proc/PID/stat itself on Linux (a watchdog look reads every rank's):
+    the same status and CPU seconds as psutil, for a running, a sleeping, a zombie and a gone
+    process."""
+    import subprocess
+    import time
+
+    from nccl_doctor.supervisor.probe import _psutil_state, proc_state
+
+    child = subprocess.Popen(["sleep", "30"])
+    try:
+        time.sleep(0.2)
+        for pid in (os.getpid(), child.pid):
+            fast, slow = proc_state(pid), _psutil_state(pid)
+            assert (fast.alive, fast.status) == (slow.alive, slow.status) or \
+                fast.status in ("running", "sleeping"), (fast, slow)
+            assert abs(fast.cpu_seconds - slow.cpu_seconds) < 0.05, (fast, slow)
+        assert proc_state(child.pid).status == "sleeping"
+        child.kill()
+        time.sleep(0.2)
+        assert proc_state(child.pid) == _psutil_state(child.pid)
+        assert (proc_state(child.pid).alive, proc_state(child.pid).status) == (False, "zombie")
+    finally:
+        child.kill()
+        child.wait()
+    assert (proc_state(child.pid).alive, proc_state(child.pid).status) == (False, "gone")
