@@ -87,11 +87,12 @@ def rank_main(rank):
         w.end(idx, int(EventState.RETURNED), 1)
     if rank == 0:
         (work / "calling").write_text(str(time.time()))
-    end = time.time() + calls_s + 0.5
-    while time.time() < end:  # the ranks make collectives again, at a set pace
-        seq += 1
+    for _ in range(int((calls_s + 0.5) / every)):  # collectives again, at a set pace: as many
+        seq += 1                                     # on every rank, as a real job's are
         call(seq)
         time.sleep(every)
+    w.note("destroyed")  # (what the recorder notes at destroy_process_group and at exit)
+    w.note("exit")
     w.close()
 
 
@@ -115,6 +116,14 @@ sys.exit(1 if status else 0)
 def cpu(proc: psutil.Process) -> float:
     t = proc.cpu_times()
     return t.user + t.system
+
+
+def started(out: Path) -> int:
+    """The records every rank's capture header counts, together."""
+    from nccl_doctor.capture.names import capture_files
+    from nccl_doctor.capture.reader import read_counters
+
+    return sum(read_counters(p)[1] for p in capture_files(out))
 
 
 def until(path: Path, proc: subprocess.Popen, what: str) -> None:
@@ -144,11 +153,11 @@ def measure(ranks: int, calls: int, pause: float, calls_s: float, every: float,
         wait = (cpu(supervisor) - own0) / (time.monotonic() - t0)
         until(work / "calling", proc, "its calls")
         time.sleep(0.5)
-        own0, t0 = cpu(supervisor), time.monotonic()
+        own0, t0, n0 = cpu(supervisor), time.monotonic(), started(out)
         time.sleep(max(1.0, calls_s - 1.0))
         span = time.monotonic() - t0
         spent = cpu(supervisor) - own0
-        written = ranks * span / (every + 0.0001)  # (each rank's pace: a call, then a sleep)
+        written = max(1, started(out) - n0)  # (the records the ranks' headers count)
         _, err = proc.communicate(timeout=pause + calls_s + 300)
         report = json.loads((out / "report.json").read_text())
         said = [f"{f.get('kind')}: {f.get('title')}" for f in report.get("findings", [])][:3]
