@@ -162,8 +162,8 @@ def measure(ranks: int, calls: int, pause: float, calls_s: float, every: float,
         report = json.loads((out / "report.json").read_text())
         said = [f"{f.get('kind')}: {f.get('title')}" for f in report.get("findings", [])][:3]
         return {"ranks": ranks, "status": proc.returncode, "verdict": report.get("verdict"),
-                "said": said, "wait": wait, "per_1000": spent / written * 1000, "calls_per_s": written / span,
-                "stderr": err[-500:]}
+                "said": said, "wait": wait, "per_1000": spent / written * 1000,
+                "calls_per_s": written / span, "stderr": err[-500:]}
     finally:
         shutil.rmtree(work, ignore_errors=True)
 
