@@ -15,7 +15,6 @@ from pathlib import Path
 from nccl_doctor import paths
 from nccl_doctor.analysis.calls.annotate import versions_of
 from nccl_doctor.source.source_text import digest
-from nccl_doctor.check.engine import check_paths
 from nccl_doctor.check.rules import CheckFinding
 from nccl_doctor.diagnosis import Finding
 from nccl_doctor.model import TraceSet
@@ -51,6 +50,10 @@ def _checked(path: str, traces: TraceSet) -> tuple[CheckFinding, ...]:
             return ()
     except OSError:
         return ()
+    # (imported here, when a root cause asks: check's engine and catalog are not the run's own
+    # start-up cost - the supervisor imports this module before the job starts)
+    from nccl_doctor.check.engine import check_paths
+
     # (the catalog matched by the libraries the ranks ran, not this interpreter's)
     return check_paths([Path(path)], versions=versions_of(traces)).findings
 
