@@ -3,8 +3,6 @@ written since the previous one (capture/follow.py)."""
 
 from __future__ import annotations
 
-import os
-import time
 from dataclasses import replace
 from pathlib import Path
 from typing import Protocol
@@ -15,7 +13,7 @@ from nccl_doctor.capture.capture_set import CaptureSet, passed_over
 from nccl_doctor.capture.evidence import Evidence
 from nccl_doctor.capture.follow import CaptureFollower, Scan
 from nccl_doctor.capture.manifest import Manifest
-from nccl_doctor.capture.names import EARLY_EXIT_SUFFIX, capture_files
+from nccl_doctor.capture.names import EARLY_EXIT_SUFFIX, FolderChanges, capture_files
 from nccl_doctor.capture.union import newest_per_rank
 from nccl_doctor.capture.window import DEFAULT, P2P_WHOLE, Size
 from nccl_doctor.errors import DoctorError
@@ -69,15 +67,14 @@ class LiveCaptures:
         self._beside: tuple[tuple, tuple] = ((), ())  # (stamps, what) of gpu.jsonl & stragglers
         self._cut: dict[int, tuple[RankTrace, RankTrace]] = {}  # id -> (trace, its newest part)
         self._last: TraceSet | None = None
-        self._listed: tuple[int, Manifest | None] | None = None  # (folder mtime, manifest)
-        self._listed_at = 0.0
+        self._folder = FolderChanges(directory)
         self._listing: tuple[tuple[Manifest | None, list[Path], list[str]], list[Path]] = (
             (None, [], []), [])
 
     def load(self) -> TraceSet:
         """The job as its captures show it now (ranks still running: no exit yet). The folder
-        is listed again only when its time moved (a file created, renamed or removed in it) or
-        ``RESCAN_S`` went by; in between a look reads each capture's counters and what moved."""
+        is listed again only when it changed (capture/names.py ``FolderChanges``); in between
+        a look reads each capture's counters and what moved."""
         moved_folder = self._list()
         (manifest, files, damage), others = self._listing
         read = [self._follow(f, moved_folder) for f in files]
@@ -115,21 +112,11 @@ class LiveCaptures:
             self._final = (evidence, captures.traces())
         return self._final[1]
 
-    #: the longest ``load`` goes without listing the folder again (a filesystem whose times are
-    #: coarse)
-    RESCAN_S = 2.0
-
     def _list(self) -> bool:
-        """The folder listed again when it may hold other files than last time; whether it was."""
-        now = time.monotonic()
-        try:
-            mtime = os.stat(self.directory).st_mtime_ns
-        except OSError:
-            mtime = -1
-        if self._listed is not None and self._listed == (mtime, self.manifest) \
-                and now - self._listed_at < self.RESCAN_S:
+        """The folder listed again when it may hold other files than last time (or the
+        manifest changed); whether it was."""
+        if not self._folder.moved(self.manifest):
             return False
-        self._listed, self._listed_at = (mtime, self.manifest), now
         others = [p for suffix in (fmt.UNRECORDED_SUFFIX, EARLY_EXIT_SUFFIX)
                   for p in sorted(self.directory.glob(f"*{suffix}"))]
         self._listing = (self._contents(), others)

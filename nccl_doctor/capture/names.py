@@ -12,9 +12,12 @@ the supervisor writes ``.nccl-doctor.lock`` while it runs (capture/claim.py), ``
 
 from __future__ import annotations
 
+import os
 import re
 import stat
+import time
 from pathlib import Path
+from typing import Callable
 
 from nccl_doctor.capture import format as fmt
 from nccl_doctor.capture.claim import LOCK
@@ -107,3 +110,30 @@ def _kind(path: Path) -> str:
 
 def report_path(directory: Path) -> Path:
     return directory / REPORT_JSON
+
+
+class FolderChanges:
+    """Whether a folder may hold other entries than when last asked: its modification time
+    moved (a file created, renamed or removed in it), or ``every`` seconds went by (a
+    filesystem whose times are coarse). One ``stat`` an ask: what lets a poll five times a
+    second list the folder only when it changed."""
+
+    def __init__(self, directory: Path, every: float = 2.0,
+                 clock: Callable[[], float] = time.monotonic) -> None:
+        self.directory, self.every, self._clock = directory, every, clock
+        self._seen: tuple[int, object] | None = None
+        self._at = 0.0
+
+    def moved(self, also: object = None) -> bool:
+        """Whether to list it again (and from now on the answer is about the time after this
+        ask). ``also``: anything else that calls for a listing when it changes."""
+        now = self._clock()
+        try:
+            mtime = os.stat(self.directory).st_mtime_ns
+        except OSError:
+            mtime = -1
+        if self._seen == (mtime, also) and now - self._at < self.every:
+            return False
+        self._seen, self._at = (mtime, also), now
+        return True
+

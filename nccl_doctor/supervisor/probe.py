@@ -14,7 +14,7 @@ import psutil
 
 from nccl_doctor.capture import format as fmt
 from nccl_doctor.env import host_name
-from nccl_doctor.capture.names import capture_files
+from nccl_doctor.capture.names import FolderChanges, capture_files
 from nccl_doctor.capture.reader import read_counters
 from nccl_doctor.errors import DoctorError
 from nccl_doctor.analysis.calls.situation import ProcState
@@ -50,8 +50,7 @@ class Registry:
         self._known: dict[Path, RankProcess | None] = {}  # (None: a capture with no usable rank)
         self._maps: dict[Path, mmap.mmap] = {}  # each known capture's header, mapped
         self._paths: list[Path] = []
-        self._listed: tuple[int, float] | None = None  # (the folder's mtime, when) at the listing
-        self._clock = clock
+        self._folder = FolderChanges(directory, self.RESCAN_S, clock)
 
     def poll(self) -> dict[int, int]:
         """rank -> records started so far. New capture files join the registry."""
@@ -84,15 +83,8 @@ class Registry:
 
     def _list(self) -> None:
         """The folder's captures listed again, when it may hold others than last time."""
-        now = self._clock()
-        try:
-            mtime = os.stat(self.directory).st_mtime_ns
-        except OSError:
-            mtime = -1
-        if self._listed is not None and self._listed[0] == mtime \
-                and now - self._listed[1] < self.RESCAN_S:
+        if not self._folder.moved():
             return
-        self._listed = (mtime, now)
         self._paths = capture_files(self.directory)
         for gone in set(self._maps) - set(self._paths):
             self._maps.pop(gone).close()
