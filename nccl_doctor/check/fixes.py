@@ -10,15 +10,18 @@ Two fixes are made, each only where it cannot change what the program computes:
   not ``if rank == 0 and step % 100 == 0``: moved out, it would run on every step); the
   statement is the call alone (or one name assigned its result); nothing it reads is assigned
   in the ``if``; moved before, the condition does not read what it passes; moved after,
-  nothing in the ``if`` jumps out (``return``, ``raise``, ``continue``, ``break``). An arm left
-  empty is dropped (the ``if`` with it when its condition has no call with effects), else
-  ``pass`` keeps it.
-- **synced_gpus=True** (ND005): the keyword added to the ``generate`` call, or its ``False``
-  made ``True``; not where the call spreads ``**kwargs`` (they may hold it already).
+  nothing in the ``if`` jumps out (``return``, ``raise``, ``continue``, ``break``); the other
+  arm makes no collective of its own (which one every rank should make is not guessed). An arm
+  left empty is dropped (the ``if`` with it when its condition has no call with effects), else
+  ``pass`` keeps it; the comments of what is dropped stay above the moved line.
+- **synced_gpus=True** (ND005): the keyword added to the ``generate`` call as its arguments are
+  laid out, or its ``False`` made ``True``; not where the call spreads ``**kwargs`` (they may
+  hold it already), nor where it passes a flag (the author's to turn on).
 
 A call of a function of the user's (ND002) is never moved: the function may do on one rank
-what only one should (write the file), and only its author knows. Nor an early exit (ND003):
-where the collective should go is the author's call. Each is described, with why."""
+what only one should (write the file), and only its author knows. Nor an early exit or a loop's
+count (ND003), nor groups created in another order (ND006): where the collective should go is
+the author's call. Each is described, with why and the rule's fix."""
 
 from __future__ import annotations
 
