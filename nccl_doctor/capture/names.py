@@ -114,26 +114,25 @@ def report_path(directory: Path) -> Path:
 
 class FolderChanges:
     """Whether a folder may hold other entries than when last asked: its modification time
-    moved (a file created, renamed or removed in it), or ``every`` seconds went by (a
-    filesystem whose times are coarse). One ``stat`` an ask: what lets a poll five times a
-    second list the folder only when it changed."""
+    moved (a file created, renamed or removed in it), or it is still within ``fresh`` seconds of
+    that time (a filesystem whose times are coarse may give a change made in the same tick as
+    the last listing the same time: while the time is that recent, the folder is listed again
+    on each ask). One ``stat`` an ask: what lets a poll five times a second list the folder only
+    when it changed - and, through a long wait, never."""
 
-    def __init__(self, directory: Path, every: float = 2.0,
-                 clock: Callable[[], float] = time.monotonic) -> None:
-        self.directory, self.every, self._clock = directory, every, clock
+    def __init__(self, directory: Path, fresh: float = 2.0,
+                 clock: Callable[[], float] = time.time) -> None:
+        self.directory, self.fresh, self._clock = directory, fresh, clock
         self._seen: tuple[int, object] | None = None
-        self._at = 0.0
 
     def moved(self, also: object = None) -> bool:
-        """Whether to list it again (and from now on the answer is about the time after this
-        ask). ``also``: anything else that calls for a listing when it changes."""
-        now = self._clock()
+        """Whether to list it again. ``also``: anything else that calls for a listing when it
+        changes."""
         try:
             mtime = os.stat(self.directory).st_mtime_ns
         except OSError:
             mtime = -1
-        if self._seen == (mtime, also) and now - self._at < self.every:
+        if self._seen == (mtime, also) and self._clock() - mtime / 1e9 >= self.fresh:
             return False
-        self._seen, self._at = (mtime, also), now
+        self._seen = (mtime, also)
         return True
-

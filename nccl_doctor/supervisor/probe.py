@@ -35,22 +35,19 @@ class RankProcess:
 class Registry:
     """The job's ranks and their progress counters, from the capture directory (cheap to poll).
 
-    A poll costs what changed: the folder is listed again only when its modification time moved
-    (a rank's capture created, a restarted rank's new one) or ``RESCAN_S`` went by (a filesystem
-    whose times are coarse); a capture's header is read whole once, when it first can be, and
-    then kept mapped, so that its two counters are read from memory, with no system call."""
+    A poll costs what changed: the folder is listed again only when it changed (a rank's capture
+    created, a restarted rank's new one: capture/names.py ``FolderChanges``); a capture's header
+    is read whole once, when it first can be, and then kept mapped, so that its two counters
+    are read from memory, with no system call. ``clock``: the wall clock (``time.time``)."""
 
-    #: the longest a poll goes without listing the folder again
-    RESCAN_S = 2.0
-
-    def __init__(self, directory: Path, clock: Callable[[], float] = time.monotonic) -> None:
+    def __init__(self, directory: Path, clock: Callable[[], float] = time.time) -> None:
         self.directory = directory
         self.ranks: dict[int, RankProcess] = {}
         self.notes: dict[int, int] = {}  # rank -> bytes of notes written (moves with each note)
         self._known: dict[Path, RankProcess | None] = {}  # (None: a capture with no usable rank)
         self._maps: dict[Path, mmap.mmap] = {}  # each known capture's header, mapped
         self._paths: list[Path] = []
-        self._folder = FolderChanges(directory, self.RESCAN_S, clock)
+        self._folder = FolderChanges(directory, clock=clock)
 
     def poll(self) -> dict[int, int]:
         """rank -> records started so far. New capture files join the registry."""

@@ -79,17 +79,25 @@ def test_a_capture_still_being_created_waits_for_its_header(tmp_path):
     assert registry.poll() == {0: 1}
 
 
-def test_a_folder_whose_time_did_not_move_is_listed_again_after_rescan_s(tmp_path):
-    clock = Clock()
-    registry = Registry(tmp_path, clock=clock)
+def test_a_folder_is_listed_again_while_its_time_is_fresh_and_not_after(tmp_path):
+    """A coarse filesystem may give a change made in the tick of the last listing the same
+    time: while the folder's time is that recent, each poll lists it again; long after, a
+    folder whose time did not move is not listed (a long wait costs no listing)."""
     writer(tmp_path, 0, 11)
+    then = os.stat(tmp_path).st_mtime_ns
+    clock = Clock()
+    clock.now = then / 1e9 + 0.5  # (half a second after the folder's last change)
+    registry = Registry(tmp_path, clock=clock)
     assert registry.poll() == {0: 0}
-    before = os.stat(tmp_path).st_mtime_ns
     writer(tmp_path, 1, 12)
-    os.utime(tmp_path, ns=(before, before))  # (a filesystem whose times are coarse)
-    assert registry.poll() == {0: 0}  # not listed again yet: the time says nothing changed
-    clock.now += Registry.RESCAN_S
-    assert registry.poll() == {0: 0, 1: 0}
+    os.utime(tmp_path, ns=(then, then))  # (the same time: a filesystem whose times are coarse)
+    assert registry.poll() == {0: 0, 1: 0}  # listed again all the same: the time is fresh
+    clock.now += 10
+    writer(tmp_path, 2, 13)
+    os.utime(tmp_path, ns=(then, then))
+    assert registry.poll() == {0: 0, 1: 0}  # long after: the time says nothing changed
+    os.utime(tmp_path)  # (its time moves, as it does when a file is made)
+    assert registry.poll() == {0: 0, 1: 0, 2: 0}
 
 
 def test_a_process_read_from_proc_says_what_psutil_says():
