@@ -9,12 +9,21 @@ import stat
 from pathlib import Path
 
 
-def write_atomic(path: Path, text: str) -> None:
+def write_atomic(path: Path, text: str, *, encoding: str = "utf-8",
+                 mode: int | None = None) -> None:
     """Replace ``path`` with ``text`` in one step: a reader (or a process killed meanwhile)
-    never sees half a file."""
+    never sees half a file. Its newlines are written as they are in ``text``; ``mode``: the
+    permissions the new file gets (a source file ``check --fix`` rewrites keeps its own)."""
     tmp = path.with_name(f".{path.name}.tmp")
-    tmp.write_text(text, encoding="utf-8")
-    os.replace(tmp, path)
+    try:
+        with open(tmp, "w", encoding=encoding, newline="") as out:
+            out.write(text)
+        if mode is not None:
+            os.chmod(tmp, mode)
+        os.replace(tmp, path)
+    except BaseException:
+        tmp.unlink(missing_ok=True)
+        raise
 
 
 def read_regular(path: Path, limit: int, *, tail: bool = False) -> bytes:

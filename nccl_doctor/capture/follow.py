@@ -231,22 +231,16 @@ class CaptureFollower:
             self._advance(started)
             return True
         moved, self._started = started != self._started, started
-        if not moved:  # (the watchdog's looks while ranks wait: only the unsettled slots)
-            pending = self._open | self._torn
-            if not pending:
-                self._advance(started)
-                return False
-            slots = np.fromiter(sorted(pending), dtype=np.int64, count=len(pending))
-            changed = self._decode(slots[slots < self._available])
-            self._advance(started)
-            return changed
-        # the records started since (and a few past the counter: a racing thread of the pure-
-        # Python ring may have written there; it publishes its own index once it has, so while
-        # the counter stands still nothing new was written), and the unsettled slots
-        upto = min(started + LOOKAHEAD, self._frontier + capacity - 1) if moved else 0
-        fresh = np.arange(self._frontier, upto + 1, dtype=np.int64)
-        slots = np.union1d((fresh - 1) % capacity,
-                           np.fromiter(self._open | self._torn, dtype=np.int64))
+        pending = np.fromiter(sorted(self._open | self._torn), dtype=np.int64)
+        if moved:
+            # the records started since (and a few past the counter: a racing thread of the
+            # pure-Python ring may have written there; it publishes its own index once it has,
+            # so while the counter stands still nothing new was written), and the unsettled slots
+            upto = min(started + LOOKAHEAD, self._frontier + capacity - 1)
+            fresh = np.arange(self._frontier, upto + 1, dtype=np.int64)
+            slots = np.union1d((fresh - 1) % capacity, pending)
+        else:  # (the watchdog's looks while ranks wait: only the unsettled slots)
+            slots = pending
         changed = self._decode(slots[slots < self._available])
         self._advance(started)
         return changed

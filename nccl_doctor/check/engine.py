@@ -20,6 +20,7 @@ from pathlib import Path
 from typing import Iterable, Mapping, Sequence
 
 from nccl_doctor.source.branch import branches
+from nccl_doctor.source.rank_flow import call_name
 from nccl_doctor.source.source_text import Sources
 from nccl_doctor.check.generate import generate_findings
 from nccl_doctor.source.sharding import Shown
@@ -199,6 +200,13 @@ def _complements(a: str, b: str) -> bool:
     return False
 
 
+def decoded(data: bytes) -> tuple[str, str]:
+    """A Python file's text as its encoding declaration (or UTF-8) says, newlines as they are,
+    and that encoding (``--fix`` writes it back in the same)."""
+    encoding, _ = tokenize.detect_encoding(io.BytesIO(data).readline)
+    return data.decode(encoding), encoding
+
+
 def _parse(path: Path) -> tuple[ast.Module, list[str]] | str:
     try:
         size = path.stat().st_size
@@ -208,8 +216,7 @@ def _parse(path: Path) -> tuple[ast.Module, list[str]] | str:
     except OSError as err:
         return f"cannot be read ({err.strerror or err})"
     try:
-        encoding, _ = tokenize.detect_encoding(io.BytesIO(data).readline)
-        text = data.decode(encoding)
+        text, _ = decoded(data)
     except (SyntaxError, LookupError, UnicodeDecodeError) as err:
         return f"cannot be decoded ({type(err).__name__}: {err})"
     try:
@@ -356,12 +363,9 @@ def _creations(statements: list[ast.stmt]) -> list[tuple[int, int, str]]:
     out = []
     for stmt in statements:
         for n in ast.walk(stmt):
-            if isinstance(n, ast.Call):
-                f = n.func
-                name = f.attr if isinstance(f, ast.Attribute) else getattr(f, "id", "")
-                if name in _CREATIONS:
-                    args = ast.unparse(n)[len(ast.unparse(f)) + 1:-1]
-                    out.append((n.lineno, n.col_offset, f"{name}({args})"))
+            if isinstance(n, ast.Call) and (name := call_name(n)) in _CREATIONS:
+                args = ast.unparse(n)[len(ast.unparse(n.func)) + 1:-1]
+                out.append((n.lineno, n.col_offset, f"{name}({args})"))
     return sorted(out)
 
 
@@ -391,16 +395,8 @@ def _name(site: Site) -> str:
 
 def _made(statements: list[ast.stmt]) -> set[str]:
     """The last names of the calls made in ``statements``."""
-    out = set()
-    for stmt in statements:
-        for node in ast.walk(stmt):
-            if isinstance(node, ast.Call):
-                func = node.func
-                name = func.attr if isinstance(func, ast.Attribute) else (
-                    func.id if isinstance(func, ast.Name) else None)
-                if name:
-                    out.add(name)
-    return out
+    return {name for stmt in statements for node in ast.walk(stmt)
+            if isinstance(node, ast.Call) and (name := call_name(node))}
 
 
 __all__ = ["CheckReport", "check_paths", "collective_of", "python_files"]

@@ -26,15 +26,14 @@ the author's call. Each is described, with why and the rule's fix."""
 from __future__ import annotations
 
 import difflib
-import io
-import os
-import tempfile
-import tokenize
+import stat
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Sequence
 
+from nccl_doctor.check.engine import decoded
 from nccl_doctor.check.rules import CheckFinding
+from nccl_doctor.files import write_atomic
 
 #: calls a rank condition may make that have no effect, so an ``if`` left empty is dropped
 _PURE = frozenset({"get_rank", "get_world_size", "get_local_rank", "get_node_local_rank",
@@ -62,19 +61,10 @@ class FileFix:
     encoding: str = "utf-8"
 
     def write(self) -> None:
-        """The fixed text over the file, whole or not at all (a temporary file beside it,
-        renamed over it), its mode kept."""
+        """The fixed text over the file, whole or not at all, its encoding and mode kept."""
         target = Path(self.path)
-        fd, tmp = tempfile.mkstemp(dir=target.parent, prefix=f".{target.name}.",
-                                   suffix=".nccl-doctor")
-        try:
-            with os.fdopen(fd, "wb") as out:
-                out.write(self.after.encode(self.encoding))
-            os.chmod(tmp, target.stat().st_mode & 0o7777)
-            os.replace(tmp, target)
-        except BaseException:
-            Path(tmp).unlink(missing_ok=True)
-            raise
+        write_atomic(target, self.after, encoding=self.encoding,
+                     mode=stat.S_IMODE(target.stat().st_mode))
 
     def diff(self, shown_as: str) -> str:
         return "".join(difflib.unified_diff(
@@ -90,9 +80,7 @@ def fix_files(findings: Sequence[CheckFinding]) -> list[FileFix]:
     out = []
     for path, found in by_path.items():
         try:
-            data = Path(path).read_bytes()
-            encoding, _ = tokenize.detect_encoding(io.BytesIO(data).readline)
-            text = data.decode(encoding)  # (newlines as they are: \r\n stays)
+            text, encoding = decoded(Path(path).read_bytes())  # (\r\n stays)
         except (OSError, SyntaxError, LookupError, UnicodeDecodeError) as err:
             why = f"not fixed: the file cannot be read again ({type(err).__name__})"
             out.append(FileFix(path, "", "", tuple(Outcome(f, False, why) for f in found)))

@@ -23,6 +23,7 @@ import json
 from dataclasses import dataclass
 from pathlib import Path
 
+from nccl_doctor.source.rank_flow import call_name
 from nccl_doctor.source.sites import Module
 
 _FSDP = frozenset({"fully_shard", "FullyShardedDataParallel", "FSDP"})
@@ -48,9 +49,7 @@ def sharding(module: Module) -> Shown | None:
                         and isinstance(value, ast.Dict) and _stage3(value)):
                     return Shown("ZeRO-3", module.path, node.lineno)
         elif isinstance(node, ast.Call):
-            name = node.func.attr if isinstance(node.func, ast.Attribute) else (
-                node.func.id if isinstance(node.func, ast.Name) else "")
-            if name in _FSDP:
+            if call_name(node) in _FSDP:
                 return Shown("FSDP", module.path, node.lineno)
             if any(k.arg == "zero_stage" and isinstance(k.value, ast.Constant)
                    and k.value.value == 3 for k in node.keywords):

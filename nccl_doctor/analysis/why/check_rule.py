@@ -31,12 +31,17 @@ def rule_for(f: Finding, traces: TraceSet) -> CheckFinding | None:
     if b is not None and b.culprit and b.path:
         found = _checked(b.path, traces)
         return next((c for c in found if c.condition_line == b.line), None)
-    for where in _your_lines(f):
+    lines: dict[str, list[int]] = {}  # path -> its lines named, in their order: each file
+    for where in _your_lines(f):       # checked once
         m = _WHERE.match(where)
-        if m is None:
-            continue
-        found = _checked(m["path"], traces)
-        hit = next((c for c in found if c.code == "ND005" and c.line == int(m["line"])), None)
+        if m is not None:
+            lines.setdefault(m["path"], []).append(int(m["line"]))
+    for path, named in lines.items():
+        found: dict[int, CheckFinding] = {}
+        for c in _checked(path, traces):
+            if c.code == "ND005":
+                found.setdefault(c.line, c)  # (the first on its line, as check orders them)
+        hit = next((found[line] for line in named if line in found), None)
         if hit is not None:
             return hit
     return None
