@@ -605,6 +605,30 @@ def test_a_loaded_host_shuffling_arrival_order_is_not_a_straggler(tb):
     assert chance_of(0, 5, 0.5) == 1.0
 
 
+def test_lateness_in_one_step_is_a_burst_not_a_straggler(tb):
+    """What CI's loaded 2 cores did to a healthy FSDP job: one rank late at every collective of
+    one step (its warm-up, or a stretch without a CPU) - six collectives, but one event. The same
+    lateness spread over two steps is consistent."""
+    from nccl_doctor.analysis.slow.straggler import detect_straggler
+
+    def job(late_steps):  # 3 steps of 6 calls from one line, 10 s apart; rank 2 late 300 ms
+        traces = []
+        for r in range(3):
+            events = []
+            for step in range(3):
+                for k in range(6):
+                    i = step * 6 + k + 1
+                    offset = int(300e6) if r == 2 and (step, k) in late_steps else 0
+                    t = tb.T0 + step * 10 * 10**9 + k * 10**9 + offset
+                    events.append(tb.event(i, t_enter_ns=t, group_size=3))
+            traces.append(tb.trace(r, events, tb.clean(), world_size=3))
+        return detect_straggler(tb.traceset(traces))
+
+    assert job({(1, k) for k in range(6)}) == []
+    (f,) = job({(0, k) for k in range(3)} | {(2, k) for k in range(3)})
+    assert f.ranks == (2,) and f.evidence["last"] == {"2": 6}
+
+
 def test_straggler_says_where_its_stack_samples_found_it(tb):
     from nccl_doctor.stacks.samples import StackSample
 

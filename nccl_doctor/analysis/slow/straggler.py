@@ -1,7 +1,8 @@
 """``straggler``: the rank(s) consistently last to arrive at collectives. Pure.
 
 Where the supervisor sampled the late rank's stack while its peers waited for it
-(``TraceSet.stack_samples``, nccl_doctor/supervisor/straggler_watch.py), the finding says where it was.
+(``TraceSet.stack_samples``, nccl_doctor/supervisor/straggler_watch.py), the finding says where it
+was.
 
 For every collective that all members of its group entered, the arrival skew is the latest enter
 time minus the earliest, and the last to arrive is noted. Only collectives whose skew is above
@@ -14,6 +15,9 @@ at most ``CHANCE`` (binomial tail), or its lateness must dwarf the noise: a medi
 ``NOISE_FACTOR`` times the job's noise floor (the p95 skew of the collectives it was not last at,
 at least ``MIN_SKEW_NS``) - five 3 s waits on 2 ranks are not noise though 5 coin flips can be.
 Hosts' clocks are compared only within a host (the enter times come from each rank's clock).
+Consistently means in more than one step (``MIN_STEPS``): lateness confined to one step is a burst
+- the first step's warm-up (lazy initialisation, caches), or one stretch of CPU starvation on a
+loaded host - whose collectives are not independent draws, however many of them it spans.
 
 Ranks are compared with the peers of their role only (analysis/who/roles.py: the same pipeline
 stage, the same coordinate on the mesh dims whose ranks do different work): a pipeline's last stage
@@ -31,6 +35,7 @@ NCCL groups without it are not compared at all, and ``unmeasured_note`` says so.
 
 from __future__ import annotations
 
+import bisect
 import math
 import statistics
 from collections import Counter, defaultdict
@@ -40,12 +45,14 @@ from nccl_doctor.analysis.slow.lateness import (
     MIN_SKEW_NS, Arrival, arrivals, lateness_table, per_step, sites_of, steps_of,
 )
 from nccl_doctor.analysis.slow.busy import busy_table
+from nccl_doctor.analysis.calls.steps import at_site, step_starts
 from nccl_doctor.analysis.who.roles import role_text, roles
 from nccl_doctor.analysis.calls.wording import call_site, duration, ranks_text
 from nccl_doctor.diagnosis import Finding, FindingKind, Severity
 from nccl_doctor.model import TraceSet
 
 MIN_CALLS = 5
+MIN_STEPS = 2  # steps (analysis/calls/steps.py) in which the rank was last
 SHARE = 0.6
 CHANCE = 1e-3  # at most 1 in 1,000 that noise puts the rank last this often
 NOISE_FACTOR = 5
@@ -145,10 +152,12 @@ def detect_straggler(traces: TraceSet) -> list[Finding]:
     chance = {r: chance_of(n, seen[r], statistics.fmean(took[r]))
               for r, n in last_counts.items()}
     noise = {r: _noise_ms(lasts, {r}) for r in last_counts}
-    culprits = sorted(r for r, n in last_counts.items() if seen[r] >= MIN_CALLS
-                      and n / seen[r] >= SHARE
-                      and (chance[r] <= CHANCE or statistics.median(skews[r])
-                           >= NOISE_FACTOR * noise[r]))
+    culprits = [r for r, n in last_counts.items() if seen[r] >= MIN_CALLS
+                and n / seen[r] >= SHARE
+                and (chance[r] <= CHANCE or statistics.median(skews[r])
+                     >= NOISE_FACTOR * noise[r])]
+    culprits = sorted(r for r in culprits
+                      if _steps_late(r, arrivals(traces).calls, skewed) >= MIN_STEPS)
     node = _slow_node(traces, skewed, lasts)
     held: dict[int, int] = {}  # a late rank -> the late rank of its pipeline that held it back
     if node is not None:
@@ -222,6 +231,19 @@ def detect_straggler(traces: TraceSet) -> list[Finding]:
         f"{shares} collectives whose arrival skew exceeded {MIN_SKEW_NS / 1e6:.0f} ms (by "
         f"chance: {odds_text}).{how}\n" + (f"Cost: {costs}.\n" if costs else "") + where
         + end)
+
+
+def _steps_late(rank: int, every: list[Arrival], skewed: list[Arrival],
+                culprits: set[int] | None = None) -> int:
+    """In how many of its steps one of ``culprits`` (``rank`` alone by default; a slow node's
+    ranks) was the last to arrive at a ``skewed`` collective ``rank`` was compared at: its steps
+    start where its calls compared at (of ``every`` one) at its most repeated call site pause
+    (analysis/calls/steps.py), on its own clock."""
+    culprits = {rank} if culprits is None else culprits
+    mine = [a.events[rank] for a in every if rank in a.late]
+    starts = step_starts(at_site(mine))
+    return len({bisect.bisect_right(starts, a.events[rank].t_enter_ns)
+                for a in skewed if a.last in culprits and rank in a.late})
 
 
 def _held_back(traces: TraceSet, culprits: list[int], skews: dict[int, list[float]],
@@ -326,6 +348,8 @@ def _slow_node(traces: TraceSet, skewed: list[Arrival],
                 and r in a.late]
         if sum(late) < SHARE * len(late):
             return None
+    if _steps_late(ranks[0], arrivals(traces).calls, across, set(ranks)) < MIN_STEPS:
+        return None  # one burst
     compared = [a for a in arrivals(traces).calls
                 if a.across_hosts and any(hosts[r] == host for r in a.late)]
     steps, step_s = steps_of(compared)
