@@ -50,6 +50,12 @@ out = Path(os.environ[env.CAPTURE_DIR])
 host = env.host_name()
 
 
+def mark(path):  # the time now in ``path``, whole when it appears (never read half written)
+    part = path.with_suffix(".part")
+    part.write_text(str(time.time()))
+    os.rename(part, path)
+
+
 def rank_main(rank):
     pid = os.getpid()
     meta = {"rank": rank, "world_size": n, "host": host, "pid": pid, "local_rank": rank,
@@ -74,7 +80,7 @@ def rank_main(rank):
         time.sleep(0.05)
     seq = calls + 1
     if rank == 0:
-        (work / "paused").write_text(str(time.time()))
+        mark(work / "paused")
         end, x = time.time() + pause, 0
         while time.time() < end:  # an evaluation: busy in Python, no collective
             x += sum(range(1000))
@@ -86,11 +92,14 @@ def rank_main(rank):
         time.sleep(max(0.0, float((work / "paused").read_text()) + pause - time.time()))
         w.end(idx, int(EventState.RETURNED), 1)
     if rank == 0:
-        (work / "calling").write_text(str(time.time()))
-    for _ in range(int((calls_s + 0.5) / every)):  # collectives again, at a set pace: as many
-        seq += 1                                     # on every rank, as a real job's are
+        mark(work / "calling")
+    # collectives again, as many on every rank, on one schedule (the k-th at the same time on
+    # every rank, as a real collective's peers meet), so that no rank drifts behind the others
+    t0 = float((work / "paused").read_text()) + pause
+    for k in range(int((calls_s + 0.5) / every)):
+        seq += 1
+        time.sleep(max(0.0, t0 + k * every - time.time()))
         call(seq)
-        time.sleep(every)
     w.note("destroyed")  # (what the recorder notes at destroy_process_group and at exit)
     w.note("exit")
     w.close()

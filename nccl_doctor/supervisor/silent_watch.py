@@ -30,6 +30,10 @@ class SilentWatch:
         self._last = self._last_calls = job.clock()
         self._cost = 0.0  # seconds the last look took
 
+    def due(self, now: float) -> float:
+        """Seconds from ``now`` to its next look (the supervisor's loop sleeps until then)."""
+        return self._last + self.every - now
+
     def look(self, snap: Snapshot) -> Decision | None:
         if snap.at - self._last < self.every:
             return None

@@ -57,6 +57,10 @@ class StragglerWatch:
         self.cost: dict[int, float] = {}  # rank -> the time peers waited for it, s (in all)
         self._costed: dict[str, int] = {}  # group -> the newest collective counted in ``cost``
 
+    def due(self, now: float) -> float:
+        """Seconds from ``now`` to its next look (the supervisor's loop sleeps until then)."""
+        return self._last + max(self.every, DUTY * self._cost) - now
+
     def look(self, snap: Snapshot) -> None:
         now = self.job.clock()
         # a look reads every capture: at most 5% of the supervisor's time goes to them

@@ -1,10 +1,16 @@
 """The supervisor loop: launch, watch, collect, analyse, report.
 
-While the job runs, ``tick`` runs every ``poll_interval``: it takes one ``Snapshot`` of the job
+While the job runs, ``tick`` takes one ``Snapshot`` of the job
 (nccl_doctor/supervisor/watching.py), hands it to every watch (the hang watchdog, the silent-error
 check, the straggler sampling), applies what they decide - it alone writes report.json and stops
 the job - then calls the listeners (the GPU sampler, a live display). Once the job has ended, the
 captures are analysed post mortem; a hang the watchdog diagnosed stays the report's verdict.
+
+Between ticks the loop sleeps (``_sleep``): every ``poll_interval`` while the ranks' counters
+move (so that the job's last progress is timed to a tick), otherwise until the soonest look a
+watch or listener needs (its ``due``), at most ``MAX_SLEEP``. A job that waits - a long
+evaluation on one rank, a checkpoint - is looked at once a second, not five times; the job's
+exit wakes the loop at once (a pidfd), and a stop in progress keeps it ticking.
 
 It is a state machine (``State``) over the parts that do the work: the ``Launch`` (the run's
 first steps, from the claim of ``--out`` to the launched job, which ``nccl-doctor run`` takes
@@ -74,6 +80,11 @@ class RunResult:
     stopped_for_hang: bool = False  # the watchdog stopped the job (--on-hang kill)
 
 
+#: The longest the loop sleeps while nothing moves (a watch or listener without ``due`` is
+#: looked at this often; a watch without it, every ``poll_interval``).
+MAX_SLEEP = 1.0
+
+
 class Supervisor:
     def __init__(self, command: Sequence[str], out_dir: Path, *, poll_interval: float = 0.2,
                  environ: dict[str, str] | None = None, policy: HangPolicy | None = HangPolicy(),
@@ -123,6 +134,9 @@ class Supervisor:
         self.on_report = on_report
         self._page_traces: TraceSet | None = None  # what the last report was drawn from
         self._hang_reported = False  # a hang report stands: a suspicion does not replace it
+        # the ranks' counters and notes at the last tick, and whether they moved there
+        self._seen: tuple[dict[int, int], dict[int, int]] | None = None
+        self._moved = True
         self.watches: list[Watch] = []  # handed the snapshot every tick
         self.listeners: list[Callable[[Supervisor], None]] = []  # called every tick after them
         if cluster is not None:
@@ -201,7 +215,7 @@ class Supervisor:
             while (code := job.poll()) is None:
                 self._keep_interrupt()
                 self.tick()
-                job.wait(self.poll_interval)  # (returns as soon as the job exits)
+                job.wait(self._sleep())  # (returns as soon as the job exits)
             self._keep_interrupt()
             if self.cluster is not None:
                 self.cluster.end()  # the node doctors end their nodes' jobs, then report
@@ -259,6 +273,8 @@ class Supervisor:
         listeners. A watch or listener that fails is dropped; the job's supervision goes on."""
         self.stopper.tick()
         snap = self.live.snapshot()
+        now = (snap.counts, snap.notes)
+        self._moved, self._seen = now != self._seen, (dict(snap.counts), dict(snap.notes))
         if self.job is not None:  # new ranks joined the registry: signalled with the job
             self.job.adopt(p.pid for p in self.live.local().values())
         fed = self.federation
@@ -281,6 +297,26 @@ class Supervisor:
                 listener(self)
             except Exception:  # a display or sampler must never stop the job's supervision
                 self.listeners.remove(listener)
+
+    def _sleep(self) -> float:
+        """Seconds until the next tick: ``poll_interval`` while the counters move, a stop is
+        under way or other nodes are met; otherwise the soonest ``due`` of the watches (a watch
+        without one: ``poll_interval``) and listeners (without one: ``MAX_SLEEP``), within
+        ``poll_interval`` and ``MAX_SLEEP``."""
+        fast = self.poll_interval
+        if (self._moved or self.stopper.stopping or self.federation is not None
+                or self.cluster is not None):
+            return fast
+        now = self.live.clock()
+        soonest = MAX_SLEEP
+        for part, default in [(w, fast) for w in self.watches] + [
+                (listener, MAX_SLEEP) for listener in self.listeners]:
+            due = getattr(part, "due", None)
+            try:
+                soonest = min(soonest, default if due is None else due(now))
+            except Exception:  # a watch's own failure is said at its look, not here
+                return fast
+        return min(MAX_SLEEP, max(fast, soonest))
 
     def _keep_interrupt(self) -> None:
         """The user's interrupt, kept beside the captures: the ranks' ends that follow are its

@@ -21,6 +21,7 @@ nccl_doctor.analysis.what.hang's (pure).
 from __future__ import annotations
 
 import enum
+import math
 import time
 from dataclasses import dataclass, replace
 from typing import Any
@@ -136,6 +137,16 @@ class Watchdog:
         self._to(WatchState.LOOKING)
         self._last_look = now
         return self._look(snap, now)
+
+    def due(self, now: float) -> float:
+        """Seconds from ``now`` to this watchdog's next look while nothing moves (the
+        supervisor's loop sleeps until then): after ``policy.quiet`` without progress, then
+        every ``policy.look_every``; none while a called hang stands or the job is stopped
+        (progress, which retracts a hang, is seen at the loop's next tick)."""
+        if self.state in (WatchState.HANG, WatchState.STOPPING):
+            return math.inf
+        return max(self._progress_at + self.policy.quiet,
+                   self._last_look + self.policy.look_every) - now
 
     def _look(self, snap: Snapshot, now: float) -> Decision | None:
         if not snap.counts:  # no rank has a capture: they may all wait in the rendezvous

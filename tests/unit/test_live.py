@@ -118,3 +118,33 @@ def test_watchdog_states_change_only_along_allowed_transitions(tmp_path):
         dog._to(WatchState.WATCHING)  # a job being stopped does not come back
     snap = LiveJob(tmp_path, "run", HangPolicy()).snapshot()
     assert dog.look(snap) is None and dog.stopped_job
+
+
+def test_the_loop_sleeps_while_nothing_moves_and_ticks_while_it_does(tmp_path, monkeypatch):
+    """Every poll_interval while the counters move or a stop is under way; otherwise until the
+    soonest look a watch needs (the watchdog's: 1 s after the last progress), at most
+    MAX_SLEEP; a watch that cannot say when it needs its look is looked at every tick."""
+    from types import SimpleNamespace
+
+    from nccl_doctor.supervisor import supervisor as module
+    from nccl_doctor.supervisor.supervisor import Supervisor
+
+    sup = Supervisor(["true"], tmp_path, gpu=None)
+    fast = sup.poll_interval
+    counts: dict[int, int] = {}
+    monkeypatch.setattr(sup.live.registry, "poll", lambda: dict(counts))
+    sup.tick()
+    assert sup._sleep() == fast  # the first look: everything is new
+    sup.tick()
+    assert 0.5 < sup._sleep() <= module.MAX_SLEEP  # nothing moved: the watchdog's look is due
+    counts[0] = 5  # a rank recorded a call
+    sup.tick()
+    assert sup._sleep() == fast
+    sup.tick()
+    assert sup._sleep() > 0.5
+    sup.stopper.stopping = True
+    assert sup._sleep() == fast
+    sup.stopper.stopping = False
+    sup.watches.append(SimpleNamespace(what="a watch of a plugin", look=lambda snap: None))
+    sup.tick()
+    assert sup._sleep() == fast
