@@ -7,8 +7,14 @@ and, as when the job is quiet, one summary of its ``--ranks`` ranks, each rank's
 the leader's side is timed, as its supervisor does it:
 
   look       Leader.gather(): every beat in one round trip, parsed (every tick of a running job)
-  traces     Leader.remote_traces(): every summary fetched and parsed (only once the job is quiet)
+  traces     every summary fetched and parsed (what a quiet job of up to 16 nodes sends)
   analysis   the union with the leader's own ranks, and analyze() on it (the watchdog's look)
+  deadlock   at more than 16 nodes, the leader's first look at the quiet job as it is made:
+             Leader.remote_traces() reads every node's digest, asks the nodes of the ranks the
+             digests make suspect for their summaries (answered, as a follower answers, at its
+             next beat: the benchmark's responder thread polls every node's request every
+             0.5 s), then analyze() on the union - cold, the first time (a deadlock happens
+             once) - and whether it names the culprit with its line
   straggler  the straggler pass alone (detect_straggler and the lateness table) on that union,
              whose node 1 is slow: its ranks arrive 50 ms late at every call, and every node's
              clock is off by its own number of seconds (the pass compares no clocks)
@@ -29,6 +35,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import threading
 import os
 import statistics
 import subprocess
@@ -92,26 +99,50 @@ def synthetic(nodes: int, ranks: int, events: int, repeat: int, key: bytes | Non
     leader.wait_started(60)
     store = leader.t.store  # the followers' writes, as a Follower makes them (sealed
     # under the key, when there is one)
-    beat_bytes = summary_bytes = 0
+    beat_bytes = summary_bytes = digest_bytes = 0
     t0 = time.perf_counter()
+    ids = []
     for node in range(1, nodes):
         nid = f"node{node:04d}-{node}"
-        docs = [summary.summarize(rank_trace(node * ranks + r, world, node, ranks, events,
-                                             culprit)) for r in range(ranks)]
+        ids.append(nid)
+        traces = [rank_trace(node * ranks + r, world, node, ranks, events, culprit)
+                  for r in range(ranks)]
         counts = {str(node * ranks + r): events for r in range(ranks)}
-        doc = {"v": 1, "ranks": docs, "counts": counts}
+        doc = {"v": 1, "ranks": [summary.summarize(t) for t in traces], "counts": counts}
+        dig = {"v": 1, "ranks": [summary.digest(t) for t in traces], "counts": counts}
         beat = {"n": 1, "t": time.time(), "host": f"node{node:04d}", "node_rank": node,
                 "counts": counts, "notes": {k: 0 for k in counts}, "down": [], "ended": False,
-                "summary": 1}
-        text_b, text_s = json.dumps(beat, separators=(",", ":")), json.dumps(
-            doc, separators=(",", ":"))
-        beat_bytes, summary_bytes = len(text_b), len(text_s)
+                "summary": 0, "digest": 1}  # quiet: its digest sent, its summary on request
+        text_b, text_s, text_d = (json.dumps(x, separators=(",", ":")) for x in (beat, doc, dig))
+        beat_bytes, summary_bytes, digest_bytes = len(text_b), len(text_s), len(text_d)
         st.put(store, st.summary_key(nid), doc)
+        st.put(store, st.digest_key(nid), dig)
         st.put(store, st.beat_key(nid), beat)
+        st.put(store, st.request_key(nid), {})  # (as a follower does when it joins)
         st.put(store, st.node_key(st.add(store, st.NODES, 1)), nid)
     setup = time.perf_counter() - t0
     own = TraceSet({r: rank_trace(r, world, 0, ranks, events, culprit) for r in range(ranks)},
                    {"0": GroupInfo("0", tuple(range(world)), "gloo")}, world)
+
+    # the deadlock look, first and cold, as the leader makes it at more than 16 nodes
+    stop = threading.Event()
+    # (the followers' own connection: one client of the store is not shared between threads)
+    theirs = st.sealed(st.open_store("127.0.0.1", port, leader=False, timeout=30.0), key)
+    responder = threading.Thread(target=_respond, args=(theirs, ids, stop), daemon=True)
+    responder.start()
+    leader.gather()
+    t = time.perf_counter()
+    lean_traces = leader.remote_traces(fresh=True)
+    lean_fetch = time.perf_counter() - t
+    asked = sum(1 for r in leader.remotes.values() if r.summarized)
+    t = time.perf_counter()
+    d = analyze(union([own, TraceSet({tr.rank: tr for tr in lean_traces}, {}, world)]),
+                annotators=())
+    lean_analysis = time.perf_counter() - t
+    stop.set()
+    responder.join()
+    lean_root = d.root_cause
+    lean_line = bool(lean_root and lean_root.callsite == f"{SITE.path}:{SITE.line}")
 
     looks, fetches, cached, analyses, passes = [], [], [], [], []
     root = slow = None
@@ -119,11 +150,8 @@ def synthetic(nodes: int, ranks: int, events: int, repeat: int, key: bytes | Non
         t = time.perf_counter()
         leader.gather()
         looks.append(time.perf_counter() - t)
-        for remote in leader.remotes.values():
-            remote.version = 0  # fetch and parse every summary again, as after a change
-            remote.traces = {}
         t = time.perf_counter()
-        remote_traces = leader.remote_traces(fresh=False)
+        remote_traces = _every_summary(leader)
         fetches.append(time.perf_counter() - t)
         t = time.perf_counter()
         leader.remote_traces(fresh=False)
@@ -143,6 +171,9 @@ def synthetic(nodes: int, ranks: int, events: int, repeat: int, key: bytes | Non
     leader.close()
     return {
         "nodes": nodes, "ranks": world, "setup_s": setup, "beat_bytes": beat_bytes,
+        "digest_bytes": digest_bytes, "lean_fetch_s": lean_fetch,
+        "lean_analysis_s": lean_analysis, "asked": asked,
+        "lean_right": bool(lean_root and lean_root.ranks == (culprit,)) and lean_line,
         "summary_bytes": summary_bytes, "look_ms": statistics.median(looks) * 1e3,
         "fetch_s": statistics.median(fetches), "cached_ms": statistics.median(cached) * 1e3,
         "analysis_s": statistics.median(analyses),
@@ -151,6 +182,27 @@ def synthetic(nodes: int, ranks: int, events: int, repeat: int, key: bytes | Non
         "root": f"{root.kind.value} ranks {list(root.ranks)}" if root else "none",
         "right": bool(root and root.ranks == (culprit,)),
     }
+
+
+def _respond(store, ids: list[str], stop: threading.Event, every: float = 0.5) -> None:
+    """The followers' side of a request: each polls its request key once a beat (``every``)
+    and answers that its summary (already in the store, as a follower publishes it before it
+    answers) is there."""
+    done: dict[str, int] = {}
+    while not stop.is_set():
+        for nid, req in zip(ids, st.get_many(store, [st.request_key(n) for n in ids])):
+            if isinstance(req, dict) and req.get("n", 0) > done.get(nid, 0):
+                done[nid] = req["n"]
+                st.put(store, st.response_key(nid, req["n"]), {"v": 1})
+        stop.wait(every)
+
+
+def _every_summary(leader) -> list:
+    """Every node's summary fetched and parsed (what a quiet job of up to 16 nodes sends)."""
+    for remote in leader.remotes.values():
+        remote.version, remote.traces = 0, {}
+        remote.beat = {**remote.beat, "summary": 1}
+    return leader.remote_traces(fresh=False)
 
 
 def live(runs: int) -> list[float]:
@@ -177,6 +229,7 @@ def main() -> int:
     print(f"{'nodes':>6} {'ranks':>6} {'key':>4} {'beat B':>7} {'summary B':>10} "
           f"{'look ms':>8} {'look KB':>8} {'fetch s':>8} {'cached ms':>9} {'analysis s':>10} "
           f"{'straggler s':>11}  root cause; slow node")
+    lean = []
     for n in (int(x) for x in a.nodes.split(",")):
         for key in (None, st.new_key()):
             r = synthetic(n, a.ranks, a.events, a.repeat, key)
@@ -188,6 +241,16 @@ def main() -> int:
                   f"({'right' if r['right'] else 'WRONG'}); {r['slow']} "
                   f"({'right' if r['slow_right'] else 'WRONG'}); rejected {r['rejected']}",
                   flush=True)
+            lean.append((n, key, r))
+    print("\nthe deadlock look at more than 16 nodes: every digest, the suspects' summaries")
+    print(f"{'nodes':>6} {'key':>4} {'digest B':>9} {'all digests KB':>15} {'asked':>6} "
+          f"{'fetch s':>8} {'analysis s':>10} {'look s':>7}  culprit and its line")
+    for n, key, r in lean:
+        print(f"{n:>6} {'yes' if key else 'no':>4} {r['digest_bytes']:>9} "
+              f"{r['digest_bytes'] * (n - 1) / 1024:>15.0f} {r['asked']:>6} "
+              f"{r['lean_fetch_s']:>8.2f} {r['lean_analysis_s']:>10.2f} "
+              f"{r['lean_fetch_s'] + r['lean_analysis_s']:>7.2f}  "
+              f"{'right' if r['lean_right'] else 'WRONG'}", flush=True)
     if a.live:
         waits = live(a.live)
         print(f"two hosts, rank 3 on nodeB skips a broadcast: deadlock called "

@@ -3,6 +3,13 @@
 the last ``TAIL`` calls plus each group's last call, and the last few notes of each kind (the
 group layouts, the seeding calls, the generation hashes and metrics the silent passes compare,
 the exit). Analysis passes read a summary's ``RankTrace`` as they read a ring that wrapped.
+
+A **digest** (``digest``) is smaller still, and constant per rank: each group's last call (the
+one the rank waits in, or the last it completed: the sequence numbers entered and completed),
+the layouts of those groups, the rank's end, and per group the calls and time waited among its
+last ``WAITS`` calls (the lateness window: the last rank to arrive waits the least). A node at
+scale sends digests when its ranks go quiet; the leader fetches full summaries only from the
+nodes the digests make suspect (federation/leader.py). ``unsummarize`` reads both.
 """
 
 from __future__ import annotations
@@ -193,10 +200,43 @@ def summarize(trace: RankTrace, tail: int = TAIL) -> dict[str, Any]:
     }
 
 
+#: A digest's lateness window: a rank's last calls, whose time waited is summed per group.
+WAITS = 64
+#: The notes a digest keeps: the layouts of the groups its calls name, and the rank's end.
+_DIGEST_NOTES = ("destroyed", "exit")
+
+
+def digest(trace: RankTrace) -> dict[str, Any]:
+    """``trace`` in digest (JSON-safe, read back by ``unsummarize``): no call beyond each
+    group's last, none of the identity a report's header reads (versions, environment, source
+    fingerprints), and ``waits``: group -> [calls completed, ns waited in them] among the last
+    ``WAITS`` calls."""
+    full = summarize(trace, tail=0)
+    groups = {e[4] for e in full["events"]}
+    full["notes"] = [n for n in full["notes"] if n.get("note") in _DIGEST_NOTES
+                     or n.get("note") == "group" and n.get("name") in groups]
+    m = full["meta"]
+    full["meta"] = {k: m[k] for k in ("rank", "world_size", "local_rank", "node_rank", "host",
+                                      "pid", "started_ns", "run_id")}
+    waits: dict[str, list[int]] = {}
+    for e in trace.events[-WAITS:]:
+        if e.group and e.t_exit_ns is not None and not e.in_flight:
+            w = waits.setdefault(e.group, [0, 0])
+            w[0] += 1
+            w[1] += max(0, e.t_exit_ns - e.t_enter_ns)
+    full["waits"] = waits
+    full["digest"] = True
+    for k in ("dropped", "paths_recorded"):
+        del full[k]
+    if trace.exit.kind is ExitKind.RUNNING:
+        del full["exit"]  # (read back as running)
+    return full
+
+
 def unsummarize(raw: Mapping[str, Any]) -> RankTrace:
     """The ``RankTrace`` of a summary (``ValueError`` when it is not one)."""
     try:
-        m, ex = raw["meta"], raw["exit"]
+        m, ex = raw["meta"], raw.get("exit") or {"kind": ExitKind.RUNNING.value}
         meta = RankMeta(
             rank=int(m["rank"]), world_size=int(m.get("world_size") or 0),
             local_rank=m.get("local_rank"), node_rank=m.get("node_rank"),

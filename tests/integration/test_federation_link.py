@@ -221,3 +221,121 @@ def test_the_leader_stops_waiting_for_a_node_doctor_that_ended_unjoined():
     leader.gone("nodeB")  # its doctor exited (refused, lost with its node): nothing to wait for
     assert leader.all_ended()
     leader.close()
+
+
+def _rank(rank: int, world: int, node: int, culprit: int, calls: int = 40):
+    """A rank of a hung job: ``calls`` all_reduce calls of the world group, waiting in the last;
+    ``culprit`` waits in a broadcast there instead, from its own line."""
+    from nccl_doctor.location import Location
+    from nccl_doctor.model import (Event, EventFlag, EventKind, EventState, Integrity, RankExit,
+                                   RankMeta, RankTrace)
+
+    out = []
+    for i in range(1, calls + 1):
+        last = i == calls
+        odd = last and rank == culprit
+        site = Location("/job/train.py", 77 if odd else 120, "train_step")
+        enter = 1_700_000_000_000_000_000 + i * 10**8
+        out.append(Event(i, 0, EventKind.COLLECTIVE, "broadcast" if odd else "all_reduce", "0",
+                         i, 0, None if last else 1,
+                         EventState.ENTERED if last else EventState.RETURNED, EventFlag.NONE,
+                         enter, None if last else enter + 10**6, 1, "float32[8]", "", 32,
+                         0 if odd else -1, world, site, site))
+    notes = ({"note": "group", "name": "0", "ranks": list(range(world)), "backend": "gloo"},
+             {"note": "rng", "label": "seed", "seed": 0})
+    return RankTrace(RankMeta(rank, world, rank % 2, node, f"node{node}", 100 + rank, 1),
+                     tuple(out), RankExit(ExitKind.RUNNING), Integrity(), "", notes)
+
+
+def test_at_scale_a_quiet_node_sends_a_digest_and_only_the_suspects_summaries_travel():
+    """A job of more than FULL_NODES nodes (3 followers of 2 ranks here; the rendezvous says 64):
+    a quiet follower sends its ranks' digests, not their summaries. The leader reads every
+    digest and asks for a full summary only the node whose rank parts from its group (it waits
+    in a broadcast where the others wait in an all_reduce); the analysis of the union names that
+    rank at its line. A digest is a fraction of a summary."""
+    import json
+
+    from nccl_doctor.analysis import analyze
+    from nccl_doctor.capture import summary
+    from nccl_doctor.supervisor.federation.follower import FULL_NODES
+
+    nnodes, world, culprit = 64, 8, 5
+    port = free_port()
+    said: list[str] = []
+
+    def at(node: int) -> Rendezvous:
+        return Rendezvous("127.0.0.1", port, nnodes, node, "test", "127.0.0.1:1")
+
+    assert nnodes > FULL_NODES
+    leader = new_link(at(0), "node0", leader=True, announce=said.append,
+                      answer=lambda *a: {}, summaries=lambda ended: {"ranks": []}, every=0.05)
+    leader.start()
+    leader.wait_started(60)
+    asked: dict[int, list[bool]] = {}
+    followers = []
+    for node in (1, 2, 3):
+        ranks = [_rank(r, world, node, culprit) for r in (2 * node, 2 * node + 1)]
+
+        def brief(ended, lean=False, ranks=ranks, node=node):
+            asked.setdefault(node, []).append(lean)
+            make = summary.digest if lean else summary.summarize
+            return {"ranks": [make(t) for t in ranks]}
+
+        link = new_link(at(node), f"node{node}", leader=False, announce=said.append,
+                        answer=lambda *a: {}, summaries=brief, every=0.05, quiet_for=0.05)
+        link.start()
+        followers.append([link, Local({t.rank: 39 for t in ranks}, {}, (), False, node)])
+    stop = threading.Event()
+
+    def follow_loop():
+        while not stop.is_set():
+            for link, local in followers:
+                link.follow(local)
+            time.sleep(0.02)
+
+    loop = threading.Thread(target=follow_loop)
+    loop.start()
+    try:  # (a joining node sends its summary once; then its ranks make their last call)
+        assert until(lambda: (leader.gather(), len(leader.remotes) == 3
+                              and all(r.beat.get("summary") for r in leader.remotes.values()))[1])
+        for pair in followers:
+            pair[1] = Local({r: 40 for r in pair[1].counts}, {}, (), False, pair[1].node_rank)
+        assert until(lambda: (leader.gather(), all(
+            r.beat.get("digest") and r.beat.get("counts") == {k: 40 for k in r.beat["counts"]}
+            for r in leader.remotes.values()))[1])
+        remote = leader.remote_traces()
+    finally:
+        stop.set()
+        loop.join()
+    by_host = {r.host: r for r in leader.remotes.values()}
+    assert by_host["node2"].summarized  # the culprit's node: its summary was asked for
+    assert not by_host["node1"].summarized and not by_host["node3"].summarized
+    assert asked[2] == [False, True, False] and asked[1] == asked[3] == [False, True]
+    assert sorted(t.rank for t in remote) == [2, 3, 4, 5, 6, 7]
+    own = {r: _rank(r, world, 0, culprit) for r in (0, 1)}
+    job = TraceSet(ranks={**own, **{t.rank: t for t in remote}}, groups={}, world_size=world)
+    root = analyze(job, annotators=()).root_cause
+    assert root is not None and root.ranks == (culprit,)
+    assert root.callsite == "/job/train.py:77"
+    digests = [t for t in remote if t.rank != culprit and t.rank // 2 != 2]
+    assert all(len(t.events) == 1 and [n["note"] for n in t.notes] == ["group"]
+               for t in digests)  # each group's last call and the group's layout: no seeds
+    full, lean = (len(json.dumps(f(_rank(2, world, 1, culprit)))) for f in (summary.summarize,
+                                                                             summary.digest))
+    assert lean * 3 < full, (lean, full)
+    leader.close()
+    for link, _ in followers:
+        link.close()
+
+
+def test_a_digest_reads_back_as_each_groups_last_call_with_its_lateness_window():
+    from nccl_doctor.capture import summary
+
+    trace = _rank(3, 8, 1, culprit=-1, calls=100)
+    raw = summary.digest(trace)
+    assert raw["waits"] == {"0": [summary.WAITS - 1, (summary.WAITS - 1) * 10**6]}
+    back = summary.unsummarize(raw)
+    (last,) = back.events
+    assert (last.seq, last.op, last.state) == (100, "all_reduce", trace.events[-1].state)
+    assert back.exit.kind is ExitKind.RUNNING and back.meta.host == "node1"
+    assert back.meta.sources == {} and back.meta.versions == {}

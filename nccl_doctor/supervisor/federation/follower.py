@@ -1,9 +1,12 @@
 """A follower's part of the link: every ``every`` seconds a beat (its ranks' progress counters,
 notes counters, ranks whose process is gone, whether its job ended: O(its ranks) bytes) and, once
 its ranks have been still for ``quiet_for`` seconds (or ended, or wrote notes), its ranks in
-brief (capture/summary.py: bounded whatever the captures hold). It reads the leader's decisions
-and answers its requests (stacks, Flight Recorder pulls, a fresh summary) from its own host; its
-ranks that ran unrecorded go with its summary, with why."""
+brief (capture/summary.py: bounded whatever the captures hold). In a job of more than
+``FULL_NODES`` nodes a quiet node sends its ranks' digest instead (a few hundred bytes a rank:
+each group's last call, its end, its lateness window), and its summary only when the leader asks
+(the nodes its digests make suspect) or its job ended. It reads the leader's decisions and
+answers its requests (stacks, Flight Recorder pulls, a fresh summary or digest) from its own
+host; its ranks that ran unrecorded go with its summary, with why."""
 
 from __future__ import annotations
 
@@ -22,6 +25,9 @@ SUMMARY_EVERY = 10.0
 #: each 102 s, 330 KB/s into the leader; its look then takes seconds, and the straggler watch
 #: looks no more often than 20 times a look's cost anyway).
 NODES_PER_S = 10.0
+#: Up to this many nodes, a quiet node sends its full summary at once (the leader reads them all:
+#: 30 KB a node); beyond, its digest (federation/leader.py asks the suspects for summaries).
+FULL_NODES = 16
 
 
 @dataclass(frozen=True)
@@ -42,10 +48,11 @@ class Follower:
 
     def __init__(self, transport: Transport, *,
                  answer: Callable[[str, list[int], float], dict[str, Any]],
-                 summaries: Callable[[bool], dict[str, Any]]) -> None:
+                 summaries: Callable[..., dict[str, Any]]) -> None:
         """``answer(what, ranks, timeout)`` serves a leader's request from this host;
-        ``summaries(ended)`` reads this node's ranks in brief: ``{"ranks": [summary, ...],
-        "unrecorded": {"rank": {"why": ..., "host": ...}}}``."""
+        ``summaries(ended, lean=False)`` reads this node's ranks in brief (``lean``: in
+        digest): ``{"ranks": [summary, ...], "unrecorded": {"rank": {"why": ..., "host":
+        ...}}}``."""
         self.t = transport
         self.answer, self.summaries = answer, summaries
         self._last_beat = -1e9
@@ -53,6 +60,8 @@ class Follower:
         self._summary_key: tuple | None = None
         self._summary_v = 0
         self._summary_at = -1e9
+        self._digest_key: tuple | None = None
+        self._digest_v = 0
         self._moved_at = transport.clock()
         self._last_counts: dict[int, int] = {}
         self._decisions_seen = 0
@@ -115,7 +124,7 @@ class Follower:
         return {"n": self._beat_n, "t": time.time(), "host": self.t.host, "node_rank": node_rank,
                 "counts": {str(r): c for r, c in counts.items()},
                 "notes": {str(r): c for r, c in notes.items()}, "down": list(down),
-                "ended": ended, "summary": self._summary_v}
+                "ended": ended, "summary": self._summary_v, "digest": self._digest_v}
 
     def _publish(self, local: Local, now: float) -> None:
         key = (tuple(sorted(local.counts.items())), tuple(sorted(local.notes.items())),
@@ -123,12 +132,16 @@ class Follower:
         notes_moved = self._summary_key is not None and key[1] != self._summary_key[1]
         # while its ranks move, a summary every SUMMARY_EVERY s: the leader's straggler watch
         # compares their recent calls with the other nodes' (the slow node, named live)
+        quiet = now - self._moved_at >= self.t.quiet_for
+        lean = self.t.rdzv.nnodes > FULL_NODES
         due = key != self._summary_key and (
-            now - self._moved_at >= self.t.quiet_for or local.ended
+            (quiet and not lean) or local.ended
             or (notes_moved and now - self._summary_at >= 2.0)
             or now - self._summary_at >= max(SUMMARY_EVERY, self.t.rdzv.nnodes / NODES_PER_S))
         if due:
             self.publish_summary(key)
+        elif lean and quiet and key != self._digest_key and key != self._summary_key:
+            self.publish_digest(key)
         st.put(self.t.store, st.beat_key(self.t.id), self._beat(
             local.counts, local.notes, local.down, local.ended, local.node_rank))
 
@@ -138,6 +151,17 @@ class Follower:
         self._summary_key, self._summary_at = key, self.t.clock()
         st.put(self.t.store, st.summary_key(self.t.id), {
             "v": self._summary_v, "ranks": brief.get("ranks", []),
+            "unrecorded": brief.get("unrecorded", {}),
+            "counts": {str(r): c for r, c in self._last_counts.items()}})
+
+    def publish_digest(self, key: tuple | None = None) -> None:
+        """This node's ranks in digest (capture/summary.py ``digest``), for the leader's look at
+        a quiet job of many nodes."""
+        brief = self.summaries(False, lean=True)
+        self._digest_v += 1
+        self._digest_key = key
+        st.put(self.t.store, st.digest_key(self.t.id), {
+            "v": self._digest_v, "ranks": brief.get("ranks", []),
             "unrecorded": brief.get("unrecorded", {}),
             "counts": {str(r): c for r, c in self._last_counts.items()}})
 
@@ -159,6 +183,9 @@ class Follower:
             if what == "summary":
                 self.publish_summary(None, ended=self._ended)
                 reply: dict[str, Any] = {"v": self._summary_v}
+            elif what == "digest":
+                self.publish_digest(None)
+                reply = {"v": self._digest_v}
             else:
                 reply = self.answer(what, ranks, float(req.get("timeout", 5.0)))
             st.put(self.t.store, st.response_key(self.t.id, req["n"]), reply)

@@ -19,7 +19,7 @@ Link = Union[Leader, Follower]
 
 def new_link(rdzv: Rendezvous, host: str, *, leader: bool, announce: Callable[[str], None],
              answer: Callable[[str, list[int], float], dict[str, Any]],
-             summaries: Callable[[bool], dict[str, Any]], **options: Any) -> Link:
+             summaries: Callable[..., dict[str, Any]], **options: Any) -> Link:
     """The leader's part (``leader``) or a follower's, over a new transport (``options``: the
     transport's timings and key)."""
     transport = Transport(rdzv, host, announce=announce, **options)

@@ -202,15 +202,16 @@ class Federation:
                 out[str(r)] = dump
         return {"ranks": out}
 
-    def _summaries(self, ended: bool) -> dict[str, Any]:
-        """This node's ranks in brief, and those that ran unrecorded with why; once its job
-        ended, as the post mortem reads them (no exit record: vanished; stopped for the leader's
-        hang: stopped)."""
+    def _summaries(self, ended: bool, lean: bool = False) -> dict[str, Any]:
+        """This node's ranks in brief (``lean``: in digest), and those that ran unrecorded with
+        why; once its job ended, as the post mortem reads them (no exit record: vanished;
+        stopped for the leader's hang: stopped)."""
         try:
             traces = self.live.final() if ended else self.live.captures.load()
         except DoctorError:
             return {"ranks": [], "unrecorded": {}}
-        return {"ranks": [summary.summarize(t) for _, t in sorted(traces.ranks.items())],
+        brief = summary.digest if lean else summary.summarize
+        return {"ranks": [brief(t) for _, t in sorted(traces.ranks.items())],
                 "unrecorded": {str(r): {"why": u.why, "host": u.host}
                                for r, u in sorted(traces.unrecorded.items())}}
 

@@ -59,6 +59,10 @@ def summary_key(node: str) -> str:
     return f"ncd/sum/{node}"
 
 
+def digest_key(node: str) -> str:
+    return f"ncd/dig/{node}"
+
+
 def request_key(node: str) -> str:
     return f"ncd/req/{node}"
 
