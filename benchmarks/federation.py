@@ -47,6 +47,7 @@ from pathlib import Path
 from nccl_doctor.analysis import analyze
 from nccl_doctor.analysis.slow.lateness import lateness_table
 from nccl_doctor.analysis.slow.straggler import detect_straggler
+from nccl_doctor.analysis.slow.waits import detect_slow_node_from_waits
 from nccl_doctor.capture import summary
 from nccl_doctor.capture.union import union
 from nccl_doctor.location import Location
@@ -143,6 +144,18 @@ def synthetic(nodes: int, ranks: int, events: int, repeat: int, key: bytes | Non
     responder.join()
     lean_root = d.root_cause
     lean_line = bool(lean_root and lean_root.callsite == f"{SITE.path}:{SITE.line}")
+    # the straggler watch's look while the job runs at scale: every node's new digest (each
+    # node sends one every 10 s while its ranks move), and the slow node named from their waits
+    for remote in leader.remotes.values():
+        remote.digest_version = 0
+    t = time.perf_counter()
+    moving = leader.remote_traces(fresh=False)
+    digests_s = time.perf_counter() - t
+    t = time.perf_counter()
+    named = detect_slow_node_from_waits(union([own, TraceSet({tr.rank: tr for tr in moving},
+                                                             {}, world)]))
+    waits_s = time.perf_counter() - t
+    waits_slow = named[0].evidence.node["host"] if named else "none"
 
     looks, fetches, cached, analyses, passes = [], [], [], [], []
     root = slow = None
@@ -174,6 +187,7 @@ def synthetic(nodes: int, ranks: int, events: int, repeat: int, key: bytes | Non
         "digest_bytes": digest_bytes, "lean_fetch_s": lean_fetch,
         "lean_analysis_s": lean_analysis, "asked": asked,
         "lean_right": bool(lean_root and lean_root.ranks == (culprit,)) and lean_line,
+        "digests_s": digests_s, "waits_s": waits_s, "waits_slow": waits_slow,
         "summary_bytes": summary_bytes, "look_ms": statistics.median(looks) * 1e3,
         "fetch_s": statistics.median(fetches), "cached_ms": statistics.median(cached) * 1e3,
         "analysis_s": statistics.median(analyses),
@@ -242,15 +256,21 @@ def main() -> int:
                   f"({'right' if r['slow_right'] else 'WRONG'}); rejected {r['rejected']}",
                   flush=True)
             lean.append((n, key, r))
-    print("\nthe deadlock look at more than 16 nodes: every digest, the suspects' summaries")
+    print("\nat more than 16 nodes: the deadlock look (every digest, the suspects' summaries) "
+          "and the straggler look (every digest, the slow node from their waits)")
     print(f"{'nodes':>6} {'key':>4} {'digest B':>9} {'all digests KB':>15} {'asked':>6} "
-          f"{'fetch s':>8} {'analysis s':>10} {'look s':>7}  culprit and its line")
+          f"{'fetch s':>8} {'analysis s':>10} {'look s':>7}  {'culprit':>7} "
+          f"{'digests s':>9} {'waits s':>8} {'B/node/s':>9}  slow node")
     for n, key, r in lean:
-        print(f"{n:>6} {'yes' if key else 'no':>4} {r['digest_bytes']:>9} "
+        per_node = 2 * r["beat_bytes"] + r["digest_bytes"] / 10  # a beat every 0.5 s, a
+        print(f"{n:>6} {'yes' if key else 'no':>4} {r['digest_bytes']:>9} "  # digest every 10 s
               f"{r['digest_bytes'] * (n - 1) / 1024:>15.0f} {r['asked']:>6} "
               f"{r['lean_fetch_s']:>8.2f} {r['lean_analysis_s']:>10.2f} "
               f"{r['lean_fetch_s'] + r['lean_analysis_s']:>7.2f}  "
-              f"{'right' if r['lean_right'] else 'WRONG'}", flush=True)
+              f"{'right' if r['lean_right'] else 'WRONG':>7} {r['digests_s']:>9.2f} "
+              f"{r['waits_s']:>8.2f} {per_node:>9.0f}  {r['waits_slow']} "
+              f"({'right' if r['waits_slow'] == f'node{SLOW_NODE:04d}' else 'WRONG'})",
+              flush=True)
     if a.live:
         waits = live(a.live)
         print(f"two hosts, rank 3 on nodeB skips a broadcast: deadlock called "

@@ -204,13 +204,14 @@ def summarize(trace: RankTrace, tail: int = TAIL) -> dict[str, Any]:
 WAITS = 64
 #: The notes a digest keeps: the layouts of the groups its calls name, and the rank's end.
 _DIGEST_NOTES = ("destroyed", "exit")
+_NOT_BLOCKING = EventFlag.ASYNC | EventFlag.COALESCED
 
 
 def digest(trace: RankTrace) -> dict[str, Any]:
     """``trace`` in digest (JSON-safe, read back by ``unsummarize``): no call beyond each
     group's last, none of the identity a report's header reads (versions, environment, source
-    fingerprints), and ``waits``: group -> [calls completed, ns waited in them] among the last
-    ``WAITS`` calls."""
+    fingerprints), and a ``waits`` note: group -> [calls completed, ns waited in them] among the
+    last ``WAITS`` calls."""
     full = summarize(trace, tail=0)
     groups = {e[4] for e in full["events"]}
     full["notes"] = [n for n in full["notes"] if n.get("note") in _DIGEST_NOTES
@@ -220,11 +221,18 @@ def digest(trace: RankTrace) -> dict[str, Any]:
                                       "pid", "started_ns", "run_id")}
     waits: dict[str, list[int]] = {}
     for e in trace.events[-WAITS:]:
-        if e.group and e.t_exit_ns is not None and not e.in_flight:
-            w = waits.setdefault(e.group, [0, 0])
-            w[0] += 1
-            w[1] += max(0, e.t_exit_ns - e.t_enter_ns)
-    full["waits"] = waits
+        if not e.group or e.flags & _NOT_BLOCKING:
+            continue
+        if e.t_gpu_start_ns and e.t_gpu_end_ns:  # NCCL: the kernel's time (a call returns
+            waited = e.t_gpu_end_ns - e.t_gpu_start_ns  # once enqueued)
+        elif e.t_exit_ns is not None and not e.in_flight:
+            waited = e.t_exit_ns - e.t_enter_ns
+        else:
+            continue
+        w = waits.setdefault(e.group, [0, 0])
+        w[0] += 1
+        w[1] += max(0, waited)
+    full["notes"].append({"note": "waits", "groups": waits})  # (analysis/slow/waits.py)
     full["digest"] = True
     for k in ("dropped", "paths_recorded"):
         del full[k]

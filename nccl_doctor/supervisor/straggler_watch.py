@@ -25,6 +25,7 @@ from typing import Callable
 from nccl_doctor.analysis.calls.align import blocked_event, timelines
 from nccl_doctor.analysis.slow.lateness import MIN_SKEW_NS, arrivals, lateness_table
 from nccl_doctor.analysis.slow.straggler import detect_straggler
+from nccl_doctor.analysis.slow.waits import detect_slow_node_from_waits
 from nccl_doctor.analysis.calls.threads import focused
 from nccl_doctor.model import TraceSet
 from nccl_doctor.finding_evidence import StragglerEvidence
@@ -81,7 +82,9 @@ class StragglerWatch:
             return
         before = snap.read_counts  # polled right before the read that says who waits
         self._measure(traces)
-        found = detect_straggler(traces)
+        # (a job of many nodes: the other nodes' digests carry no calls to compare, only their
+        # waits, from which a slow node is named)
+        found = detect_straggler(traces) or detect_slow_node_from_waits(traces)
         # rank -> its median lateness, s (what ``run --serve`` shows)
         self.skew = {r: f.evidence.median_ms / 1e3 for f in found for r in f.ranks
                      if isinstance(f.evidence, StragglerEvidence)}

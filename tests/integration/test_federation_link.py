@@ -318,8 +318,8 @@ def test_at_scale_a_quiet_node_sends_a_digest_and_only_the_suspects_summaries_tr
     assert root is not None and root.ranks == (culprit,)
     assert root.callsite == "/job/train.py:77"
     digests = [t for t in remote if t.rank != culprit and t.rank // 2 != 2]
-    assert all(len(t.events) == 1 and [n["note"] for n in t.notes] == ["group"]
-               for t in digests)  # each group's last call and the group's layout: no seeds
+    assert all(len(t.events) == 1 and [n["note"] for n in t.notes] == ["group", "waits"]
+               for t in digests)  # each group's last call, its layout, the waits: no seeds
     full, lean = (len(json.dumps(f(_rank(2, world, 1, culprit)))) for f in (summary.summarize,
                                                                              summary.digest))
     assert lean * 3 < full, (lean, full)
@@ -332,9 +332,9 @@ def test_a_digest_reads_back_as_each_groups_last_call_with_its_lateness_window()
     from nccl_doctor.capture import summary
 
     trace = _rank(3, 8, 1, culprit=-1, calls=100)
-    raw = summary.digest(trace)
-    assert raw["waits"] == {"0": [summary.WAITS - 1, (summary.WAITS - 1) * 10**6]}
-    back = summary.unsummarize(raw)
+    back = summary.unsummarize(summary.digest(trace))
+    (waits,) = [n for n in back.notes if n["note"] == "waits"]
+    assert waits["groups"] == {"0": [summary.WAITS - 1, (summary.WAITS - 1) * 10**6]}
     (last,) = back.events
     assert (last.seq, last.op, last.state) == (100, "all_reduce", trace.events[-1].state)
     assert back.exit.kind is ExitKind.RUNNING and back.meta.host == "node1"

@@ -62,6 +62,7 @@ class Follower:
         self._summary_at = -1e9
         self._digest_key: tuple | None = None
         self._digest_v = 0
+        self._digest_at = -1e9
         self._moved_at = transport.clock()
         self._last_counts: dict[int, int] = {}
         self._decisions_seen = 0
@@ -140,8 +141,10 @@ class Follower:
             or now - self._summary_at >= max(SUMMARY_EVERY, self.t.rdzv.nnodes / NODES_PER_S))
         if due:
             self.publish_summary(key)
-        elif lean and quiet and key != self._digest_key and key != self._summary_key:
-            self.publish_digest(key)
+        elif lean and key != self._digest_key and key != self._summary_key and (
+                quiet or now - self._digest_at >= SUMMARY_EVERY):
+            self.publish_digest(key)  # (while its ranks move: the leader's straggler watch
+            # names a slow node from the digests' waits, analysis/slow/waits.py)
         st.put(self.t.store, st.beat_key(self.t.id), self._beat(
             local.counts, local.notes, local.down, local.ended, local.node_rank))
 
@@ -159,7 +162,7 @@ class Follower:
         a quiet job of many nodes."""
         brief = self.summaries(False, lean=True)
         self._digest_v += 1
-        self._digest_key = key
+        self._digest_key, self._digest_at = key, self.t.clock()
         st.put(self.t.store, st.digest_key(self.t.id), {
             "v": self._digest_v, "ranks": brief.get("ranks", []),
             "unrecorded": brief.get("unrecorded", {}),
