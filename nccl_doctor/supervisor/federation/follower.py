@@ -149,24 +149,25 @@ class Follower:
             local.counts, local.notes, local.down, local.ended, local.node_rank))
 
     def publish_summary(self, key: tuple | None = None, ended: bool = False) -> None:
-        brief = self.summaries(ended)
-        self._summary_v += 1
+        self._summary_v = self._put(st.summary_key, self._summary_v, self.summaries(ended))
         self._summary_key, self._summary_at = key, self.t.clock()
-        st.put(self.t.store, st.summary_key(self.t.id), {
-            "v": self._summary_v, "ranks": brief.get("ranks", []),
-            "unrecorded": brief.get("unrecorded", {}),
-            "counts": {str(r): c for r, c in self._last_counts.items()}})
 
     def publish_digest(self, key: tuple | None = None) -> None:
         """This node's ranks in digest (capture/summary.py ``digest``), for the leader's look at
         a quiet job of many nodes."""
         brief = self.summaries(False, lean=True)
-        self._digest_v += 1
+        self._digest_v = self._put(st.digest_key, self._digest_v, brief)
         self._digest_key, self._digest_at = key, self.t.clock()
-        st.put(self.t.store, st.digest_key(self.t.id), {
-            "v": self._digest_v, "ranks": brief.get("ranks", []),
+
+    def _put(self, key_of: Callable[[str], str], version: int, brief: dict[str, Any]) -> int:
+        """``brief`` (this node's ranks, summarised or digested) as the next version under
+        ``key_of`` this node; that version."""
+        version += 1
+        st.put(self.t.store, key_of(self.t.id), {
+            "v": version, "ranks": brief.get("ranks", []),
             "unrecorded": brief.get("unrecorded", {}),
             "counts": {str(r): c for r, c in self._last_counts.items()}})
+        return version
 
     def _read_leader(self) -> list[dict[str, Any]]:
         n, req, roster = st.get_many(self.t.store, [st.DECISION_N, st.request_key(self.t.id),
