@@ -10,10 +10,16 @@ DEMO_OUT ?= nccl-doctor-out/demo
 
 .PHONY: demo test test-all install tools bench clean
 
-$(STAMP): pyproject.toml setup.py constraints.txt nccl_doctor/capture/_ring.c
+# The project, then the functional collectives' C++ kernel against the torch just installed
+# (setup.py: pip's isolated build has no torch to build it with). Optional, as the C ring is:
+# where it cannot be built (no C++ compiler) the Python kernel records the same calls, slower.
+# About 20 s of compiling on the 2-core VM; never built at run time.
+$(STAMP): pyproject.toml setup.py constraints.txt nccl_doctor/capture/_ring.c \
+		nccl_doctor/rank/recorder/_functional_kernel.cpp
 	$(PYTHON) -m venv $(VENV)
 	$(BIN)/python -m pip install --quiet --upgrade pip
 	$(BIN)/python -m pip install --quiet -c constraints.txt -e '.[test]'
+	$(BIN)/python -W ignore setup.py --quiet build_ext --inplace
 	touch $(STAMP)
 
 install: $(STAMP)
@@ -82,4 +88,5 @@ bench: $(STAMP)
 	$(BIN)/python benchmarks/fork_start.py
 
 clean:
-	rm -rf $(VENV) nccl-doctor-out .pytest_cache build nccl_doctor/capture/_ring*.so
+	rm -rf $(VENV) nccl-doctor-out .pytest_cache build nccl_doctor/capture/_ring*.so \
+		nccl_doctor/rank/recorder/_functional_kernel*.so

@@ -26,6 +26,7 @@ entry is "completed" but that last one, still "scheduled".
 
 from __future__ import annotations
 
+import json
 import math
 import multiprocessing
 import os
@@ -402,6 +403,30 @@ def write_all(what: str, directory: Path, job: Job, seed: int, jobs: int,
         return
     with multiprocessing.get_context("fork").Pool(jobs) as pool:
         pool.map(_write_ranks, tasks, chunksize=1)
+
+
+def _stamp(what: str, job: Job, seed: int, per_node: bool) -> str:
+    """What a written directory holds, in one line (``written``)."""
+    return json.dumps({"what": what, "ranks": job.ranks, "collectives": job.collectives,
+                       "tp": job.tp, "seed": seed, "per_node": per_node,
+                       "nccl_doctor": __version__}, sort_keys=True)
+
+
+def written(what: str, directory: Path, job: Job, seed: int, jobs: int,
+            per_node: bool = False) -> bool:
+    """``write_all``, unless ``directory`` already holds exactly that (written by an earlier run
+    with ``--keep``: a stamp beside it, left once every file was written). Whether it was
+    reused."""
+    stamp = directory.parent / f".{directory.name}.scale_job"
+    want = _stamp(what, job, seed, per_node)
+    if directory.is_dir() and stamp.is_file() and stamp.read_text() == want:
+        return True
+    if directory.exists():
+        raise FileExistsError(f"{directory} exists and holds another job (or an unfinished "
+                              "write): pass a new or empty --keep directory")
+    write_all(what, directory, job, seed, jobs, per_node)
+    stamp.write_text(want)
+    return False
 
 
 def disk_usage(path: Path) -> tuple[int, int]:

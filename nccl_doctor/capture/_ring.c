@@ -7,7 +7,9 @@
  * extension optional).
  *
  * Recording and Call (the second half of this file) are the recorder's fast path over a Ring;
- * their fallback is the recorder's Python path (nccl_doctor/rank/recorder/wrappers.py).
+ * their fallback is the recorder's Python path (nccl_doctor/rank/recorder/wrappers.py). The C API
+ * at its end (the capsule ``_C_API``) lends a Recorded's enter and leave, and a WAIT record, to
+ * the functional collectives' C++ kernel (nccl_doctor/rank/recorder/_functional_kernel.cpp).
  *
  * Calls hold the GIL throughout, so the record counter needs no lock, as in Python.
  */
@@ -918,8 +920,9 @@ static void stack_pop(PyObject *stack) { /* the list is not empty */
 }
 
 /* Write the ENTER record of a call: 1 (``out`` filled), or 0: not recorded (maybe with an error
- * set): the Python path decides. */
-static int enter_impl(Call *self, const Args *a, Entered *out) {
+ * set): the Python path decides. ``site``: NULL, or the callsite fields (10..15) the C API's
+ * caller knows already for this call's frames (see RingAPI.enter). */
+static int enter_impl(Call *self, const Args *a, Entered *out, const uint64_t *site) {
     Recording *rec = self->rec;
     PyObject *ring = rec->ring, *pg = NULL, *grec = NULL, *stack = NULL;
     PyObject *v, *tid_obj = NULL;
@@ -1049,7 +1052,9 @@ static int enter_impl(Call *self, const Args *a, Entered *out) {
                 bits[20] |= (uint64_t)self->async_flag;
         }
     }
-    if (callsite(self, &bits[10]) < 0)
+    if (site != NULL)
+        memcpy(&bits[10], site, 6 * sizeof(uint64_t));
+    else if (callsite(self, &bits[10]) < 0)
         goto done;
     /* it changes: read every time */
     if (group_field(18, grec, str_p2p_bumps, &self->p2p_bumps, &bits[18]) < 0)
@@ -1110,11 +1115,11 @@ done:
 
 /* enter_impl() with its errors sorted: 1 recorded, 0 not (no error set), -1: an error to raise
  * (KeyboardInterrupt and the like are the user's; an Exception is the recorder's, dropped). */
-static int enter_call(Call *self, const Args *a, Entered *out) {
+static int enter_call(Call *self, const Args *a, Entered *out, const uint64_t *site) {
     memset(out, 0, sizeof *out);
     if (Py_TYPE(self->rec->ring) != &RingType)
         return 0;
-    if (enter_impl(self, a, out))
+    if (enter_impl(self, a, out, site))
         return 1;
     if (PyErr_Occurred()) {
         if (!PyErr_ExceptionMatches(PyExc_Exception))
@@ -1315,7 +1320,7 @@ static PyObject *Recorded_vectorcall(Recorded *self, PyObject *const *argv, size
     Args a = {argv, PyVectorcall_NARGS(nargsf),
               kwnames != NULL && PyTuple_GET_SIZE(kwnames) > 0 ? kwnames : NULL};
     Entered e;
-    int r = enter_call(self->call, &a, &e);
+    int r = enter_call(self->call, &a, &e, NULL);
     if (r < 0)
         return NULL;
     if (r == 0)
@@ -1469,6 +1474,240 @@ static PyTypeObject RecordedType = {
     .tp_getset = Recorded_getset,
 };
 
+/* ---- the C API: the functional collectives' C++ kernel ---------------------------------------
+ *
+ * nccl_doctor/rank/recorder/_functional_kernel.cpp records the torch.ops._c10d_functional
+ * operators at the dispatcher, in C++: it makes the call itself (the dispatcher's redispatch)
+ * between a Recorded's enter and leave, taken from this table (the capsule ``_C_API``), and writes
+ * a WAIT record for a recorded call's wait_tensor. Its callers hold the GIL. An Entered is kept
+ * by the caller as opaque storage of ``entered_size`` bytes. The C++ side declares the same table
+ * and checks ``version`` and ``size`` before it uses it: change both sides together.
+ */
+#define RING_API_VERSION 1
+
+typedef struct {
+    unsigned int version;
+    size_t size;         /* sizeof(RingAPI) */
+    size_t entered_size; /* sizeof(Entered) */
+    /* 1: the recorded function's records go to a C ring now (else nothing is recorded) */
+    int (*live)(PyObject *recorded);
+    /* Recorded's enter with positional ``args``: 1 entered (``entered`` filled), 0 declined (no
+     * error set: the Python path decides), -1 an error to raise (KeyboardInterrupt and the like).
+     * ``site``: NULL (the frames are walked, as for any call), or the callsite fields 10..15 of
+     * an earlier record of this Recorded made from the same frames, in this ``epoch`` (the
+     * fields depend on nothing else: the caller checks the frames, code objects and offsets,
+     * from the current one out to the user's, as Call's own memo does for one frame) */
+    int (*enter)(PyObject *recorded, PyObject *const *args, Py_ssize_t nargs,
+                 const uint64_t *site, void *entered);
+    uint64_t (*index)(const void *entered); /* the record entered */
+    uint64_t (*epoch)(PyObject *recorded);    /* its Recording's epoch */
+    PyObject *(*positions)(PyObject *recorded); /* its Describer.positions (borrowed) */
+    PyObject *(*paths)(PyObject *recorded);     /* its Describer.paths (borrowed) */
+    /* the ENTER fields of record ``idx`` of its ring (bits[0] the index): 0, or -1 (lapped) */
+    int (*fields)(PyObject *recorded, uint64_t idx, uint64_t *bits);
+    /* Recorded's leave after the call returned (failed 0) or raised (failed 1), with the
+     * recorder's ``finish`` where needed; releases ``entered``. 0, or -1 with an error to raise
+     * (an Exception of the recorder's own disables it instead, as in Recorded) */
+    int (*leave)(PyObject *recorded, void *entered, int failed);
+    /* The WAIT record of ``recording`` for the recorded call ``parent`` (Recorder.wait_for's):
+     * 1 entered, 0 declined (the Python path decides); ``functional``: EventFlag.FUNCTIONAL,
+     * ``kinds``: the bits (1 << kind) of the kinds a wait completes, ``wait_kind``: WAIT. */
+    int (*wait_enter)(PyObject *recording, uint64_t parent, unsigned int op,
+                      unsigned int functional, unsigned int kinds, unsigned int wait_kind,
+                      void *entered);
+    void (*wait_leave)(void *entered, int state); /* its exit (Recorder.finish's); releases it */
+} RingAPI;
+
+static int api_live(PyObject *obj) {
+    if (Py_TYPE(obj) != &RecordedType || ((Recorded *)obj)->call == NULL)
+        return 0;
+    return Py_TYPE(((Recorded *)obj)->call->rec->ring) == &RingType;
+}
+
+static int api_enter(PyObject *obj, PyObject *const *args, Py_ssize_t nargs,
+                     const uint64_t *site, void *entered) {
+    if (!api_live(obj)) {
+        memset(entered, 0, sizeof(Entered));
+        return 0;
+    }
+    Args a = {args, nargs, NULL};
+    return enter_call(((Recorded *)obj)->call, &a, (Entered *)entered, site);
+}
+
+static uint64_t api_epoch(PyObject *obj) {
+    if (Py_TYPE(obj) != &RecordedType || ((Recorded *)obj)->call == NULL)
+        return 0;
+    return ((Recorded *)obj)->call->rec->epoch;
+}
+
+static PyObject *api_positions(PyObject *obj) {
+    if (Py_TYPE(obj) != &RecordedType || ((Recorded *)obj)->call == NULL)
+        return Py_None;
+    return ((Recorded *)obj)->call->rec->positions;
+}
+
+static PyObject *api_paths(PyObject *obj) {
+    if (Py_TYPE(obj) != &RecordedType || ((Recorded *)obj)->call == NULL)
+        return Py_None;
+    return ((Recorded *)obj)->call->rec->paths;
+}
+
+static int ring_fields(Ring *self, uint64_t idx, uint64_t *bits);
+
+static int api_fields(PyObject *obj, uint64_t idx, uint64_t *bits) {
+    if (!api_live(obj))
+        return -1;
+    return ring_fields((Ring *)((Recorded *)obj)->call->rec->ring, idx, bits);
+}
+
+static uint64_t api_index(const void *entered) {
+    PyObject *idx = ((const Entered *)entered)->idx;
+    if (idx == NULL)
+        return 0;
+    uint64_t v = PyLong_AsUnsignedLongLong(idx);
+    if (PyErr_Occurred()) {
+        PyErr_Clear();
+        return 0;
+    }
+    return v;
+}
+
+/* Recorded_vectorcall's part after ``fn``, for a result the caller keeps (None to finish) */
+static int api_leave(PyObject *obj, void *entered, int failed) {
+    Recorded *self = (Recorded *)obj;
+    Entered *e = (Entered *)entered;
+    int r = 0;
+    if (failed) {
+        PyObject *out = call_finish(self, e, self->failed, Py_None);
+        Py_XDECREF(out);
+        PyErr_Clear(); /* finish() keeps its own errors; this could only be out of memory */
+    } else if (!leave_impl(self->call, e->idx, e->stack, e->flags, e->ring, Py_None)) {
+        PyObject *out = call_finish(self, e, self->returned, Py_None);
+        if (out != NULL) {
+            Py_DECREF(out);
+        } else if (PyErr_ExceptionMatches(PyExc_Exception)) { /* the recorder's: disable it */
+            PyObject *type, *value, *tb;
+            PyErr_Fetch(&type, &value, &tb);
+            PyErr_NormalizeException(&type, &value, &tb);
+            PyObject *ok = value == NULL ? NULL : PyObject_CallOneArg(self->fail, value);
+            Py_XDECREF(ok);
+            Py_XDECREF(type);
+            Py_XDECREF(value);
+            Py_XDECREF(tb);
+            PyErr_Clear();
+        } else {
+            r = -1;
+        }
+    }
+    entered_clear(e);
+    return r;
+}
+
+/* The enter part of record ``idx`` as field bits (bits[0] the index), or -1 once lapped */
+static int ring_fields(Ring *self, uint64_t idx, uint64_t *bits) {
+    if (idx < 1 || idx > self->count || self->count - idx >= self->capacity)
+        return -1;
+    uint64_t back = self->count - idx;
+    uint64_t slot = self->slot >= back ? self->slot - back : self->slot + self->capacity - back;
+    const unsigned char *rec = self->ring + slot * RECORD_SIZE;
+    for (int i = 0; i < 6; i++) {
+        uint64_t v;
+        memcpy(&v, rec + 8 * i, 8);
+        bits[i] = v;
+    }
+    for (int i = 6; i < 19; i++) {
+        uint32_t v;
+        memcpy(&v, rec + 48 + 4 * (i - 6), 4);
+        bits[i] = v; /* a signed field's bits: stored back as they are */
+    }
+    uint16_t pad;
+    memcpy(&pad, rec + 102, 2);
+    bits[19] = rec[100], bits[20] = rec[101], bits[21] = pad;
+    return 0;
+}
+
+static int api_wait_enter(PyObject *obj, uint64_t parent, unsigned int op, unsigned int functional,
+                          unsigned int kinds, unsigned int wait_kind, void *entered) {
+    Entered *out = (Entered *)entered;
+    memset(out, 0, sizeof *out);
+    if (Py_TYPE(obj) != &RecordingType)
+        return 0;
+    Recording *rec = (Recording *)obj;
+    if (Py_TYPE(rec->ring) != &RingType || !PyDict_CheckExact(rec->stacks))
+        return 0;
+    Ring *ring = (Ring *)rec->ring;
+    uint64_t f[N_ENTER_ARGS + 1];
+    /* Recorder.wait_for: the parent must be a functional collective's record */
+    if (ring_fields(ring, parent, f) < 0 || !(f[20] & functional) || f[19] >= 32 ||
+        !((kinds >> f[19]) & 1))
+        return 0;
+    unsigned long tid = PyThread_get_thread_ident();
+    PyObject *tid_obj = PyLong_FromUnsignedLong(tid);
+    if (tid_obj == NULL) {
+        PyErr_Clear();
+        return 0;
+    }
+    PyObject *stack = PyDict_GetItemWithError(rec->stacks, tid_obj); /* borrowed */
+    if (stack == NULL && !PyErr_Occurred()) {
+        stack = PyList_New(0);
+        if (stack != NULL && PyDict_SetItem(rec->stacks, tid_obj, stack) < 0)
+            Py_CLEAR(stack);
+        Py_XDECREF(stack); /* the dict holds it */
+    }
+    Py_DECREF(tid_obj);
+    if (stack == NULL || !PyList_CheckExact(stack)) {
+        PyErr_Clear();
+        return 0;
+    }
+    /* Recorder._wait: the collective's group, sequence number, tensors, callsite and path */
+    uint64_t bits[N_ENTER_ARGS + 1];
+    memcpy(bits, f, sizeof bits);
+    bits[1] = parent, bits[2] = 0, bits[5] = (uint64_t)tid, bits[6] = op;
+    bits[19] = wait_kind, bits[20] = f[20] & functional, bits[21] = 0;
+    PyObject *idx_obj = PyLong_FromUnsignedLongLong(ring->count + 1);
+    if (idx_obj == NULL) {
+        PyErr_Clear();
+        return 0;
+    }
+    ring_commit(ring, bits);
+    if (stack_push(stack, idx_obj) < 0)
+        PyErr_Clear();
+    out->idx = idx_obj;
+    out->grec = Py_NewRef(Py_None);
+    out->stack = Py_NewRef(stack);
+    out->ring = Py_NewRef((PyObject *)ring);
+    out->seq = -1;
+    return 1;
+}
+
+static void api_wait_leave(void *entered, int state) {
+    Entered *e = (Entered *)entered;
+    if (e->idx != NULL && e->ring != NULL) {
+        uint64_t idx = api_index(e);
+        Py_ssize_t n = PyList_GET_SIZE(e->stack);
+        if (n > 0) { /* Recorder.finish: its own, when it is on top */
+            PyObject *top = PyList_GET_ITEM(e->stack, n - 1);
+            int mine = top == e->idx;
+            if (!mine && PyLong_CheckExact(top)) {
+                mine = PyLong_AsUnsignedLongLong(top) == idx;
+                if (PyErr_Occurred()) {
+                    PyErr_Clear();
+                    mine = 0;
+                }
+            }
+            if (mine)
+                stack_pop(e->stack);
+        }
+        ring_finish((Ring *)e->ring, idx, state, 1, 0);
+    }
+    entered_clear(e);
+}
+
+static RingAPI ring_api = {
+    RING_API_VERSION, sizeof(RingAPI), sizeof(Entered), api_live, api_enter, api_index,
+    api_epoch, api_positions, api_paths, api_fields, api_leave, api_wait_enter, api_wait_leave,
+};
+
 static struct PyModuleDef ringmodule = {
     PyModuleDef_HEAD_INIT, "_ring", "The capture ring's hot path in C.", -1, NULL,
 };
@@ -1481,6 +1720,8 @@ static int add_type(PyObject *m, const char *name, PyTypeObject *type) {
     }
     return 0;
 }
+
+static int add_reading(PyObject *m); /* the reading functions: the end of the file */
 
 PyMODINIT_FUNC PyInit__ring(void) {
     adler32_init();
@@ -1500,6 +1741,10 @@ PyMODINIT_FUNC PyInit__ring(void) {
     PyObject *m = PyModule_Create(&ringmodule);
     if (m == NULL)
         return NULL;
+    if (add_reading(m) < 0) {
+        Py_DECREF(m);
+        return NULL;
+    }
     if (PyModule_AddStringConstant(m, "ADLER32", ADLER32_KIND) < 0) { /* which one was built */
         Py_DECREF(m);
         return NULL;
@@ -1509,5 +1754,352 @@ PyMODINIT_FUNC PyInit__ring(void) {
         Py_DECREF(m);
         return NULL;
     }
+    PyObject *capsule = PyCapsule_New(&ring_api, "nccl_doctor.capture._ring._C_API", NULL);
+    if (capsule == NULL || PyModule_AddObject(m, "_C_API", capsule) < 0) {
+        Py_XDECREF(capsule);
+        Py_DECREF(m);
+        return NULL;
+    }
     return m;
+}
+
+/* ---- reading: records checked and split into columns in one pass (capture/records.py) ------
+ *
+ * check_records(rows, slots, capacity, kinds, states, out) gives, for each 128-byte record of
+ * ``rows`` (read from ring slot ``slots[i]``), the verdict of records.py's numpy fallback in
+ * ``out[i]``: 0 a blank slot (never written), 1 a damaged record (its Adler-32 fails, its index
+ * does not belong in its slot, or its kind is not one of ``kinds``), 2 a trusted record whose
+ * exit part is blank (the call is still inside), 3 one with a valid exit part (``t_exit`` set,
+ * the check word binds it to the record, its state one of ``states``), 4 one whose exit part is
+ * damaged. ``kinds``: 256 bytes, non-zero at each known kind; ``states``: the exit states as
+ * little-endian u16. The codes are records.py's (BLANK ... CUT_EXIT): change both together; the
+ * tests compare the two on damaged records.
+ *
+ * read_ring(fd, offset, first, count, capacity, kinds, states, fields, outs, exited, slots,
+ * verdicts) reads ``count`` slots from ``first`` on at file offset ``offset`` (pread, a few at a
+ * time into a small buffer), gives each its verdict in ``verdicts`` (a slot past the end of the
+ * file reads blank) and splits every trusted record into columns: field k (``fields``: its byte
+ * offset and size, 1, 2, 4 or 8, two bytes a field) into ``outs[k]``, whether its exit part is
+ * valid into ``exited`` (one byte) and its slot into ``slots`` (int64), in slot order. The slots
+ * are read into the function's own buffer: what is checked is what is split, whatever a rank
+ * still writing does to its file meanwhile. -> (slots read, records kept). Neither function holds
+ * the GIL while it reads records: captures read on several threads are checked in parallel.
+ */
+#include <errno.h>
+#include <unistd.h>
+
+#define READ_CHUNK 512 /* records a pread: 64 KiB */
+#define MAX_FIELDS 32
+
+static uint32_t read_exit_check(uint64_t idx, uint64_t t_exit, int16_t delta, uint16_t state) {
+    /* format.exit_check: the low 32 bits of the same expression */
+    return (uint32_t)((idx * 0x9E3779B1ull) ^ t_exit ^ ((uint64_t)state << 20) ^ (uint16_t)delta);
+}
+
+typedef struct {
+    uint64_t capacity;
+    const unsigned char *known; /* 256 bytes */
+    const unsigned char *states; /* little-endian u16 */
+    Py_ssize_t n_states;
+} Checks;
+
+static unsigned char verdict_of(const unsigned char *r, uint64_t slot, const Checks *c) {
+    uint64_t words[RECORD_SIZE / 8];
+    memcpy(words, r, RECORD_SIZE);
+    uint64_t any = 0;
+    for (int k = 0; k < RECORD_SIZE / 8; k++)
+        any |= words[k];
+    if (!any)
+        return 0;
+    uint64_t idx = words[0];
+    uint32_t check;
+    memcpy(&check, r + ENTER_SIZE, 4);
+    if (idx < 1 || (idx - 1) % c->capacity != slot || !c->known[r[100]] ||
+        adler32_enter(r) != check)
+        return 1;
+    uint64_t t_exit;
+    int16_t delta;
+    uint16_t state;
+    uint32_t word;
+    memcpy(&t_exit, r + EXIT_OFFSET, 8);
+    memcpy(&delta, r + EXIT_OFFSET + 8, 2);
+    memcpy(&state, r + EXIT_OFFSET + 10, 2);
+    memcpy(&word, r + EXIT_OFFSET + 12, 4);
+    int exit_state = 0;
+    for (Py_ssize_t k = 0; k < c->n_states; k++)
+        exit_state |= state == (uint16_t)(c->states[2 * k] | c->states[2 * k + 1] << 8);
+    if (t_exit != 0 && exit_state && read_exit_check(idx, t_exit, delta, state) == word)
+        return 3;
+    return (t_exit != 0 || word != 0) ? 4 : 2;
+}
+
+static int checks_of(Checks *c, unsigned long long capacity, Py_buffer *kinds, Py_buffer *states) {
+    if (kinds->len != 256 || states->len % 2 != 0 || capacity == 0) {
+        PyErr_SetString(PyExc_ValueError, "the checks need 256 kinds, u16 states, a capacity");
+        return -1;
+    }
+    c->capacity = capacity;
+    c->known = kinds->buf;
+    c->states = states->buf;
+    c->n_states = states->len / 2;
+    return 0;
+}
+
+static PyObject *check_records(PyObject *module, PyObject *args) {
+    Py_buffer rows, slots, kinds, states, out;
+    unsigned long long capacity;
+    Checks c;
+    if (!PyArg_ParseTuple(args, "y*y*Ky*y*w*", &rows, &slots, &capacity, &kinds, &states, &out))
+        return NULL;
+    PyObject *result = NULL;
+    Py_ssize_t n = out.len;
+    if (checks_of(&c, capacity, &kinds, &states) < 0)
+        goto done;
+    if (rows.len != n * RECORD_SIZE || slots.len != n * (Py_ssize_t)sizeof(int64_t)) {
+        PyErr_SetString(PyExc_ValueError, "check_records: rows, slots and out disagree");
+        goto done;
+    }
+    const unsigned char *base = rows.buf;
+    const int64_t *at = slots.buf;
+    unsigned char *verdict = out.buf;
+    Py_BEGIN_ALLOW_THREADS
+    for (Py_ssize_t i = 0; i < n; i++)
+        verdict[i] = verdict_of(base + i * RECORD_SIZE, (uint64_t)at[i], &c);
+    Py_END_ALLOW_THREADS
+    result = Py_NewRef(Py_None);
+done:
+    PyBuffer_Release(&rows);
+    PyBuffer_Release(&slots);
+    PyBuffer_Release(&kinds);
+    PyBuffer_Release(&states);
+    PyBuffer_Release(&out);
+    return result;
+}
+
+static PyObject *read_ring(PyObject *module, PyObject *args) {
+    int fd;
+    long long offset, first, count;
+    unsigned long long capacity;
+    Py_buffer kinds, states, fields, exited, slots, verdicts;
+    PyObject *outs;
+    Py_buffer out[MAX_FIELDS];
+    Py_ssize_t n_out = 0;
+    Checks c;
+    if (!PyArg_ParseTuple(args, "iLLLKy*y*y*O!w*w*w*", &fd, &offset, &first, &count, &capacity,
+                          &kinds, &states, &fields, &PyTuple_Type, &outs, &exited, &slots,
+                          &verdicts))
+        return NULL;
+    PyObject *result = NULL;
+    unsigned char *chunk = NULL;
+    Py_ssize_t want = PyTuple_GET_SIZE(outs);
+    if (checks_of(&c, capacity, &kinds, &states) < 0)
+        goto done;
+    if (count < 0 || offset < 0 || first < 0 || want > MAX_FIELDS || fields.len != 2 * want ||
+        exited.len < count || slots.len < count * (Py_ssize_t)sizeof(int64_t) ||
+        verdicts.len < count) {
+        PyErr_SetString(PyExc_ValueError, "read_ring: the outputs do not fit the slots");
+        goto done;
+    }
+    const unsigned char *spec = fields.buf;
+    for (; n_out < want; n_out++) {
+        if (PyObject_GetBuffer(PyTuple_GET_ITEM(outs, n_out), &out[n_out], PyBUF_WRITABLE) < 0)
+            goto done;
+        unsigned size = spec[2 * n_out + 1];
+        if ((size != 1 && size != 2 && size != 4 && size != 8) ||
+            spec[2 * n_out] + size > RECORD_SIZE || out[n_out].len < count * (Py_ssize_t)size) {
+            n_out++;
+            PyErr_SetString(PyExc_ValueError, "read_ring: a field does not fit");
+            goto done;
+        }
+    }
+    chunk = PyMem_RawMalloc(READ_CHUNK * RECORD_SIZE);
+    if (chunk == NULL) {
+        PyErr_NoMemory();
+        goto done;
+    }
+    unsigned char *ok = exited.buf, *verdict = verdicts.buf;
+    int64_t *at = slots.buf;
+    int rows[READ_CHUNK]; /* the chunk's trusted records */
+    long long done_slots = 0, kept = 0, got_slots = 0;
+    int err = 0;
+    Py_BEGIN_ALLOW_THREADS
+    while (done_slots < count) {
+        long long n = count - done_slots < READ_CHUNK ? count - done_slots : READ_CHUNK;
+        size_t bytes = (size_t)n * RECORD_SIZE, got = 0;
+        while (got < bytes) { /* a short read: the end of the file (or a signal) */
+            ssize_t r = pread(fd, chunk + got, bytes - got,
+                              (off_t)(offset + done_slots * RECORD_SIZE + (long long)got));
+            if (r < 0 && errno == EINTR)
+                continue;
+            if (r < 0) {
+                err = errno;
+                break;
+            }
+            if (r == 0)
+                break;
+            got += (size_t)r;
+        }
+        if (err)
+            break;
+        got -= got % RECORD_SIZE; /* a record cut by the end of the file is not read */
+        got_slots += (long long)(got / RECORD_SIZE);
+        memset(chunk + got, 0, bytes - got); /* past the end: blank, as the Python reader */
+        long long kept_before = kept;
+        for (long long i = 0; i < n; i++) {
+            uint64_t slot = (uint64_t)(first + done_slots + i);
+            unsigned char v = verdict_of(chunk + i * RECORD_SIZE, slot, &c);
+            verdict[done_slots + i] = v;
+            if (v < 2)
+                continue;
+            rows[kept - kept_before] = (int)i;
+            ok[kept] = v == 3;
+            at[kept] = (int64_t)slot;
+            kept++;
+        }
+        /* each field of the chunk's trusted records: a loop of fixed-size copies */
+        long long m = kept - kept_before;
+        for (Py_ssize_t k = 0; k < n_out; k++) {
+            unsigned char *to = (unsigned char *)out[k].buf;
+            const unsigned char *from = chunk + spec[2 * k];
+            switch (spec[2 * k + 1]) {
+            case 1:
+                for (long long j = 0; j < m; j++)
+                    to[kept_before + j] = from[rows[j] * RECORD_SIZE];
+                break;
+            case 2:
+                for (long long j = 0; j < m; j++)
+                    memcpy(to + (kept_before + j) * 2, from + rows[j] * RECORD_SIZE, 2);
+                break;
+            case 4:
+                for (long long j = 0; j < m; j++)
+                    memcpy(to + (kept_before + j) * 4, from + rows[j] * RECORD_SIZE, 4);
+                break;
+            default:
+                for (long long j = 0; j < m; j++)
+                    memcpy(to + (kept_before + j) * 8, from + rows[j] * RECORD_SIZE, 8);
+                break;
+            }
+        }
+        done_slots += n;
+        if (got < bytes)
+            break; /* the rest of the slots are past the end of the file */
+    }
+    for (long long i = done_slots; i < count && !err; i++)
+        verdict[i] = 0;
+    Py_END_ALLOW_THREADS
+    if (err) {
+        errno = err;
+        PyErr_SetFromErrno(PyExc_OSError);
+        goto done;
+    }
+    result = Py_BuildValue("LL", got_slots, kept);
+done:
+    PyMem_RawFree(chunk);
+    for (Py_ssize_t k = 0; k < n_out; k++)
+        PyBuffer_Release(&out[k]);
+    PyBuffer_Release(&kinds);
+    PyBuffer_Release(&states);
+    PyBuffer_Release(&fields);
+    PyBuffer_Release(&exited);
+    PyBuffer_Release(&slots);
+    PyBuffer_Release(&verdicts);
+    return result;
+}
+
+/* distinct_rows(cols, inverse, first) -> count: the distinct tuples of the rows of ``cols``
+ * (a tuple of equally long buffers of u64), numbered in the order the rows first show them:
+ * ``inverse[i]`` (int64) the number of row i's tuple, ``first[j]`` (int64) the first row of
+ * tuple j. A hash table of the tuples, every candidate compared value by value: exact. (The
+ * calls table's text is looked up once per distinct tuple of a rank's string ids and places:
+ * data/columns.py.) */
+#define MAX_COLS 16
+
+static PyObject *distinct_rows(PyObject *module, PyObject *args) {
+    PyObject *cols;
+    Py_buffer inv, fst;
+    if (!PyArg_ParseTuple(args, "O!w*w*", &PyTuple_Type, &cols, &inv, &fst))
+        return NULL;
+    Py_buffer col[MAX_COLS];
+    Py_ssize_t k = 0, want = PyTuple_GET_SIZE(cols), n = inv.len / (Py_ssize_t)sizeof(int64_t);
+    PyObject *result = NULL;
+    int64_t *table = NULL;
+    if (want < 1 || want > MAX_COLS || fst.len < inv.len) {
+        PyErr_SetString(PyExc_ValueError, "distinct_rows: 1 to 16 columns, and room for them");
+        goto done;
+    }
+    for (; k < want; k++) {
+        if (PyObject_GetBuffer(PyTuple_GET_ITEM(cols, k), &col[k], PyBUF_SIMPLE) < 0)
+            goto done;
+        if (col[k].len != n * (Py_ssize_t)sizeof(uint64_t)) {
+            k++;
+            PyErr_SetString(PyExc_ValueError, "distinct_rows: the columns differ in length");
+            goto done;
+        }
+    }
+    size_t size = 16;
+    while (size < 2 * (size_t)n)
+        size <<= 1;
+    table = PyMem_RawMalloc(size * sizeof(int64_t));
+    if (table == NULL) {
+        PyErr_NoMemory();
+        goto done;
+    }
+    const uint64_t *v[MAX_COLS];
+    for (Py_ssize_t c = 0; c < k; c++)
+        v[c] = col[c].buf;
+    int64_t *inverse = inv.buf, *first = fst.buf, count = 0;
+    Py_BEGIN_ALLOW_THREADS
+    memset(table, 0xFF, size * sizeof(int64_t)); /* -1: empty */
+    for (Py_ssize_t i = 0; i < n; i++) {
+        uint64_t h = 0x9E3779B97F4A7C15ull;
+        for (Py_ssize_t c = 0; c < k; c++) { /* splitmix64's finaliser over each value */
+            uint64_t z = (h ^ v[c][i]) * 0xBF58476D1CE4E5B9ull;
+            h = z ^ (z >> 31);
+        }
+        size_t at = (size_t)(h ^ (h >> 29)) & (size - 1);
+        for (;;) {
+            int64_t j = table[at];
+            if (j < 0) {
+                table[at] = count;
+                first[count] = i;
+                inverse[i] = count++;
+                break;
+            }
+            Py_ssize_t r = (Py_ssize_t)first[j], c = 0;
+            while (c < k && v[c][r] == v[c][i])
+                c++;
+            if (c == k) {
+                inverse[i] = j;
+                break;
+            }
+            at = (at + 1) & (size - 1);
+        }
+    }
+    Py_END_ALLOW_THREADS
+    result = PyLong_FromLongLong(count);
+done:
+    PyMem_RawFree(table);
+    for (Py_ssize_t c = 0; c < k; c++)
+        PyBuffer_Release(&col[c]);
+    PyBuffer_Release(&inv);
+    PyBuffer_Release(&fst);
+    return result;
+}
+
+static PyMethodDef reading_methods[] = {
+    {"distinct_rows", distinct_rows, METH_VARARGS,
+     "distinct_rows(cols, inverse, first) -> count: the distinct tuples of the rows of u64 "
+     "columns, numbered in the order the rows first show them"},
+    {"check_records", check_records, METH_VARARGS,
+     "check_records(rows, slots, capacity, kinds, states, out): each record's verdict (see "
+     "capture/records.py check)"},
+    {"read_ring", read_ring, METH_VARARGS,
+     "read_ring(fd, offset, first, count, capacity, kinds, states, fields, outs, exited, slots, "
+     "verdicts) -> (slots read, records kept): slots read, checked and split into columns (see "
+     "capture/records.py read_ring)"},
+    {NULL, NULL, 0, NULL},
+};
+
+static int add_reading(PyObject *m) {
+    return PyModule_AddFunctions(m, reading_methods);
 }

@@ -10,9 +10,11 @@ them - and reads each thing once, when first asked for:
   ``flight_recorder/``: capture/evidence.py) (``manifest``, ``evidence``);
 - the captures: the newest of each rank across every directory, picked once (``chosen``), from
   the headers or, where every file was scanned anyway, from the scans;
-- the records as columns (``scan``: capture/follow.py ``Scan``), made into ``Event`` views only
-  for the rows the passes see (``traces``; past ``window.above`` records, a window of them:
-  capture/window.py).
+- the records as columns (``scan``: reader.py ``CaptureColumns``, each file read and checked in
+  one pass by a few threads at once; a follower's ``Scan`` for the supervisor's post mortem),
+  made into ``Event`` views only for the rows the passes see (``traces``; past ``window.above``
+  records, a window of them: capture/window.py - each capture outlined and let go as it is
+  read, the window's rows read again from their slots once the window is known).
 
 How each rank ended is the analysis's to decide (analysis/calls/loaded.py): ``traces`` takes that
 decision as a function of what each directory says of the job's end (``JobEnd``), so nothing
@@ -21,21 +23,24 @@ here imports the analysis.
 
 from __future__ import annotations
 
+import os
+from collections import deque
+from concurrent.futures import Future, ThreadPoolExecutor
 from contextlib import contextmanager
 from contextvars import ContextVar
 from dataclasses import dataclass, replace
 from pathlib import Path
-from typing import Callable, Iterator, Sequence
+from typing import Callable, Iterable, Iterator, Sequence, TypeVar
 
 import numpy as np
 
-from nccl_doctor.capture import flight_recorder, fr_dump, fr_parallel, lifecycle, window
+from nccl_doctor.capture import flight_recorder, fr_dump, fr_parallel, lifecycle, records, window
 from nccl_doctor.capture import format as fmt
 from nccl_doctor.capture.assemble import assemble, beside, contents, groups_from_notes
 from nccl_doctor.capture.evidence import Evidence, read_evidence, with_evidence
-from nccl_doctor.capture.follow import Scan, scan_capture
+from nccl_doctor.capture.follow import RECENT, Scan
 from nccl_doctor.capture.manifest import MANIFEST, Manifest, read_manifest
-from nccl_doctor.capture.reader import _meta, read_counters
+from nccl_doctor.capture.reader import CaptureColumns, _meta, read_columns, read_counters
 from nccl_doctor.capture.union import newest_per_rank, union
 from nccl_doctor.errors import DoctorError, ExitStatus
 from nccl_doctor.gpu.readings import GpuTrace
@@ -65,6 +70,13 @@ class JobEnd:
     # nccl-doctor stopped the job (its manifest says so) but when is lost (watchdog.json damaged)
     stop_unknown: bool = False
 
+
+#: A capture as read: its records as columns (a file read whole, reader.read_columns), or as
+#: the rows a follower holds (``CaptureSet.followed``).
+Read = Scan | CaptureColumns
+#: Captures read at once, each by a thread of its own (the ring is read and checked in C
+#: without the GIL: capture/records.py read_ring), a few files ahead of their consumer.
+WORKERS = min(4, os.cpu_count() or 1)
 
 #: Decides each rank's end in one directory's traces (analysis/calls/loaded.py ``settle``).
 Settle = Callable[[TraceSet, JobEnd], TraceSet]
@@ -99,8 +111,15 @@ class CaptureSet:
     read what replay reads beyond captures (a directory of Flight Recorder dumps), say what it
     says (a run whose end is unknown, one rank's file read alone) and write a lost supervisor's
     end into its manifest (lifecycle.py) - else capture directories only; ``hold_columns``:
-    keep every capture's columns once read (``nccl_doctor.open``: its tables and its traces from
-    one read)."""
+    keep every capture's columns once read while they are few (``window.above`` records in all:
+    ``nccl_doctor.open``, its tables and its traces from one read; a larger job's are read again
+    for each, not held twice in memory).
+
+    A job past ``window.above`` records is never held whole: each capture's records are read,
+    outlined for the window (capture/window.py ``Outline``) and let go; once the window is known,
+    the few records it keeps of each rank are read again from their slots, checked again and
+    compared with the first read (a capture that changed meanwhile - a rank still writing - is
+    read afresh)."""
 
     def __init__(self, *paths: Path | str, fr: Path | None = None,
                  window: window.Size = window.DEFAULT, evidence: bool = True,
@@ -112,20 +131,24 @@ class CaptureSet:
         self.fr = fr
         self.window, self.attach, self.job_ended, self.replay = window, evidence, job_ended, replay
         self.hold_columns = hold_columns
-        self._read: Callable[[Path], Scan] = scan_capture
+        self._read: Callable[[Path], Read] = read_file
+        self._rereads = True  # ``_read`` reads files (again): not a followed set's held rows
+        self._past = False  # the records read so far are past the window: outlines only
+        self._held_rows = 0  # records held for hold_columns; past window.above, none is
         self._manifests: dict[Path, Manifest | None | DoctorError] = {}
         self._evidence: dict[Path, Evidence] = {}
         self._beside: dict[Path, Beside] = {}
         self._contents: dict[Path, tuple[Manifest | None, list[Path], list[str]]] = {}
-        self._scans: dict[Path, Scan | DoctorError] = {}
+        self._scans: dict[Path, Read | DoctorError] = {}
         self._headers: dict[Path, RankMeta | None] = {}
         self._chosen: tuple[dict[int, Path], dict[int, RankMeta], list[_Pair]] | None = None
         self._dumps: dict[Path, bool] = {}
         self._directories: list[Path] | None = None
         self._traces: dict[Settle, TraceSet] = {}
+        self._window = _Window({})  # the last window made
 
     @classmethod
-    def followed(cls, directory: Path, columns: Callable[[Path], Scan], *,
+    def followed(cls, directory: Path, columns: Callable[[Path], Read], *,
                  manifest: Manifest | None, beside: Beside, evidence: Evidence | None,
                  window: window.Size = window.DEFAULT) -> CaptureSet:
         """The captures of a job its supervisor followed, at its end: the records from what the
@@ -134,6 +157,7 @@ class CaptureSet:
         made = cls(directory, window=window, evidence=evidence is not None, job_ended=True,
                    replay=False)
         made._read = columns
+        made._rereads = False
         made._directories = [directory]
         if manifest is not None:
             made._manifests[directory] = manifest
@@ -206,30 +230,47 @@ class CaptureSet:
         return (0 if leader else 1, rank if isinstance(rank, int) else 1 << 30)
 
     # -- the captures ---------------------------------------------------------------------------
-    def scan(self, path: Path) -> Scan | DoctorError:
-        """One capture's records as columns (held when ``hold_columns``), or why not."""
+    def scan(self, path: Path) -> Read | DoctorError:
+        """One capture's records as columns (held when ``hold_columns``, while they are few),
+        or why not."""
+        made = self.fresh(path)
+        self.hold(path, made)
+        return made
+
+    def fresh(self, path: Path) -> Read | DoctorError:
+        """One capture's records as columns, as held or else read (and not held: safe in a
+        reading thread; ``hold`` it after), or why not."""
         held = self._scans.get(path)
         if held is not None:
             return held
         try:
-            made: Scan | DoctorError = self._read(path)
+            return self._read(path)
         except DoctorError as err:
-            made = err
-        if self.hold_columns:
-            self._scans[path] = made
-        return made
+            return err
 
-    def held_scan(self, path: Path) -> Scan | None:
+    def hold(self, path: Path, made: Read | DoctorError) -> None:
+        """Keep ``made`` (``hold_columns``) while the records held stay within window.above."""
+        if not self.hold_columns or path in self._scans:
+            return
+        if not isinstance(made, DoctorError):
+            self._held_rows += _rows(made)
+            if self._held_rows > self.window.above:  # a large job: held by no one twice
+                self._scans = {p: s for p, s in self._scans.items()
+                               if isinstance(s, DoctorError)}
+                return
+        self._scans[path] = made
+
+    def held_scan(self, path: Path) -> Read | None:
         """The capture's columns if this set holds them (else None: read them with ``scan``)."""
         held = self._scans.get(path)
-        return held if isinstance(held, Scan) else None
+        return held if held is not None and not isinstance(held, DoctorError) else None
 
     def chosen(self) -> dict[int, Path]:
         """rank -> its capture: the newest of each rank across every directory (a restarted
         rank's latest), picked once. A capture that cannot be read is not chosen."""
         return self._pick()[0]
 
-    def _pick(self, scans: dict[Path, Scan | DoctorError] | None = None
+    def _pick(self, scans: dict[Path, _First | DoctorError] | None = None
               ) -> tuple[dict[int, Path], dict[int, RankMeta], list[_Pair]]:
         """(rank -> its newest capture, rank -> that capture's metadata, (older, newer) for each
         capture passed over), from the scans made or else the headers."""
@@ -246,12 +287,12 @@ class CaptureSet:
                             passed)
         return self._chosen
 
-    def _meta(self, path: Path, scans: dict[Path, Scan | DoctorError]) -> RankMeta | None:
+    def _meta(self, path: Path, scans: dict[Path, _First | DoctorError]) -> RankMeta | None:
         scan = scans.get(path) or self._scans.get(path)
-        if isinstance(scan, Scan):
-            return scan.meta
         if isinstance(scan, DoctorError):
             return None
+        if scan is not None:
+            return scan.meta
         if path not in self._headers:
             try:
                 self._headers[path] = _meta(read_counters(path)[0])
@@ -278,6 +319,7 @@ class CaptureSet:
         partial = len(chosen) < world and any(isinstance(m.extra.get("node"), dict)
                                               for m in self._manifests_here())
         keep = _rows_seen([scans[f] for f in chosen.values()], partial, self.window)
+        self._window = keep
         parts, told = [], False
         for d in self.directories:
             if self.is_dumps(d):
@@ -303,18 +345,78 @@ class CaptureSet:
         return [m for d in self.capture_dirs for m in (self._manifest_or_none(d),)
                 if m is not None]
 
-    def _read_all(self) -> dict[Path, Scan | DoctorError]:
-        """Every capture of every directory scanned (told to replay's progress bar)."""
+    def _read_all(self) -> dict[Path, _First | DoctorError]:
+        """Every capture of every directory read once and outlined for the window (told to
+        replay's progress bar): held whole while the records read stay within window.above,
+        else let go (``_First.whole``)."""
         files = [f for d in self.capture_dirs if d.exists() for f in self.contents(d)[1]]
         told = _PROGRESS.get()
-        out = {}
-        for f in files:
-            out[f] = self.scan(f)
+        out: dict[Path, _First | DoctorError] = {}
+        total, over = 0, False
+        work = [(f, self._scans.get(f)) for f in files]
+        for (f, held), made in zip(work, ahead(self._first, work,
+                                               WORKERS if self._rereads else 1)):
+            out[f] = made
+            if not isinstance(made, DoctorError):
+                if held is None and made.whole:
+                    self.hold(f, made.capture)
+                total += made.outline.n
+                if over:
+                    out[f] = made.let_go()
+                elif total > self.window.above:  # past the window: every capture's rows go
+                    over = self._past = self._rereads
+                    out = {p: r if isinstance(r, DoctorError) else r.let_go()
+                           for p, r in out.items()}
             if told is not None:
                 told(len(out), len(files))
         return out
 
-    def _part(self, d: Path, scans: dict[Path, Scan | DoctorError], chosen: set[Path],
+    def _first(self, job: tuple[Path, Read | DoctorError | None]) -> _First | DoctorError:
+        """One capture read (``held``: as this set holds it) and outlined (in a reading
+        thread: nothing shared is touched)."""
+        path, held = job
+        made = held
+        past = held is None and self._past  # (read past the window: what its outline needs)
+        if made is None:
+            try:
+                made = read_file(path, window.FIELDS) if past else self._read(path)
+            except DoctorError as err:
+                return err
+        if isinstance(made, DoctorError):
+            return made
+        first = _First(made, _outline(made))
+        return first.let_go() if past else first
+
+    def _trace(self, first: _First, mask: np.ndarray | None) -> RankTrace | DoctorError:
+        """The rank's trace: every record, or those ``mask`` keeps (a window) - from the rows
+        held, or read again from their slots."""
+        capture, rank = first.capture, first.outline
+        if isinstance(capture, Scan):  # (a follower's rows: held, never read again)
+            return capture.trace(mask)
+        at = np.arange(rank.n) if mask is None else np.flatnonzero(mask)
+        if first.whole:
+            got = capture.rows(at), capture.exited[at], capture.slots[at]
+        else:
+            again = _reread(capture, rank, at)
+            if again is None:  # the capture changed since it was read: read afresh
+                try:
+                    made = self._read(capture.path)
+                except DoctorError as err:
+                    return err
+                fresh = _First(made, _outline(made))
+                win = self._window
+                return self._trace(fresh, None if mask is None else window.keep(
+                    fresh.outline, win.points, win.tail))
+            got = again
+        rows, exited, slots = got
+        trace = Scan(capture.path, capture.meta, capture.strings, capture.notes,
+                     records.Decoded(rows, exited, slots, capture.torn_slots),
+                     capture.integrity, capture.exit, capture.paths).trace()
+        if mask is None:
+            return trace
+        return replace(trace, recorded=rank.n, p2p_whole=window.p2p_kept(rank, mask))
+
+    def _part(self, d: Path, scans: dict[Path, _First | DoctorError], chosen: set[Path],
               masks: dict[Path, np.ndarray], notes: list[str], settle: Settle) -> TraceSet:
         """One capture directory (or file) as a ``TraceSet``, its ranks' ends settled: the
         chosen captures' traces (``masks``: the rows of a window), ``notes`` said."""
@@ -323,7 +425,7 @@ class CaptureSet:
         for f in files:
             scan = scans[f]
             read.append(scan if isinstance(scan, DoctorError) else
-                        scan.trace(masks.get(f)) if f in chosen else None)
+                        self._trace(scan, masks.get(f)) if f in chosen else None)
         gpu, samples, problems = self._beside.get(d) or beside(d)
         traces = assemble(d, manifest, files, read, gpu, samples, damage + problems, notes)
         needs = self.attach or self.replay
@@ -348,31 +450,131 @@ class CaptureSet:
 
 
 @dataclass(frozen=True)
+class _First:
+    """A capture as first read: whole (its records held), or let go of its records but for
+    what the window needs (``outline``); read again for the rows the window keeps."""
+
+    capture: Read
+    outline: window.Outline
+    whole: bool = True
+
+    @property
+    def meta(self) -> RankMeta:
+        return self.capture.meta
+
+    def let_go(self) -> _First:
+        """This capture without its records (a capture read from a file: read again)."""
+        capture = self.capture
+        if not isinstance(capture, CaptureColumns) or not capture.cols:
+            return self
+        none = np.zeros(0, dtype=np.int64)
+        return _First(replace(capture, cols={}, exited=none.astype(bool), slots=none),
+                      self.outline, whole=False)
+
+
+def read_file(path: Path, fields: tuple[str, ...] = records.FIELDS) -> CaptureColumns:
+    """One capture file read whole, its records as columns (reader.read_columns)."""
+    return read_columns(path, fields, recent=RECENT)
+
+
+def _rows(made: Read) -> int:
+    return len(made.decoded.rows) if isinstance(made, Scan) else len(made)
+
+
+def _outline(made: Read) -> window.Outline:
+    """The window's outline of one capture's records (its string ids coded by their text)."""
+    if isinstance(made, Scan):
+        d = made.decoded
+        rows, exited, slots = d.rows, d.exited, d.slots
+    else:
+        rows, exited, slots = made.cols, made.exited, made.slots
+    return window.outline(rows, exited, slots, window.codes(made.strings, window.top_id(rows)))
+
+
+def _reread(capture: CaptureColumns, rank: window.Outline, at: np.ndarray,
+            ) -> tuple[np.ndarray, np.ndarray, np.ndarray] | None:
+    """The records at positions ``at`` of a capture read before (``rank``: its outline), read
+    again from their slots and checked again: (RECORD rows, exited, slots), or None when they
+    are not what the first read found (the capture changed meanwhile)."""
+    slots = rank.slots.at(at)
+    try:
+        fd = os.open(capture.path, os.O_RDONLY)
+    except OSError:
+        return None
+    try:
+        runs = np.split(slots, np.flatnonzero(np.diff(slots) != 1) + 1) if len(slots) else []
+        parts = [records.read_ring(fd, capture.ring_offset + int(run[0]) * fmt.RECORD_SIZE,
+                                   int(run[0]), len(run), capture.capacity) for run in runs]
+    except OSError:
+        return None
+    finally:
+        os.close(fd)
+    cols = {name: np.concatenate([p.cols[name] for p in parts]) if parts
+            else np.zeros(0, dtype=records.RECORD.fields[name][0]) for name in records.FIELDS}
+    exited = np.concatenate([p.exited for p in parts]) if parts else np.zeros(0, dtype=bool)
+    if (len(exited) != len(at) or not np.array_equal(cols["idx"].astype(np.int64),
+                                                     rank.idx.at(at))
+            or not np.array_equal(exited, rank.exited_at(at))):
+        return None
+    rows = np.zeros(len(at), dtype=records.RECORD)
+    for name, col in cols.items():
+        rows[name] = col
+    return rows, exited, slots
+
+
+T = TypeVar("T")
+R = TypeVar("R")
+
+
+def ahead(work: Callable[[T], R], items: Iterable[T], workers: int = WORKERS) -> Iterator[R]:
+    """``work`` of each of ``items``, in order, done by ``workers`` threads a few items ahead of
+    the consumer: memory holds a few results at a time, never all."""
+    items = list(items)
+    if workers <= 1 or len(items) <= 1:
+        yield from (work(i) for i in items)
+        return
+    with ThreadPoolExecutor(workers, thread_name_prefix="nccl-doctor-read") as pool:
+        pending: deque[Future[R]] = deque()
+        todo = iter(items)
+        for item in todo:
+            pending.append(pool.submit(work, item))
+            if len(pending) >= 2 * workers:
+                break
+        while pending:
+            done = pending.popleft().result()
+            nxt = next(todo, None)
+            if nxt is not None:
+                pending.append(pool.submit(work, nxt))
+            yield done
+
+
+@dataclass(frozen=True)
 class _Window:
     masks: dict[Path, np.ndarray]  # capture -> bool per row: the rows the passes see
     notes: tuple[str, ...] = ()
+    points: dict[int, list[int]] | None = None  # (what made them: a capture read afresh)
+    tail: int = 0
 
 
-def _rows_seen(scans: Sequence[Scan | DoctorError], partial: bool, size: window.Size) -> _Window:
+def _rows_seen(scans: Sequence[_First | DoctorError], partial: bool,
+               size: window.Size) -> _Window:
     """Each chosen capture's rows the passes see: every record, or - past ``size.above``
     records in all - the window they need (capture/window.py), and a note saying so."""
-    good = [s for s in scans if isinstance(s, Scan)]
-    total = sum(len(s.decoded.rows) for s in good)
+    good = [s for s in scans if isinstance(s, _First)]
+    total = sum(s.outline.n for s in good)
     if total <= size.above:
         return _Window({})
-    table: dict[str, int] = {}
-    lv = {s.path: window.leaves(s.decoded.rows, s.decoded.exited,
-                                window.codes(s.strings, table, s.decoded.rows)) for s in good}
-    groups = groups_from_notes(good)
-    members = {table[name]: g.ranks for name, g in groups.items() if name in table}
-    points = window.focus({s.meta.rank: lv[s.path] for s in good}, members, partial)
+    names = {text for s in good for text in s.capture.strings.values()}
+    groups = groups_from_notes([s.capture for s in good])
+    members = {window.code(name): g.ranks for name, g in groups.items() if name in names}
+    points = window.focus({s.meta.rank: s.outline.leaves for s in good}, members, partial)
     tail = size.per_rank(len(good))
-    masks = {s.path: window.keep(s.decoded.rows, lv[s.path], points, tail) for s in good}
+    masks = {s.capture.path: window.keep(s.outline, points, tail) for s in good}
     kept = sum(int(m.sum()) for m in masks.values())
     return _Window(masks, (f"{total} records compared across the ranks with numpy; {kept} "
                            f"analysed call by call: each rank's newest {tail} and those around "
                            "each process group's first divergence and its slowest member's "
-                           "last call",))
+                           "last call",), points, tail)
 
 
 def passed_over(older: tuple[Path, RankMeta], newer: tuple[Path, RankMeta]) -> str:

@@ -1,5 +1,7 @@
 """Parsing a capture file's header, metadata, string table and exit notes (the ring's records:
-capture/records.py; reading a whole capture, fresh or followed: capture/follow.py).
+capture/records.py; reading a whole capture, fresh or followed: capture/follow.py), and a whole
+capture read at once with its records as columns (``read_columns``: what replay and the tables
+read).
 
 Never executes anything from the file; every field is bounds- and checksum-checked. Raises
 ``NotACapture`` / ``UnsupportedVersion`` / ``CorruptCapture`` for files it cannot use at all; a file
@@ -8,18 +10,22 @@ that is only partly damaged loads, with the damage described in ``RankTrace.inte
 
 from __future__ import annotations
 
+import json
+import os
 import re
-from dataclasses import replace
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
+
+import numpy as np
 
 from nccl_doctor import bounded_json
 from nccl_doctor.files import read_regular
 from nccl_doctor import paths
-from nccl_doctor.capture import format as fmt
+from nccl_doctor.capture import format as fmt, records
 from nccl_doctor.errors import CorruptCapture, NotACapture, UnsupportedVersion
 from nccl_doctor.model import (
-    Location, ExitKind, RankExit, RankMeta,
+    Integrity, Location, ExitKind, RankExit, RankMeta,
 )
 
 
@@ -110,13 +116,23 @@ def parse_strings(data: bytes, pos: int, strings: dict[int, str],
             strings[sid] = payload
         elif kind == fmt.StrKind.NOTE:
             try:
-                note = bounded_json.loads(payload)
+                note = _note(payload)
             except ValueError:
                 bad_json += 1
                 continue
             if isinstance(note, dict):
                 notes.append(note)
     return pos, bad_json, False
+
+
+def _note(payload: str) -> Any:
+    """A note's JSON, within bounded_json's bounds. A note with no more brackets than the depth
+    allowed cannot nest deeper: it is parsed without walking the value for its depth (a group
+    note of a 1,024-rank world lists 1,024 ranks, in every rank's capture)."""
+    if (len(payload) <= bounded_json.MAX_BYTES
+            and payload.count("[") + payload.count("{") <= bounded_json.MAX_DEPTH):
+        return json.loads(payload)  # (a ValueError as bounded_json's: not JSON)
+    return bounded_json.loads(payload)
 
 
 def ring_slots(capacity: int, started: int, available: int) -> int:
@@ -232,3 +248,140 @@ def read_fault(path: Path) -> str | None:
         return read_regular(fault_path, 4_000_000).decode("utf-8", "replace")[:1_000_000]
     except OSError:  # absent, unreadable, or not a regular file
         return None
+
+
+# -- a whole capture, its records as columns --------------------------------------------------
+
+@dataclass(frozen=True)
+class CaptureColumns:
+    """A capture read whole, its trusted records as columns (one contiguous array per field of
+    records.FIELDS, by ascending index), with what ``follow.scan_capture`` says of it: the same
+    metadata, strings, notes, integrity and end (a test holds the two readers to that). The
+    bulk readers - replay's, ``nccl_doctor.open``'s tables, ``export`` - read through this: one
+    pass over the file's bytes (records.read_ring), no row of 128 bytes kept."""
+
+    path: Path
+    meta: RankMeta
+    strings: dict[int, str]
+    notes: tuple[dict[str, Any], ...]
+    cols: dict[str, np.ndarray]  # records.FIELDS -> one value per record
+    exited: np.ndarray  # bool per record: its exit part is valid (else it reads ENTERED)
+    slots: np.ndarray  # the ring slot of each record
+    torn_slots: np.ndarray  # slots holding a damaged record or a record's damaged exit part
+    integrity: Integrity
+    exit: RankExit
+    paths: bool  # its records name their call paths (format 2 on)
+    capacity: int  # the ring's slots, and where it starts in the file (to read slots again)
+    ring_offset: int
+
+    def __len__(self) -> int:
+        return len(self.exited)
+
+    def rows(self, at: np.ndarray | None = None) -> np.ndarray:
+        """The records (of positions ``at``) as records.RECORD rows, their checks left 0."""
+        at = np.arange(len(self)) if at is None else at
+        out = np.zeros(len(at), dtype=records.RECORD)
+        for name, col in self.cols.items():
+            out[name] = col[at]
+        return out
+
+
+def read_columns(path: Path, fields: tuple[str, ...] = records.FIELDS, *,
+                 recent: int) -> CaptureColumns:
+    """One capture file (and its faulthandler file beside it, if any), its records as columns:
+    ``follow.CaptureFollower.scan``'s reading, step by step, with the ring read and checked
+    by records.read_ring. ``fields``: the columns wanted (every record still checked whole;
+    ``rows`` needs them all); ``recent``: follow.RECENT, the records from the ring's head a
+    kill may leave torn or blank (passed in: follow imports this module)."""
+    try:
+        fd = os.open(path, os.O_RDONLY)
+    except OSError as err:
+        raise CorruptCapture(f"{path} cannot be read: {err.strerror}") from None
+    try:
+        return _read_columns(path, fd, tuple(dict.fromkeys(("idx", *_NAMED, *fields))), recent)
+    except OSError as err:
+        raise CorruptCapture(f"{path} cannot be read: {err.strerror}") from None
+    finally:
+        os.close(fd)
+
+
+_NAMED = ("op", "group", "input", "output")
+
+
+def _read_columns(path: Path, fd: int, fields: tuple[str, ...], recent: int) -> CaptureColumns:
+    head = os.pread(fd, fmt.HEADER_SIZE, 0)
+    size = os.fstat(fd).st_size
+    capacity, ring_off, str_off, str_size, _, version = read_header(head, path)
+    meta = _meta(read_meta(head, path))
+    available = max(0, size - ring_off) // fmt.RECORD_SIZE  # slots in the file
+    expected = ring_off + capacity * fmt.RECORD_SIZE
+    truncated = size < expected
+    (started,) = fmt.COUNTER.unpack_from(head, fmt.EVENTS_STARTED_OFFSET)
+    (used,) = fmt.COUNTER.unpack_from(head, fmt.STRTAB_USED_OFFSET)
+    miscounted = False
+    if used < str_size:  # an entry begins where the counter says the table ends: it stops short
+        entry = os.pread(fd, fmt.STR_HEAD.size, str_off + used)
+        if len(entry) == fmt.STR_HEAD.size and any(entry):
+            used, miscounted = str_size, True
+    strings: dict[int, str] = {0: ""}
+    notes: list[dict[str, Any]] = []
+    stop, bad_json, str_damaged = 0, 0, False
+    if min(used, str_size) > 0:
+        data = os.pread(fd, min(used, str_size), str_off)
+        stop, bad_json, str_damaged = parse_strings(data, 0, strings, notes)
+    blanked = stop < min(used, str_size)  # blank entries below the counter
+    fault_text = read_fault(path)  # (None: none beside it)
+    end = ring_slots(capacity, started, available)
+    if end < available:  # records past the counter
+        past = records.read_ring(fd, ring_off + end * fmt.RECORD_SIZE, end,
+                                 min(8, available - end), capacity, ("idx",))
+        if len(past.exited):
+            end, miscounted = available, True
+    split = records.read_ring(fd, ring_off, 0, end, capacity, fields)
+    cols, exited, slots = split.cols, split.exited, split.slots
+    torn = np.flatnonzero((split.verdicts == records.DAMAGED)
+                          | (split.verdicts == records.CUT_EXIT)).astype(np.int64)
+    idx = cols["idx"]
+    if len(idx) > 1 and not bool((idx[1:] > idx[:-1]).all()):  # lapped: by index
+        order = np.argsort(idx, kind="stable")
+        cols = {name: col[order] for name, col in cols.items()}
+        exited, slots = exited[order], slots[order]
+    # a record naming strings the table does not hold (its entries lost) cannot be told from
+    # another call: it is skipped, and counted. A table of ids 0..n-1 (as the writer numbers
+    # them) holds every id below n: its records are looked up only when one names n or more.
+    unnamed = 0
+    dense = max(strings) == len(strings) - 1
+    if len(exited) and (not dense or max(int(cols[name].max()) for name in _NAMED)
+                        >= len(strings)):
+        ids = np.fromiter(strings, dtype=np.int64, count=len(strings))
+        named = np.ones(len(exited), dtype=bool)
+        for name in _NAMED:
+            named &= np.isin(cols[name], ids)
+        unnamed = int(len(named) - named.sum())
+    if unnamed:
+        cols = {name: col[named] for name, col in cols.items()}
+        exited, slots = exited[named], slots[named]
+    count = int(cols["idx"][-1]) if len(exited) else 0
+    bad = bad_json + (1 if str_damaged or blanked else 0)
+    # the slots below the newest record (or the counter) hold a record each: blank ones lost
+    # theirs (zeroed)
+    seen = np.zeros(max(available, 1), dtype=bool)
+    seen[slots] = True
+    seen[torn] = True
+    filled = min(max(count, started), capacity, available)
+    blank = max(0, filled - int(seen.sum()))
+    # a kill leaves its torn or blank records at the head of the ring (the calls in flight);
+    # one further back was damaged later
+    head_slot = (count - 1) % capacity if count else 0
+    odd = np.concatenate([torn, np.flatnonzero(~seen[:min(filled, available)])])
+    deep = int(((head_slot - odd) % capacity > recent).sum()) if count else 0
+    ended = _exit_from(notes, fault_text)
+    if ended.kind in (ExitKind.CLEAN, ExitKind.EXCEPTION):
+        deep = len(odd)  # it ended by itself, no call in flight: none was cut by a kill
+    integrity = Integrity(len(torn), truncated, max(0, count - capacity), bad,
+                          *((size, expected) if truncated else (0, 0)),
+                          miscounted=miscounted or size > expected, blank_records=blank,
+                          unnamed_records=unnamed, deep_damage=deep)
+    return CaptureColumns(path, with_code_notes(meta, notes), dict(strings), tuple(notes), cols,
+                          exited, slots, torn, integrity, ended, version >= fmt.PATHS_SINCE,
+                          capacity, ring_off)

@@ -3,22 +3,33 @@
 The record layout is fixed (nccl_doctor/capture/format.py: ENTER, its Adler-32, EXIT), so a whole
 ring decodes as one ``numpy.frombuffer`` with the structured ``RECORD`` dtype, and every check the
 reader makes - blank slot, Adler-32 of the enter part, index in its slot, exit check word, known
-kind - is one vectorised expression over the column. ``Event`` objects are made only for the rows
-a caller asks for (``events``): the analysis passes and the reporters see the typed model, the
-bulk of a large capture never becomes Python objects.
+kind - is made in one pass over the records: in C (capture/_ring.c ``check_records``, without the
+GIL, so that captures read on several threads check in parallel), else one vectorised numpy
+expression over the column (``check_numpy``: the same verdicts). ``read_ring`` reads a ring's
+slots from its file, checks them and splits the trusted records into one column per field, in
+that one pass (the bulk readers: reader.py ``read_columns``). ``Event`` objects are made only for
+the rows a caller asks for (``events``): the analysis passes and the reporters see the typed
+model, the bulk of a large capture never becomes Python objects.
 """
 
 from __future__ import annotations
 
 import dataclasses
+import os
 from dataclasses import dataclass
 from typing import Callable, Mapping
 
 import numpy as np
 
 from nccl_doctor.capture import format as fmt
+from nccl_doctor.capture.ring import PURE_PYTHON_ENV
 from nccl_doctor.location import Location
 from nccl_doctor.model import Event, EventFlag, EventKind, EventSource, EventState
+
+try:
+    from nccl_doctor.capture import _ring as _c
+except ImportError:  # built without a C compiler: the numpy checks give the same verdicts
+    _c = None
 
 #: One 128-byte record (format.ENTER, its check, padding, format.EXIT), little-endian.
 RECORD = np.dtype([
@@ -41,6 +52,144 @@ _KINDS = np.array(sorted(int(k) for k in EventKind), dtype=np.uint8)
 _EXIT_STATES = np.array([int(EventState.RETURNED), int(EventState.FAILED), int(EventState.ISSUED)],
                         dtype=np.uint16)
 _CHUNK = 8192  # records checked per step: bounds the float32 copy of their bytes
+
+#: A record's verdict (``check``), as _ring.c's check_records writes it too: a slot never
+#: written; a damaged record; a trusted one still inside its call (its exit part blank); one
+#: that returned (a valid exit part); one whose exit part is damaged (it reads as still inside).
+BLANK, DAMAGED, ENTERED, EXITED, CUT_EXIT = range(5)
+_KIND_TABLE = bytes(1 if k in set(_KINDS.tolist()) else 0 for k in range(256))
+_STATE_BYTES = _EXIT_STATES.astype("<u2").tobytes()
+# the records' checks in C (capture/_ring.c), without the GIL; absent from an older build
+_C_CHECK = getattr(_c, "check_records", None)
+
+
+#: The fields a record splits into (``read_ring``): every field but the padding and the checks.
+FIELDS = tuple(name for name in RECORD.names if name not in ("pad", "pad2", "check", "exit_check"))
+_C_READ = getattr(_c, "read_ring", None)
+
+
+@dataclass(frozen=True)
+class Split:
+    """The trusted records of some ring slots as columns, in slot order (``read_ring``)."""
+
+    cols: dict[str, np.ndarray]  # field -> one value per trusted record
+    exited: np.ndarray  # bool per record: its exit part is valid
+    slots: np.ndarray  # int64: the slot of each record
+    verdicts: np.ndarray  # uint8 per slot read (BLANK ... CUT_EXIT)
+
+
+def read_ring(fd: int, offset: int, first: int, count: int, capacity: int,
+              fields: tuple[str, ...] = FIELDS) -> Split:
+    """Slots ``first`` .. ``first + count - 1`` of a ring, read from file ``fd`` at ``offset``
+    (slot ``first``'s), checked (``check``) and their trusted records split into ``fields``'
+    columns. Slots past the end of the file read blank. In C when the extension is built: each
+    record read, checked and split in one pass without the GIL (capture/_ring.c). Raises
+    OSError as the file's reads do."""
+    if _C_READ is not None and native():
+        outs, slots, exited, verdicts = _outputs(count, fields)
+        spec = b"".join(bytes((RECORD.fields[f][1], RECORD.fields[f][0].itemsize))
+                        for f in fields)
+        _, kept = _C_READ(fd, offset, first, count, capacity, _KIND_TABLE, _STATE_BYTES, spec,
+                          outs, exited, slots, verdicts)
+        return Split({f: o[:kept] for f, o in zip(fields, outs)}, exited[:kept], slots[:kept],
+                     verdicts)
+    raw = os.pread(fd, count * fmt.RECORD_SIZE, offset) if count else b""
+    rows = np.zeros(count, dtype=RECORD)
+    got = as_records(raw)
+    rows[:len(got)] = got
+    at = np.arange(first, first + count, dtype=np.int64)
+    verdicts = check_numpy(rows, at, capacity)
+    trusted = verdicts >= ENTERED
+    kept = rows[trusted]
+    return Split({f: np.ascontiguousarray(kept[f]) for f in fields},
+                 verdicts[trusted] == EXITED, at[trusted], verdicts)
+
+
+def _outputs(count: int, fields: tuple[str, ...],
+             ) -> tuple[tuple[np.ndarray, ...], np.ndarray, np.ndarray, np.ndarray]:
+    """``read_ring``'s outputs - a column per field, the slots, the exited flags and the
+    verdicts - as views of one block of memory: one allocation a capture, which the allocator
+    hands to the next capture once this one's columns are let go (two dozen arrays a capture
+    would be new pages each time: half the reading's time)."""
+    sizes = [RECORD.fields[f][0].itemsize for f in fields]
+    block = np.empty(count * (sum(sizes) + 8 + 2), dtype=np.uint8)
+    at = count * 8
+    slots = block[:at].view(np.int64)
+    outs: list[np.ndarray | None] = [None] * len(fields)
+    for i in sorted(range(len(fields)), key=lambda i: -sizes[i]):  # (each aligned)
+        outs[i] = block[at:at + count * sizes[i]].view(RECORD.fields[fields[i]][0])
+        at += count * sizes[i]
+    exited = block[at:at + count].view(bool)
+    verdicts = block[at + count:at + 2 * count]
+    return tuple(outs), slots, exited, verdicts  # type: ignore[return-value]
+
+
+_C_DISTINCT = getattr(_c, "distinct_rows", None)
+
+
+def distinct_rows(cols: list[np.ndarray]) -> tuple[np.ndarray, np.ndarray]:
+    """(row -> the number of its distinct tuple, the first row of each tuple) of the rows of
+    ``cols`` (equally long integer columns, as uint64), the tuples numbered in the order the rows
+    first show them. In C when the extension is built (a hash table: exact), else by a sort."""
+    n = len(cols[0])
+    cols = [np.ascontiguousarray(c, dtype=np.uint64) for c in cols]
+    if _C_DISTINCT is not None and native() and len(cols) <= 16:
+        inverse = np.empty(n, dtype=np.int64)
+        first = np.empty(n, dtype=np.int64)
+        count = _C_DISTINCT(tuple(cols), inverse, first)
+        return inverse, first[:count].copy()
+    if not n:
+        return np.zeros(0, dtype=np.int64), np.zeros(0, dtype=np.int64)
+    _, at, inverse = np.unique(np.stack(cols, axis=1), axis=0, return_index=True,
+                               return_inverse=True)
+    order = np.argsort(at, kind="stable")  # numbered as the rows first show them
+    number = np.empty(len(order), dtype=np.int64)
+    number[order] = np.arange(len(order))
+    return number[inverse.reshape(-1)], at[order]
+
+
+def check(records: np.ndarray, slots: np.ndarray, capacity: int) -> np.ndarray:
+    """The verdict (BLANK ... CUT_EXIT, uint8) of each of ``records``, RECORD rows read from
+    ring slots ``slots``: blank (all zero), damaged (its Adler-32 fails, its index does not
+    belong in its slot, or its kind is unknown), or trusted - and then whether its exit part is
+    blank, valid (``t_exit`` set, the check word binds it to the record, an exit state) or
+    damaged. In C when the extension is built (``NCCL_DOCTOR_PURE_PYTHON=1``: numpy)."""
+    slots = np.ascontiguousarray(slots, dtype=np.int64)
+    if _C_CHECK is not None and native():
+        rows = np.ascontiguousarray(records)
+        out = np.empty(len(rows), dtype=np.uint8)
+        _C_CHECK(rows.view(np.uint8), slots, capacity, _KIND_TABLE, _STATE_BYTES, out)
+        return out
+    return check_numpy(records, slots, capacity)
+
+
+def native() -> bool:
+    """Whether the C checks are in use (the extension built, not switched off by the
+    environment as the C ring is: ``NCCL_DOCTOR_PURE_PYTHON``)."""
+    return _C_CHECK is not None and os.environ.get(PURE_PYTHON_ENV, "") in ("", "0")
+
+
+def check_numpy(records: np.ndarray, slots: np.ndarray, capacity: int) -> np.ndarray:
+    """``check`` in numpy: every check one vectorised expression over the column."""
+    out = np.zeros(len(records), dtype=np.uint8)
+    words = np.ascontiguousarray(records).view(np.uint64).reshape(len(records),
+                                                                  fmt.RECORD_SIZE // 8)
+    at = np.flatnonzero(words.any(axis=1))
+    recs = records[at]
+    raw = recs.view(np.uint8).reshape(len(recs), fmt.RECORD_SIZE)
+    ok = np.empty(len(recs), dtype=bool)
+    for lo in range(0, len(recs), _CHUNK):
+        ok[lo:lo + _CHUNK] = adler32(raw[lo:lo + _CHUNK, :_ENTER]) == recs["check"][lo:lo + _CHUNK]
+    idx = recs["idx"]
+    ok &= idx >= 1
+    ok &= (idx - np.uint64(1)) % np.uint64(capacity) == np.asarray(slots)[at].astype(np.uint64)
+    ok &= np.isin(recs["kind"], _KINDS)
+    t_exit, word = recs["t_exit"], recs["exit_check"]
+    has_exit = (t_exit != 0) & (exit_check(recs) == word) & np.isin(recs["state"], _EXIT_STATES)
+    cut_exit = (t_exit != 0) | (word != 0)
+    out[at] = np.where(~ok, DAMAGED, np.where(has_exit, EXITED,
+                                              np.where(cut_exit, CUT_EXIT, ENTERED)))
+    return out
 
 
 @dataclass(frozen=True)
@@ -88,24 +237,13 @@ def decode(records: np.ndarray, slots: np.ndarray, capacity: int) -> Decoded:
     A slot never written (all zero) is skipped. A record is trusted when its Adler-32 holds, its
     index belongs in its slot and its kind is known; its exit part when ``t_exit`` is set, the
     check word binds it to the record and the state is an exit state. Anything else non-blank
-    counts as torn, as in a write cut off by a kill."""
+    counts as torn, as in a write cut off by a kill (``check``)."""
     slots = np.asarray(slots)
-    words = records.view(np.uint64).reshape(len(records), fmt.RECORD_SIZE // 8)
-    written = words.any(axis=1)
-    recs, where = _keep(records, slots, written)
-    raw = recs.view(np.uint8).reshape(len(recs), fmt.RECORD_SIZE)
-    ok = np.empty(len(recs), dtype=bool)
-    for lo in range(0, len(recs), _CHUNK):
-        ok[lo:lo + _CHUNK] = adler32(raw[lo:lo + _CHUNK, :_ENTER]) == recs["check"][lo:lo + _CHUNK]
-    idx = recs["idx"]
-    ok &= idx >= 1
-    ok &= (idx - np.uint64(1)) % np.uint64(capacity) == where.astype(np.uint64)
-    ok &= np.isin(recs["kind"], _KINDS)
-    good, good_slots = _keep(recs, where, ok)
-    t_exit, check = good["t_exit"], good["exit_check"]
-    has_exit = (t_exit != 0) & (exit_check(good) == check) & np.isin(good["state"], _EXIT_STATES)
-    cut_exit = ~has_exit & ((t_exit != 0) | (check != 0))
-    torn = np.sort(np.concatenate([where[~ok], good_slots[cut_exit]]))
+    verdict = check(records, slots, capacity)
+    trusted = verdict >= ENTERED
+    good, good_slots = _keep(records, slots, trusted)
+    has_exit = verdict[trusted] == EXITED
+    torn = np.sort(slots[(verdict == DAMAGED) | (verdict == CUT_EXIT)])
     gidx = good["idx"]
     if len(gidx) > 1 and not bool((gidx[1:] > gidx[:-1]).all()):  # lapped: by index
         order = np.argsort(gidx, kind="stable")
@@ -143,42 +281,59 @@ def _event(values: dict) -> Event:
     return e
 
 
+_NEW = object.__new__
+_SET = object.__setattr__
+
+
 def events(decoded: Decoded, strings: Mapping[int, str], paths: bool = True) -> list[Event]:
     """The typed events of ``decoded``'s rows (strings: id -> text). ``paths``: the records
-    name their call paths (format 2 on; in version 1 the field meant something else)."""
+    name their call paths (format 2 on; in version 1 the field meant something else).
+
+    What a call is - its op, group, tensors, places, path, peer, kind and flags - is made once
+    per distinct combination of the rank's ids, as the fields of an ``Event`` (``_event``'s
+    ``__dict__``); each record's event is a copy of those with its own numbers and end."""
     out: list[Event] = []
     get = strings.get
     places: dict[tuple[int, int, int], Location | None] = {(0, 0, 0): None}
     call_paths: dict[int, tuple[Location, ...]] = {0: ()}
-    flag_of: dict[int, EventFlag] = {}
+    kinds: dict[tuple, dict] = {}
     rows = decoded.rows.tolist()
     exited = decoded.exited.tolist()
+    entered = EventState.ENTERED
     for row, done in zip(rows, exited):
         (idx, parent, t_enter, seq, nbytes, thread, op, group, inp, outp, uf, ul, ufn, af, al,
          path, peer, gsize, seq_off, kind, flags, _p, _c, _p2, t_exit, delta, state, _x) = row
-        user, api = (uf, ul, ufn) if uf else (0, 0, 0), (af, al, 0) if af else (0, 0, 0)
-        for place in (user, api):
-            if place not in places:
-                places[place] = Location(get(place[0], "<?>"), place[1], get(place[2], ""))
-        if not paths:
-            path = 0
-        call_path = call_paths.get(path)
-        if call_path is None:
-            call_path = call_paths[path] = _call_path(get(path), get)
-        flag = flag_of.get(flags)
-        if flag is None:
-            flag = flag_of[flags] = EventFlag(flags)
-        out.append(_event({
-            "idx": idx, "parent": parent, "kind": _KIND[kind], "op": get(op, "<?>"),
-            "group": get(group, "<?>"), "seq": seq, "seq_offset": seq_off,
-            "seq_delta": delta if done else None,
-            "state": _STATE[state] if done else EventState.ENTERED, "flags": flag,
-            "t_enter_ns": t_enter, "t_exit_ns": t_exit if done else None, "thread": thread,
-            "input": get(inp, ""), "output": get(outp, ""), "nbytes": nbytes, "peer": peer,
-            "group_size": gsize, "callsite": places[user], "api_callsite": places[api],
-            "path": call_path,
-            "source": EventSource.FUNCTIONAL if flags & _FUNCTIONAL else EventSource.RECORDER,
-        }))
+        what = (op, group, inp, outp, uf, ul, ufn, af, al, path, peer, gsize, seq_off, kind,
+                flags)
+        fields = kinds.get(what)
+        if fields is None:
+            user, api = (uf, ul, ufn) if uf else (0, 0, 0), (af, al, 0) if af else (0, 0, 0)
+            for place in (user, api):
+                if place not in places:
+                    places[place] = Location(get(place[0], "<?>"), place[1], get(place[2], ""))
+            if not paths:
+                path = 0
+            call_path = call_paths.get(path)
+            if call_path is None:
+                call_path = call_paths[path] = _call_path(get(path), get)
+            fields = kinds[what] = {
+                **_DEFAULTS, "kind": _KIND[kind], "op": get(op, "<?>"),
+                "group": get(group, "<?>"), "seq_offset": seq_off, "flags": EventFlag(flags),
+                "input": get(inp, ""), "output": get(outp, ""), "peer": peer,
+                "group_size": gsize, "callsite": places[user], "api_callsite": places[api],
+                "path": call_path,
+                "source": EventSource.FUNCTIONAL if flags & _FUNCTIONAL else EventSource.RECORDER,
+            }
+        values = fields.copy()
+        values["idx"], values["parent"], values["seq"] = idx, parent, seq
+        values["t_enter_ns"], values["thread"], values["nbytes"] = t_enter, thread, nbytes
+        if done:
+            values["seq_delta"], values["state"], values["t_exit_ns"] = delta, _STATE[state], t_exit
+        else:
+            values["seq_delta"], values["state"], values["t_exit_ns"] = None, entered, None
+        e = _NEW(Event)
+        _SET(e, "__dict__", values)
+        out.append(e)
     return out
 
 

@@ -2,31 +2,41 @@
 
 Two sources make the same columns:
 
-- ``scan_columns``: a capture read as columns (capture/follow.py ``Scan``). Every field comes
-  from the numpy record rows in bulk; a string (op, group, a callsite) is looked up once per
-  distinct id of the rank, never once per record - no Python object per call.
+- ``raw_calls``: a capture read as columns (capture/reader.py ``CaptureColumns``, in a reading
+  thread). Every number comes from the record columns in bulk; each row's text - its group,
+  op, tensors, kind, state, places - is one signature, a distinct combination of the rank's
+  string ids (capture/records.py ``distinct_rows``), looked up once - no Python object per call.
 - ``trace_columns``: a rank's typed events (Flight Recorder dumps, or calls merged from them),
   one Python step per event: what has no capture.
 
-Text columns are categorical: each ``Categories`` interns its strings across every rank, so the
-ranks' columns concatenate as integer codes and one ``pandas.Categorical`` holds them all.
+Text columns are categorical: each ``Categories`` interns its strings across every rank, in the
+order the rows first name them. ``Table`` joins the ranks' parts into one table - a pandas
+DataFrame (``frame``: numbers written once into the table's columns, text columns made from
+the signatures' codes) or an Arrow table (``arrow``: each part a chunk, as read; what export
+writes, without pandas).
 """
 
 from __future__ import annotations
 
+import mmap
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Iterable, Mapping
+from typing import TYPE_CHECKING, Callable, Iterable, Mapping
 
 import numpy as np
-import pandas as pd
 
 from nccl_doctor import call_path
-from nccl_doctor.capture.follow import Scan, scan_capture
-from nccl_doctor.capture.records import _call_path
+from nccl_doctor.capture.capture_set import read_file
+from nccl_doctor.capture.follow import Scan
+from nccl_doctor.capture.reader import CaptureColumns
+from nccl_doctor.capture.records import FIELDS, _call_path, distinct_rows
 from nccl_doctor.errors import DoctorError
 from nccl_doctor.location import Location
 from nccl_doctor.model import EventFlag, EventKind, EventSource, EventState, RankTrace
+
+if TYPE_CHECKING:  # pandas when a frame is made: export writes Arrow tables without it
+    import pandas as pd
+    import pyarrow as pa
 
 #: The columns of ``calls``, in order, and what each holds (docs/python-api.md says the same).
 COLUMNS: dict[str, str] = {
@@ -79,15 +89,6 @@ _EMPTY = {"pid": np.int64, "seq": np.int64, "torch_seq": np.int64, "nbytes": np.
           "parent": np.int64}
 
 
-def _sources(flags: np.ndarray, cats: "Categories") -> np.ndarray:
-    """The capture's rows' source codes: recorder, or functional where the flag says so."""
-    out = np.full(len(flags), cats.code(EventSource.RECORDER.value), dtype=np.int32)
-    functional = (flags & int(EventFlag.FUNCTIONAL)) != 0
-    if functional.any():
-        out[functional] = cats.code(EventSource.FUNCTIONAL.value)
-    return out
-
-
 @dataclass
 class Categories:
     """A text column's values, interned: value -> code, and the values by code."""
@@ -104,31 +105,10 @@ class Categories:
             self.values.append(value)
         return code
 
-    def lookup(self, ids: np.ndarray, text: Mapping[int, str],
-               missing: str | None = None) -> np.ndarray:
-        """Codes for ``ids`` (one rank's string ids; an id ``text`` lacks reads ``missing``),
-        each distinct id looked up once."""
-        if not len(ids):
-            return np.zeros(0, dtype=np.int32)
-        inverse, uniq = pd.factorize(ids)  # hashed, not sorted: O(rows)
-        table = np.array([self.code(text.get(int(i), missing)) for i in uniq], dtype=np.int32)
-        return table[inverse]
-
 
 def categories() -> dict[str, Categories]:
     """A fresh set of interners, one per text column: share it across the ranks of one table."""
     return {name: Categories() for name in TEXT}
-
-
-def capture_columns(path: Path) -> tuple[Columns, dict[str, Categories]] | None:
-    """One capture file's calls, its text columns coded into interners of its own (made
-    anywhere: a worker; ``recoded`` puts them into the table's). None: it cannot be read."""
-    try:
-        scan = scan_capture(path)
-    except DoctorError:
-        return None
-    own = categories()
-    return scan_columns(scan, own), own
 
 
 def in_flight(part: Columns, idx: set[int], cats: Mapping[str, Categories]) -> Columns:
@@ -145,99 +125,148 @@ def in_flight(part: Columns, idx: set[int], cats: Mapping[str, Categories]) -> C
     return out
 
 
-def recoded(part: Columns, own: Mapping[str, Categories],
-            cats: Mapping[str, Categories]) -> Columns:
-    """``part`` with its text codes (into ``own``) made codes into ``cats``."""
-    out = dict(part)
-    for name in TEXT:
-        table = np.array([cats[name].code(v) for v in own[name].values] + [-1], dtype=np.int32)
-        out[name] = table[part[name]]  # (-1, no value, picks the -1 appended)
-    return out
-
-
 Columns = dict[str, np.ndarray]
+#: The text columns a row's signature holds (``Raw``): every one but the rank's host.
+SIGNED = tuple(name for name in TEXT if name != "host")
 
 
-def scan_columns(scan: Scan, cats: Mapping[str, Categories]) -> Columns:
-    """The calls of one capture read as columns (text columns as codes into ``cats``)."""
-    d = scan.decoded
-    keep = np.isin(d.rows["kind"], _CALLS)
-    rows, exited = d.rows[keep], d.exited[keep]
-    n = len(rows)
-    strings = scan.strings
-    get = strings.get
-    meta = scan.meta
-    seq = rows["seq"].astype(np.int64)
-    t_enter = rows["t_enter"].astype(np.int64)
-    t_exit = np.where(exited, rows["t_exit"].astype(np.int64), _NAT)
-    duration = np.where(exited, (t_exit - t_enter) / 1e9, np.nan)
-    flags = rows["flags"]
+@dataclass(frozen=True)
+class Raw:
+    """One capture's calls as a reading thread makes them, before the table codes their text
+    (``coded``): the numbers as columns, and each row's signature - the number of its distinct
+    combination of text values, ``texts[sig]`` (the ``SIGNED`` columns') - so that each text is
+    looked up once per signature, never once per row."""
+
+    rank: int
+    host: str
+    pid: int
+    cols: Columns  # the columns of COLUMNS that are not text
+    sig: np.ndarray  # per row: its signature
+    texts: list[tuple[str | None, ...]]  # per signature: its SIGNED values
+
+
+def raw_calls(capture: CaptureColumns | Scan) -> Raw:
+    """The calls of one capture read as columns (reader.CaptureColumns, or a follower's Scan)."""
+    if isinstance(capture, Scan):
+        d = capture.decoded
+        cols: Mapping[str, np.ndarray] = {name: d.rows[name] for name in FIELDS}
+        exited = d.exited
+    else:
+        cols, exited = capture.cols, capture.exited
+    kind = cols["kind"]
+    at = np.flatnonzero((kind == _COLLECTIVE) | (kind == _P2P))
+    pick: slice | np.ndarray = at
+    if len(at) and int(at[-1]) - int(at[0]) + 1 == len(at):  # one run: views, no copy
+        pick = slice(int(at[0]), int(at[-1]) + 1)
+    n = len(at)
+
+    def col(name: str, dtype: type | None = None) -> np.ndarray:
+        values = cols[name][pick]
+        if dtype is None or values.dtype == dtype:
+            return values
+        if values.dtype.itemsize == np.dtype(dtype).itemsize and values.dtype.kind in "iu":
+            return values.view(dtype)  # (u64 -> i64: the same bits astype gives)
+        return values.astype(dtype)
+
+    done = exited[pick]
+    seq = col("seq", np.int64)
+    t_enter = col("t_enter", np.int64)
+    t_exit = np.where(done, col("t_exit", np.int64), _NAT)
+    flags = col("flags")
     out: Columns = {
-        "rank": np.full(n, meta.rank, dtype=np.int32),
-        "host": np.full(n, cats["host"].code(meta.host), dtype=np.int32),
-        "pid": np.full(n, meta.pid, dtype=np.int64),
-        "group": cats["group"].lookup(rows["group"], strings, "<?>"),
-        "seq": np.where(seq >= 0, seq - rows["seq_offset"].astype(np.int64), -1),
+        "seq": np.where(seq >= 0, seq - col("seq_offset").astype(np.int64), -1),
         "torch_seq": seq,
-        "op": cats["op"].lookup(rows["op"], strings, "<?>"),
-        "kind": cats["kind"].lookup(rows["kind"], _KIND_NAME),
-        "input": cats["input"].lookup(rows["input"], strings, ""),
-        "output": cats["output"].lookup(rows["output"], strings, ""),
-        "nbytes": rows["nbytes"].astype(np.int64),
-        "peer": rows["peer"].astype(np.int32),
-        "group_size": rows["group_size"].astype(np.int32),
+        "nbytes": col("nbytes", np.int64),
+        "peer": col("peer", np.int32),
+        "group_size": col("group_size", np.int32),
         "t_enter": t_enter,
         "t_exit": t_exit,
-        "duration_s": duration,
-        "state": cats["state"].lookup(np.where(exited, rows["state"], int(EventState.ENTERED)),
-                                      _STATE_NAME),
+        "duration_s": np.where(done, (t_exit - t_enter) / 1e9, np.nan),
         "in_flight": np.zeros(n, dtype=bool),
         "async": (flags & int(EventFlag.ASYNC)) != 0,
         "composite": (flags & int(EventFlag.COMPOSITE)) != 0,
-        "thread": rows["thread"].astype(np.int64),
-        "idx": rows["idx"].astype(np.int64),
-        "parent": rows["parent"].astype(np.int64),
-        "source": _sources(flags, cats["source"]),
+        "thread": col("thread", np.int64),
+        "idx": col("idx", np.int64),
+        "parent": col("parent", np.int64),
     }
-    ufile, uline, ufunc = rows["ufile"], rows["uline"], rows["ufunc"]
-    afile, aline = rows["afile"], rows["aline"]
-    path = rows["path"] if scan.paths else np.zeros(n, dtype=np.uint32)
-    # the places, each distinct (file, line[, path]) made once
-    inverse, uniq = _distinct([ufile, uline, ufunc, afile, aline, path])
-    made: dict[str, list[int]] = {"callsite": [], "function": [], "api_callsite": [],
-                                  "issuing": []}
-    for uf, ul, ufn, af, al, p in uniq:
-        user = Location(get(uf, "<?>"), ul, get(ufn, "")) if uf else None
-        api = Location(get(af, "<?>"), al) if af else None
-        frames = _call_path(get(p), get) if p else ()
-        made["callsite"].append(cats["callsite"].code(str(user) if user else None))
-        made["function"].append(cats["function"].code(user.function if user else None))
-        made["api_callsite"].append(cats["api_callsite"].code(str(api) if api else None))
-        made["issuing"].append(cats["issuing"].code(_issuing(frames, user, api)))
-    for name, codes in made.items():
-        out[name] = np.array(codes, dtype=np.int32)[inverse] if n else np.zeros(0, np.int32)
-    return out
+    # the row's text, in numbers: its names' string ids, its places, its kind and state
+    u64 = np.uint64
+    state = np.where(done, col("state").astype(u64), u64(int(EventState.ENTERED)))
+    functional = ((flags & _FUNCTIONAL) != 0).astype(u64)
+    path = col("path").astype(u64) if capture.paths else np.zeros(n, dtype=u64)
+    packed = [col("group").astype(u64) | (col("op").astype(u64) << u64(32)),
+              col("input").astype(u64) | (col("output").astype(u64) << u64(32)),
+              col("ufile").astype(u64) | (col("uline").astype(u64) << u64(32)),
+              col("ufunc").astype(u64) | (col("afile").astype(u64) << u64(32)),
+              col("aline").astype(u64) | (path << u64(32)),
+              col("kind").astype(u64) | (state << u64(8)) | (functional << u64(24))]
+    sig, distinct = _distinct(packed)
+    get = capture.strings.get
+    places: dict[tuple[int, ...], tuple[str | None, ...]] = {}
+    texts = []
+    for ga, io, uf_ul, ufn_af, al_p, ksf in distinct:
+        place = (uf_ul, ufn_af, al_p)
+        if place not in places:
+            places[place] = _places(uf_ul & _LOW, uf_ul >> 32, ufn_af & _LOW, ufn_af >> 32,
+                                    al_p & _LOW, al_p >> 32, get)
+        texts.append((get(ga & _LOW, "<?>"), get(ga >> 32, "<?>"), _KIND_NAME[ksf & 0xFF],
+                      get(io & _LOW, ""), get(io >> 32, ""), _STATE_NAME[(ksf >> 8) & 0xFFFF],
+                      *places[place],
+                      (EventSource.FUNCTIONAL if ksf >> 24 else EventSource.RECORDER).value))
+    return Raw(capture.meta.rank, capture.meta.host, capture.meta.pid, out,
+               sig.astype(np.int32), texts)
+
+
+_COLLECTIVE, _P2P = int(EventKind.COLLECTIVE), int(EventKind.P2P)
+_FUNCTIONAL = int(EventFlag.FUNCTIONAL)
+_LOW = 0xFFFFFFFF
+assert SIGNED == ("group", "op", "kind", "input", "output", "state", "callsite", "function",
+                  "api_callsite", "issuing", "source")
+
+
+def _places(uf: int, ul: int, ufn: int, af: int, al: int, path: int,
+            get: Callable[..., str | None]) -> tuple[str | None, ...]:
+    """(callsite, function, api_callsite, issuing) of one place of a rank's calls."""
+    user = Location(get(uf, "<?>"), ul, get(ufn, "")) if uf else None
+    api = Location(get(af, "<?>"), al) if af else None
+    frames = _call_path(get(path), get) if path else ()
+    return (str(user) if user else None, user.function if user else None,
+            str(api) if api else None, _issuing(frames, user, api))
+
+
+def coded(raw: Raw, cats: Mapping[str, Categories]) -> Columns:
+    """A capture's calls (``raw_calls``) as the table's columns, their text coded into ``cats``
+    (in the order the rows name them: the categories' order is the rows')."""
+    n = len(raw.sig)
+    out: Columns = {"rank": np.full(n, raw.rank, dtype=np.int32),
+                    "host": np.full(n, cats["host"].code(raw.host), dtype=np.int32),
+                    "pid": np.full(n, raw.pid, dtype=np.int64)}
+    cats["source"].code(EventSource.RECORDER.value)  # (a capture's: as ``Table`` codes it)
+    codes = np.array([[cats[name].code(v) for name, v in zip(SIGNED, values)]
+                      for values in raw.texts], dtype=np.int32).reshape(len(raw.texts),
+                                                                        len(SIGNED))
+    for j, name in enumerate(SIGNED):
+        out[name] = codes[:, j][raw.sig] if n else np.zeros(0, dtype=np.int32)
+    out.update(raw.cols)
+    return {name: out[name] for name in COLUMNS}
+
+
+def capture_calls(path: Path) -> Raw | None:
+    """One capture file's calls (``raw_calls``), read here. None: it cannot be read."""
+    try:
+        return raw_calls(read_file(path))
+    except DoctorError:
+        return None
 
 
 def _distinct(cols: list[np.ndarray]) -> tuple[np.ndarray, list[tuple[int, ...]]]:
-    """(row -> the number of its distinct tuple, the distinct tuples) of the columns' rows, by
-    hashing (no sort): each column factorised, the codes mixed into one key, factorised."""
+    """(row -> the number of its distinct tuple, the distinct tuples) of the columns' rows,
+    the tuples numbered in the order the rows first show them (capture/records.py
+    ``distinct_rows``: a hash table in C)."""
     if not len(cols[0]):
         return np.zeros(0, dtype=np.int64), []
-    key = np.zeros(len(cols[0]), dtype=np.int64)
-    span = 1
-    for col in cols:
-        codes, values = pd.factorize(col)
-        span *= max(len(values), 1)
-        if span >= 1 << 62:  # (never in practice: a rank's distinct places are few)
-            rows = np.stack(cols, axis=1).astype(np.int64)
-            uniq, inverse = np.unique(rows, axis=0, return_inverse=True)
-            return inverse.reshape(-1), [tuple(r) for r in uniq.tolist()]
-        key = key * max(len(values), 1) + codes
-    inverse, keys = pd.factorize(key)
-    at = np.zeros(len(keys), dtype=np.int64)
-    at[inverse] = np.arange(len(inverse))  # a row of each distinct tuple
-    return inverse, [tuple(int(c[i]) for c in cols) for i in at.tolist()]
+    inverse, first = distinct_rows(cols)
+    return inverse, [tuple(int(c[i]) for c in cols) for i in first.tolist()]
 
 
 def _issuing(frames: tuple[Location, ...], user: Location | None,
@@ -296,28 +325,258 @@ def trace_columns(trace: RankTrace, cats: Mapping[str, Categories]) -> Columns:
     }
 
 
-def frame(parts: list[Columns], cats: Mapping[str, Categories]) -> pd.DataFrame:
-    """One DataFrame of the ranks' columns (each column concatenated once; ``parts`` is emptied
-    on the way), sorted by rank and record number."""
-    ranks = [int(p["rank"][0]) for p in parts if len(p["rank"])]
-    cols: dict[str, np.ndarray] = {}
-    for name in COLUMNS:  # a column's parts let go as it is joined: the table is held ~once
-        cols[name] = np.concatenate([p.pop(name) for p in parts]) if parts else \
-            np.zeros(0, dtype=_EMPTY.get(name, np.int32))
-    if ranks != sorted(set(ranks)):  # a rank's parts apart (its FR-only calls), or out of order
-        order = np.lexsort((cols["idx"], cols["rank"]))
-        cols = {name: c[order] for name, c in cols.items()}
-    data: dict[str, object] = {}
-    for name in COLUMNS:
-        c = cols[name]
-        if name in TEXT:
-            data[name] = pd.Categorical.from_codes(c.astype(np.int32),
-                                                   categories=pd.Index(cats[name].values,
-                                                                       dtype=object))
-        elif name in ("t_enter", "t_exit"):
-            data[name] = pd.DatetimeIndex(c.astype("datetime64[ns]"), tz="UTC")
-        elif name in ("in_flight", "async", "composite"):
-            data[name] = c.astype(bool)
+def frame(parts: list[Columns | Raw], cats: Mapping[str, Categories]) -> pd.DataFrame:
+    """One DataFrame of the ranks' columns (``parts`` is emptied on the way), sorted by rank and
+    record number."""
+    table = Table(cats, expect=len(parts))
+    for part in parts:
+        table.add(part)
+    parts.clear()
+    return table.frame()
+
+
+#: The columns of COLUMNS that are not text, and their dtypes.
+NUMBERS = {name: np.dtype(_EMPTY.get(name, np.int32)) for name in COLUMNS if name not in TEXT}
+
+
+class Table:
+    """The calls table as it is made, part after part (a rank's calls: ``Raw``, or columns
+    coded into ``cats``), its text as one signature per row - the table's codes of each text
+    column looked up per signature, the columns made from them at the end. ``whole``: its
+    numbers written straight into the table's columns, made once for the rows ``expect`` parts
+    like the first will hold (grown if need be) - a large table's memory is the table's, once;
+    else each part's columns kept as they are, for ``arrow()`` to make a chunk of each (no
+    copy: ``export``)."""
+
+    def __init__(self, cats: Mapping[str, Categories], expect: int = 1,
+                 whole: bool = True) -> None:
+        self.cats, self.expect, self.whole, self.n = cats, max(expect, 1), whole, 0
+        self.cols = {name: np.zeros(0, dtype=dtype) for name, dtype in NUMBERS.items()}
+        self.sig = np.zeros(0, dtype=np.int32)
+        self.codes: list[np.ndarray] = []  # per part: its signatures' codes, (k, len(TEXT))
+        self.pieces: list[tuple[dict[str, np.ndarray], np.ndarray]] = []  # (not whole)
+        self.signatures = 0
+        self.firsts: list[int] = []  # the rank of each part with calls, in the order added
+        self._coded: dict[tuple[str | None, ...], list[int]] = {}  # SIGNED texts -> codes
+
+    def add(self, part: Columns | Raw) -> None:
+        if isinstance(part, Raw):
+            self._add_raw(part)
+            return
+        n = len(part["rank"])
+        sig, distinct = _distinct([part[name] for name in TEXT])
+        codes = np.array(distinct, dtype=np.int32).reshape(len(distinct), len(TEXT))
+        self._add(n, {name: part[name] for name in NUMBERS}, sig, codes)
+
+    def _add_raw(self, raw: Raw) -> None:
+        cats, coded = self.cats, self._coded
+        host = cats["host"].code(raw.host)
+        cats["source"].code(EventSource.RECORDER.value)  # (a capture's: as its rows' would)
+        rows = []
+        for values in raw.texts:  # each distinct one coded once for the table
+            row = coded.get(values)
+            if row is None:
+                row = coded[values] = [cats[name].code(v) for name, v in zip(SIGNED, values)]
+            rows.append([host, *row])
+        n = len(raw.sig)
+        numbers = dict(raw.cols, rank=raw.rank, pid=raw.pid)
+        self._add(n, numbers, raw.sig,
+                  np.array(rows, dtype=np.int32).reshape(len(raw.texts), len(TEXT)))
+
+    def _add(self, n: int, numbers: Mapping[str, np.ndarray | int], sig: np.ndarray,
+             codes: np.ndarray) -> None:
+        if n:
+            first = numbers["rank"]
+            self.firsts.append(int(first if np.isscalar(first) else first[0]))
+        if not self.whole:
+            self.pieces.append(({name: np.full(n, numbers[name], dtype=dtype) if np.isscalar(
+                numbers[name]) else numbers[name] for name, dtype in NUMBERS.items()}, sig))
+            self.codes.append(codes)
+            self.n += n
+            return
+        lo = self.n
+        self._room(lo + n)
+        for name, col in self.cols.items():
+            col[lo:lo + n] = numbers[name]
+        np.add(sig, self.signatures, out=self.sig[lo:lo + n], casting="unsafe")
+        self.codes.append(codes)
+        self.signatures += len(codes)
+        self.n += n
+
+    def _room(self, rows: int) -> None:
+        if rows <= len(self.sig):
+            return
+        grown = max(rows, len(self.sig) * 3 // 2 + 1024)
+        if not len(self.sig):  # the first part: room for as many parts like it as expected
+            grown = max(rows, rows * self.expect + rows * self.expect // 20)
+        for name, col in list(self.cols.items()):
+            self.cols[name] = _grown(col, grown, self.n)
+        self.sig = _grown(self.sig, grown, self.n)
+
+    def _made_whole(self) -> None:
+        """The parts kept apart (``whole`` False) written into one table's columns."""
+        if self.whole:
+            return
+        pieces, codes = self.pieces, self.codes
+        self.whole, self.n, self.pieces, self.codes, self.firsts = True, 0, [], [], []
+        for (numbers, sig), part_codes in zip(pieces, codes):
+            self._add(len(sig), numbers, sig, part_codes)
+
+    def _columns(self) -> tuple[dict[str, np.ndarray], np.ndarray, np.ndarray]:
+        """(the numbers, each row's signature, the signatures' codes), by rank and record,
+        let go by this object."""
+        self._made_whole()
+        n = self.n
+        cols = {name: col[:n] for name, col in self.cols.items()}
+        sig = self.sig[:n]
+        self.cols, self.sig = {}, np.zeros(0, dtype=np.int32)
+        if self.firsts != sorted(set(self.firsts)):  # a rank's parts apart, or out of order
+            order = np.lexsort((cols["idx"], cols["rank"]))
+            cols = {name: c[order] for name, c in cols.items()}
+            sig = sig[order]
+        codes = np.concatenate(self.codes) if self.codes else \
+            np.zeros((0, len(TEXT)), dtype=np.int32)
+        return cols, sig, codes
+
+    def frame(self) -> pd.DataFrame:
+        """The table as a pandas DataFrame (its columns let go by this object)."""
+        import pandas as pd
+
+        cols, sig, codes = self._columns()
+        dtypes = [_code_dtype(len(self.cats[name].values)) for name in TEXT]
+        text = dict(zip(TEXT, _taken(codes, sig, dtypes)))
+        data: dict[str, object] = {}
+        for name in COLUMNS:
+            if name in TEXT:
+                # (the codes as narrow as pandas would make them: it would copy them to narrow)
+                data[name] = pd.Categorical.from_codes(
+                    text.pop(name), categories=pd.Index(self.cats[name].values, dtype=object))
+            elif name in ("t_enter", "t_exit"):
+                data[name] = utc(cols.pop(name))
+            else:
+                data[name] = cols.pop(name)
+        return pd.DataFrame(data, copy=False)
+
+    def arrow(self) -> pa.Table:
+        """The table as an Arrow table, as pyarrow makes one of the DataFrame (``frame``):
+        text columns as dictionaries, NaT and NaN as nulls (its columns let go by this
+        object; no pandas). Parts kept apart are a chunk each."""
+        import pyarrow as pa
+
+        if self.whole or self.firsts != sorted(set(self.firsts)):
+            cols, sig, codes = self._columns()
+            pieces = [(cols, sig, codes)]
         else:
-            data[name] = c
-    return pd.DataFrame(data, copy=False)
+            pieces = [(numbers, sig, codes) for (numbers, sig), codes
+                      in zip(self.pieces, self.codes) if len(sig)]
+            self.pieces, self.codes = [], []
+        dictionaries = {name: _arrow_text(self.cats[name].values) for name in TEXT}
+        chunks: dict[str, list[pa.Array]] = {name: [] for name in COLUMNS}
+        for numbers, sig, codes in pieces:
+            for name, at in zip(TEXT, _taken(codes, sig, [np.int32] * len(TEXT))):
+                nulls = at < 0 if (codes[:, TEXT.index(name)] < 0).any() else None
+                chunks[name].append(pa.DictionaryArray.from_arrays(
+                    _arrow(pa.int32(), at, nulls), dictionaries[name], safe=False))
+            for name in NUMBERS:
+                col = numbers[name]
+                if name in ("t_enter", "t_exit"):
+                    chunks[name].append(_arrow(pa.timestamp("ns", tz="UTC"), col, col == _NAT))
+                elif name == "duration_s":
+                    chunks[name].append(_arrow(pa.float64(), col, np.isnan(col)))
+                else:
+                    chunks[name].append(_arrow(pa.from_numpy_dtype(col.dtype), col))
+        types = _arrow_types()
+        return pa.Table.from_arrays([pa.chunked_array(chunks[name], types[name])
+                                     for name in COLUMNS], names=list(COLUMNS))
+
+
+def _arrow_types() -> dict[str, pa.DataType]:
+    import pyarrow as pa
+
+    out = {name: pa.dictionary(pa.int32(), pa.string()) for name in TEXT}
+    out.update({name: pa.from_numpy_dtype(dtype) for name, dtype in NUMBERS.items()})
+    out["t_enter"] = out["t_exit"] = pa.timestamp("ns", tz="UTC")
+    return out
+
+
+# Arrow arrays from their buffers: pyarrow's own conversions of numpy arrays and lists look
+# for pandas (and import it: 0.4 s of an export that needs none of it)
+
+def _arrow(kind: pa.DataType, values: np.ndarray, nulls: np.ndarray | None = None) -> pa.Array:
+    """``values`` (of ``kind``'s width; bool: one a byte) as an Arrow array, ``nulls`` null."""
+    import pyarrow as pa
+
+    valid = None
+    if nulls is not None and nulls.any():
+        valid = pa.py_buffer(np.packbits(~nulls, bitorder="little"))
+    if values.dtype == bool:
+        data = pa.py_buffer(np.packbits(values, bitorder="little"))
+    else:
+        data = pa.py_buffer(np.ascontiguousarray(values))
+    return pa.Array.from_buffers(kind, len(values), [valid, data])
+
+
+def _arrow_text(values: list[str]) -> pa.Array:
+    """``values`` as an Arrow array of strings."""
+    import pyarrow as pa
+
+    encoded = [v.encode("utf-8", "surrogatepass") for v in values]
+    offsets = np.zeros(len(encoded) + 1, dtype=np.int32)
+    np.cumsum([len(e) for e in encoded], out=offsets[1:])
+    return pa.Array.from_buffers(pa.string(), len(encoded),
+                                 [None, pa.py_buffer(offsets), pa.py_buffer(b"".join(encoded))])
+
+
+def _grown(col: np.ndarray, rows: int, used: int) -> np.ndarray:
+    out = unpaged(rows, col.dtype)
+    out[:used] = col[:used]
+    return out
+
+
+def unpaged(rows: int, dtype: np.dtype | type) -> np.ndarray:
+    """A new array of ``rows``; past 32 MiB in memory mapped for it alone, in small pages.
+    numpy asks for huge pages (2 MiB) for an array past 4 MiB; where free memory goes back to a
+    virtual machine's host in blocks that size (free page reporting), each huge page is new to
+    the host: filling a 1 GiB table took 3.6 s of system time so against 0.9 s in small pages
+    (the development VM). Below 32 MiB the allocator may hand out memory let go before (the
+    columns of export's previous piece): new pages for none. The mapping lives as long as the
+    array (its base)."""
+    dtype = np.dtype(dtype)
+    if rows * dtype.itemsize < 32 << 20:  # (glibc's largest threshold for its own mapping)
+        return np.empty(rows, dtype=dtype)
+    return np.frombuffer(mmap.mmap(-1, rows * dtype.itemsize), dtype=dtype, count=rows)
+
+
+def _taken(codes: np.ndarray, sig: np.ndarray, dtypes: list[type]) -> list[np.ndarray]:
+    """Each text column of the rows whose signatures are ``sig``: ``codes[sig, j]`` as
+    ``dtypes[j]``, a million rows at a time (the signatures made intp once for every column:
+    np.take would copy them for each, and fancy indexing with int32 is slower)."""
+    tables = [np.ascontiguousarray(codes[:, j], dtype=dtype) for j, dtype in enumerate(dtypes)]
+    outs = [unpaged(len(sig), dtype) for dtype in dtypes]
+    for lo in range(0, len(sig), 1 << 20):
+        at = sig[lo:lo + (1 << 20)].astype(np.intp)
+        for table, out in zip(tables, outs):
+            np.take(table, at, out=out[lo:lo + len(at)])
+    return outs
+
+
+def _code_dtype(categories: int) -> type:
+    """The dtype pandas keeps a categorical's codes in (pandas.core.dtypes.cast
+    coerce_indexer_dtype)."""
+    for dtype in (np.int8, np.int16, np.int32):
+        if categories < np.iinfo(dtype).max:
+            return dtype
+    return np.int64
+
+
+def utc(ns: np.ndarray) -> pd.api.extensions.ExtensionArray | pd.DatetimeIndex:
+    """Nanoseconds since the epoch (int64; NaT: its minimum) as UTC timestamps, without a
+    copy: ``pd.DatetimeIndex(ns, tz="UTC")`` converts each of 10 million values (0.5 s)."""
+    import pandas as pd
+
+    values = np.asarray(ns, dtype=np.int64).view("M8[ns]")
+    try:  # pandas' own constructor of the array it would make (a test holds them equal)
+        return pd.arrays.DatetimeArray._simple_new(values,
+                                                   dtype=pd.DatetimeTZDtype(unit="ns", tz="UTC"))
+    except (AttributeError, TypeError):  # (another pandas)
+        return pd.DatetimeIndex(values, tz="UTC")

@@ -11,21 +11,20 @@ from __future__ import annotations
 
 import os
 from dataclasses import replace
-from collections import deque
-from concurrent.futures import Future, ThreadPoolExecutor
-from functools import cached_property
+from functools import cached_property, partial
 from pathlib import Path
-from typing import Callable, Iterator
-
-import pandas as pd
+from typing import TYPE_CHECKING, Iterator
 
 from nccl_doctor.capture import metrics_log, watch_record
-from nccl_doctor.capture.capture_set import CaptureSet
-from nccl_doctor.capture.follow import Scan
+from nccl_doctor.capture.capture_set import CaptureSet, Read, ahead
 from nccl_doctor.data import columns
 from nccl_doctor.diagnosis import Diagnosis
 from nccl_doctor.errors import CaptureNotFound, DoctorError
 from nccl_doctor.model import EventSource, TraceSet
+
+if TYPE_CHECKING:  # (imported where a table is made: ``export`` writes Parquet without pandas)
+    import pandas as pd
+    import pyarrow as pa
 
 PathLike = str | os.PathLike[str]
 
@@ -76,24 +75,35 @@ class Job:
         """One row per recorded collective or point-to-point call, every rank, sorted by rank
         and record number (columns: ``nccl_doctor.data.columns.COLUMNS``)."""
         cats = columns.categories()
-        return columns.frame(list(self._call_parts(cats, self._captures.scan)), cats)
+        table = columns.Table(cats, expect=len(self._captures.chosen()))
+        for part in self._call_parts(cats, hold=True):
+            table.add(part)
+        return table.frame()
 
-    def iter_calls(self, ranks_per_chunk: int = 64) -> Iterator[pd.DataFrame]:
+    def iter_calls(self, ranks_per_chunk: int = 64) -> Chunks:
         """``calls`` in pieces of ``ranks_per_chunk`` ranks, for a table too large to hold twice
-        (``nccl-doctor export``): the same rows and columns, in the same order."""
+        (``nccl-doctor export``): the same rows and columns, in the same order - pandas
+        DataFrames when iterated, Arrow tables from its ``arrow()``."""
+        return Chunks(self, ranks_per_chunk)
+
+    def _chunks(self, ranks_per_chunk: int, whole: bool) -> Iterator[columns.Table]:
         cats = columns.categories()
-        chunk: list[columns.Columns] = []
-        for part in self._call_parts(cats, self._captures.held_scan):
-            chunk.append(part)
-            if len(chunk) >= ranks_per_chunk:
-                yield columns.frame(chunk, cats)
-                chunk = []
-        if chunk:
-            yield columns.frame(chunk, cats)
+        table = columns.Table(cats, expect=ranks_per_chunk, whole=whole)
+        parts = 0
+        for part in self._call_parts(cats, hold=False):
+            table.add(part)
+            parts += 1
+            if parts >= ranks_per_chunk:
+                yield table
+                table, parts = columns.Table(cats, expect=ranks_per_chunk, whole=whole), 0
+        if parts:
+            yield table
 
     @cached_property
     def ranks(self) -> pd.DataFrame:
         """One row per rank: where it ran, how it ended (as the report says), its capture."""
+        import pandas as pd
+
         from nccl_doctor.analysis.calls.ends import with_finished_marked
         traces = with_finished_marked(self.traces)
         rows = []
@@ -123,6 +133,8 @@ class Job:
     @cached_property
     def groups(self) -> pd.DataFrame:
         """One row per process group: its name, global ranks, size, backend and description."""
+        import pandas as pd
+
         rows = [{"group": name, "ranks": tuple(g.ranks), "size": len(g.ranks),
                  "backend": g.backend, "desc": g.desc}
                 for name, g in sorted(self.traces.groups.items())]
@@ -132,6 +144,8 @@ class Job:
     def notes(self) -> pd.DataFrame:
         """Every note the ranks recorded (process groups, RNG seeding, generations' hashes,
         metrics, ...): rank, note, time, and the rest of the note as a dict."""
+        import pandas as pd
+
         rows = []
         for rank, t in sorted(self.traces.ranks.items()):
             for n in t.notes:
@@ -151,6 +165,8 @@ class Job:
         last, and its cost - how long its peers waited for it, in all, per step and as a share
         of the step's time. Across hosts it is measured without comparing clocks
         (analysis/slow/lateness.py; docs/stragglers.md)."""
+        import pandas as pd
+
         from nccl_doctor.analysis.slow.lateness import lateness_table
 
         rows = [row.to_json() for row in lateness_table(self.traces)]
@@ -162,12 +178,12 @@ class Job:
         return self.traces.problems
 
     # -- reading -------------------------------------------------------------------------------
-    def _call_parts(self, cats: dict[str, columns.Categories],
-                    scan: Callable[[Path], Scan | DoctorError | None],
-                    ) -> Iterator[columns.Columns]:
-        """Each rank's columns, in rank order: from its capture read as columns (``scan``:
-        held by the set, else read here), or from its events where only Flight Recorder saw
-        the job (dumps, or calls merged from ``fr``)."""
+    def _call_parts(self, cats: dict[str, columns.Categories], hold: bool,
+                    ) -> Iterator[columns.Columns | columns.Raw]:
+        """Each rank's columns, in rank order: from its capture read as columns (as the set
+        holds it, else read here - ``hold``: then held by the set, while the job is small), or
+        from its events where only Flight Recorder saw the job (dumps, or calls merged from
+        ``fr``)."""
         captures = self._captures.capture_dirs
         scans = self._captures.chosen()
         # Flight Recorder's view (dumps given, or the pulls the watchdog kept): replay's
@@ -184,13 +200,16 @@ class Job:
                 flying[rank] = {e.idx for e in t.events
                                 if e.in_flight and e.source is not EventSource.FLIGHT_RECORDER}
         order = sorted({*scans, *fr_only})
-        read = _read_ahead([scans[r] for r in order if r in scans], scan)
+        read = ahead(partial(_raw, self._captures), [scans[r] for r in order if r in scans])
         for rank in order:
             if rank in scans:
-                made = next(read)
-                if made is not None:
-                    yield columns.in_flight(columns.recoded(*made, cats), flying.get(rank, set()),
-                                            cats)
+                made, raw = next(read)
+                if hold:
+                    self._captures.hold(scans[rank], made)
+                if raw is not None and flying.get(rank):  # (Flight Recorder's view merged)
+                    yield columns.in_flight(columns.coded(raw, cats), flying[rank], cats)
+                elif raw is not None:
+                    yield raw
             if rank in fr_only:
                 trace = fr_only[rank]
                 if rank in scans:  # only what Flight Recorder added
@@ -204,46 +223,42 @@ _RANK_COLUMNS = ("rank", "host", "pid", "local_rank", "node_rank", "world_size",
                  "integrity", "damaged", "actor_class", "actor_id", "capture")
 
 
-#: Captures read at once: each a worker's (numpy releases the GIL in the bulk of the work).
-WORKERS = min(4, os.cpu_count() or 1)
+class Chunks:
+    """``Job.iter_calls``: the calls table a few ranks at a time, made as it is read - pandas
+    DataFrames when iterated, or Arrow tables (``arrow``: what ``export`` writes to Parquet,
+    without pandas)."""
+
+    def __init__(self, job: Job, ranks_per_chunk: int) -> None:
+        self._job, self._per_chunk = job, ranks_per_chunk
+        self._frames: Iterator[columns.Table] | None = None
+        self._used = False
+
+    def __iter__(self) -> Chunks:
+        return self
+
+    def __next__(self) -> pd.DataFrame:
+        if self._frames is None:
+            self._start()
+            self._frames = self._job._chunks(self._per_chunk, whole=True)
+        return next(self._frames).frame()
+
+    def arrow(self) -> Iterator[pa.Table]:
+        """The chunks as Arrow tables (instead of frames: one or the other), each rank's
+        calls a chunk of each column, as read (no copy)."""
+        self._start()
+        return (table.arrow() for table in self._job._chunks(self._per_chunk, whole=False))
+
+    def _start(self) -> None:
+        if self._used:
+            raise RuntimeError("these chunks were read already")
+        self._used = True
 
 
-Made = tuple[columns.Columns, dict[str, columns.Categories]] | None
-
-
-def _columns(path: Path, scan: Callable[[Path], Scan | DoctorError | None]) -> Made:
-    """One capture's calls, coded into interners of its own (``columns.recoded`` puts them into
-    the table's): from ``scan(path)``, else read here (None: it cannot be read)."""
-    made = scan(path)
-    if made is None:
-        return columns.capture_columns(path)
-    if isinstance(made, DoctorError):
-        return None
-    own = columns.categories()
-    return columns.scan_columns(made, own), own
-
-
-def _read_ahead(paths: list[Path], scan: Callable[[Path], Scan | DoctorError | None],
-                ) -> Iterator[Made]:
-    """Each capture's columns (``_columns``), in order, read by ``WORKERS`` threads a few files
-    ahead of the consumer: memory holds a few captures, never all (unless ``scan`` holds
-    them)."""
-    if WORKERS <= 1 or len(paths) <= 1:
-        yield from (_columns(p, scan) for p in paths)
-        return
-    with ThreadPoolExecutor(WORKERS, thread_name_prefix="nccl-doctor-read") as pool:
-        ahead: deque[Future] = deque()
-        todo = iter(paths)
-        for path in todo:
-            ahead.append(pool.submit(_columns, path, scan))
-            if len(ahead) >= 2 * WORKERS:
-                break
-        while ahead:
-            done = ahead.popleft().result()
-            nxt = next(todo, None)
-            if nxt is not None:
-                ahead.append(pool.submit(_columns, nxt, scan))
-            yield done
+def _raw(captures: CaptureSet, path: Path) -> tuple[Read | DoctorError, columns.Raw | None]:
+    """One capture (as the set holds it, else read here: a reading thread) and its calls
+    (``columns.raw_calls``; None: it cannot be read)."""
+    made = captures.fresh(path)
+    return made, None if isinstance(made, DoctorError) else columns.raw_calls(made)
 
 
 _LATENESS_COLUMNS = ("rank", "host", "calls", "last", "per_call_s", "per_step_s",

@@ -2,7 +2,9 @@
 go through the functional collectives - DTensor, tensor parallel, torch.compile (Inductor on
 CPU), FSDP2 - recorded live, diagnosed live and in replay; calls nothing records (issued from
 C++) never turn into a culprit; the rank that left first is the cause, not the peer its leaving
-broke (tests/integration/jobs/functional.py)."""
+broke (tests/integration/jobs/functional.py). The healthy jobs run under each recording kernel
+(tests/integration/functional_kernels.py), the others under the one a rank chooses (the C++ one
+where it is built)."""
 
 from __future__ import annotations
 
@@ -13,7 +15,8 @@ from pathlib import Path
 
 import pytest
 
-from test_branch_jobs import line_of, replayed, root_of  # (this directory: on sys.path)
+from functional_kernels import KERNELS, kernel_env  # (this directory: on sys.path)
+from test_branch_jobs import line_of, replayed, root_of
 
 pytestmark = pytest.mark.integration
 
@@ -32,10 +35,11 @@ def calls(out: Path):
     return nccl_doctor.open(out).calls
 
 
+@pytest.mark.parametrize("kernel", KERNELS)
 @pytest.mark.parametrize("scenario", ["dtensor_healthy", "tp_healthy", "fsdp2_healthy",
                                       "compile_healthy"])
-def test_a_healthy_job_is_ok_and_its_functional_calls_are_recorded(run_job, scenario):
-    job, live, again = run(run_job, scenario)
+def test_a_healthy_job_is_ok_and_its_functional_calls_are_recorded(run_job, scenario, kernel):
+    job, live, again = run(run_job, scenario, **kernel_env(kernel))
     for report in (live, again):
         assert not [f for f in report["findings"] if f["severity"] == "error"], report["findings"]
         # gloo's threads abort a rank at interpreter exit now and then when a device mesh still
@@ -70,7 +74,8 @@ def test_a_skipped_redistribute_blames_the_rank_that_skipped_it(run_job):
         assert not [f for f in report["findings"] if f["root_cause"] and 0 in f["ranks"]]
     missing = next(f for f in live["findings"] if f["kind"] == "missing_collective")
     assert missing["op"] == "all_gather_into_tensor", missing
-    assert missing["callsite"].endswith(f"functional.py:{line_of(SCRIPT, 'full = dt.redistribute')}")
+    line = line_of(SCRIPT, "full = dt.redistribute")
+    assert missing["callsite"].endswith(f"functional.py:{line}"), missing["callsite"]
 
 
 def test_shards_of_different_shapes_are_a_shape_mismatch(run_job):

@@ -2,7 +2,8 @@
 gloo job in a process of its own makes funcol calls eagerly, through torch.compile (whose tracing
 runs them on fake tensors first), under torch.inference_mode, and with the recorder told not to
 record them; the capture holds exactly the real calls, with PyTorch's sequence numbers, their
-waits, and what each call returned unchanged."""
+waits, and what each call returned unchanged - under either recording kernel, the C++ one and
+the Python one (tests/integration/functional_kernels.py)."""
 
 from __future__ import annotations
 
@@ -17,6 +18,8 @@ import pytest
 
 from nccl_doctor.analysis.calls.loaded import load_capture_dir
 from nccl_doctor.model import EventFlag, EventKind, EventSource, EventState
+
+from functional_kernels import KERNELS, kernel_env  # (this directory: on sys.path)
 
 pytestmark = pytest.mark.integration
 
@@ -81,8 +84,10 @@ def run_job(tmp_path: Path, **env: str) -> tuple[dict, list]:
     return out, trace.events
 
 
-def test_every_real_functional_call_is_recorded_once_with_torchs_sequence_number(tmp_path):
-    out, events = run_job(tmp_path)
+@pytest.mark.parametrize("kernel", KERNELS)
+def test_every_real_functional_call_is_recorded_once_with_torchs_sequence_number(tmp_path,
+                                                                                 kernel):
+    out, events = run_job(tmp_path, **kernel_env(kernel))
     issued = [e for e in events if e.source is EventSource.FUNCTIONAL
               and e.kind is EventKind.COLLECTIVE]
     assert [e.seq for e in issued] == out["seqs"], [(e.op, e.seq) for e in issued]

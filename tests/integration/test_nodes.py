@@ -216,9 +216,13 @@ def test_a_lost_node_is_the_root_cause(tmp_path, lost):
             pids[m.group(1)] = int(m.group(2))
         _wait_for(lambda: len(list((out / lost).glob("rank*.ndcap"))) == 2, 120,
                   f"{lost}'s ranks")
-        time.sleep(3)  # the nodes have met and the job trains
+        # the nodes have met (the follower says so once it joined: on a loaded host, loading
+        # torch.distributed can take the node doctors longer than the ranks' start)
+        joined = _lines_until(proc.stderr, r"joined the job's nodes", 120).string
+        time.sleep(3)  # the job trains; the leader's word on its ranks has reached the follower
         _kill_tree(pids[lost])
         _, err = proc.communicate(timeout=180)
+        err = joined + err
     finally:
         if proc.poll() is None:
             proc.kill()
