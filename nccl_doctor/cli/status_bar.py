@@ -18,7 +18,7 @@ from nccl_doctor.reporters.escape import visible
 from nccl_doctor.status_view import LiveView
 
 SAVE, RESTORE, CLEAR_ROW = "\0337", "\0338", "\033[2K"
-REDRAW_EVERY = 0.5  # seconds between bar redraws
+REDRAW_EVERY = 0.5  # seconds between bar redraws while the phase stands (a new one: at once)
 MIN_ROWS = 6  # a terminal with fewer rows gets the plain form
 
 
@@ -96,6 +96,7 @@ class StatusBar:
         self.stream, self.view, self.clock = stream, view, clock
         self.size: os.terminal_size | None = None
         self._drawn_at = float("-inf")
+        self._phase = ""  # the phase last drawn
 
     def open(self) -> bool:
         size = self._terminal_size()
@@ -131,9 +132,12 @@ class StatusBar:
         if self.size is None:
             return
         now = self.clock()
-        if not force and now - self._drawn_at < REDRAW_EVERY:
+        view = self.view()
+        # (a phase lasts as little as one look of the supervisor, which sleeps between looks
+        # while nothing moves: a deadlock being confirmed is shown when it is seen)
+        if not force and now - self._drawn_at < REDRAW_EVERY and view.phase == self._phase:
             return
-        self._drawn_at = now
+        self._drawn_at, self._phase = now, view.phase
         size = self._terminal_size() or self.size
         if size.lines < MIN_ROWS:  # too small now: give the terminal back, go quiet
             self.close()
@@ -142,7 +146,7 @@ class StatusBar:
         if size != self.size:  # resized: clear the old bar row
             prefix = f"{SAVE}\033[{self.size.lines};1H{CLEAR_ROW}{RESTORE}"
             self.size = size
-        row = status_line.ansi(status_line.bar(self.view()), max(size.columns - 1, 10))
+        row = status_line.ansi(status_line.bar(view), max(size.columns - 1, 10))
         # the region is set again with each draw, in case the job reset it
         _write(self.stream, f"{prefix}{self._region(size.lines)}"
                             f"{SAVE}\033[{size.lines};1H{CLEAR_ROW}{row}{RESTORE}")
