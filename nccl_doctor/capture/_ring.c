@@ -1315,6 +1315,20 @@ static PyObject *call_finish(Recorded *self, Entered *e, PyObject *state, PyObje
     return out;
 }
 
+/* The recorder's own error (an Exception, set) from finishing a record: handed to its
+   ``fail`` (which disables it) and cleared, never raised into the user's call. */
+static void recorder_failed(Recorded *self) {
+    PyObject *type, *value, *tb;
+    PyErr_Fetch(&type, &value, &tb);
+    PyErr_NormalizeException(&type, &value, &tb);
+    PyObject *ok = value == NULL ? NULL : PyObject_CallOneArg(self->fail, value);
+    Py_XDECREF(ok);
+    Py_XDECREF(type);
+    Py_XDECREF(value);
+    Py_XDECREF(tb);
+    PyErr_Clear();
+}
+
 static PyObject *Recorded_vectorcall(Recorded *self, PyObject *const *argv, size_t nargsf,
                                      PyObject *kwnames) {
     Args a = {argv, PyVectorcall_NARGS(nargsf),
@@ -1341,15 +1355,7 @@ static PyObject *Recorded_vectorcall(Recorded *self, PyObject *const *argv, size
         if (out != NULL) {
             Py_DECREF(out);
         } else if (PyErr_ExceptionMatches(PyExc_Exception)) { /* the recorder's: disable it */
-            PyObject *type, *value, *tb;
-            PyErr_Fetch(&type, &value, &tb);
-            PyErr_NormalizeException(&type, &value, &tb);
-            PyObject *ok = value == NULL ? NULL : PyObject_CallOneArg(self->fail, value);
-            Py_XDECREF(ok);
-            Py_XDECREF(type);
-            Py_XDECREF(value);
-            Py_XDECREF(tb);
-            PyErr_Clear();
+            recorder_failed(self);
         } else { /* KeyboardInterrupt and the like, as from a Python wrapper */
             Py_DECREF(result);
             result = NULL;
@@ -1586,15 +1592,7 @@ static int api_leave(PyObject *obj, void *entered, int failed) {
         if (out != NULL) {
             Py_DECREF(out);
         } else if (PyErr_ExceptionMatches(PyExc_Exception)) { /* the recorder's: disable it */
-            PyObject *type, *value, *tb;
-            PyErr_Fetch(&type, &value, &tb);
-            PyErr_NormalizeException(&type, &value, &tb);
-            PyObject *ok = value == NULL ? NULL : PyObject_CallOneArg(self->fail, value);
-            Py_XDECREF(ok);
-            Py_XDECREF(type);
-            Py_XDECREF(value);
-            Py_XDECREF(tb);
-            PyErr_Clear();
+            recorder_failed(self);
         } else {
             r = -1;
         }
