@@ -1129,6 +1129,25 @@ static int enter_call(Call *self, const Args *a, Entered *out, const uint64_t *s
     return 0;
 }
 
+/* Pop the call stack's top when it is this record's own: the number object pushed
+   (``idx_obj``), or the same number ``idx`` pushed by the Python path. */
+static void pop_own(PyObject *stack, PyObject *idx_obj, uint64_t idx) {
+    Py_ssize_t n = PyList_GET_SIZE(stack);
+    if (n == 0)
+        return;
+    PyObject *top = PyList_GET_ITEM(stack, n - 1);
+    int mine = top == idx_obj;
+    if (!mine && PyLong_CheckExact(top)) {
+        mine = PyLong_AsUnsignedLongLong(top) == idx;
+        if (PyErr_Occurred()) {
+            PyErr_Clear();
+            mine = 0;
+        }
+    }
+    if (mine)
+        stack_pop(stack);
+}
+
 /* Write the exit of a plain call that returned ``result``: 1, or 0 when the recorder's
  * ``finish`` has to (measured calls, async works). Never leaves an error set. */
 static int leave_impl(Call *self, PyObject *idx_obj, PyObject *stack, uint64_t flags,
@@ -1143,20 +1162,7 @@ static int leave_impl(Call *self, PyObject *idx_obj, PyObject *stack, uint64_t f
     if ((flags & (uint64_t)self->async_flag && result != Py_None) || !PyList_CheckExact(stack) ||
         Py_TYPE(ring) != &RingType)
         return 0;
-    Py_ssize_t n = PyList_GET_SIZE(stack);
-    if (n > 0) {
-        PyObject *top = PyList_GET_ITEM(stack, n - 1);
-        int mine = top == idx_obj; /* as pushed, or the same number pushed by the Python path */
-        if (!mine && PyLong_CheckExact(top)) {
-            mine = PyLong_AsUnsignedLongLong(top) == idx;
-            if (PyErr_Occurred()) {
-                PyErr_Clear();
-                mine = 0;
-            }
-        }
-        if (mine)
-            stack_pop(stack);
-    }
+    pop_own(stack, idx_obj, idx);
     ring_finish((Ring *)ring, idx, self->returned, 1, 0);
     return 1;
 }
@@ -1682,20 +1688,7 @@ static void api_wait_leave(void *entered, int state) {
     Entered *e = (Entered *)entered;
     if (e->idx != NULL && e->ring != NULL) {
         uint64_t idx = api_index(e);
-        Py_ssize_t n = PyList_GET_SIZE(e->stack);
-        if (n > 0) { /* Recorder.finish: its own, when it is on top */
-            PyObject *top = PyList_GET_ITEM(e->stack, n - 1);
-            int mine = top == e->idx;
-            if (!mine && PyLong_CheckExact(top)) {
-                mine = PyLong_AsUnsignedLongLong(top) == idx;
-                if (PyErr_Occurred()) {
-                    PyErr_Clear();
-                    mine = 0;
-                }
-            }
-            if (mine)
-                stack_pop(e->stack);
-        }
+        pop_own(e->stack, e->idx, idx); /* Recorder.finish: its own, when it is on top */
         ring_finish((Ring *)e->ring, idx, state, 1, 0);
     }
     entered_clear(e);
