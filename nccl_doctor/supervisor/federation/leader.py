@@ -11,6 +11,7 @@ the nodes of the ranks the digests make suspect (suspects.py), at most ``SUSPECT
 from __future__ import annotations
 
 import time
+from collections import Counter
 from dataclasses import dataclass, field, replace
 from typing import Any
 
@@ -273,14 +274,11 @@ class Leader:
     def _ask_suspects(self, now: float) -> list[Remote]:
         """The nodes (at most ``SUSPECT_NODES``, the most suspect ranks first) whose digests
         show a rank parting from its group, asked for their summaries: those that answered."""
-        owners = {r: remote for remote in self.remotes.values()
-                  for r in remote.current if remote.current is remote.digests}
-        odd = odd_ranks(t for remote in set(owners.values()) for t in remote.digests.values())
-        by_node: dict[str, int] = {}
-        for r in odd:
-            if r in owners:
-                by_node[owners[r].id] = by_node.get(owners[r].id, 0) + 1
-        ask = [self.remotes[n] for n in sorted(by_node, key=lambda n: -by_node[n])
+        digested = [r for r in self.remotes.values() if r.current is r.digests]
+        owners = {rank: remote for remote in digested for rank in remote.digests}
+        odd = odd_ranks(t for remote in digested for t in remote.digests.values())
+        by_node = Counter(owners[r].id for r in odd if r in owners)
+        ask = [self.remotes[n] for n, _ in by_node.most_common()
                if self._answers(self.remotes[n], now)][:SUSPECT_NODES]
         if not ask:
             return []
