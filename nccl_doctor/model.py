@@ -13,6 +13,7 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, Mapping
 
 from nccl_doctor import call_path
+from nccl_doctor.capture.format import EventFlag, EventKind, EventState
 from nccl_doctor.location import Location
 from nccl_doctor.words import BY_USER
 
@@ -28,33 +29,6 @@ __all__ = [
     "RankExit", "RankMeta", "Integrity", "RankTrace", "GroupInfo", "TraceSet", "TensorSig",
     "Unrecorded", "EarlyExit", "Joining", "parse_tensor_desc",
 ]
-
-
-class EventKind(enum.IntEnum):
-    COLLECTIVE = 1  # all_reduce, all_gather, broadcast, barrier, ... (every member takes part)
-    P2P = 2  # send / recv / isend / irecv (matched pairwise)
-    WAIT = 3  # Work.wait() on an async op; ``parent`` is the op's record
-    GROUP = 4  # new_group / split: creates a process group
-    INIT = 5  # init_process_group
-    DESTROY = 6  # destroy_process_group
-
-
-class EventFlag(enum.IntFlag):
-    NONE = 0
-    ASYNC = 1  # called with async_op=True (or isend/irecv)
-    COALESCED = 2  # a *_coalesced op, or issued inside a coalescing manager
-    NONUNIFORM_LIST = 4  # a tensor list whose members differ in shape or dtype
-    COMPOSITE = 8  # a wrapper around other recorded calls (object collectives, _base aliases)
-    # issued through the functional collectives (torch.ops._c10d_functional: DTensor, tensor
-    # parallel, funcol, compiled graphs), seen at the dispatcher (rank/recorder/functional.py)
-    FUNCTIONAL = 16
-
-
-class EventState(enum.IntEnum):
-    ENTERED = 0  # no exit written: the call is still running, or the process died inside it
-    RETURNED = 1  # returned normally (for NCCL: enqueued on the GPU, not necessarily complete)
-    FAILED = 2  # raised an exception
-    ISSUED = 3  # async op returned its Work; see the WAIT record for completion
 
 
 @dataclass(frozen=True)

@@ -23,8 +23,8 @@ from nccl_doctor import bounded_json
 from nccl_doctor.env import host_name
 from nccl_doctor.errors import OutDirInUse
 from nccl_doctor.files import read_regular
+from nccl_doctor.capture.names import LOCK
 
-LOCK = ".nccl-doctor.lock"
 DEFAULT_PARENT = Path("nccl-doctor-out")
 
 

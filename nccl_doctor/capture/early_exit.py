@@ -28,14 +28,16 @@ import os
 import re
 import stat
 from pathlib import Path
-from typing import Any, Mapping
+from typing import TYPE_CHECKING, Any, Mapping
 
 from nccl_doctor import bounded_json
 from nccl_doctor.capture.names import EARLY_EXIT_SUFFIX
 from nccl_doctor.capture.unrecorded import MAX_HOST, MAX_WORLD
 from nccl_doctor.files import read_regular
-from nccl_doctor.location import Location
-from nccl_doctor.model import EarlyExit
+
+if TYPE_CHECKING:
+    from nccl_doctor.location import Location
+    from nccl_doctor.model import EarlyExit
 
 __all__ = ["FORMAT", "MAX_BYTES", "MAX_FRAMES", "read_early_exits", "write_early_exit"]
 
@@ -162,6 +164,8 @@ def _parse(raw: bytes, rank: int) -> tuple[EarlyExit, int]:
     frames = doc.get("traceback")
     traceback = tuple(f for f in (_location(x) for x in (
         frames[:MAX_FRAMES] if isinstance(frames, list) else ())) if f is not None)
+    from nccl_doctor.model import EarlyExit  # (the reader's: a rank writes, and does not import the model)
+
     return EarlyExit(
         exception=f"{tp[:MAX_NAME]}: {message}" if message else tp[:MAX_NAME],
         callsite=_location(doc), host=str(doc.get("host") or "")[:MAX_HOST],
@@ -177,6 +181,8 @@ def _location(raw: Any) -> Location | None:
     path, line, function = raw.get("path"), raw.get("line"), raw.get("function", "")
     if not isinstance(path, str) or not path or not _count(line):
         return None
+    from nccl_doctor.location import Location
+
     return Location(path[:MAX_PATH], line, str(function)[:MAX_NAME])
 
 

@@ -23,6 +23,37 @@ import enum
 import struct
 import zlib
 
+# The numbers a record holds (nccl_doctor.model names them with the rest of the data model; they
+# live here, with the layout, so that a rank reads them without importing the model)
+
+
+class EventKind(enum.IntEnum):
+    COLLECTIVE = 1  # all_reduce, all_gather, broadcast, barrier, ... (every member takes part)
+    P2P = 2  # send / recv / isend / irecv (matched pairwise)
+    WAIT = 3  # Work.wait() on an async op; ``parent`` is the op's record
+    GROUP = 4  # new_group / split: creates a process group
+    INIT = 5  # init_process_group
+    DESTROY = 6  # destroy_process_group
+
+
+class EventFlag(enum.IntFlag):
+    NONE = 0
+    ASYNC = 1  # called with async_op=True (or isend/irecv)
+    COALESCED = 2  # a *_coalesced op, or issued inside a coalescing manager
+    NONUNIFORM_LIST = 4  # a tensor list whose members differ in shape or dtype
+    COMPOSITE = 8  # a wrapper around other recorded calls (object collectives, _base aliases)
+    # issued through the functional collectives (torch.ops._c10d_functional: DTensor, tensor
+    # parallel, funcol, compiled graphs), seen at the dispatcher (rank/recorder/functional.py)
+    FUNCTIONAL = 16
+
+
+class EventState(enum.IntEnum):
+    ENTERED = 0  # no exit written: the call is still running, or the process died inside it
+    RETURNED = 1  # returned normally (for NCCL: enqueued on the GPU, not necessarily complete)
+    FAILED = 2  # raised an exception
+    ISSUED = 3  # async op returned its Work; see the WAIT record for completion
+
+
 MAGIC = b"NCDOCCAP"
 FORMAT_VERSION = 2
 #: Versions this reader reads. Version 1 (before call paths) left field ``path`` 0 in every

@@ -23,14 +23,16 @@ import os
 import re
 import stat
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from nccl_doctor import bounded_json
 from nccl_doctor.capture.early_exit import stem
 from nccl_doctor.capture.names import JOINING_SUFFIX
 from nccl_doctor.capture.unrecorded import MAX_HOST, MAX_WORLD
 from nccl_doctor.files import read_regular
-from nccl_doctor.model import Joining
+
+if TYPE_CHECKING:
+    from nccl_doctor.model import Joining
 
 FORMAT = "nccl-doctor joining"
 VERSION = 1
@@ -98,6 +100,8 @@ def _parse(body: bytes, rank: int) -> Joining:
     world, local = raw.get("world_size"), raw.get("local_world_size")
     if not isinstance(world, int) or not 0 < world <= MAX_WORLD:
         raise ValueError("no world size")
+    from nccl_doctor.model import Joining  # (the reader's: a rank writes, and does not import the model)
+
     return Joining(
         rank=rank, world_size=world,
         local_world_size=local if isinstance(local, int) and local > 0 else None,

@@ -14,8 +14,8 @@ from nccl_doctor.capture import format as fmt
 from nccl_doctor.errors import CorruptCapture, NotACapture, UnsupportedVersion
 from nccl_doctor.files import write_atomic
 from nccl_doctor import bounded_json
+from nccl_doctor.capture.names import MANIFEST
 
-MANIFEST = "manifest.json"
 MANIFEST_FORMAT = "nccl-doctor-capture"
 MANIFEST_MAX = 16 << 20  # bytes: a manifest is a few KiB (the command, the node, the captures)
 

@@ -20,11 +20,19 @@ from pathlib import Path
 from typing import Callable
 
 from nccl_doctor.capture import format as fmt
-from nccl_doctor.capture.claim import LOCK
-from nccl_doctor.capture.manifest import MANIFEST
 from nccl_doctor.capture.unrecorded import MAX_WORLD
-from nccl_doctor.gpu.series import GPU_JSONL
-from nccl_doctor.stacks.samples import STRAGGLERS_JSONL
+
+# (the names of the files other modules write are spelled here, and those modules import them:
+# a rank reads this module, and importing the GPU series, the stack samples and the manifest
+# with it cost every process of the job their import)
+#: held by the supervisor while it runs (capture/claim.py)
+LOCK = ".nccl-doctor.lock"
+#: the run's manifest (capture/manifest.py)
+MANIFEST = "manifest.json"
+#: the GPU readings (gpu/series.py)
+GPU_JSONL = "gpu.jsonl"
+#: the stacks sampled from stragglers (stacks/samples.py)
+STRAGGLERS_JSONL = "stragglers.jsonl"
 
 #: Left by a rank that an uncaught exception ended before it joined a process group (no
 #: capture exists then): capture/early_exit.py writes and reads it.

@@ -18,11 +18,14 @@ import os
 import re
 import stat
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from nccl_doctor.capture import format as fmt
-from nccl_doctor.model import Unrecorded
 from nccl_doctor import bounded_json
 from nccl_doctor.files import read_regular
+
+if TYPE_CHECKING:
+    from nccl_doctor.model import Unrecorded
 
 __all__ = ["MAX_BYTES", "MAX_HOST", "MAX_WHY", "MAX_WORLD", "kept", "read_unrecorded",
            "write_unrecorded"]
@@ -58,6 +61,8 @@ def write_unrecorded(directory: Path, stem: str, rank: int, world_size: int, hos
 def kept(why: str, host: str) -> Unrecorded:
     """An unrecorded rank as the analysis keeps it, from a marker or a node's summary: its
     reason and host cut to their bounds."""
+    from nccl_doctor.model import Unrecorded  # (the reader's: a rank writes, and does not import the model)
+
     return Unrecorded(why[:MAX_WHY], host[:MAX_HOST])
 
 

@@ -15,7 +15,7 @@ from nccl_doctor.cli.pipes import Guarded
 from nccl_doctor.reporters.escape import visible
 from nccl_doctor.capture import claim
 from nccl_doctor.capture.names import REPORT_HTML, remove_own_files
-from nccl_doctor import paths
+from nccl_doctor import blas, paths
 from nccl_doctor.env import COORDINATOR, COORDINATOR_JOB, LEADER_HOST, NO_REDACT, host_name
 from nccl_doctor.errors import ExitStatus, OutDirInUse, OutputExists, UsageError, unwritable
 from nccl_doctor.supervisor.federation import rendezvous
@@ -296,6 +296,7 @@ def _supervisor(args: argparse.Namespace, launch: Launch, policy: HangPolicy | N
                 key: bytes | None, served: serving.Serving | None, err: TextIO,
                 ) -> tuple[Supervisor, Display | None]:
     """The supervisor of ``launch``'s job and its live display (None: ``--quiet``)."""
+    blas.import_numpy()  # before the supervisor's modules import it
     from nccl_doctor.cli.status_bar import make_display
     from nccl_doctor.cli.output import PageFile
     from nccl_doctor.supervisor.gpu.nvml import Nvml

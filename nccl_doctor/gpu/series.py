@@ -27,8 +27,8 @@ from nccl_doctor import bounded_json
 from nccl_doctor.files import read_regular
 from nccl_doctor.files import write_atomic
 from nccl_doctor.gpu.readings import GpuDevice, GpuSample, GpuTrace, RankGpu
+from nccl_doctor.capture.names import GPU_JSONL
 
-GPU_JSONL = "gpu.jsonl"
 FORMAT = "nccl-doctor-gpu"
 FORMAT_VERSION = 1
 MAX_BYTES = 4 << 20

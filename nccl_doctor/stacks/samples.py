@@ -15,8 +15,8 @@ from typing import Any
 
 from nccl_doctor import bounded_json
 from nccl_doctor.files import read_regular
+from nccl_doctor.capture.names import STRAGGLERS_JSONL
 
-STRAGGLERS_JSONL = "stragglers.jsonl"
 MAX_PER_RANK = 60
 MAX_READ = 1 << 20
 

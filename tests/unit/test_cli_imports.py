@@ -8,6 +8,7 @@ since this test process has imported everything already.
 from __future__ import annotations
 
 import json
+import os
 import subprocess
 import sys
 
@@ -136,3 +137,40 @@ sys.exit(main({["run", "--out", str(tmp_path / "out"), "--"] + job!r}))
         "nccl-doctor: could not watch the job (RuntimeError('no watches today')); it runs on "
         "unwatched"]
     assert not (tmp_path / "out" / ".nccl-doctor.lock").exists()
+
+
+#: What a rank's recorder never imports: every Python process of a job loads the recorder, and
+#: the data model's dataclasses, the analysis and the GPU and stack readers are the doctor's
+NOT_FOR_A_RANK = ("nccl_doctor.model", "nccl_doctor.location", "nccl_doctor.analysis",
+                  "nccl_doctor.gpu.series", "nccl_doctor.stacks.samples",
+                  "nccl_doctor.capture.manifest", "importlib.metadata", "numpy")
+
+
+def test_a_rank_s_recorder_imports_none_of_the_doctor_s_model():
+    code = ("from nccl_doctor.rank.recorder.core import Recorder\n"
+            "from nccl_doctor.rank import bootstrap, early_exit, hooks\n"
+            "hooks.install  # (the hooks the recorder installs at torch's import)\n"
+            "bootstrap.integrations()\n")
+    assert _imported(code, NOT_FOR_A_RANK) == []
+    # (the probe sees them where a reader is used)
+    assert _imported("from nccl_doctor.capture import early_exit\nearly_exit._location("
+                     "{'path': 'a.py', 'line': 1})", ("nccl_doctor.location",)) \
+        == ["nccl_doctor.location"]
+
+
+def _threads_after(code: str) -> int:
+    """The threads of a new interpreter once ``code`` ran (numpy's BLAS starts its own)."""
+    probe = f"{code}\nimport os\nprint(len(os.listdir('/proc/self/task')))"
+    env = {k: v for k, v in os.environ.items()
+           if k not in ("OPENBLAS_NUM_THREADS", "OMP_NUM_THREADS", "MKL_NUM_THREADS")}
+    out = subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True,
+                         check=True, env=env).stdout
+    return int(out.splitlines()[-1])
+
+
+def test_a_run_imports_numpy_with_one_blas_thread_and_leaves_the_environment_as_it_was():
+    same = ("import os\nfrom nccl_doctor import blas\nbefore = dict(os.environ)\n"
+            "blas.import_numpy()\nassert dict(os.environ) == before, 'changed'")
+    assert _threads_after(same) == 1
+    if (os.cpu_count() or 1) > 1:  # (the control: numpy as the job would import it)
+        assert _threads_after("import numpy") > 1

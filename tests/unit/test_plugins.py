@@ -4,7 +4,10 @@ example, verbatim) annotate a diagnosis after nccl-doctor's own; a broken one le
 from __future__ import annotations
 
 import re
+import sys
 from pathlib import Path
+
+import pytest
 
 
 from nccl_doctor import entry_points
@@ -68,3 +71,31 @@ def test_a_plugin_that_fails_to_load_or_raises_leaves_a_note_and_the_report(site
     assert "known-issue plugin 'broken' could not be loaded (ImportError('no acme here'))" in notes
     assert "known-issue plugin 'raising' failed (KeyError('x'))" in notes
     assert d.verdict is Verdict.HANG and len(d.findings) == 1
+
+
+@pytest.mark.parametrize("group", ["console_scripts", "pytest11", entry_points.INTEGRATIONS,
+                                   entry_points.KNOWN_ISSUES])
+def test_the_entry_points_read_from_the_folders_are_importlib_metadatas(group):
+    from importlib import metadata
+
+    expected = [(ep.name, ep.value) for ep in metadata.entry_points(group=group)]
+    assert sorted(entry_points.installed(group)) == sorted(expected)
+
+
+def test_a_distribution_seen_twice_on_sys_path_counts_once_and_extras_are_not_the_reference(site):
+    site.install("acme", "acme = acme_rules:annotate [fast]", "acme_rules",
+                 "def annotate(d, versions):\n    return d\n")
+    again = site / "again"
+    again.mkdir()
+    info = again / "Acme-2.0.dist-info"
+    info.mkdir()
+    (info / "entry_points.txt").write_text("[nccl_doctor.known_issues]\nold = old:annotate\n")
+    sys.path.append(str(again))
+    try:
+        found = list(entry_points.installed(entry_points.KNOWN_ISSUES))
+        loaded = entry_points.load(entry_points.KNOWN_ISSUES)
+    finally:
+        sys.path.remove(str(again))
+    assert ("acme", "acme_rules:annotate [fast]") in found and ("old", "old:annotate") not in found
+    acme = [(obj, err) for name, obj, err in loaded if name == "acme"]
+    assert acme and acme[0][1] is None and callable(acme[0][0])

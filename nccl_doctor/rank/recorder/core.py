@@ -28,7 +28,7 @@ from nccl_doctor import redact
 from nccl_doctor._version import __version__
 from nccl_doctor.capture import format as fmt
 from nccl_doctor.capture import ring as ring_mod
-from nccl_doctor.model import EventFlag, EventKind, EventState
+from nccl_doctor.capture.format import EventFlag, EventKind, EventState
 from nccl_doctor.capture.joining import write_joining
 from nccl_doctor.capture.unrecorded import write_unrecorded
 from nccl_doctor.capture.writer import CaptureWriter

@@ -38,7 +38,7 @@ import threading
 import weakref
 from typing import Any, Callable
 
-from nccl_doctor.model import EventFlag, EventKind, EventState
+from nccl_doctor.capture.format import EventFlag, EventKind, EventState
 from nccl_doctor.rank.recorder import functional_kernel
 from nccl_doctor.rank.recorder.specs import Spec
 from nccl_doctor.rank.recorder.wrappers import BoundCall, Recorder, wrap

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from nccl_doctor.model import EventFlag, EventKind
+from nccl_doctor.capture.format import EventFlag, EventKind
 
 C, P = EventKind.COLLECTIVE, EventKind.P2P
 

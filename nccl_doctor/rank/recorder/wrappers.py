@@ -20,7 +20,7 @@ import sys
 import threading
 from typing import Any, Callable, Protocol
 
-from nccl_doctor.model import EventFlag, EventKind, EventState
+from nccl_doctor.capture.format import EventFlag, EventKind, EventState
 from nccl_doctor.rank.recorder.specs import Spec
 
 
