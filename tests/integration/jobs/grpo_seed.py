@@ -35,6 +35,12 @@ def reward_distinct(completions, **_kwargs):
 
 
 def main() -> None:
+    # (TRL writes nothing here, save_strategy="no", but wants a directory: one removed after)
+    with tempfile.TemporaryDirectory(prefix="grpo-", ignore_cleanup_errors=True) as out:
+        train(out)
+
+
+def train(output_dir: str) -> None:
     mode = os.environ.get("SEED_MODE", "trl")
     tok = tokenizer()
     config = LlamaConfig(vocab_size=len(WORDS) + 4, hidden_size=32, intermediate_size=64,
@@ -45,7 +51,7 @@ def main() -> None:
     model = LlamaForCausalLM(config)
     prompts = [" ".join(WORDS[(7 * i + j) % 60] for j in range(4)) for i in range(16)]
     args = GRPOConfig(
-        output_dir=tempfile.mkdtemp(prefix="grpo-"), per_device_train_batch_size=1,
+        output_dir=output_dir, per_device_train_batch_size=1,
         num_generations=2, max_completion_length=8, max_steps=int(os.environ.get("STEPS", "4")),
         logging_steps=1, learning_rate=1e-3, report_to="none", save_strategy="no", use_cpu=True,
         seed=42, beta=0.0, temperature=1.0, dataloader_num_workers=0, disable_tqdm=True,
