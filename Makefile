@@ -8,7 +8,7 @@ BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
 DEMO_OUT ?= nccl-doctor-out/demo
 
-.PHONY: demo test test-all install tools bench clean
+.PHONY: demo test test-all install tools bench readme-table clean
 
 # The project, then the functional collectives' C++ kernel against the torch just installed
 # (setup.py: pip's isolated build has no torch to build it with). Optional, as the C ring is:
@@ -86,6 +86,10 @@ test-all: $(STAMP) tools
 bench: $(STAMP)
 	$(BIN)/python benchmarks/recorder_overhead.py
 	$(BIN)/python benchmarks/fork_start.py
+
+# the README's performance table, from the figures benchmarks recorded (docs/benchmarks/results.txt)
+readme-table: $(STAMP)
+	$(BIN)/python benchmarks/readme_table.py
 
 clean:
 	rm -rf $(VENV) nccl-doctor-out .pytest_cache build nccl_doctor/capture/_ring*.so \

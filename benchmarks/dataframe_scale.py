@@ -32,6 +32,7 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 import scale_job  # noqa: E402
 from _child import timed  # noqa: E402
+from _results import record  # noqa: E402
 
 # (argv[2]: when the parent started it, time.time(): "made" is the DataFrame's time from the
 # launch, the interpreter's start and the imports included, and its peak memory; the checks
@@ -108,9 +109,12 @@ def _bench(args: argparse.Namespace, root: Path) -> int:
     ok = calls.ok and export.ok and rows == written == n * m
     if not ok:
         print(f"FAILED: expected {n * m} rows", file=sys.stderr)
-    print(f"dataframe_scale ranks={n} collectives={m} rows={rows} calls_s={made_s:.2f} "
-          f"calls_mib={made_mib:.0f} export_s={export.seconds:.2f} "
-          f"export_mib={export.peak_mib:.0f}")
+    line = (f"dataframe_scale ranks={n} collectives={m} rows={rows} calls_s={made_s:.2f} "
+            f"calls_mib={made_mib:.0f} export_s={export.seconds:.2f} "
+            f"export_mib={export.peak_mib:.0f}")
+    print(line)
+    if ok:
+        record(line)
     return 0 if ok else 1
 
 

@@ -56,9 +56,13 @@ from nccl_doctor.model import (
     RankTrace, TraceSet,
 )
 from nccl_doctor.reproducers.nodes import free_port
+from nccl_doctor.supervisor.federation import keys, sealing
 from nccl_doctor.supervisor.federation import store as st
 from nccl_doctor.supervisor.federation.link import new_link
 from nccl_doctor.supervisor.federation.rendezvous import Rendezvous
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from _results import record  # noqa: E402
 
 SITE = Location("/job/train.py", 120, "train_step")
 
@@ -128,7 +132,8 @@ def synthetic(nodes: int, ranks: int, events: int, repeat: int, key: bytes | Non
     # the deadlock look, first and cold, as the leader makes it at more than 16 nodes
     stop = threading.Event()
     # (the followers' own connection: one client of the store is not shared between threads)
-    theirs = st.sealed(st.open_store("127.0.0.1", port, leader=False, timeout=30.0), key)
+    theirs = sealing.sealed(st.open_store("127.0.0.1", port, leader=False, timeout=30.0), key,
+                            sealing.nonce_of(store))  # (the names of this run's nonce)
     responder = threading.Thread(target=_respond, args=(theirs, ids, stop), daemon=True)
     responder.start()
     leader.gather()
@@ -245,7 +250,7 @@ def main() -> int:
           f"{'straggler s':>11}  root cause; slow node")
     lean = []
     for n in (int(x) for x in a.nodes.split(",")):
-        for key in (None, st.new_key()):
+        for key in (None, keys.new_key()):
             r = synthetic(n, a.ranks, a.events, a.repeat, key)
             print(f"{r['nodes']:>6} {r['ranks']:>6} {'yes' if key else 'no':>4} "
                   f"{r['beat_bytes']:>7} {r['summary_bytes']:>10} "
@@ -271,6 +276,15 @@ def main() -> int:
               f"{r['waits_s']:>8.2f} {per_node:>9.0f}  {r['waits_slow']} "
               f"({'right' if r['waits_slow'] == f'node{SLOW_NODE:04d}' else 'WRONG'})",
               flush=True)
+    n, key, r = max(lean, key=lambda x: (x[0], x[1] is not None))  # the most nodes, with a key
+    line = (f"federation nodes={n} ranks={r['ranks']} key={'yes' if key else 'no'} "
+            f"deadlock_look_s={r['lean_fetch_s'] + r['lean_analysis_s']:.2f} "
+            f"culprit={'right' if r['lean_right'] else 'wrong'} digests_s={r['digests_s']:.2f} "
+            f"waits_s={r['waits_s']:.2f} "
+            f"slow={'right' if r['waits_slow'] == f'node{SLOW_NODE:04d}' else 'wrong'} "
+            f"bytes_per_node_s={2 * r['beat_bytes'] + r['digest_bytes'] / 10:.0f}")
+    print(line)
+    record(line)
     if a.live:
         waits = live(a.live)
         print(f"two hosts, rank 3 on nodeB skips a broadcast: deadlock called "

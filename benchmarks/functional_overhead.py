@@ -52,6 +52,9 @@ import sys
 import tempfile
 from pathlib import Path
 
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from _results import record  # noqa: E402
+
 GOAL_US = 2.0
 
 CHILD = r"""
@@ -254,12 +257,14 @@ def main() -> None:
           f"{worst:.2f} us (ratio {worst / GOAL_US:.2f}), "
           f"{'C++' if not kernel else 'Python'} kernel")
     python = results["python_issue"]["added_us"], results["python_wait"]["added_us"]
-    print(f"functional_overhead clock={args.clock} kernel={'cpp' if not kernel else 'python'} "
-          f"issue_us={issue:.2f} "
-          f"wait_us={wait:.2f} pair_us={results[kernel + 'pair']['added_us']:.2f} "
-          f"python_issue_us={python[0]:.2f} python_wait_us={python[1]:.2f} "
-          f"empty_kernel_us={results['empty_kernel']['added_us']:.2f} "
-          f"goal_ratio={worst / GOAL_US:.2f}")
+    line = (f"functional_overhead clock={args.clock} kernel={'cpp' if not kernel else 'python'} "
+            f"issue_us={issue:.2f} "
+            f"wait_us={wait:.2f} pair_us={results[kernel + 'pair']['added_us']:.2f} "
+            f"python_issue_us={python[0]:.2f} python_wait_us={python[1]:.2f} "
+            f"empty_kernel_us={results['empty_kernel']['added_us']:.2f} "
+            f"goal_ratio={worst / GOAL_US:.2f}")
+    print(line)
+    record(line)
 
 
 if __name__ == "__main__":

@@ -51,6 +51,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 import scale_job  # noqa: E402
 from _child import timed  # noqa: E402
 from fr_replay import _tool, doctor_culprit, torchfrtrace_culprit  # noqa: E402
+from _results import record  # noqa: E402
 
 GOAL_S, GOAL_MIB = 5.0, 1024  # at 1,024 ranks x 10,000 collectives
 
@@ -180,8 +181,11 @@ def _bench(ap: argparse.ArgumentParser, args: argparse.Namespace, root: Path, n:
                   "(goal >= 20x at 1,024 ranks x 10,000 collectives)", flush=True)
     if args.keep is not None:
         print(f"captures, dumps, report and logs kept under {root}")
-    print(f"replay_scale ranks={n} collectives={m} replay_s={dr.seconds:.2f} "
-          f"torchfrtrace_s={ft_s:.2f}")
+    line = (f"replay_scale ranks={n} collectives={m} replay_s={dr.seconds:.2f} "
+            f"replay_mib={max(dr.peak_mib, dr.tree_mib):.0f} torchfrtrace_s={ft_s:.2f}")
+    print(line)
+    if not failed:
+        record(line)
     return 1 if failed else 0
 
 

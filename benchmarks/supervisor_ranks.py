@@ -36,6 +36,9 @@ from pathlib import Path
 
 import psutil
 
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from _results import record  # noqa: E402
+
 JOB = r"""
 import os, re, sys, time
 from pathlib import Path
@@ -168,6 +171,9 @@ def measure(ranks: int, calls: int, pause: float, calls_s: float, every: float,
         spent = cpu(supervisor) - own0
         written = max(1, started(out) - n0)  # (the records the ranks' headers count)
         _, err = proc.communicate(timeout=pause + calls_s + 300)
+        if not (out / "report.json").is_file():
+            raise SystemExit(f"{ranks} ranks: the run (exit {proc.returncode}) wrote no report: "
+                             f"{err[-2000:]}")
         report = json.loads((out / "report.json").read_text())
         said = [f"{f.get('kind')}: {f.get('title')}" for f in report.get("findings", [])][:3]
         return {"ranks": ranks, "status": proc.returncode, "verdict": report.get("verdict"),
@@ -199,8 +205,10 @@ def main() -> None:
               + ("" if ok else f"  NOT A HEALTHY RUN: {r['said']} {r['stderr']!r}"))
         last = r
     if last is not None:
-        print(f"supervisor_ranks ranks={last['ranks']} wait={last['wait']:.2%} "
-              f"per_1000_calls={last['per_1000'] * 1e3:.1f}ms (goal: wait <= 1% at 64 ranks)")
+        line = (f"supervisor_ranks ranks={last['ranks']} wait={last['wait']:.2%} "
+                f"per_1000_calls={last['per_1000'] * 1e3:.1f}ms")
+        print(f"{line} (goal: wait <= 1% at 64 ranks)")
+        record(line)
 
 
 if __name__ == "__main__":
