@@ -17,7 +17,7 @@ from nccl_doctor._version import __version__
 from nccl_doctor.capture.roles import Role
 from nccl_doctor.finding_evidence import Evidence, MissingEvidence, evidence_for
 from nccl_doctor.sections import (
-    Branch, CallFrame, CaptureInfo, LastCollective, Nodes, Ray, StackClass, call_path_from_json,
+    Attempt, Branch, CallFrame, CaptureInfo, LastCollective, Nodes, Ray, StackClass, call_path_from_json,
     stack_classes_from_json)
 from nccl_doctor.watch_account import WatchAccount
 
@@ -92,6 +92,9 @@ class Finding:
     time_ns: int | None = None  # when the divergence happened (orders findings)
     # the branch on the rank that split the ranks (analysis/who/blame.py); None: none found
     branch: Branch | None = None
+    # an earlier launch attempt's root cause (its number, 1 the first: Diagnosis.attempts);
+    # None: a finding of the attempt the verdict is about
+    attempt: int | None = None
 
     def __post_init__(self) -> None:
         # Annotators written against report.json's shape hand back mappings (docs/plugins.md):
@@ -132,6 +135,7 @@ class Finding:
             "call_path": [frame.to_json() for frame in self.call_path],
             "branch": self.branch.to_json() if self.branch is not None else None,
             "root_cause": self.root_cause, "evidence": self.evidence.to_json(),
+            **({"attempt": self.attempt} if self.attempt is not None else {}),
         }
 
     @classmethod
@@ -155,6 +159,7 @@ class Finding:
                 evidence=evidence_for(kind.value, _object(raw.get("evidence") or {})),
                 root_cause=bool(raw.get("root_cause", False)),
                 branch=Branch.from_json(raw["branch"]) if raw.get("branch") else None,
+                attempt=None if raw.get("attempt") is None else int(raw["attempt"]),
             )
         except (KeyError, TypeError, ValueError, AttributeError):
             return None
@@ -225,6 +230,9 @@ class Diagnosis:
     partial: str = ""
     # A job of Ray actors: which actor holds each rank, and what each group is between them
     ray: Ray | None = None
+    # A job its launcher restarted: every launch attempt, the first first; the verdict, the
+    # ranks and the findings but those marked with an ``attempt`` are the last one's
+    attempts: tuple[Attempt, ...] = ()
 
     @property
     def root_cause(self) -> Finding | None:
@@ -244,6 +252,7 @@ class Diagnosis:
             **({"nodes": self.nodes.to_json()} if self.nodes is not None else {}),
             **({"partial": self.partial} if self.partial else {}),
             **({"ray": self.ray.to_json()} if self.ray is not None else {}),
+            **({"attempts": [a.to_json() for a in self.attempts]} if self.attempts else {}),
         }
 
     @classmethod
@@ -265,7 +274,8 @@ class Diagnosis:
                 watchdog=WatchAccount.from_json(raw.get("watchdog")),
                 nodes=Nodes.from_json(raw.get("nodes") or {}),
                 ray=Ray.from_json(raw.get("ray") or {}),
-                partial=str(raw.get("partial") or ""))
+                partial=str(raw.get("partial") or ""),
+                attempts=tuple(Attempt.from_json(a) for a in raw.get("attempts") or ()))
         except (KeyError, TypeError, ValueError, AttributeError):
             return None
 

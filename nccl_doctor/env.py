@@ -5,6 +5,8 @@ Declared once here; nothing else spells these strings.
 
 from __future__ import annotations
 
+from typing import Mapping
+
 #: Capture directory. Its presence turns the recorder on in every Python process of the job.
 CAPTURE_DIR = "NCCL_DOCTOR_DIR"
 #: Set to "0" to keep the bootstrap from recording even though NCCL_DOCTOR_DIR is set.
@@ -33,8 +35,26 @@ RECORDED_ENV = (
     "MASTER_ADDR", "MASTER_PORT", "NODE_RANK", "GROUP_RANK", "LOCAL_WORLD_SIZE",
     "TORCHELASTIC_RESTART_COUNT", "TORCHELASTIC_RUN_ID", "CUDA_VISIBLE_DEVICES",
     "TORCH_DISTRIBUTED_DEBUG", "NCCL_DEBUG", "ACCELERATE_MIXED_PRECISION", "SLURM_JOB_ID",
+    "SLURM_RESTART_COUNT",  # (with TORCHELASTIC_RESTART_COUNT: which attempt, model.RankMeta)
     "NCCL_DOCTOR_USER_CODE", "NCCL_DOCTOR_LIBRARY_CODE",  # paths.py: which code is the user's
 )
+
+#: Which launch of the job a process belongs to: (the scheduler's requeues, the elastic
+#: launcher's restarts), as Slurm and torchrun/TorchElastic count them
+ATTEMPT_ENV = ("SLURM_RESTART_COUNT", "TORCHELASTIC_RESTART_COUNT")
+
+
+def attempt_of(environ: Mapping[str, str]) -> tuple[int, int]:
+    """The attempt ``environ`` (a process's environment, or the part a capture recorded)
+    names; (0, 0) where it names none. Later attempts sort after."""
+    out = []
+    for name in ATTEMPT_ENV:
+        try:
+            out.append(max(0, int(environ.get(name) or 0)))
+        except ValueError:
+            out.append(0)
+    return out[0], out[1]
+
 
 #: This host's name as nccl-doctor reports it, instead of the system's (tests that simulate
 #: several hosts on one machine where UTS namespaces are refused; hosts whose names collide).
@@ -67,7 +87,9 @@ NO_REDACT = "NCCL_DOCTOR_NO_REDACT"
 #: coordinator's store (HMAC-SHA256). ``--ray`` and Slurm runs make one and hand it to their node
 #: doctors themselves; nodes started independently (torchrun per node) take it from here...
 FEDERATION_KEY = "NCCL_DOCTOR_FEDERATION_KEY"
-#: ... or from this file (its content, stripped; readable by the job's user only, best).
+#: ... or from this file (its content, stripped; refused when others may read or replace it).
+#: Without either, nodes that meet use the user's default key, ~/.nccl-doctor/federation.key
+#: (made there on first use: nodes sharing a home directory agree; federation/keys.py).
 FEDERATION_KEY_FILE = "NCCL_DOCTOR_FEDERATION_KEY_FILE"
 #: What the job's ranks never inherit (they have no use for it).
 NOT_FOR_RANKS = (FEDERATION_KEY, FEDERATION_KEY_FILE)

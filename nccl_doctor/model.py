@@ -13,6 +13,7 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, Mapping
 
 from nccl_doctor import call_path
+from nccl_doctor.env import attempt_of
 from nccl_doctor.capture.format import EventFlag, EventKind, EventState
 from nccl_doctor.location import Location
 from nccl_doctor.words import BY_USER
@@ -240,6 +241,12 @@ class RankMeta:
     # its interpreter's prefixes (console scripts below them are library code: paths.py)
     prefixes: tuple[str, ...] = ()
 
+    @property
+    def attempt(self) -> tuple[int, int]:
+        """Which launch of the job this process belongs to (env.attempt_of: the scheduler's
+        requeues, the elastic launcher's restarts, as its recorded environment says)."""
+        return attempt_of(self.env)
+
 
 #: Torn records a killed rank may leave (one per thread that was inside a call); more is damage.
 TORN_BY_A_KILL = 4
@@ -356,6 +363,7 @@ class EarlyExit:
     # timeout) - a consequence when another rank raised before joining
     in_init: bool = False
     traceback: tuple[Location, ...] = ()  # its innermost frames, innermost first (at most 8)
+    attempt: tuple[int, int] = (0, 0)  # which launch of the job (env.attempt_of)
 
 
 @dataclass(frozen=True)
@@ -371,6 +379,7 @@ class Joining:
     time_ns: int
     address: str  # where it meets the others: "MASTER_ADDR:MASTER_PORT" or the init_method
     backend: str = ""
+    attempt: tuple[int, int] = (0, 0)  # which launch of the job (env.attempt_of)
 
 
 @dataclass(frozen=True)

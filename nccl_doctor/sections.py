@@ -356,5 +356,37 @@ class Ray:
                    groups={str(n): RayGroup.from_json(g) for n, g in groups.items()})
 
 
+@dataclass(frozen=True)
+class Attempt:
+    """One launch of a job its launcher restarted (torchrun's ``--max-restarts``, a Slurm
+    requeue): which it was, its ranks, and what ended it, diagnosed apart from the others."""
+
+    number: int  # 1: the first launch
+    restart: int  # the elastic launcher's restart count (TORCHELASTIC_RESTART_COUNT)
+    requeue: int  # the scheduler's requeue count (SLURM_RESTART_COUNT)
+    ranks: tuple[int, ...]
+    verdict: str  # the attempt's own verdict (Verdict's value)
+    summary: str  # its root cause's title, or that no problem was found
+    started_ns: int | None = None  # its first rank's start
+
+    @property
+    def label(self) -> str:
+        """``attempt 1`` (``attempt 2 (requeue 1)`` for a scheduler's requeue)."""
+        return f"attempt {self.number}" + (f" (requeue {self.requeue})" if self.requeue else "")
+
+    def to_json(self) -> dict[str, Any]:
+        return {"number": self.number, "restart": self.restart, "requeue": self.requeue,
+                "ranks": list(self.ranks), "verdict": self.verdict, "summary": self.summary,
+                "started_ns": self.started_ns}
+
+    @classmethod
+    def from_json(cls, raw: Any) -> Attempt:
+        raw = _mapping(raw, "attempt")
+        return cls(number=int(raw["number"]), restart=int(raw.get("restart") or 0),
+                   requeue=int(raw.get("requeue") or 0), ranks=_ranks(raw.get("ranks", [])),
+                   verdict=str(raw.get("verdict", "")), summary=str(raw.get("summary", "")),
+                   started_ns=_opt_int(raw.get("started_ns")))
+
+
 def stack_classes_from_json(raw: Sequence[Any]) -> tuple[StackClass, ...]:
     return tuple(c if isinstance(c, StackClass) else StackClass.from_json(c) for c in raw)

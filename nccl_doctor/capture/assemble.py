@@ -18,6 +18,7 @@ from nccl_doctor.errors import (
 )
 from nccl_doctor.gpu.readings import GpuTrace
 from nccl_doctor.gpu.series import GPU_JSONL, read_gpu
+from nccl_doctor.capture.union import Attempt
 from nccl_doctor.model import EarlyExit, GroupInfo, RankTrace, TraceSet, Unrecorded
 from nccl_doctor.stacks.samples import STRAGGLERS_JSONL, StackSample, read_samples
 
@@ -80,11 +81,13 @@ def beside(path: Path) -> tuple[GpuTrace | None, tuple[StackSample, ...], list[s
 def assemble(path: Path, manifest: Manifest | None, files: list[Path],
              read: list[RankTrace | DoctorError | None], gpu: GpuTrace | None,
              samples: tuple[StackSample, ...], beside_problems: list[str],
-             notes: Sequence[str] = ()) -> TraceSet:
+             notes: Sequence[str] = (), attempt: Attempt | None = None) -> TraceSet:
     """The ``TraceSet`` of what was read from ``files``: for each, a trace, why not, or None for
     a rank's older capture passed over (``union.newest_per_rank``); ``notes``: what the reader
     says of them (the captures passed over, a window). Each rank's end as its capture says it
-    (analysis/calls/ends.py decides the rest)."""
+    (analysis/calls/ends.py decides the rest). ``attempt``: the launch attempt the chosen
+    captures are of, whose records of ranks that raised or hung before their capture existed
+    are read (None: the latest of each rank, whichever attempt)."""
     traces: dict[int, RankTrace] = {}
     problems: list[str] = []
     errors: list[DoctorError] = []
@@ -129,8 +132,8 @@ def assemble(path: Path, manifest: Manifest | None, files: list[Path],
         markers, bad = read_unrecorded(path)
         problems += bad
     unrecorded = {r: u for r, (u, _) in sorted(markers.items()) if r not in traces}
-    early, early_exits = _early_exits(path, traces, unrecorded, problems)
-    joining = {r: j for r, j in (read_joinings(path) if path.is_dir() else {}).items()
+    early, early_exits = _early_exits(path, traces, unrecorded, problems, attempt)
+    joining = {r: j for r, j in (read_joinings(path, attempt) if path.is_dir() else {}).items()
                if r not in traces and r not in early_exits}
     sizes = [t.meta.world_size for t in traces.values()]
     sizes += [j.world_size for j in joining.values()]
@@ -175,15 +178,15 @@ def assemble(path: Path, manifest: Manifest | None, files: list[Path],
 
 
 def _early_exits(path: Path, traces: dict[int, RankTrace], unrecorded: dict[int, Unrecorded],
-                 problems: list[str]) -> tuple[dict[int, tuple[EarlyExit, int]],
-                                               dict[int, EarlyExit]]:
+                 problems: list[str], attempt: Attempt | None
+                 ) -> tuple[dict[int, tuple[EarlyExit, int]], dict[int, EarlyExit]]:
     """(every record read, with its world size; those the analysis uses) of the ranks that
     raised before joining a process group. A rank that also joined (it has a capture, or a
     marker of one it could not make) is told by that: its record is another process's (a
     launcher's earlier attempt, a process the rank started)."""
     if not path.is_dir():
         return {}, {}
-    early, bad = read_early_exits(path)
+    early, bad = read_early_exits(path, attempt)
     problems += bad
     used = {}
     for rank, (ended, _) in sorted(early.items()):

@@ -34,14 +34,15 @@ from typing import Callable, Iterable, Iterator, Sequence, TypeVar
 
 import numpy as np
 
-from nccl_doctor.capture import flight_recorder, fr_dump, fr_parallel, lifecycle, records, window
+from nccl_doctor.capture import (
+    early_exit, flight_recorder, fr_dump, fr_parallel, joining, lifecycle, records, window)
 from nccl_doctor.capture import format as fmt
 from nccl_doctor.capture.assemble import assemble, beside, contents, groups_from_notes
 from nccl_doctor.capture.evidence import Evidence, read_evidence, with_evidence
 from nccl_doctor.capture.follow import RECENT, Scan
 from nccl_doctor.capture.manifest import MANIFEST, Manifest, read_manifest
 from nccl_doctor.capture.reader import CaptureColumns, _meta, read_columns, read_counters
-from nccl_doctor.capture.union import newest_per_rank, union
+from nccl_doctor.capture.union import Attempt, newest_per_rank, of_attempt, union
 from nccl_doctor.errors import DoctorError, ExitStatus
 from nccl_doctor.gpu.readings import GpuTrace
 from nccl_doctor.model import RankMeta, RankTrace, TraceSet
@@ -124,13 +125,14 @@ class CaptureSet:
     def __init__(self, *paths: Path | str, fr: Path | None = None,
                  window: window.Size = window.DEFAULT, evidence: bool = True,
                  job_ended: bool | None = None, replay: bool = True,
-                 hold_columns: bool = False) -> None:
+                 hold_columns: bool = False, attempt: Attempt | None = None) -> None:
         if not paths:
             raise TypeError("a CaptureSet needs at least one path")
         self.paths = tuple(Path(p) for p in paths)
         self.fr = fr
         self.window, self.attach, self.job_ended, self.replay = window, evidence, job_ended, replay
         self.hold_columns = hold_columns
+        self.attempt = attempt  # the launch attempt read (None: the latest: ``attempts``)
         self._read: Callable[[Path], Read] = read_file
         self._rereads = True  # ``_read`` reads files (again): not a followed set's held rows
         self._past = False  # the records read so far are past the window: outlines only
@@ -142,6 +144,7 @@ class CaptureSet:
         self._scans: dict[Path, Read | DoctorError] = {}
         self._headers: dict[Path, RankMeta | None] = {}
         self._chosen: tuple[dict[int, Path], dict[int, RankMeta], list[_Pair]] | None = None
+        self._found: list[tuple[Path, RankMeta]] | None = None  # every capture's, once read
         self._dumps: dict[Path, bool] = {}
         self._directories: list[Path] | None = None
         self._traces: dict[Settle, TraceSet] = {}
@@ -275,17 +278,55 @@ class CaptureSet:
         """(rank -> its newest capture, rank -> that capture's metadata, (older, newer) for each
         capture passed over), from the scans made or else the headers."""
         if self._chosen is None:
-            found = []
-            for d in self.capture_dirs:
-                for f in self.contents(d)[1]:
-                    meta = self._meta(f, scans or {})
-                    if meta is not None:
-                        found.append((f, meta))
+            found, _ = of_attempt(self._metas(scans or {}), lambda f: f[1].attempt,
+                                  self._attempt_read(scans or {}))
             newest, passed = newest_per_rank(found, lambda f: (f[1].rank, f[1].started_ns))
             self._chosen = ({r: f for r, (f, _) in sorted(newest.items())},
                             {r: m for r, (_, m) in sorted(newest.items())},
                             passed)
         return self._chosen
+
+    def _metas(self, scans: dict[Path, _First | DoctorError]) -> list[tuple[Path, RankMeta]]:
+        """Every readable capture of every attempt, with its metadata (from ``scans`` where
+        they were read, else from their headers; kept once the captures were read)."""
+        if not scans and self._found is not None:
+            return self._found
+        found = []
+        for d in self.capture_dirs:
+            for f in self.contents(d)[1]:
+                meta = self._meta(f, scans)
+                if meta is not None:
+                    found.append((f, meta))
+        if scans:
+            self._found = found
+        return found
+
+    def _other_attempts(self) -> set[Path]:
+        """The captures of attempts other than the one read (from their headers)."""
+        chosen = self._attempt_read({})
+        return {f for f, meta in self._metas({}) if meta.attempt != chosen}
+
+    def _attempt_read(self, scans: dict[Path, _First | DoctorError]) -> Attempt:
+        """The launch attempt read: the one asked for, else the latest any rank began (the
+        captures' attempts from ``scans`` where they were read, else from their headers)."""
+        if self.attempt is None:
+            self.attempt = max(self.attempts(scans), default=(0, 0))
+        return self.attempt
+
+    def attempts(self, scans: dict[Path, _First | DoctorError] | None = None
+                 ) -> dict[Attempt, int | None]:
+        """The launch attempts these captures come from, the first first (one, for a job that
+        was never restarted), each with its first rank's start (ns since the epoch; None: its
+        ranks left no capture, only the record of joining, or of raising before it)."""
+        starts: dict[Attempt, int | None] = {}
+        for _, meta in self._metas(scans or {}):
+            held = starts.get(meta.attempt)
+            starts[meta.attempt] = meta.started_ns if held is None else min(held, meta.started_ns)
+        for d in self.capture_dirs:
+            if d.is_dir():
+                for key in early_exit.attempts_in(d) | joining.attempts_in(d):
+                    starts.setdefault(key, None)
+        return dict(sorted(starts.items()))
 
     def _meta(self, path: Path, scans: dict[Path, _First | DoctorError]) -> RankMeta | None:
         scan = scans.get(path) or self._scans.get(path)
@@ -349,7 +390,11 @@ class CaptureSet:
         """Every capture of every directory read once and outlined for the window (told to
         replay's progress bar): held whole while the records read stay within window.above,
         else let go (``_First.whole``)."""
-        files = [f for d in self.capture_dirs if d.exists() for f in self.contents(d)[1]]
+        # an earlier attempt asked for: its captures alone (told by their headers); else every
+        # capture, each read once, the latest attempt's chosen from what was read (``_pick``)
+        others = self._other_attempts() if self.attempt is not None else set()
+        files = [f for d in self.capture_dirs if d.exists() for f in self.contents(d)[1]
+                 if f not in others]
         told = _PROGRESS.get()
         out: dict[Path, _First | DoctorError] = {}
         total, over = 0, False
@@ -423,11 +468,12 @@ class CaptureSet:
         manifest, files, damage = self.contents(d)
         read: list[RankTrace | DoctorError | None] = []
         for f in files:
-            scan = scans[f]
+            scan = scans.get(f)  # (None: another launch attempt's, not read)
             read.append(scan if isinstance(scan, DoctorError) else
-                        self._trace(scan, masks.get(f)) if f in chosen else None)
+                        self._trace(scan, masks.get(f)) if f in chosen and scan else None)
         gpu, samples, problems = self._beside.get(d) or beside(d)
-        traces = assemble(d, manifest, files, read, gpu, samples, damage + problems, notes)
+        traces = assemble(d, manifest, files, read, gpu, samples, damage + problems, notes,
+                          self._attempt_read(scans))
         needs = self.attach or self.replay
         kept = self.evidence(d) if needs and (d.is_dir() or d in self._evidence) else None
         if kept is not None and self.attach:

@@ -28,11 +28,12 @@ import os
 import re
 import stat
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, Mapping
+from typing import TYPE_CHECKING, Any, Iterator, Mapping
 
 from nccl_doctor import bounded_json
 from nccl_doctor.capture.names import EARLY_EXIT_SUFFIX
 from nccl_doctor.capture.unrecorded import MAX_HOST, MAX_WORLD
+from nccl_doctor.env import attempt_of
 from nccl_doctor.files import read_regular
 
 if TYPE_CHECKING:
@@ -64,7 +65,8 @@ def write_early_exit(directory: Path, rank: int, world_size: int, host: str,
     try:
         doc = _bounded({
             "format": FORMAT, "version": VERSION, "rank": rank, "world_size": world_size,
-            "host": host[:MAX_HOST], "pid": os.getpid(), **raised,
+            "host": host[:MAX_HOST], "pid": os.getpid(), "attempt": list(attempt_of(os.environ)),
+            **raised,
         })
         body = _fit(doc)
         path = directory / f"{stem(rank, host, os.getpid())}{EARLY_EXIT_SUFFIX}"
@@ -108,14 +110,38 @@ def _fit(doc: dict[str, Any]) -> bytes:
     return body
 
 
-def read_early_exits(directory: Path) -> tuple[dict[int, tuple[EarlyExit, int]], list[str]]:
-    """(rank -> (how it ended, its world size or 0), notes) for the records in ``directory``.
-    A file of that suffix that is not a record (not a regular file, not named for a rank, too
-    large) or cannot be read is a note, never a rank's end: a damaged file says nothing of the
-    job. A rank with several records (a launcher's restarts) is told by its latest."""
+def read_early_exits(directory: Path, attempt: tuple[int, int] | None = None
+                     ) -> tuple[dict[int, tuple[EarlyExit, int]], list[str]]:
+    """(rank -> (how it ended, its world size or 0), notes) for the records in ``directory``
+    (of launch ``attempt`` only, when one is given). A file of that suffix that is not a record
+    (not a regular file, not named for a rank, too large) or cannot be read is a note, never a
+    rank's end: a damaged file says nothing of the job. A rank with several records (a
+    launcher's restarts) is told by its latest."""
     found: dict[int, tuple[EarlyExit, int]] = {}
     notes: list[str] = []
     times: dict[int, int] = {}
+    for rank, ended, world in _records(directory, notes):
+        if attempt is not None and ended.attempt != attempt:
+            continue
+        times[rank] = times.get(rank, 0) + 1
+        held = found.get(rank)
+        if held is None or (ended.time_ns or 0) >= (held[0].time_ns or 0):
+            found[rank] = ended, world
+    for rank, n in sorted(times.items()):
+        if n > 1:
+            notes.append(f"rank {rank} raised before joining a process group {n} times (a "
+                         "launcher's restarts?): its latest is reported")
+    return found, notes
+
+
+def attempts_in(directory: Path) -> set[tuple[int, int]]:
+    """The launch attempts whose ranks left a record here."""
+    return {ended.attempt for _, ended, _ in _records(directory, [])}
+
+
+def _records(directory: Path, notes: list[str]) -> Iterator[tuple[int, EarlyExit, int]]:
+    """(rank, how it ended, its world size or 0) of each record in ``directory``; what is not
+    one is said in ``notes``."""
     for path in sorted(directory.glob(f"*{EARLY_EXIT_SUFFIX}")):
         named = _NAME.fullmatch(path.name)
         try:
@@ -137,15 +163,7 @@ def read_early_exits(directory: Path) -> tuple[dict[int, tuple[EarlyExit, int]],
             notes.append(f"rank {rank}'s record of an exception before joining a process group "
                          f"({path.name}) is damaged ({err}): skipped, what it said is unknown")
             continue
-        times[rank] = times.get(rank, 0) + 1
-        held = found.get(rank)
-        if held is None or (ended.time_ns or 0) >= (held[0].time_ns or 0):
-            found[rank] = ended, world
-    for rank, n in sorted(times.items()):
-        if n > 1:
-            notes.append(f"rank {rank} raised before joining a process group {n} times (a "
-                         "launcher's restarts?): its latest is reported")
-    return found, notes
+        yield rank, ended, world
 
 
 def _parse(raw: bytes, rank: int) -> tuple[EarlyExit, int]:
@@ -172,6 +190,7 @@ def _parse(raw: bytes, rank: int) -> tuple[EarlyExit, int]:
         pid=doc["pid"] if _count(doc.get("pid")) else 0,
         time_ns=doc["time_ns"] if _count(doc.get("time_ns")) else None,
         in_init=doc.get("in_init") is True, traceback=traceback,
+        attempt=read_attempt(doc.get("attempt")),
     ), world
 
 
@@ -184,6 +203,16 @@ def _location(raw: Any) -> Location | None:
     from nccl_doctor.location import Location
 
     return Location(path[:MAX_PATH], line, str(function)[:MAX_NAME])
+
+
+def read_attempt(raw: Any) -> tuple[int, int]:
+    """A marker's launch attempt as written (``[requeues, restarts]``); (0, 0) for anything
+    else, as a marker written before attempts were recorded."""
+    if (isinstance(raw, list) and len(raw) == 2
+            and all(isinstance(n, int) and not isinstance(n, bool) and 0 <= n < 1 << 20
+                    for n in raw)):
+        return raw[0], raw[1]
+    return 0, 0
 
 
 def _count(value: Any) -> bool:

@@ -23,12 +23,13 @@ import os
 import re
 import stat
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Iterator
 
 from nccl_doctor import bounded_json
-from nccl_doctor.capture.early_exit import stem
+from nccl_doctor.capture.early_exit import read_attempt, stem
 from nccl_doctor.capture.names import JOINING_SUFFIX
 from nccl_doctor.capture.unrecorded import MAX_HOST, MAX_WORLD
+from nccl_doctor.env import attempt_of
 from nccl_doctor.files import read_regular
 
 if TYPE_CHECKING:
@@ -50,7 +51,7 @@ def write_joining(directory: Path, rank: int, world_size: int, host: str, *,
         doc = {"format": FORMAT, "version": VERSION, "rank": rank, "world_size": world_size,
                "local_world_size": local_world_size, "host": host[:MAX_HOST],
                "pid": os.getpid(), "time_ns": time_ns, "address": address[:MAX_ADDRESS],
-               "backend": backend[:64]}
+               "backend": backend[:64], "attempt": list(attempt_of(os.environ))}
         path = directory / f"{stem(rank, host, os.getpid())}{JOINING_SUFFIX}"
         tmp = path.with_name(f".{path.name}.tmp")
         directory.mkdir(parents=True, exist_ok=True)
@@ -65,14 +66,31 @@ def write_joining(directory: Path, rank: int, world_size: int, host: str, *,
         return None
 
 
-def read_joinings(directory: Path) -> dict[int, Joining]:
+def read_joinings(directory: Path, attempt: tuple[int, int] | None = None
+                  ) -> dict[int, Joining]:
     """rank -> the latest record of it beginning ``init_process_group`` in ``directory`` (a
-    launcher's restart writes a newer one). Files that are not records are skipped."""
+    launcher's restart writes a newer one), of launch ``attempt`` only when one is given.
+    Files that are not records are skipped."""
     found: dict[int, Joining] = {}
+    for joining in _records(directory):
+        if attempt is not None and joining.attempt != attempt:
+            continue
+        held = found.get(joining.rank)
+        if held is None or joining.time_ns >= held.time_ns:
+            found[joining.rank] = joining
+    return found
+
+
+def attempts_in(directory: Path) -> set[tuple[int, int]]:
+    """The launch attempts whose ranks began joining here."""
+    return {joining.attempt for joining in _records(directory)}
+
+
+def _records(directory: Path) -> Iterator[Joining]:
     try:
         paths = sorted(directory.glob(f"*{JOINING_SUFFIX}"))
     except OSError:
-        return found
+        return
     for path in paths:
         named = _NAME.fullmatch(path.name)
         try:
@@ -82,13 +100,9 @@ def read_joinings(directory: Path) -> dict[int, Joining]:
         if named is None or not stat.S_ISREG(st.st_mode) or st.st_size > MAX_BYTES:
             continue
         try:
-            joining = _parse(read_regular(path, MAX_BYTES + 1), int(named.group(1)))
+            yield _parse(read_regular(path, MAX_BYTES + 1), int(named.group(1)))
         except (OSError, ValueError):
             continue
-        held = found.get(joining.rank)
-        if held is None or joining.time_ns >= held.time_ns:
-            found[joining.rank] = joining
-    return found
 
 
 def _parse(body: bytes, rank: int) -> Joining:
@@ -107,7 +121,7 @@ def _parse(body: bytes, rank: int) -> Joining:
         local_world_size=local if isinstance(local, int) and local > 0 else None,
         host=str(raw.get("host", ""))[:MAX_HOST], pid=_int(raw.get("pid")),
         time_ns=_int(raw.get("time_ns")), address=str(raw.get("address", ""))[:MAX_ADDRESS],
-        backend=str(raw.get("backend", ""))[:64])
+        backend=str(raw.get("backend", ""))[:64], attempt=read_attempt(raw.get("attempt")))
 
 
 def _int(value: Any) -> int:

@@ -7,14 +7,16 @@ from dataclasses import replace
 from pathlib import Path
 from typing import Protocol
 
+from nccl_doctor.capture import early_exit, joining
 from nccl_doctor.capture import format as fmt
 from nccl_doctor.capture.assemble import assemble, beside, contents
 from nccl_doctor.capture.capture_set import CaptureSet, passed_over
 from nccl_doctor.capture.evidence import Evidence
 from nccl_doctor.capture.follow import CaptureFollower, Scan
 from nccl_doctor.capture.manifest import Manifest
-from nccl_doctor.capture.names import EARLY_EXIT_SUFFIX, FolderChanges, capture_files
-from nccl_doctor.capture.union import newest_per_rank
+from nccl_doctor.capture.names import (
+    EARLY_EXIT_SUFFIX, JOINING_SUFFIX, FolderChanges, capture_files)
+from nccl_doctor.capture.union import newest_per_rank, of_attempt
 from nccl_doctor.capture.window import DEFAULT, P2P_WHOLE, Size
 from nccl_doctor.errors import DoctorError
 from nccl_doctor.gpu.readings import GpuTrace
@@ -67,6 +69,9 @@ class LiveCaptures:
         self._beside: tuple[tuple, tuple] = ((), ())  # (stamps, what) of gpu.jsonl & stragglers
         self._cut: dict[int, tuple[RankTrace, RankTrace]] = {}  # id -> (trace, its newest part)
         self._last: TraceSet | None = None
+        self._marker_attempts: set[tuple[int, int]] = set()
+        #: the launch attempts seen so far (more than one: the launcher restarted the job)
+        self.attempts: set[tuple[int, int]] = set()
         self._folder = FolderChanges(directory)
         self._listing: tuple[tuple[Manifest | None, list[Path], list[str]], list[Path]] = (
             (None, [], []), [])
@@ -85,19 +90,25 @@ class LiveCaptures:
         moved = stamps != self._beside[0]
         if moved:
             self._beside = (stamps, self.beside.read())
+            # the launch attempts whose ranks raised or began joining before any capture
+            self._marker_attempts = (early_exit.attempts_in(self.directory)
+                                     | joining.attempts_in(self.directory))
         same = len(read) == len(self._read) and all(a is b for a, b in zip(read, self._read))
         if same and not moved and self._last is not None:
             return self._last
         self._read = read
         gpu, samples, problems = self._beside[1]
-        newest, passed = newest_per_rank(
-            ((f, t) for f, t in zip(files, read) if isinstance(t, RankTrace)),
-            lambda ft: (ft[1].rank, ft[1].meta.started_ns))
+        found = [(f, t) for f, t in zip(files, read) if isinstance(t, RankTrace)]
+        # a launcher's restart: the latest attempt alone, never a rank of one beside another's
+        self.attempts |= {t.meta.attempt for _, t in found} | self._marker_attempts
+        attempt = max({t.meta.attempt for _, t in found} | self._marker_attempts, default=None)
+        latest, _ = of_attempt(found, lambda ft: ft[1].meta.attempt, attempt)
+        newest, passed = newest_per_rank(latest, lambda ft: (ft[1].rank, ft[1].meta.started_ns))
         chosen = {id(t) for _, t in newest.values()}
         picked = [t if not isinstance(t, RankTrace) or id(t) in chosen else None for t in read]
         notes = [passed_over((a, ta.meta), (b, tb.meta)) for (a, ta), (b, tb) in passed]
         self._last = assemble(self.directory, manifest, files, self._tails(picked), gpu, samples,
-                              damage + problems, notes)
+                              damage + problems, notes, attempt)
         return self._last
 
     def final(self, evidence: Evidence | None = None) -> TraceSet:
@@ -110,6 +121,7 @@ class LiveCaptures:
                                            manifest=self.manifest, beside=self.beside.read(),
                                            evidence=evidence, window=self.window)
             self._final = (evidence, captures.traces())
+            self.attempts |= set(captures.attempts())  # (every capture's, as they were read)
         return self._final[1]
 
     def _list(self) -> bool:
@@ -117,7 +129,7 @@ class LiveCaptures:
         manifest changed); whether it was."""
         if not self._folder.moved(self.manifest):
             return False
-        others = [p for suffix in (fmt.UNRECORDED_SUFFIX, EARLY_EXIT_SUFFIX)
+        others = [p for suffix in (fmt.UNRECORDED_SUFFIX, EARLY_EXIT_SUFFIX, JOINING_SUFFIX)
                   for p in sorted(self.directory.glob(f"*{suffix}"))]
         self._listing = (self._contents(), others)
         return True

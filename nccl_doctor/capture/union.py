@@ -38,6 +38,21 @@ def newest_per_rank(found: Iterable[T], rank_started: Callable[[T], tuple[int, i
     return newest, passed
 
 
+Attempt = tuple[int, int]  # (requeues, restarts): model.RankMeta.attempt
+
+
+def of_attempt(found: Iterable[T], attempt_of: Callable[[T], Attempt],
+               attempt: Attempt | None = None) -> tuple[list[T], Attempt | None]:
+    """The items of ``attempt`` (None: the latest among them) and that attempt: a job whose
+    launcher restarted it (torchrun's ``--max-restarts``, a Slurm requeue) is diagnosed one
+    attempt at a time, never a rank of one attempt beside a rank of another."""
+    items = list(found)
+    if not items:
+        return [], attempt
+    chosen = max(attempt_of(i) for i in items) if attempt is None else attempt
+    return [i for i in items if attempt_of(i) == chosen], chosen
+
+
 def union(sets: Sequence[TraceSet], source: str = "") -> TraceSet:
     """The job the ``sets`` are parts of. The first set's command, exit status and watchdog
     record lead (put the leader's node first); GPU samples are kept for one host only."""

@@ -94,18 +94,21 @@ def run(args: argparse.Namespace) -> int:
     # what replay reads and writes with, imported by the replay itself: the parser of every
     # command imports this module
     from nccl_doctor.analysis import analyze
-    from nccl_doctor.analysis.calls.loaded import load
+    from nccl_doctor.analysis.attempts import with_attempts
+    from nccl_doctor.analysis.calls.loaded import loaded
+    from nccl_doctor.capture.capture_set import CaptureSet
     from nccl_doctor.capture import metrics_log
     from nccl_doctor.cli.output import emit, verdict_status
 
     with reading_bar(sys.stderr):
-        traces = load(*args.capture, fr=args.fr)
+        captures = CaptureSet(*args.capture, fr=args.fr)
+        traces = loaded(captures)
     if args.log is not None:
         if not args.log.is_file():
             raise CaptureNotFound(f"--log {args.log} does not exist or is not a file")
         traces = replace(traces, metrics_log=tuple(metrics_log.parse_file(args.log)))
     _which_code(traces, args.user_code, args.library_code)
-    diagnosis = analyze(traces)
+    diagnosis = with_attempts(analyze(traces), captures, analyze)
     emit(diagnosis, args.output, args.format, args.force, traces)
     return verdict_status(diagnosis, 0, args.fail_on)
 

@@ -62,12 +62,13 @@ class Job:
     def diagnose(self, log: PathLike | None = None) -> Diagnosis:
         """The diagnosis ``nccl-doctor replay`` gives (``log``: as its ``--log``)."""
         from nccl_doctor.analysis import analyze
+        from nccl_doctor.analysis.attempts import with_attempts
         traces = self.traces
         if log is not None:
             if not Path(log).is_file():
                 raise CaptureNotFound(f"log {log} does not exist or is not a file")
             traces = replace(traces, metrics_log=tuple(metrics_log.parse_file(Path(log))))
-        return analyze(traces)
+        return with_attempts(analyze(traces), self._captures, analyze)
 
     # -- tables --------------------------------------------------------------------------------
     @cached_property

@@ -13,7 +13,8 @@ from typing import Callable
 import psutil
 
 from nccl_doctor.capture import format as fmt
-from nccl_doctor.env import host_name
+from nccl_doctor.capture import early_exit, joining
+from nccl_doctor.env import attempt_of, host_name
 from nccl_doctor.capture.names import FolderChanges, capture_files
 from nccl_doctor.capture.reader import read_counters
 from nccl_doctor.errors import DoctorError
@@ -30,6 +31,7 @@ class RankProcess:
     local_rank: int | None
     path: Path
     started_ns: int
+    attempt: tuple[int, int] = (0, 0)  # which launch of the job (env.attempt_of)
 
 
 class Registry:
@@ -47,6 +49,7 @@ class Registry:
         self._known: dict[Path, RankProcess | None] = {}  # (None: a capture with no usable rank)
         self._maps: dict[Path, mmap.mmap] = {}  # each known capture's header, mapped
         self._paths: list[Path] = []
+        self._marker_attempts: set[tuple[int, int]] = set()
         self._folder = FolderChanges(directory, clock=clock)
 
     def poll(self) -> dict[int, int]:
@@ -76,6 +79,14 @@ class Registry:
             if known is not None and self.ranks.get(known.rank) is known:
                 counts[known.rank] = started
                 self.notes[known.rank] = notes
+        # a launcher's restart: the latest attempt's ranks only (one that began joining, or
+        # raised before it, counts: its ranks have no capture yet)
+        latest = max([p.attempt for p in self.ranks.values()] + list(self._marker_attempts),
+                     default=(0, 0))
+        for rank in [r for r, p in self.ranks.items() if p.attempt != latest]:
+            del self.ranks[rank]
+            counts.pop(rank, None)
+            self.notes.pop(rank, None)
         return counts
 
     def _list(self) -> None:
@@ -83,6 +94,8 @@ class Registry:
         if not self._folder.moved():
             return
         self._paths = capture_files(self.directory)
+        self._marker_attempts = (early_exit.attempts_in(self.directory)
+                                 | joining.attempts_in(self.directory))
         for gone in set(self._maps) - set(self._paths):
             self._maps.pop(gone).close()
 
@@ -113,6 +126,7 @@ def _rank_process(meta: dict, path: Path) -> RankProcess | None:
             rank=int(meta["rank"]), pid=int(meta.get("pid", 0)), host=str(meta.get("host", "")),
             local_rank=meta.get("local_rank") if isinstance(meta.get("local_rank"), int) else None,
             path=path, started_ns=int(meta.get("started_ns", 0)),
+            attempt=attempt_of(meta.get("env") if isinstance(meta.get("env"), dict) else {}),
         )
     except (KeyError, TypeError, ValueError):
         return None

@@ -29,6 +29,7 @@ from pathlib import Path
 from typing import Callable, Sequence
 
 from nccl_doctor.analysis import analyze
+from nccl_doctor.analysis.attempts import with_attempts
 from nccl_doctor.analysis.calls.annotate import Annotator
 from nccl_doctor.capture.fault_files import drop_empty_fault_files
 from nccl_doctor.capture.manifest import Manifest
@@ -427,6 +428,10 @@ class Supervisor:
             self._apply(settled)
         # the watchdog's events as they stand now, the live hang report among them as a value
         diagnosis = analyze(traces, annotators=self.live.annotators, watch=files.watch_log())
+        if len(self.live.captures.attempts) > 1:  # a launcher's restarts: the earlier
+            # attempts' captures, read now that they are over
+            diagnosis = with_attempts(diagnosis, [self.out_dir],
+                                      lambda t: analyze(t, annotators=self.live.annotators))
         if fed is not None:
             diagnosis = replace(diagnosis, nodes=fed.nodes_section())
             if not fed.leading and fed.problem:

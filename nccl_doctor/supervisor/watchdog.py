@@ -38,7 +38,10 @@ from nccl_doctor.analysis.calls.wording import call_name, ranks_text
 from nccl_doctor.words import ranks_verb
 from nccl_doctor.analysis.what.aftermath import stuck_calls_fate
 from nccl_doctor.capture import flight_recorder
+from nccl_doctor.analysis.what.exited import first_line
+from nccl_doctor.capture.early_exit import read_early_exits
 from nccl_doctor.capture.joining import read_joinings
+from nccl_doctor.env import host_name
 from nccl_doctor.capture.names import report_path
 from nccl_doctor.diagnosis import Diagnosis, Finding, Verdict
 from nccl_doctor.status_view import LiveView
@@ -48,6 +51,7 @@ from nccl_doctor.stacks.rank_stack import RankStack
 from nccl_doctor.supervisor import evidence
 from nccl_doctor.supervisor.watching import Decision, LiveJob, Snapshot
 from nccl_doctor.supervisor.policy import OnHang
+from nccl_doctor.supervisor.probe import proc_state
 from nccl_doctor.supervisor.reaper import ranks_of_run
 from nccl_doctor.supervisor.view import rank_views
 from nccl_doctor.watch_account import WatchAccount
@@ -339,6 +343,8 @@ class Watchdog:
         joinings = read_joinings(self.job.out_dir)
         if not joinings:
             return None
+        latest = max(j.attempt for j in joinings.values())  # a launcher's restart: its own
+        joinings = {r: j for r, j in joinings.items() if j.attempt == latest}
         key = tuple(sorted((r, j.pid, j.address, j.world_size) for r, j in joinings.items()))
         first = self._first_seen.setdefault(("rendezvous", key), now)
         self._first_seen = {("rendezvous", key): first}
@@ -366,7 +372,24 @@ class Watchdog:
         if absent:
             self._status(f"{ranks_verb(sorted(joinings), 'waits')} in init_process_group for "
                          f"{ranks_text(absent)} ({waited:.0f} s)")
+        elif waited >= self.policy.stuck_after:  # the whole world joined, none came out
+            return self._stuck_joining(joinings, latest, waited)
         return None
+
+    def _stuck_joining(self, joinings: dict[int, Joining], attempt: tuple[int, int],
+                       waited: float) -> Decision:
+        """Every rank joined the rendezvous and none returned for ``--stuck-after``: those
+        alive are stuck in it; those whose process ended say how (their error before joining,
+        read now); all ended, the launcher runs on without them."""
+        here = host_name()
+        gone = {r for r, j in joinings.items() if j.host == here and not proc_state(j.pid).alive}
+        raised, _ = read_early_exits(self.job.out_dir, attempt)
+        ended = {r: (f"raised {first_line(raised[r][0].exception, 200)}" if r in raised
+                     else rendezvous.ENDED_QUIETLY) for r in sorted(gone)}
+        stacks = self._joining_stacks({r: j for r, j in joinings.items() if r not in gone})
+        places = {r: p for r, s in stacks.items() if (p := place(s)) is not None}
+        found = rendezvous.stuck_joining(joinings, ended, waited, places)
+        return self._rendezvous_hang(joinings, found, waited, stacks)
 
     def _joining_stacks(self, joinings: dict[int, Joining]) -> dict[int, RankStack]:
         return evidence.collect_stacks({r: j.pid for r, j in joinings.items()},

@@ -147,10 +147,11 @@ def test_the_import_graph_has_no_cycle():
 
 
 #: analysis/'s sub-packages, its passes in the order they build on each other: each imports only
-#: those before it (and itself); the modules at the top (diagnose, page_builder) put them together.
+#: those before it (and itself); the modules at the top (diagnose, attempts, page_builder) put
+#: them together.
 ANALYSIS_ORDER = ["calls", "why", "who", "what", "slow", "silent"]
 ANALYSIS_TOP = {"nccl_doctor.analysis", "nccl_doctor.analysis.diagnose",
-                "nccl_doctor.analysis.page_builder"}
+                "nccl_doctor.analysis.attempts", "nccl_doctor.analysis.page_builder"}
 
 
 def analysis_arrows_back_up(g: dict[str, set[str]]) -> list[str]:

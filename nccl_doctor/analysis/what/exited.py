@@ -3,6 +3,7 @@ or ended abnormally outside any collective; or raised before it joined a process
 
 from __future__ import annotations
 
+import re
 from collections import defaultdict
 
 from nccl_doctor.analysis.calls.align import last_leaf
@@ -233,10 +234,21 @@ def raised_before_joining(traces: TraceSet) -> list[Finding]:
         if e.traceback:
             detail.append("Traceback, innermost first: " + " <- ".join(
                 f.text("in") for f in e.traceback))
+        connecting = connect_failure(e.exception)
+        title = (f"{ranks_text(ranks)} raised {exception}{where} before joining a process group"
+                 if connecting is None else
+                 f"{ranks_text(ranks)} failed connecting to {'its' if one else 'their'} peers in "
+                 f"init_process_group{where}: {connecting}")
+        if connecting is not None:
+            detail.insert(0, f"The ranks met at the rendezvous, then could not connect to each "
+                             f"other: {connecting}." + (
+                                 " This was a restart of the job (attempt "
+                                 f"{e.attempt[1] + 1} of its launcher): a peer it tried may be "
+                                 "an address of the attempt before, gone (torch's gloo "
+                                 "restarts are known to fail so)" if e.attempt[1] else ""))
         findings.append(Finding(
             kind=FindingKind.RANK_EXITED, severity=Severity.ERROR,
-            title=f"{ranks_text(ranks)} raised {exception}{where} before joining a process "
-                  "group",
+            title=title,
             detail="\n".join(detail), ranks=tuple(ranks),
             hint=(HINT_RENDEZVOUS_TEST if test else HINT_RENDEZVOUS) if in_init
             else (HINT_EARLY_TEST if test else HINT_EARLY),
@@ -251,6 +263,24 @@ def raised_before_joining(traces: TraceSet) -> list[Finding]:
                         default=None),
         ))
     return findings
+
+
+_MESH = re.compile(r"connectFullMesh|timed out connecting|Connection refused|Connection reset")
+_REMOTE = re.compile(r"remote=\[([^\]]{1,100})\]:(\d{1,5})")
+_SO_ERROR = re.compile(r"SO_ERROR: ([A-Za-z ]{3,60})")  # the socket's own error, when given
+_WHY = re.compile(r"Connection refused|Connection reset by peer|timed out connecting")
+
+
+def connect_failure(exception: str) -> str | None:
+    """What an exception raised while the ranks connected to each other (gloo's full mesh)
+    says of it - ``connection refused, connecting to 127.0.0.1:52132`` - or None for any
+    other."""
+    if not _MESH.search(exception):
+        return None
+    why = _SO_ERROR.search(exception) or _WHY.search(exception)
+    reason = (why.group(why.lastindex or 0)).strip().lower() if why else "could not connect"
+    remote = _REMOTE.search(exception)
+    return f"{reason}, connecting to {remote.group(1)}:{remote.group(2)}" if remote else reason
 
 
 def first_line(text: str, limit: int = 160) -> str:

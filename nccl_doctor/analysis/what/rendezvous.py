@@ -124,6 +124,62 @@ def never_joined(joinings: Mapping[int, Joining], absent: list[int],
     )
 
 
+HINT_STUCK = (
+    "Every rank reached init_process_group and none got out of it: the ranks met at the "
+    "rendezvous and then could not connect to each other, or a rank that failed there left "
+    "the others waiting. Their stacks and the failed rank's error say which. After a "
+    "launcher's restart (torchrun --max-restarts) torch's gloo is known to fail so: a new "
+    "attempt's ranks connect to an address of the attempt before. Stop the job; a fresh "
+    "launch (a new MASTER_PORT or rendezvous id) starts clean."
+)
+HINT_LAUNCHER = (
+    "Every rank of the job has ended and its launcher neither restarted them nor exited. "
+    "Stop it; the ranks' own errors (above) say why they ended. torch's elastic agent is "
+    "known to stay so after a restarted attempt failed while its ranks connected."
+)
+
+
+def stuck_joining(joinings: Mapping[int, Joining], ended: Mapping[int, str], waited_s: float,
+                  places: Mapping[int, Place] | None = None) -> Finding:
+    """Every rank of the world began ``init_process_group`` at one rendezvous and none
+    returned for ``waited_s``: those still in it (``places``: where their stacks are) wait for
+    nothing that will come; ``ended``: the ranks whose process is gone -> how (their error, or
+    "ended with no error": a launcher's stop). All gone: the launcher runs on without them."""
+    present = sorted(joinings)
+    j = joinings[present[0]]
+    waiting = [r for r in present if r not in ended]
+    raised = [r for r in present if r in ended and ended[r] != ENDED_QUIETLY]
+    at = _where((j.address, j.world_size))
+    if not waiting:
+        title = (f"every rank joined the rendezvous at {at} and has ended "
+                 f"({'; '.join(f'rank {r} {ended[r]}' for r in present)}); the launcher has run "
+                 f"on without them for {waited_s:.0f} s")
+        hint = HINT_LAUNCHER
+    else:
+        why = (f", after {ranks_text(raised)} ended: "
+               + "; ".join(f"rank {r} {ended[r]}" for r in raised)) if raised else ""
+        title = (f"{ranks_verb(waiting, 'has')} been in init_process_group at {at} for "
+                 f"{waited_s:.0f} s, the whole world joined and none returned{why}")
+        hint = HINT_STUCK
+    lines = [f"rank {r} (pid {joinings[r].pid}): "
+             + (ended[r] if r in ended else
+                (places[r].describe() if places and r in places else "in init_process_group"))
+             for r in present]
+    frame = next((p.frame for p in (places or {}).values() if p.frame is not None), None)
+    return Finding(
+        kind=FindingKind.BLOCKED_WAIT, severity=Severity.ERROR, title=title,
+        detail="\n".join(lines), ranks=tuple(raised or waiting or present), hint=hint,
+        op="init_process_group", callsite=frame.text() if frame is not None else None,
+        evidence={"place": {str(r): "rendezvous" for r in waiting},
+                  "waiting_ranks": waiting, "ended_ranks": sorted(ended)},
+        time_ns=max((x.time_ns for x in joinings.values()), default=None) or None,
+    )
+
+
+#: how ``stuck_joining`` says a rank whose process ended without an error record
+ENDED_QUIETLY = "ended with no error (stopped by its launcher, or a signal)"
+
+
 def _where(place: tuple[str, int]) -> str:
     address, world = place
     return f"{address or 'an unknown address'} (world size {world})"
