@@ -92,6 +92,13 @@ class _Page:
             self.ranks(d.ranks)
         if d.ray is not None:
             self.ray(d.ray)
+        if d.attempts:
+            self.console.print()
+            self.say("[bold]attempts[/] (the job's launches, its launcher restarting it)",
+                     phrases=True)
+            for a in d.attempts:
+                self.say(f"{_text(a.label)}: {_text(a.verdict.upper())} - {_text(a.summary)}", 4,
+                         phrases=True)
         if d.stack_classes:
             self.console.print()
             self.say("[bold]stacks[/] (the threads making the collectives, ranks with the same "
