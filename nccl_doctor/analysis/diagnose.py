@@ -79,6 +79,19 @@ NOT_RECORDED_NOTE = (
     "runtime_env env_vars); a program with no torch.distributed has nothing to diagnose"
 )
 
+def _not_recorded(traces: TraceSet) -> str:
+    """Why nothing was recorded: what the ranks said of it (a full disk, an --out they could
+    not write), else that no process of the job inherited the recorder."""
+    if not traces.unrecorded:
+        return NOT_RECORDED_NOTE
+    by_why: dict[str, list[int]] = {}
+    for rank, u in sorted(traces.unrecorded.items()):
+        by_why.setdefault(u.why, []).append(rank)
+    said = "; ".join(f"{ranks_text(ranks)}: {why}" for why, ranks in by_why.items())
+    return (f"no rank was recorded, and {'the rank' if len(traces.unrecorded) == 1 else 'each'} "
+            f"said why: {said}")
+
+
 _STATE = {
     ExitKind.CLEAN: "exited", ExitKind.EXCEPTION: "exception", ExitKind.SIGNAL: "signal",
     ExitKind.VANISHED: "vanished", ExitKind.STOPPED: "stopped", ExitKind.LOST: "lost",
@@ -174,7 +187,7 @@ def analyze(traces: TraceSet, passes: tuple[Pass, ...] = PASSES,
                      "none returned from it (the rendezvous never completed): nothing was "
                      "recorded after it")
     elif not traces.ranks and not traces.early_exits:
-        notes.append(NOT_RECORDED_NOTE)
+        notes.append(_not_recorded(traces))
     if detect_straggler in passes:
         try:
             unmeasured = straggler.unmeasured_note(traces)

@@ -132,3 +132,17 @@ def test_a_rank_that_cannot_make_its_capture_runs_unseen_not_missing(run_job, tm
     from nccl_doctor.analysis import analyze
     again = analyze(replayed)
     assert again.verdict is Verdict.OK and again.findings == ()
+
+
+def test_when_no_rank_could_make_its_capture_the_report_says_why(run_job):
+    """Every rank refused its capture file (a full disk, as RLIMIT_FSIZE makes it): the report
+    says what the ranks said, not that the job's processes were started outside the doctor."""
+    from nccl_doctor.analysis.diagnose import NOT_RECORDED_NOTE
+
+    run = run_job(2, job("unrecorded.py"), env={"UNRECORDED": "all"})
+    d = run.diagnosis
+    assert run.exit_status == 0 and d.findings == ()
+    assert NOT_RECORDED_NOTE not in d.notes
+    note = next(n for n in d.notes if n.startswith("no rank was recorded, and each said why: "))
+    assert note.count("File too large") == 1 and "ranks 0, 1: " in note  # (one reason, said once)
+    assert {r.state for r in d.ranks} == {"no_capture"}

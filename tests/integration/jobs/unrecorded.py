@@ -1,6 +1,6 @@
-"""A healthy job whose rank UNRECORDED cannot make a file of its capture's size (RLIMIT_FSIZE,
-as a full disk would refuse it): its recorder steps aside, the job must not, and the report must
-not call the rank missing."""
+"""A healthy job whose rank UNRECORDED (or every rank: "all") cannot make a file of its capture's
+size (RLIMIT_FSIZE, as a full disk would refuse it): its recorder steps aside, the job must not,
+and the report must not call the rank missing."""
 
 import os
 import resource
@@ -12,7 +12,7 @@ import torch.distributed as dist
 
 def main() -> None:
     rank = int(os.environ["RANK"])
-    if rank == int(os.environ.get("UNRECORDED", "1")):
+    if os.environ.get("UNRECORDED", "1") in ("all", str(rank)):  # ("all": every rank)
         signal.signal(signal.SIGXFSZ, signal.SIG_IGN)  # an over-size write fails with EFBIG
         resource.setrlimit(resource.RLIMIT_FSIZE, (64 * 1024, resource.RLIM_INFINITY))
     dist.init_process_group("gloo")
