@@ -14,7 +14,7 @@ DEMO_OUT ?= nccl-doctor-out/demo
 # (setup.py: pip's isolated build has no torch to build it with). Optional, as the C ring is:
 # where it cannot be built (no C++ compiler) the Python kernel records the same calls, slower.
 # About 20 s of compiling on the 2-core VM; never built at run time.
-$(STAMP): pyproject.toml setup.py constraints.txt nccl_doctor/capture/_ring.c \
+$(STAMP): pyproject.toml setup.py constraints.txt nccl_doctor/capture/_ring.c nccl_doctor/supervisor/_senders.c \
 		nccl_doctor/rank/recorder/_functional_kernel.cpp
 	$(PYTHON) -m venv $(VENV)
 	$(BIN)/python -m pip install --quiet --upgrade pip
@@ -93,4 +93,4 @@ readme-table: $(STAMP)
 
 clean:
 	rm -rf $(VENV) nccl-doctor-out .pytest_cache build nccl_doctor/capture/_ring*.so \
-		nccl_doctor/rank/recorder/_functional_kernel*.so
+		nccl_doctor/rank/recorder/_functional_kernel*.so nccl_doctor/supervisor/_senders*.so

@@ -3,6 +3,8 @@
 - The C accelerator of the capture ring (and the recorder's C fast path). ``optional=True``:
   without a C compiler the install still succeeds and the recorder uses the Python ring
   (nccl_doctor/capture/ring.py), which writes the same bytes, more slowly.
+- Who sent a signal to `nccl-doctor run` (nccl_doctor/supervisor/_senders.c): a SA_SIGINFO
+  handler in front of Python's. Optional: without it the report names the signal, not its sender.
 - The functional collectives' C++ kernel (nccl_doctor/rank/recorder/_functional_kernel.cpp),
   built against torch's headers and libraries, so only where torch is importable here: `make
   install` runs ``setup.py build_ext --inplace`` once pip has installed torch (pip's isolated
@@ -50,6 +52,13 @@ setup(
             sources=["nccl_doctor/capture/_ring.c"],
             extra_compile_args=["-O2"],
             optional=True,
-        )
+        ),
+        # who sent the signals `run` forwards (nccl_doctor/supervisor/signals.py); optional
+        Extension(
+            "nccl_doctor.supervisor._senders",
+            sources=["nccl_doctor/supervisor/_senders.c"],
+            extra_compile_args=["-O2"],
+            optional=True,
+        ),
     ] + functional_kernel()
 )

@@ -35,6 +35,9 @@ class Verdict(str, enum.Enum):
     # no rank of the job was recorded (none joined a process group under the recorder):
     # nothing is known, which is never "ok"
     NOT_RECORDED = "not_recorded"
+    # a signal from outside ended the job (the user's Ctrl-C, a scheduler's time limit or
+    # preemption, a kill) before it finished, and nothing had failed before it
+    INTERRUPTED = "interrupted"
 
 
 class Severity(str, enum.Enum):

@@ -87,15 +87,24 @@ class Stopped:
 class Interrupted:
     KIND: ClassVar[str] = "interrupted"
     signals: tuple[str, ...] = ()
-    by: str = "user"
+    by: str = "user"  # from outside nccl-doctor (its own stops are Stopped)
     at: float = field(default_factory=now)
+    # who sent it, as far as is known (supervisor/senders.py): "the terminal (Ctrl-C)", "pid
+    # 4242 (kill -TERM 4000, uid 1000)", "Slurm: its time limit (1:00:00, ending 14:40:00)"
+    sender: str = ""
 
     def to_json(self) -> dict[str, Any]:
-        return {"event": self.KIND, "at": self.at, "signals": list(self.signals), "by": self.by}
+        return {"event": self.KIND, "at": self.at, "signals": list(self.signals), "by": self.by,
+                **({"sender": self.sender} if self.sender else {})}
 
     @classmethod
     def from_json(cls, raw: Mapping[str, Any], at: float) -> Interrupted:
-        return cls(_signals(raw.get("signals")), str(raw.get("by") or "user"), at)
+        return cls(_signals(raw.get("signals")), str(raw.get("by") or "user"), at,
+                   str(raw.get("sender") or "")[:MAX_SENDER])
+
+
+#: characters of a sender kept from a record (it is input: bounded)
+MAX_SENDER = 300
 
 
 @dataclass(frozen=True)

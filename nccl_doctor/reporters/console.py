@@ -26,7 +26,7 @@ from nccl_doctor.words import conjugate, ranks_text
 _VERDICT_STYLE = {
     Verdict.OK: "bold green", Verdict.SUSPECT: "bold yellow", Verdict.HANG: "bold red",
     Verdict.CRASH: "bold red", Verdict.UNFINISHED: "bold yellow",
-    Verdict.NOT_RECORDED: "bold yellow",
+    Verdict.NOT_RECORDED: "bold yellow", Verdict.INTERRUPTED: "bold yellow",
 }
 _VERDICT_WORDS = {
     Verdict.OK: "no problem found",
@@ -35,6 +35,8 @@ _VERDICT_WORDS = {
     Verdict.CRASH: "the job failed",
     Verdict.UNFINISHED: "the job's end is not recorded (see the first note): its state so far",
     Verdict.NOT_RECORDED: "no rank was recorded: nothing is known about the job (see the note)",
+    Verdict.INTERRUPTED: "a signal from outside ended the job before it finished (see the "
+                         "first note)",
 }
 #: the ranks' table: each column's header and, when it goes below the row, its label there
 _COLUMNS = (("rank", ""), ("host", ""), ("pid", ""), ("state", ""),

@@ -18,7 +18,8 @@ from nccl_doctor.reporters.templating import environment
 REFRESH_S = 2
 _TEMPLATES = Path(__file__).parent / "templates"
 _COLOURS = {"hang": "#b00020", "crash": "#b00020", "suspect": "#b26a00", "ok": "#1b5e20",
-            "unfinished": "#455a64", "not_recorded": "#455a64"}
+            "unfinished": "#455a64", "not_recorded": "#455a64",
+            "interrupted": "#455a64"}
 
 
 @functools.lru_cache(maxsize=1)

@@ -6,10 +6,13 @@ wrote watchdog.json could interleave with the loop's own write); a third means "
 
 from __future__ import annotations
 
+import os
 import signal
 import time
 from typing import TYPE_CHECKING, Callable
 
+from nccl_doctor.env import SLURM_JOB_ID
+from nccl_doctor.supervisor import senders
 from nccl_doctor.supervisor.launch import Job
 
 if TYPE_CHECKING:  # (made in the supervisor's loop: nothing is imported in a signal handler)
@@ -25,7 +28,7 @@ class SignalForwarder:
         hang: the ranks' ends are nccl-doctor's doing already)."""
         self.job, self.quiet = job, quiet
         self.count = 0
-        self._pending: tuple[float, str] | None = None  # when, and which signal
+        self._pending: tuple[float, str, str] | None = None  # when, which signal, who sent it
         self._unsent: int | None = None  # came while the job was being launched
         self._previous: dict[int, object] = {}
 
@@ -34,10 +37,12 @@ class SignalForwarder:
             try:
                 self._previous[sig] = signal.signal(sig, self._forward)
             except ValueError:  # not the main thread (embedded use): nothing to forward
-                pass
+                continue
+            senders.watch(sig)  # (who sends it: kept in front of the handler just installed)
 
     def restore(self) -> None:
         for sig, handler in self._previous.items():
+            senders.unwatch(sig)
             signal.signal(sig, handler)  # type: ignore[arg-type]
         self._previous = {}
 
@@ -47,7 +52,13 @@ class SignalForwarder:
         if pending is None:
             return None
         from nccl_doctor.watch_log import Interrupted
-        return Interrupted((pending[1],), at=pending[0])
+        at, name, sender = pending
+        job_id = os.environ.get(SLURM_JOB_ID)
+        if job_id:  # a batch job's signal: the time limit, preemption, scancel?
+            from nccl_doctor.supervisor.slurm.allocation import why_signalled
+            why = why_signalled(job_id, at)
+            sender = f"Slurm: {why}" + (f" ({sender})" if sender else "") if why else sender
+        return Interrupted((name,), at=at, sender=sender)
 
     def launched(self) -> None:
         """The job is launched: a signal that came while it was being launched (its processes
@@ -59,7 +70,8 @@ class SignalForwarder:
 
     def _forward(self, sig: int, _frame: object) -> None:
         if self.count == 0 and not self.quiet():
-            self._pending = (round(time.time(), 3), signal.Signals(sig).name)
+            self._pending = (round(time.time(), 3), signal.Signals(sig).name,
+                             senders.sender(sig))
         self.count += 1
         sig = signal.SIGKILL if self.count >= 3 else sig
         job = self.job()

@@ -6,6 +6,7 @@ from __future__ import annotations
 import json
 import signal
 import subprocess
+import sys
 import time
 
 import pytest
@@ -38,14 +39,48 @@ def test_an_interrupt_during_a_stall_names_the_stall_not_the_keyboardinterrupt(t
     assert "KeyboardInterrupt" not in root["title"]
     assert not [f for f in report["findings"] if f["kind"] == "rank_exited"], report["findings"]
     assert report["verdict"] == "hang"
-    assert report["notes"][0].startswith("interrupted by the user (SIGINT at "), report["notes"]
+    # (the test sent it: its own pid, as the kernel told the doctor)
+    assert report["notes"][0].startswith(f"interrupted by SIGINT from pid {os.getpid()} ("), \
+        report["notes"]
     states = {r["rank"]: r["exit_detail"] for r in report["ranks"]}
     assert states == {0: "was interrupted (SIGINT by the user)",
                       1: "was interrupted (SIGINT by the user)"}, states
-    assert "interrupted by the user" in err and "ROOT CAUSE missing_collective" in err
+    assert "interrupted by SIGINT from pid" in err and "ROOT CAUSE missing_collective" in err
     replay = subprocess.run([*CLI, "replay", str(out), "--format", "json"], text=True,
                             capture_output=True, timeout=120)
     assert json.loads(replay.stdout)["findings"] == report["findings"]  # the same story offline
+
+
+def test_a_healthy_job_a_signal_ends_reads_interrupted_with_who_sent_it(tmp_path):
+    """A SIGTERM from another process (a scheduler, a kill) ends a healthy job: the verdict is
+    "interrupted", never ok, a crash or a hang, and the report says who sent what and when."""
+    out = tmp_path / "cap"
+    env = {**os.environ, "STEPS": "400", "PAUSE": "0.05"}
+    proc = subprocess.Popen([*CLI, "run", "--out", str(out), "--",
+                             *torchrun(2, JOBS / "train_loop.py")], env=env, text=True,
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+    try:
+        assert wait_for(lambda: len(rank_pids(out)) == 2, 60)
+        time.sleep(2.0)  # the ranks are in their loop
+        # the sender lives on a moment, as a scheduler's daemon does: its name is read
+        sender = subprocess.Popen([sys.executable, "-c", "import os, sys, time; "
+                                   f"os.kill({proc.pid}, 15); time.sleep(3)", "the-scheduler"])
+        _, err = proc.communicate(timeout=120)
+        sender.wait(timeout=30)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.communicate()
+    report = json.loads((out / "report.json").read_text())
+    assert report["verdict"] == "interrupted", (report["verdict"], report["findings"])
+    assert not [f for f in report["findings"] if f["severity"] == "error"], report["findings"]
+    note = report["notes"][0]
+    assert note.startswith(f"interrupted by SIGTERM from pid {sender.pid} ("), note
+    assert "the-scheduler" in note and f"uid {os.getuid()})" in note
+    assert "nccl-doctor: INTERRUPTED" in err
+    replay = subprocess.run([*CLI, "replay", str(out), "--format", "json"], text=True,
+                            capture_output=True, timeout=120)
+    assert json.loads(replay.stdout)["verdict"] == "interrupted"  # the same offline
 
 
 def test_a_signal_landing_while_the_failure_is_noted_does_not_erase_it(tmp_path):

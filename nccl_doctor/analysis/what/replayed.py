@@ -80,14 +80,18 @@ def _standing(post: Diagnosis, live: Diagnosis, own: Finding | None) -> Diagnosi
 
 
 def interrupted(diagnosis: Diagnosis, event: Interrupted) -> Diagnosis:
-    """``diagnosis`` of a job the user interrupted: said so, and not a crash for that alone."""
+    """``diagnosis`` of a job a signal from outside interrupted: "interrupted", with who sent
+    what and when - never a crash or a hang of the ranks for that alone. A hang called, or an
+    error, before the signal came stays the verdict and the root cause."""
     sent = ", ".join(event.signals) or "a signal"
+    who = f" from {event.sender}" if event.sender else ""
     when = f" at {time.strftime('%H:%M:%S', time.localtime(event.at))}"
-    note = (f"interrupted by the user ({sent}{when}): the ranks' ends that followed are the "
+    note = (f"interrupted by {sent}{who}{when}: the ranks' ends that followed are the "
             "interrupt's doing, not failures; this is the job as it was when it came")
     verdict = diagnosis.verdict
-    if verdict is Verdict.CRASH and not any(f.severity is Severity.ERROR
-                                            for f in diagnosis.findings):
-        warned = any(f.severity is Severity.WARNING for f in diagnosis.findings)
-        verdict = Verdict.SUSPECT if warned else Verdict.OK
+    came = event.at * 1e9
+    before = [f for f in diagnosis.findings if f.severity is Severity.ERROR
+              and (f.time_ns is None or f.time_ns < came)]
+    if verdict in (Verdict.OK, Verdict.SUSPECT) or (verdict is Verdict.CRASH and not before):
+        verdict = Verdict.INTERRUPTED
     return replace(diagnosis, verdict=verdict, notes=(note,) + diagnosis.notes)

@@ -7,6 +7,7 @@ from __future__ import annotations
 import os
 import re
 import subprocess
+import time
 from dataclasses import dataclass
 from typing import Iterable, Mapping, Sequence
 
@@ -97,3 +98,34 @@ def scancel(step_ids: Sequence[str]) -> None:
     """Stop these steps through Slurm (their tasks on every node)."""
     if step_ids:
         _run(["scancel", *step_ids])
+
+
+#: How close to the job's end time a signal is read as its time limit: Slurm sends its own
+#: SIGTERM at the limit, and ``--signal=SIG@SECONDS``'s that many seconds before (up to 65535;
+#: a few minutes in practice)
+NEAR_THE_LIMIT_S = 600.0
+
+
+def why_signalled(job_id: str, now: float) -> str:
+    """What Slurm says of a signal its job got at ``now``: "preemption", "its time limit
+    (1:00:00, ending 14:40:00)", "scancel", or "" (nothing Slurm says explains it, or Slurm
+    cannot answer)."""
+    try:
+        line = _run(["scontrol", "show", "job", "-o", job_id], timeout=5.0)
+    except SlurmError:
+        return ""
+    fields = dict(re.findall(r"(\w+)=(\S*)", line))
+    state, reason = fields.get("JobState", ""), fields.get("Reason", "")
+    if "PREEMPT" in state or "Preempt" in reason:
+        return "preemption"
+    end, limit = fields.get("EndTime", ""), fields.get("TimeLimit", "")
+    try:
+        ends = time.mktime(time.strptime(end, "%Y-%m-%dT%H:%M:%S"))
+    except (ValueError, OverflowError):
+        ends = None
+    if state == "TIMEOUT" or (ends is not None and limit not in ("", "UNLIMITED")
+                              and ends - now <= NEAR_THE_LIMIT_S):
+        return f"its time limit ({limit}, ending {end.split('T')[-1]})"
+    if state == "CANCELLED":
+        return "scancel"
+    return ""
