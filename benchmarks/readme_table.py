@@ -105,8 +105,8 @@ def main() -> int:
     new = rebuilt(text, read(a.results))
     if a.check:
         if new != text:
-            print(f"{a.readme}: the performance table is not the one {a.results} makes: run "
-                  "`make readme-table`", file=sys.stderr)
+            sys.stderr.write(f"{a.readme}: the performance table is not the one {a.results} "
+                             "makes: run `make readme-table`\n")
             return 1
         return 0
     a.readme.write_text(new)

@@ -43,6 +43,8 @@ COLUMNS: dict[str, str] = {
     "rank": "global rank that made the call",
     "host": "host the rank ran on",
     "pid": "the rank's process id",
+    "attempt": "the launch attempt of the job it was made in: 1, then 2, ... where its launcher "
+               "restarted it (torchrun --max-restarts, a Slurm requeue)",
     "group": "process group name (PyTorch's group_name; '0' is the default group)",
     "seq": "the call's number among its group's collectives, as reports say it (#N); -1 unknown",
     "torch_seq": "PyTorch's own per-group sequence number (p2p calls bump it too); -1 unknown",
@@ -143,6 +145,7 @@ class Raw:
     cols: Columns  # the columns of COLUMNS that are not text
     sig: np.ndarray  # per row: its signature
     texts: list[tuple[str | None, ...]]  # per signature: its SIGNED values
+    attempt: int = 1  # the launch attempt's number (Job: 1 the first)
 
 
 def raw_calls(capture: CaptureColumns | Scan) -> Raw:
@@ -240,7 +243,8 @@ def coded(raw: Raw, cats: Mapping[str, Categories]) -> Columns:
     n = len(raw.sig)
     out: Columns = {"rank": np.full(n, raw.rank, dtype=np.int32),
                     "host": np.full(n, cats["host"].code(raw.host), dtype=np.int32),
-                    "pid": np.full(n, raw.pid, dtype=np.int64)}
+                    "pid": np.full(n, raw.pid, dtype=np.int64),
+                    "attempt": np.full(n, raw.attempt, dtype=np.int32)}
     cats["source"].code(EventSource.RECORDER.value)  # (a capture's: as ``Table`` codes it)
     codes = np.array([[cats[name].code(v) for name, v in zip(SIGNED, values)]
                       for values in raw.texts], dtype=np.int32).reshape(len(raw.texts),
@@ -277,8 +281,9 @@ def _issuing(frames: tuple[Location, ...], user: Location | None,
     return str(place) if place else None
 
 
-def trace_columns(trace: RankTrace, cats: Mapping[str, Categories]) -> Columns:
-    """The calls among one rank's typed events, as the same columns."""
+def trace_columns(trace: RankTrace, cats: Mapping[str, Categories],
+                  attempt: int = 1) -> Columns:
+    """The calls among one rank's typed events, as the same columns (of launch ``attempt``)."""
     calls = [e for e in trace.events if e.kind in (EventKind.COLLECTIVE, EventKind.P2P)]
     meta = trace.meta
     n = len(calls)
@@ -295,6 +300,7 @@ def trace_columns(trace: RankTrace, cats: Mapping[str, Categories]) -> Columns:
         "rank": np.full(n, meta.rank, dtype=np.int32),
         "host": np.full(n, cats["host"].code(meta.host), dtype=np.int32),
         "pid": np.full(n, meta.pid, dtype=np.int64),
+        "attempt": np.full(n, attempt, dtype=np.int32),
         "group": text("group", (e.group for e in calls)),
         "seq": ints(e.align_seq for e in calls),
         "torch_seq": ints(e.seq for e in calls),
@@ -379,7 +385,7 @@ class Table:
                 row = coded[values] = [cats[name].code(v) for name, v in zip(SIGNED, values)]
             rows.append([host, *row])
         n = len(raw.sig)
-        numbers = dict(raw.cols, rank=raw.rank, pid=raw.pid)
+        numbers = dict(raw.cols, rank=raw.rank, pid=raw.pid, attempt=raw.attempt)
         self._add(n, numbers, raw.sig,
                   np.array(rows, dtype=np.int32).reshape(len(raw.texts), len(TEXT)))
 

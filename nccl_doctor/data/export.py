@@ -23,7 +23,7 @@ if TYPE_CHECKING:  # pyarrow, numpy and the columns at the write: the CLI's pars
 FORMATS = ("parquet", "csv")
 # (data/columns.py's COLUMNS and TEXT: that module imports numpy and the reader, this one must
 # not; a test holds them equal)
-_COLUMNS = ("rank", "host", "pid", "group", "seq", "torch_seq", "op", "kind", "input", "output",
+_COLUMNS = ("rank", "host", "pid", "attempt", "group", "seq", "torch_seq", "op", "kind", "input", "output",
             "nbytes", "peer", "group_size", "t_enter", "t_exit", "duration_s", "state",
             "in_flight", "async", "composite", "callsite", "function", "api_callsite", "issuing",
             "thread", "idx", "parent", "source")

@@ -181,17 +181,30 @@ class Job:
     # -- reading -------------------------------------------------------------------------------
     def _call_parts(self, cats: dict[str, columns.Categories], hold: bool,
                     ) -> Iterator[columns.Columns | columns.Raw]:
-        """Each rank's columns, in rank order: from its capture read as columns (as the set
-        holds it, else read here - ``hold``: then held by the set, while the job is small), or
-        from its events where only Flight Recorder saw the job (dumps, or calls merged from
-        ``fr``)."""
-        captures = self._captures.capture_dirs
-        scans = self._captures.chosen()
+        """Each launch attempt's calls, the first first (one attempt for a job its launcher
+        never restarted): the earlier ones' read from their own captures, then the last's."""
+        attempts = list(self._captures.attempts())
+        for number, key in enumerate(attempts[:-1], 1):
+            earlier = CaptureSet(*self.paths, attempt=key, evidence=False, job_ended=True,
+                                 replay=False)
+            yield from self._attempt_parts(earlier, cats, False, number, flight=False)
+        yield from self._attempt_parts(self._captures, cats, hold, max(1, len(attempts)))
+
+    def _attempt_parts(self, captures_set: CaptureSet, cats: dict[str, columns.Categories],
+                       hold: bool, number: int, flight: bool = True,
+                       ) -> Iterator[columns.Columns | columns.Raw]:
+        """One attempt's ranks' columns, in rank order: from its capture read as columns (as
+        the set holds it, else read here - ``hold``: then held by the set, while the job is
+        small), or from its events where only Flight Recorder saw the job (dumps, or calls
+        merged from ``fr``: the last attempt's, ``flight``)."""
+        captures = captures_set.capture_dirs
+        scans = captures_set.chosen()
         # Flight Recorder's view (dumps given, or the pulls the watchdog kept): replay's
         # merge says which calls it saw alone, and which returned calls are still in flight
         pulled = any((d / watch_record.FR_DIR).is_dir() for d in captures if d.is_dir())
-        merged = self.traces if (self.fr is not None or pulled
-                                 or len(captures) < len(self._captures.directories)) else None
+        merged = self.traces if flight and (
+            self.fr is not None or pulled
+            or len(captures) < len(captures_set.directories)) else None
         fr_only, flying = {}, {}
         if merged is not None:
             for rank, t in merged.ranks.items():
@@ -201,12 +214,14 @@ class Job:
                 flying[rank] = {e.idx for e in t.events
                                 if e.in_flight and e.source is not EventSource.FLIGHT_RECORDER}
         order = sorted({*scans, *fr_only})
-        read = ahead(partial(_raw, self._captures), [scans[r] for r in order if r in scans])
+        read = ahead(partial(_raw, captures_set), [scans[r] for r in order if r in scans])
         for rank in order:
             if rank in scans:
                 made, raw = next(read)
                 if hold:
-                    self._captures.hold(scans[rank], made)
+                    captures_set.hold(scans[rank], made)
+                if raw is not None and number != 1:
+                    raw = replace(raw, attempt=number)
                 if raw is not None and flying.get(rank):  # (Flight Recorder's view merged)
                     yield columns.in_flight(columns.coded(raw, cats), flying[rank], cats)
                 elif raw is not None:
@@ -216,7 +231,7 @@ class Job:
                 if rank in scans:  # only what Flight Recorder added
                     trace = replace(trace, events=tuple(
                         e for e in trace.events if e.source is EventSource.FLIGHT_RECORDER))
-                yield columns.trace_columns(trace, cats)
+                yield columns.trace_columns(trace, cats, number)
 
 
 _RANK_COLUMNS = ("rank", "host", "pid", "local_rank", "node_rank", "world_size", "started",

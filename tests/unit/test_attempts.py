@@ -152,3 +152,19 @@ def test_ranks_that_all_joined_and_none_returned_are_called_with_who_ended_how()
     gone = stuck_joining(_joined(0, 1), {0: ENDED_QUIETLY, 1: "raised RuntimeError: x"}, 45.0)
     assert "the launcher has run on without them for 45 s" in gone.title
     assert gone.ranks == (1,) and gone.evidence["ended_ranks"] == [0, 1]
+
+
+def test_the_calls_table_holds_every_attempt_s_calls_with_its_number(tmp_path):
+    import nccl_doctor
+
+    out = restarted_job(tmp_path)
+    calls = nccl_doctor.open(out).calls
+    per = calls.groupby(["attempt", "rank"]).size().to_dict()
+    assert per == {(1, 0): 3, (1, 1): 2, (2, 0): 3, (2, 1): 3}
+    assert set(calls[calls.attempt == 1].pid) == {100, 101}
+    assert set(calls[calls.attempt == 2].pid) == {200, 201}
+    assert list(calls.columns[:4]) == ["rank", "host", "pid", "attempt"]
+    one = tmp_path / "one"
+    one.mkdir()
+    rank(one, 0, 2, restart=0, pid=100)
+    assert set(nccl_doctor.open(one).calls.attempt) == {1}  # never restarted: attempt 1
