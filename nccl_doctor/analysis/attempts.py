@@ -22,6 +22,7 @@ from nccl_doctor.capture.union import Attempt as AttemptKey
 from nccl_doctor.diagnosis import Diagnosis, Finding, Verdict
 from nccl_doctor.model import TraceSet
 from nccl_doctor.sections import Attempt
+from nccl_doctor.watch_log import WatchLog
 
 
 def with_attempts(diagnosis: Diagnosis, captures: CaptureSet | Sequence[Path],
@@ -39,8 +40,8 @@ def with_attempts(diagnosis: Diagnosis, captures: CaptureSet | Sequence[Path],
         return diagnosis
     attempts, findings, failed = [], [], []
     for number, key in enumerate(keys[:-1], 1):
-        captures = CaptureSet(*paths, attempt=key, evidence=False, job_ended=True, replay=False)
-        earlier = analyze(_over(loaded(captures)))
+        captures = CaptureSet(*paths, attempt=key, job_ended=True, replay=False)
+        earlier = analyze(_over(loaded(captures), starts[key], starts[keys[number]]))
         attempts.append(_attempt(number, key, starts[key], earlier))
         root = earlier.root_cause
         if root is not None:
@@ -58,12 +59,20 @@ def with_attempts(diagnosis: Diagnosis, captures: CaptureSet | Sequence[Path],
                    notes=diagnosis.notes + (note,))
 
 
-def _over(traces: TraceSet) -> TraceSet:
-    """An earlier attempt's job as it was when its launcher ended it: what the directory says
-    of the run's end (its exit status, the watchdog's record, the GPU and the stacks sampled)
-    is the last attempt's, not its own."""
-    return replace(traces, exit_status=None, watch=None, stacks={}, gpu=None, stack_samples=(),
-                   unfinished="")
+def _over(traces: TraceSet, start_ns: int | None, next_ns: int | None) -> TraceSet:
+    """An earlier attempt's job as it was when its launcher ended it (``start_ns``: its first
+    rank's start, ``next_ns``: the next attempt's; None: not known): what the directory says of
+    the run's end (its exit status, the GPU and the stacks sampled) is the last attempt's, and
+    of the watchdog's record only what it decided between the two is this attempt's (a hang
+    it called before ``--on-hang restart`` ended these ranks)."""
+    watch = traces.watch
+    if watch is not None:
+        kept = tuple(e for e in watch.events
+                     if (start_ns is None or e.at * 1e9 >= start_ns)
+                     and (next_ns is None or e.at * 1e9 < next_ns))
+        watch = WatchLog(kept) if kept else None
+    return replace(traces, exit_status=None, watch=watch, stacks={}, gpu=None,
+                   stack_samples=(), unfinished="")
 
 
 def _attempt(number: int, key: AttemptKey, started_ns: int | None, d: Diagnosis) -> Attempt:

@@ -316,16 +316,24 @@ class CaptureSet:
     def attempts(self, scans: dict[Path, _First | DoctorError] | None = None
                  ) -> dict[Attempt, int | None]:
         """The launch attempts these captures come from, the first first (one, for a job that
-        was never restarted), each with its first rank's start (ns since the epoch; None: its
-        ranks left no capture, only the record of joining, or of raising before it)."""
+        was never restarted), each with when it began (ns since the epoch): its first rank's
+        start, or - its ranks made no capture - its first record of a rank joining or raising
+        before it; None where none says."""
         starts: dict[Attempt, int | None] = {}
         for _, meta in self._metas(scans or {}):
             held = starts.get(meta.attempt)
             starts[meta.attempt] = meta.started_ns if held is None else min(held, meta.started_ns)
+        marked: dict[Attempt, int | None] = {}
         for d in self.capture_dirs:
-            if d.is_dir():
-                for key in early_exit.attempts_in(d) | joining.attempts_in(d):
-                    starts.setdefault(key, None)
+            if not d.is_dir():
+                continue
+            for marks in (early_exit.attempts_in(d), joining.attempts_in(d)):
+                for key, at in marks.items():
+                    held = marked.get(key)
+                    marked[key] = at if held is None else held if at is None else min(held, at)
+        for key, at in marked.items():
+            if starts.get(key) is None:
+                starts[key] = at
         return dict(sorted(starts.items()))
 
     def _meta(self, path: Path, scans: dict[Path, _First | DoctorError]) -> RankMeta | None:

@@ -134,9 +134,13 @@ def read_early_exits(directory: Path, attempt: tuple[int, int] | None = None
     return found, notes
 
 
-def attempts_in(directory: Path) -> set[tuple[int, int]]:
-    """The launch attempts whose ranks left a record here."""
-    return {ended.attempt for _, ended, _ in _records(directory, [])}
+def attempts_in(directory: Path) -> dict[tuple[int, int], int | None]:
+    """The launch attempts whose ranks left a record here, each with its earliest time."""
+    out: dict[tuple[int, int], int | None] = {}
+    for _, ended, _ in _records(directory, []):
+        held, at = out.get(ended.attempt), ended.time_ns
+        out[ended.attempt] = at if held is None else held if at is None else min(held, at)
+    return out
 
 
 def _records(directory: Path, notes: list[str]) -> Iterator[tuple[int, EarlyExit, int]]:

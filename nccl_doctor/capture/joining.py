@@ -81,9 +81,12 @@ def read_joinings(directory: Path, attempt: tuple[int, int] | None = None
     return found
 
 
-def attempts_in(directory: Path) -> set[tuple[int, int]]:
-    """The launch attempts whose ranks began joining here."""
-    return {joining.attempt for joining in _records(directory)}
+def attempts_in(directory: Path) -> dict[tuple[int, int], int]:
+    """The launch attempts whose ranks began joining here, each with its earliest time."""
+    out: dict[tuple[int, int], int] = {}
+    for joining in _records(directory):
+        out[joining.attempt] = min(out.get(joining.attempt, joining.time_ns), joining.time_ns)
+    return out
 
 
 def _records(directory: Path) -> Iterator[Joining]:

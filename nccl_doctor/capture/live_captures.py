@@ -91,8 +91,8 @@ class LiveCaptures:
         if moved:
             self._beside = (stamps, self.beside.read())
             # the launch attempts whose ranks raised or began joining before any capture
-            self._marker_attempts = (early_exit.attempts_in(self.directory)
-                                     | joining.attempts_in(self.directory))
+            self._marker_attempts = (set(early_exit.attempts_in(self.directory))
+                                     | set(joining.attempts_in(self.directory)))
         same = len(read) == len(self._read) and all(a is b for a, b in zip(read, self._read))
         if same and not moved and self._last is not None:
             return self._last

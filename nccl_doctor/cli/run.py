@@ -41,7 +41,7 @@ def register(sub: argparse._SubParsersAction) -> None:
     p = sub.add_parser(
         "run", help=HELP, description=HELP[0].upper() + HELP[1:] + ". The command's output "
         "passes through unchanged; nccl-doctor exits with the command's own exit status.",
-        usage="nccl-doctor run [--out DIR] [--force] [--quiet] [--on-hang report|kill] "
+        usage="nccl-doctor run [--out DIR] [--force] [--quiet] [--on-hang report|kill|restart] "
               "[--hang-after SECONDS] [--stuck-after SECONDS] [--fail-on suspect] [--no-watch] "
               "[--no-gpu] [--no-redact] [--coordinator HOST:PORT] [--node-rank N] [--nnodes N] "
               "[--ray [ADDRESS]] [--slurm] -- COMMAND [ARGS...]",
@@ -63,8 +63,10 @@ def add_options(p: argparse.ArgumentParser) -> None:
                    help="no live status and no summary (report.json is still written)")
     p.add_argument("--on-hang", choices=[o.value for o in OnHang], default=DEFAULT_ON_HANG.value,
                    help="on a diagnosed hang: write the report and stop the whole job (kill, the "
-                        f"default; nccl-doctor then exits {ExitStatus.HANG_STOPPED}), or write it "
-                        "and keep watching (report)")
+                        f"default; nccl-doctor then exits {ExitStatus.HANG_STOPPED}), write it "
+                        "and keep watching (report), or write it and end the hung ranks only, "
+                        "for a launcher that restarts failed workers (torchrun --max-restarts) "
+                        "to start them again (restart)")
     p.add_argument("--hang-after", type=_seconds, default=DEFAULT_HANG_AFTER, metavar="SECONDS",
                    help="a wait longer than this is a hang whatever the stacks show (default "
                         f"{DEFAULT_HANG_AFTER:.0f}); certain deadlocks are called within seconds")

@@ -19,6 +19,9 @@ DEFAULT_STUCK_AFTER = 120.0
 class OnHang(str, enum.Enum):
     REPORT = "report"  # write the diagnosis, keep watching (the job goes on hanging)
     KILL = "kill"  # write the diagnosis, then stop the whole job
+    # write the diagnosis, then end the hung ranks' processes only, for a launcher that restarts
+    # failed workers (torchrun --max-restarts) to start them again; bounded by its restarts
+    RESTART = "restart"
 
 
 #: ``--on-hang`` default: a certain deadlock never recovers, and every minute it holds the GPUs is

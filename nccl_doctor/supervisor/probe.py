@@ -50,6 +50,7 @@ class Registry:
         self._maps: dict[Path, mmap.mmap] = {}  # each known capture's header, mapped
         self._paths: list[Path] = []
         self._marker_attempts: set[tuple[int, int]] = set()
+        self.attempt: tuple[int, int] = (0, 0)  # the latest launch attempt seen
         self._folder = FolderChanges(directory, clock=clock)
 
     def poll(self) -> dict[int, int]:
@@ -81,8 +82,8 @@ class Registry:
                 self.notes[known.rank] = notes
         # a launcher's restart: the latest attempt's ranks only (one that began joining, or
         # raised before it, counts: its ranks have no capture yet)
-        latest = max([p.attempt for p in self.ranks.values()] + list(self._marker_attempts),
-                     default=(0, 0))
+        latest = self.attempt = max(
+            [p.attempt for p in self.ranks.values()] + list(self._marker_attempts), default=(0, 0))
         for rank in [r for r, p in self.ranks.items() if p.attempt != latest]:
             del self.ranks[rank]
             counts.pop(rank, None)
@@ -94,8 +95,8 @@ class Registry:
         if not self._folder.moved():
             return
         self._paths = capture_files(self.directory)
-        self._marker_attempts = (early_exit.attempts_in(self.directory)
-                                 | joining.attempts_in(self.directory))
+        self._marker_attempts = (set(early_exit.attempts_in(self.directory))
+                                 | set(joining.attempts_in(self.directory)))
         for gone in set(self._maps) - set(self._paths):
             self._maps.pop(gone).close()
 

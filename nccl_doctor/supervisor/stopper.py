@@ -5,6 +5,7 @@ is kept as a ``Stopped`` event (the ranks' ends that follow are nccl-doctor's do
 
 from __future__ import annotations
 
+import os
 import signal
 from dataclasses import replace
 from typing import Callable
@@ -25,6 +26,9 @@ class Stopper:
         self.stopping = False  # the job is being stopped for a hang
         self.term_at: float | None = None  # when a job whose ranks were asked to exit gets SIGTERM
         self.kill_at: float | None = None  # when the job stopped for a hang gets SIGKILL
+        # --on-hang restart: the hung ranks' processes (pid -> start time) and when those still
+        # there get SIGKILL
+        self.ending: tuple[float, dict[int, float]] | None = None
 
     def signal(self, sig: int) -> None:
         """``sig`` to the whole job (and, first, to the cluster's other nodes' jobs)."""
@@ -49,9 +53,26 @@ class Stopper:
         else:
             self._terminate(stop)
 
+    def end_ranks(self) -> None:
+        """``--on-hang restart``: SIGTERM to this host's ranks, SIGKILL after the kill grace to
+        those still there - a failure their launcher restarts them for (an exit request would
+        end them with status 0: a launcher that sees success restarts nothing). The launcher
+        and the job go on."""
+        ranks = {p.pid: t for p in self.live.local().values()
+                 if (t := started(p.pid)) is not None}
+        for pid in ranks:
+            _send(pid, signal.SIGTERM)
+        policy = self.live.policy
+        self.ending = (self.live.clock() + (policy.kill_grace if policy else 0.0), ranks)
+
     def tick(self) -> None:
         """The next step when its time has come."""
         now = self.live.clock()
+        if self.ending is not None and now >= self.ending[0]:
+            for pid, at in self.ending[1].items():
+                if started(pid) == at:  # (still that process: a pid can be reused)
+                    _send(pid, signal.SIGKILL)
+            self.ending = None
         if self.term_at is not None and now >= self.term_at:
             self.term_at = None  # the ranks were asked to exit; the launcher is still there
             self._terminate()
@@ -88,3 +109,10 @@ class Stopper:
         self.keep(replace(stop or Stopped(), signals=("SIGTERM",)))
         policy = self.live.policy
         self.kill_at = self.live.clock() + (policy.kill_grace if policy else 0.0)
+
+
+def _send(pid: int, sig: int) -> None:
+    try:
+        os.kill(pid, sig)
+    except OSError:  # gone meanwhile, or not ours
+        pass

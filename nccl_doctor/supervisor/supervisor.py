@@ -363,6 +363,8 @@ class Supervisor:
             self.live.announce(message)
         if decision.stop_job:
             self.stopper.stop_for_hang(stop_at)
+        elif decision.end_ranks:
+            self.stopper.end_ranks()
         if written is not None:  # the page after the stop: the job is not kept waiting for it
             self._report_written(written, decision.traces)
 

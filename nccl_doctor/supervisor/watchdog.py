@@ -109,6 +109,7 @@ class Watchdog:
         # seq, in flight on the GPU only)
         self._stuck_calls: dict[int, tuple[str, int, bool]] = {}
         self._aftermath: tuple[str, ...] = ()  # what the backend did to them since
+        self._attempt: tuple[int, int] = (0, 0)  # the launch attempt watched
         self.message = ""  # the current one-line status ("" while nothing is wrong)
         # the last analysis and Flight Recorder merge, kept while their inputs are the same
         self._analyses: list[tuple[TraceSet, Diagnosis]] = []
@@ -126,6 +127,13 @@ class Watchdog:
         if self.state is WatchState.STOPPING:
             return None  # the supervisor is stopping the job
         now = snap.at
+        if snap.attempt != self._attempt:  # a launcher's restart: its ranks watched afresh
+            self._attempt = snap.attempt
+            if self.state is WatchState.HANG:  # (--on-hang restart ended the hung ones)
+                self.diagnosis, self._stuck_calls, self._aftermath = None, {}, ()
+            self._counts = dict(snap.counts)
+            self._progressed(now)
+            return None
         if snap.counts != self._counts:
             self._counts = dict(snap.counts)
             self._fr_dumps, self._fr_signature = None, None  # Python calls moved: pull afresh
@@ -400,10 +408,9 @@ class Watchdog:
         """The rendezvous can never complete: called, with the joining ranks' stacks."""
         if stacks is None:
             stacks = self._joining_stacks(joinings)
-        kill = self.policy.on_hang is OnHang.KILL
         account = WatchAccount(
             situation="rendezvous", how="rendezvous", waited_s=round(waited, 1),
-            policy=self.policy.on_hang.value, action="stopped the job" if kill else "reported")
+            policy=self.policy.on_hang.value, action=self._action())
         world = max(j.world_size for j in joinings.values())
         before = Diagnosis(verdict=Verdict.HANG, findings=(root,), ranks=(), world_size=world,
                            notes=("no rank has joined a process group yet: what is known is "
@@ -479,10 +486,9 @@ class Watchdog:
             analysis = analyze(replace(traces, stacks={**traces.stacks, **stacks}),
                                annotators=self.job.annotators)
             root = next((f for f in analysis.findings if f.same_call(root)), root)
-        kill = self.policy.on_hang is OnHang.KILL
         account = WatchAccount(
             situation=a.situation.value, how=how, waited_s=round(waited, 1),
-            policy=self.policy.on_hang.value, action="stopped the job" if kill else "reported")
+            policy=self.policy.on_hang.value, action=self._action())
         diagnosis = hang_diagnosis(analysis, root, stacks, account, versions_of(traces),
                                    self.job.annotators, traces)
         via_fr = self._nccl  # on NCCL only Flight Recorder says when a call completed
@@ -497,6 +503,7 @@ class Watchdog:
         """The hang is called: held, recorded, announced, and the job stopped under
         --on-hang kill (``_stuck_calls``: the calls the ranks wait in, set before)."""
         kill = self.policy.on_hang is OnHang.KILL
+        restart = self.policy.on_hang is OnHang.RESTART
         self._aftermath = ()
         record = HangCalled(account, diagnosis.root_cause,
                             {r: (g, q) for r, (g, q, _) in self._stuck_calls.items()}, diagnosis)
@@ -509,11 +516,20 @@ class Watchdog:
         if kill:
             self._to(WatchState.STOPPING)
             said = (f"HANG: {title}", f"stopping the job (--on-hang kill); report: {report}")
+        elif restart:  # watched again once the launcher starts them anew (``look``)
+            said = (f"HANG: {title}", f"ending the hung ranks for their launcher to restart "
+                                      f"them (--on-hang restart); report: {report}")
         else:
             said = (f"HANG: {title}",
                     f"report: {report}; the job is left running (--on-hang report)")
-        return Decision(report=diagnosis, announce=said, stop_job=kill, record=record,
-                        stacks=stacks, fr_dumps=self._fr_dumps, traces=traces)
+        return Decision(report=diagnosis, announce=said, stop_job=kill, end_ranks=restart,
+                        record=record, stacks=stacks, fr_dumps=self._fr_dumps, traces=traces)
+
+    def _action(self) -> str:
+        """What the policy does on a hang, as the report says it."""
+        return {OnHang.KILL: "stopped the job",
+                OnHang.RESTART: "ended the hung ranks for their launcher to restart them"}.get(
+                    self.policy.on_hang, "reported")
 
     def _retract(self, now: float) -> Decision:
         """Progress resumed after a reported hang: the report says so."""

@@ -72,7 +72,7 @@ class LiveJob:
         are read on first use, once per snapshot, whichever watch asks first."""
         counts = self.registry.poll()
         return Snapshot(self.clock(), counts, dict(self.registry.notes), self.out_dir,
-                        self.registry.poll, self.captures.load)
+                        self.registry.poll, self.captures.load, attempt=self.registry.attempt)
 
     def final(self) -> TraceSet:
         """This host's ranks at the job's end, with the watchdog's evidence: what the post
@@ -143,6 +143,7 @@ class Snapshot:
     load: Callable[[], TraceSet] = field(repr=False)
     # the counters polled right before the captures were read: what they show at least
     read_counts: dict[int, int] = field(default_factory=dict, repr=False)
+    attempt: tuple[int, int] = (0, 0)  # the launch attempt whose ranks these are
     _traces: TraceSet | None = field(default=None, repr=False)
     _read: bool = field(default=False, repr=False)
 
@@ -175,6 +176,7 @@ class Decision:
     kind: Report = Report.HANG
     announce: tuple[str, ...] = ()  # one-line messages for the user
     stop_job: bool = False  # stop the job (SIGTERM, then SIGKILL after the policy's grace)
+    end_ranks: bool = False  # end the ranks' processes only: the launcher restarts them
     # what to keep beside the captures for replay (nccl_doctor/capture/watch_record.py): the
     # watchdog's account of this decision, the stacks and Flight Recorder pulls it used
     record: WatchEvent | None = None

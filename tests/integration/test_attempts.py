@@ -72,3 +72,30 @@ def test_a_restarted_job_keeps_each_attempt_s_failure_live_and_replayed(tmp_path
     d = job.diagnose()
     assert [a.number for a in d.attempts] == [1, 2]
     assert [f.attempt for f in d.findings if f.attempt is not None] == [1]
+
+
+def test_on_hang_restart_ends_the_hung_ranks_and_the_launcher_starts_them_again(tmp_path):
+    """``--on-hang restart`` under torchrun ``--max-restarts 1``: the first attempt's deadlock
+    is called and its ranks ended, not the job; the launcher starts them again, and the report
+    keeps the first attempt's hang while its verdict is the second attempt's."""
+    out = tmp_path / "out"
+    command = [sys.executable, "-m", "torch.distributed.run", "--standalone",
+               "--nproc-per-node=2", "--max-restarts=1", str(JOBS / "hang_once.py")]
+    run = subprocess.run([*CLI, "run", "--on-hang", "restart", "--stuck-after", "10", "--out",
+                          str(out), "--", *command], capture_output=True, text=True,
+                         timeout=300, env=dict(os.environ))
+    assert "ending the hung ranks for their launcher to restart them" in run.stderr
+    report = json.loads((out / "report.json").read_text())
+    first, second = report["attempts"]
+    assert first["verdict"] == "hang" and "ops differ" in first["summary"]
+    earlier = [f for f in report["findings"] if f.get("attempt") == 1]
+    assert [f["kind"] for f in earlier] == ["collective_mismatch"]
+    assert earlier[0]["callsite"].endswith("jobs/hang_once.py:15")  # rank 1's all_reduce
+    root = next((f for f in report["findings"] if f["root_cause"]), None)
+    assert root is None or root.get("attempt") is None  # never the first attempt's hang
+    assert report["verdict"] == second["verdict"]
+    if second["verdict"] == "ok":  # (torch's gloo restart may also fail to connect its ranks)
+        assert run.returncode == 0 and root is None
+    replayed = json.loads(subprocess.run([*CLI, "replay", str(out), "--format", "json"],
+                                         capture_output=True, text=True, timeout=300).stdout)
+    assert replayed["attempts"] == report["attempts"]

@@ -168,3 +168,21 @@ def test_the_calls_table_holds_every_attempt_s_calls_with_its_number(tmp_path):
     one.mkdir()
     rank(one, 0, 2, restart=0, pid=100)
     assert set(nccl_doctor.open(one).calls.attempt) == {1}  # never restarted: attempt 1
+
+
+def test_a_hang_called_before_these_ranks_started_is_an_earlier_attempt_s(tmp_path):
+    """--on-hang restart: the watchdog's hang was called on the ranks it ended; the ranks the
+    launcher started after are not hung for it."""
+    from dataclasses import replace as with_
+
+    from nccl_doctor.analysis.what.replayed import with_watch
+    from nccl_doctor.watch_log import HangCalled, WatchLog
+    from nccl_doctor.watch_account import WatchAccount
+
+    out = restarted_job(tmp_path)
+    traces = load(out)  # the second attempt: started at T0 + 10 s
+    healthy = analyze(traces)
+    called = HangCalled(WatchAccount(situation="deadlock"), None, {}, None, at=T0 / 1e9 + 5)
+    assert with_watch(healthy, with_(traces, watch=WatchLog((called,)))).verdict is Verdict.OK
+    later = with_(called, at=T0 / 1e9 + 15)  # called on these ranks: it stands
+    assert with_watch(healthy, with_(traces, watch=WatchLog((later,)))).verdict is Verdict.HANG

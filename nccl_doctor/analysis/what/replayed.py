@@ -36,6 +36,8 @@ def with_watch(diagnosis: Diagnosis, traces: TraceSet,
     the traces carry): unchanged unless a hang it called stands."""
     watch = watch if watch is not None else traces.watch
     hang = watch.hang if watch is not None else None
+    if hang is not None and _before_these_ranks(hang.at, traces):
+        hang = None  # called on an earlier launch attempt's ranks (--on-hang restart)
     if watch is not None and hang is None and watch.interrupted is not None:
         return interrupted(diagnosis, watch.interrupted)
     if watch is None or hang is None:
@@ -59,6 +61,21 @@ def with_watch(diagnosis: Diagnosis, traces: TraceSet,
         notes.append("the job ended after the hang was diagnosed")
     return replace(d, watchdog=account,
                    notes=d.notes + tuple(n for n in notes if n not in d.notes))
+
+
+def _before_these_ranks(at: float, traces: TraceSet) -> bool:
+    """Whether a hang called at ``at`` came before every rank of ``traces`` started, these
+    ranks a launcher's restart: it restarted the ranks the hang was called on (``--on-hang
+    restart``), and the hang is not this attempt's."""
+    attempts = {t.meta.attempt for t in traces.ranks.values()}
+    attempts |= {j.attempt for j in traces.joining.values()}
+    attempts |= {e.attempt for e in traces.early_exits.values()}
+    if attempts <= {(0, 0)}:  # the first launch: any hang called is its own
+        return False
+    starts = [t.meta.started_ns for t in traces.ranks.values() if t.meta.started_ns]
+    starts += [j.time_ns for j in traces.joining.values() if j.time_ns]  # (no capture made:
+    starts += [e.time_ns for e in traces.early_exits.values() if e.time_ns]  # its records)
+    return bool(starts) and at * 1e9 < min(starts)
 
 
 def _standing(post: Diagnosis, live: Diagnosis, own: Finding | None) -> Diagnosis:
