@@ -183,6 +183,9 @@ def prepare_out_dir(out: Path | None, force: bool) -> Path:
     if live is not None:
         raise OutDirInUse(live)
     if out.is_dir() and any(out.iterdir()):
+        from nccl_doctor.supervisor.slurm.allocation import requeue_of
+        if not force and requeue_of(out, os.environ):
+            return out  # a Slurm requeue: the earlier launch's captures stay, its attempt
         if not force:
             raise OutputExists(
                 f"--out {out} is not empty: pass --force to replace its capture, or choose "

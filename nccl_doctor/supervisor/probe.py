@@ -49,7 +49,9 @@ class Registry:
         self._known: dict[Path, RankProcess | None] = {}  # (None: a capture with no usable rank)
         self._maps: dict[Path, mmap.mmap] = {}  # each known capture's header, mapped
         self._paths: list[Path] = []
-        self._marker_attempts: set[tuple[int, int]] = set()
+        # a Slurm requeue's own launch (its supervisor's environment says which): an earlier
+        # launch's captures left in the directory are never this one's ranks
+        self._marker_attempts: set[tuple[int, int]] = {(attempt_of(os.environ)[0], 0)}
         self.attempt: tuple[int, int] = (0, 0)  # the latest launch attempt seen
         self._folder = FolderChanges(directory, clock=clock)
 
@@ -96,7 +98,8 @@ class Registry:
             return
         self._paths = capture_files(self.directory)
         self._marker_attempts = (set(early_exit.attempts_in(self.directory))
-                                 | set(joining.attempts_in(self.directory)))
+                                 | set(joining.attempts_in(self.directory))
+                                 | {(attempt_of(os.environ)[0], 0)})
         for gone in set(self._maps) - set(self._paths):
             self._maps.pop(gone).close()
 

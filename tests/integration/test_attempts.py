@@ -99,3 +99,31 @@ def test_on_hang_restart_ends_the_hung_ranks_and_the_launcher_starts_them_again(
     replayed = json.loads(subprocess.run([*CLI, "replay", str(out), "--format", "json"],
                                          capture_output=True, text=True, timeout=300).stdout)
     assert replayed["attempts"] == report["attempts"]
+
+
+def test_a_slurm_requeue_into_the_same_out_keeps_the_earlier_launch_as_its_attempt(tmp_path):
+    """A batch script run again by its requeue (the same SLURM_JOB_ID, SLURM_RESTART_COUNT one
+    higher) with the same --out: the earlier launch's captures stay, no --force asked, and the
+    report lists both launches, the first one's failure kept. (Slurm's own requeue is run by
+    the slurm tier; here its environment is given as slurmd gives it.)"""
+    out = tmp_path / "out"
+    command = [sys.executable, "-m", "torch.distributed.run", "--standalone",
+               "--nproc-per-node=2", str(JOBS / "requeued_once.py")]
+    runs = []
+    for requeues in (0, 1):
+        env = dict(os.environ, SLURM_JOB_ID="4242", SLURM_RESTART_COUNT=str(requeues))
+        runs.append(subprocess.run([*CLI, "run", "--out", str(out), "--", *command],
+                                   capture_output=True, text=True, timeout=300, env=env))
+    assert [r.returncode for r in runs] == [1, 0], runs[1].stderr[-2000:]
+    report = json.loads((out / "report.json").read_text())
+    assert report["verdict"] == "ok"
+    first, second = report["attempts"]
+    assert (first["requeue"], first["verdict"], second["requeue"], second["verdict"]) == \
+        (0, "crash", 1, "ok")
+    assert "node lost its data mount" in first["summary"]
+    assert "SUSPECT" not in runs[1].stderr  # the earlier launch's ranks were never watched again
+    # another job's launch (not this job's requeue): its --out is refused as before
+    again = subprocess.run([*CLI, "run", "--out", str(out), "--", *command],
+                           capture_output=True, text=True, timeout=300,
+                           env=dict(os.environ, SLURM_JOB_ID="9999", SLURM_RESTART_COUNT="1"))
+    assert again.returncode != 0 and "is not empty" in again.stderr

@@ -8,6 +8,7 @@ import os
 import re
 import subprocess
 import time
+from pathlib import Path
 from dataclasses import dataclass
 from typing import Iterable, Mapping, Sequence
 
@@ -129,3 +130,27 @@ def why_signalled(job_id: str, now: float) -> str:
     if state == "CANCELLED":
         return "scancel"
     return ""
+
+
+def requeue_of(out: Path, environ: Mapping[str, str]) -> bool:
+    """Whether ``out`` holds the captures of an earlier launch of this very Slurm job (sbatch
+    ``--requeue``, ``scontrol requeue``, preemption with requeue): the batch script runs again
+    with ``SLURM_RESTART_COUNT`` one higher and the same ``--out``, and the earlier launch's
+    captures are kept beside the new one's, its attempt (report.json's attempts)."""
+    job = environ.get(env.SLURM_JOB_ID)
+    requeues = env.attempt_of(environ)[0]
+    if not job or requeues == 0:
+        return False
+    from nccl_doctor.capture.names import capture_files
+    from nccl_doctor.capture.reader import read_counters
+    from nccl_doctor.errors import DoctorError
+
+    for path in capture_files(out):
+        try:
+            recorded = read_counters(path)[0].get("env")
+        except (DoctorError, OSError):
+            continue
+        if isinstance(recorded, dict) and recorded.get(env.SLURM_JOB_ID) == job and \
+                env.attempt_of(recorded)[0] < requeues:
+            return True
+    return False
