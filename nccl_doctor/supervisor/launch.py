@@ -67,6 +67,9 @@ class Job:
         self.pgid = self.proc.pid
         self.started = time.time()
         self._exited = _exit_fd(self.proc.pid)
+        # written by ``wake`` (a signal's handler): the supervisor's wait ends at once, so that
+        # an interrupt is reported before a scheduler's SIGKILL follows its SIGTERM
+        self._wake = _pipe()
         # The ranks, by pid -> start time: torchrun starts each worker in a session of its own,
         # which a signal to the job's process group never reaches (a SIGKILL of the launcher then
         # orphans them), so they are signalled one by one as well.
@@ -85,12 +88,22 @@ class Job:
         """The launcher's exit status once it exits within ``timeout`` s (None: still running):
         the supervisor sees the job's end at once, not at its next look."""
         if self._exited is not None:  # readable once the launcher has exited
-            select.select([self._exited], [], [], timeout)
+            ready, _, _ = select.select([self._exited, *self._wake[:1]], [], [], timeout)
+            if self._wake and self._wake[0] in ready:
+                _drain(self._wake[0])
             return self.proc.poll()
         try:  # (sleeps of up to 50 ms between looks)
             return self.proc.wait(timeout)
         except subprocess.TimeoutExpired:
             return None
+
+    def wake(self) -> None:
+        """End the supervisor's current wait (safe in a signal handler)."""
+        if self._wake:
+            try:
+                os.write(self._wake[1], b"\0")
+            except OSError:  # full (a wake pending already), or closed
+                pass
 
     def adopt(self, pids: Iterable[int]) -> None:
         """Count these processes (the ranks this host's registry found) as the job's."""
@@ -165,6 +178,9 @@ class Job:
         if self._exited is not None:
             os.close(self._exited)
             self._exited = None
+        wake, self._wake = self._wake, ()  # (a signal's handler writes to it no more)
+        for fd in wake:
+            os.close(fd)
         if self.reaper is not None:
             self.reaper.release()
             self.reaper = None
@@ -173,3 +189,23 @@ class Job:
 def exit_status(returncode: int) -> int:
     """A shell's view of a return code: killed by signal N -> 128 + N."""
     return 128 - returncode if returncode < 0 else returncode
+
+
+def _pipe() -> tuple[int, ...]:
+    """A pipe, both ends non-blocking (a full one drops a wake: one is pending); () where none
+    can be made."""
+    try:
+        r, w = os.pipe()
+    except OSError:
+        return ()
+    os.set_blocking(r, False)
+    os.set_blocking(w, False)
+    return r, w
+
+
+def _drain(fd: int) -> None:
+    try:
+        while os.read(fd, 64):
+            pass
+    except OSError:  # (empty: BlockingIOError)
+        pass

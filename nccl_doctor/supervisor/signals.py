@@ -79,3 +79,6 @@ class SignalForwarder:
             self._unsent = sig
             return
         job.signal(sig)
+        wake = getattr(job, "wake", None)
+        if wake is not None:
+            wake()  # the supervisor reports the interrupt now, not at its next look

@@ -325,6 +325,25 @@ class Supervisor:
         interrupt = self.signals.take_interrupt()
         if interrupt is not None:
             self._keep(interrupt)
+            self._interrupted_report()
+
+    def _interrupted_report(self) -> None:
+        """report.json at once, as the job stands when the interrupt came: a scheduler's
+        SIGKILL may follow its SIGTERM within seconds (Slurm's KillWait), before the job's end
+        and the post mortem, which then rewrites it. A hang reported stays; a federated node's
+        report is its leader's."""
+        if self._hang_reported or self.federation is not None:
+            return
+        try:
+            traces = self.live.captures.load()
+            diagnosis = analyze(traces, annotators=self.live.annotators,
+                                watch=self.live.run_files.watch_log())
+            self.live.run_files.write_report(diagnosis)
+        except (DoctorError, OSError, ValueError) as err:
+            self.live.announce(f"could not write the report of the interrupt ({err}); the "
+                               "post mortem writes it at the job's end")
+            return
+        self._report_written(diagnosis, traces)
 
     def _keep(self, record: WatchEvent | None = None, decision: Decision | None = None) -> None:
         """Keep what a decision used, and what was done, beside the captures (for replay). A

@@ -288,3 +288,28 @@ def test_stopping_cancels_the_jobs_own_steps_on_every_node_and_no_other(slurm, t
         slurm.run(["scancel", job_id])
         for p in (ours, other):
             p.wait(60)
+
+
+# -- a job's end that is Slurm's doing ------------------------------------------------------------
+def test_the_time_limit_reads_interrupted_by_slurm_not_a_failure(slurm, tmp_path):
+    """A healthy job that outlives its one-minute --time: Slurm ends it. The report reads
+    "interrupted", by Slurm's time limit - never a crash or a hang of the ranks."""
+    out = tmp_path / "out"
+    log_path = tmp_path / "limit.log"
+    settings = {"NCCL_DOCTOR": DOCTOR, "PYTHON": PY, "OUT": str(out), "MASTER_ADDR": "127.0.0.1",
+                "MASTER_PORT": str(free_port()), "TRAIN": str(JOBS / "train_loop.py"),
+                "STEPS": "100000", "PAUSE": "0.05"}
+    job = slurm.run(["sbatch", "--time=1", "--nodes=1", "--ntasks-per-node=2", "-o",
+                     str(log_path), str(SCRIPTS / "task-per-rank.sbatch")], timeout=60,
+                    env=settings)
+    found = re.search(r"Submitted batch job (\d+)", job.stdout)
+    assert found, (job.stdout, job.stderr)
+    record = finished(slurm, found.group(1), 300)
+    assert record.get("JobState") == "TIMEOUT", record
+    report = json.loads((out / "report.json").read_text())
+    log = log_path.read_text() if log_path.exists() else ""
+    assert report["verdict"] == "interrupted", (report["verdict"], log[-3000:])
+    assert not [f for f in report["findings"] if f["severity"] == "error"], report["findings"]
+    assert re.match(r"interrupted by SIGTERM from Slurm: its time limit \(00:01:00, ending ",
+                    report["notes"][0]), report["notes"][0]
+    no_job_left(slurm)
