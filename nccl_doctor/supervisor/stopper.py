@@ -53,13 +53,13 @@ class Stopper:
         else:
             self._terminate(stop)
 
-    def end_ranks(self) -> None:
+    def end_ranks(self, pids: tuple[int, ...] = ()) -> None:
         """``--on-hang restart``: SIGTERM to this host's ranks, SIGKILL after the kill grace to
         those still there - a failure their launcher restarts them for (an exit request would
         end them with status 0: a launcher that sees success restarts nothing). The launcher
-        and the job go on."""
-        ranks = {p.pid: t for p in self.live.local().values()
-                 if (t := started(p.pid)) is not None}
+        and the job go on. ``pids``: ranks no capture names yet (stuck joining)."""
+        ranks = {pid: t for pid in {*(p.pid for p in self.live.local().values()), *pids}
+                 if (t := started(pid)) is not None}
         for pid in ranks:
             _send(pid, signal.SIGTERM)
         policy = self.live.policy

@@ -383,7 +383,7 @@ class Supervisor:
         if decision.stop_job:
             self.stopper.stop_for_hang(stop_at)
         elif decision.end_ranks:
-            self.stopper.end_ranks()
+            self.stopper.end_ranks(decision.rank_pids)
         if written is not None:  # the page after the stop: the job is not kept waiting for it
             self._report_written(written, decision.traces)
 

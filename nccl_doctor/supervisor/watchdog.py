@@ -418,7 +418,9 @@ class Watchdog:
                                   "stack",))
         diagnosis = hang_diagnosis(before, root, stacks, account, {}, self.job.annotators)
         self._stuck_calls = {}
-        return self._called(diagnosis, account, stacks, None, "rendezvous")
+        here = host_name()  # (--on-hang restart ends them: no capture names them yet)
+        pids = tuple(j.pid for j in joinings.values() if j.host == here and j.pid > 0)
+        return self._called(diagnosis, account, stacks, None, "rendezvous", pids)
 
     def _place(self, rank: int) -> Place | None:
         """Where ``rank``'s latest sampled stack is (None: no sample)."""
@@ -499,7 +501,7 @@ class Watchdog:
 
     def _called(self, diagnosis: Diagnosis, account: WatchAccount,
                 stacks: dict[int, RankStack], traces: TraceSet | None,
-                situation: str) -> Decision:
+                situation: str, pids: tuple[int, ...] = ()) -> Decision:
         """The hang is called: held, recorded, announced, and the job stopped under
         --on-hang kill (``_stuck_calls``: the calls the ranks wait in, set before)."""
         kill = self.policy.on_hang is OnHang.KILL
@@ -523,7 +525,8 @@ class Watchdog:
             said = (f"HANG: {title}",
                     f"report: {report}; the job is left running (--on-hang report)")
         return Decision(report=diagnosis, announce=said, stop_job=kill, end_ranks=restart,
-                        record=record, stacks=stacks, fr_dumps=self._fr_dumps, traces=traces)
+                        rank_pids=pids, record=record, stacks=stacks, fr_dumps=self._fr_dumps,
+                        traces=traces)
 
     def _action(self) -> str:
         """What the policy does on a hang, as the report says it."""

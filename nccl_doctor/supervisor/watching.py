@@ -177,6 +177,7 @@ class Decision:
     announce: tuple[str, ...] = ()  # one-line messages for the user
     stop_job: bool = False  # stop the job (SIGTERM, then SIGKILL after the policy's grace)
     end_ranks: bool = False  # end the ranks' processes only: the launcher restarts them
+    rank_pids: tuple[int, ...] = ()  # those ranks' processes, where no capture names them
     # what to keep beside the captures for replay (nccl_doctor/capture/watch_record.py): the
     # watchdog's account of this decision, the stacks and Flight Recorder pulls it used
     record: WatchEvent | None = None
