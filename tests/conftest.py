@@ -90,7 +90,8 @@ TIERS: dict[str, tuple[str, ...]] = {
     # 2-D and 3-D meshes (FSDP2 + TP, pp x dp x tp on 8 ranks) and waits through their groups
     "meshes": ("tests/integration/test_mesh_jobs.py", "tests/integration/test_wait_chain_jobs.py"),
     "nodes": ("tests/integration/test_nodes.py", "tests/integration/test_slow_node.py",
-              "tests/integration/test_federation_link.py"),  # several node doctors at once
+              "tests/integration/test_federation_link.py",  # several node doctors at once
+              "tests/integration/test_federation_trust.py"),
     "soak": ("tests/reliability/test_soak.py",),
     "fuzz": ("tests/reliability/test_fuzz.py",),
 }

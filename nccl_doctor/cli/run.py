@@ -19,7 +19,7 @@ from nccl_doctor import blas, paths
 from nccl_doctor.env import COORDINATOR, COORDINATOR_JOB, LEADER_HOST, NO_REDACT, host_name
 from nccl_doctor.errors import ExitStatus, OutDirInUse, OutputExists, UsageError, unwritable
 from nccl_doctor.supervisor.federation import rendezvous
-from nccl_doctor.supervisor.federation import store as federation_store
+from nccl_doctor.supervisor.federation import keys as federation_keys
 from nccl_doctor.supervisor.slurm import allocation as slurm
 from nccl_doctor.supervisor.policy import (
     DEFAULT_HANG_AFTER, DEFAULT_ON_HANG, DEFAULT_STUCK_AFTER, HangPolicy, OnHang,
@@ -239,7 +239,8 @@ def _supervise(args: argparse.Namespace, command: list[str], served: serving.Ser
         meeting = slurm_rendezvous(allocation) if allocation.followers else None
     else:
         meeting = _meeting(args, command, err)
-    key = _federation_key(environ, own=cluster is not None or allocation is not None)
+    key = _federation_key(environ, own=cluster is not None or allocation is not None,
+                          needed=meeting is not None)
     if args.no_redact:  # the ranks (their argv) and the supervisor (the manifest) read it
         environ[NO_REDACT] = "1"
     # which code is the user's: the ranks' recorders read it, and so does this analysis
@@ -249,11 +250,11 @@ def _supervise(args: argparse.Namespace, command: list[str], served: serving.Ser
     if cluster is not None:
         from nccl_doctor.supervisor.ray import fleet as ray_fleet
         environ = ray_fleet.job_environment(environ, host_name())
-        fleet = ray_fleet.RayFleet(cluster, out, host_name(), environ, key)
+        fleet = ray_fleet.RayFleet(cluster, out, host_name(), environ, key.secret)
     elif allocation is not None:
         from nccl_doctor.supervisor.slurm import fleet as slurm_fleet
         environ[LEADER_HOST] = allocation.leader_host  # the other nodes' ranks: their directory
-        fleet = slurm_fleet.SlurmFleet(allocation, out, key)
+        fleet = slurm_fleet.SlurmFleet(allocation, out, key.secret)
     if meeting is not None:
         # torch's C++ log would print every retry of a store connection on the user's terminal
         os.environ.setdefault("TORCH_CPP_LOG_LEVEL", "FATAL")
@@ -298,7 +299,7 @@ def _supervise(args: argparse.Namespace, command: list[str], served: serving.Ser
 
 def _supervisor(args: argparse.Namespace, launch: Launch, policy: HangPolicy | None,
                 meeting: rendezvous.Rendezvous | None, fleet: RayFleet | SlurmFleet | None,
-                key: bytes | None, served: serving.Serving | None, err: TextIO,
+                key: federation_keys.JobKey, served: serving.Serving | None, err: TextIO,
                 ) -> tuple[Supervisor, Display | None]:
     """The supervisor of ``launch``'s job and its live display (None: ``--quiet``)."""
     blas.import_numpy()  # before the supervisor's modules import it
@@ -380,14 +381,14 @@ def _slurm_run(args: argparse.Namespace, command: list[str], environ: dict[str, 
     return SlurmRun(found, _coordinator_port(args), tuple(_follower_args(args)), host_name())
 
 
-def _federation_key(environ: dict[str, str], own: bool) -> bytes | None:
+def _federation_key(environ: dict[str, str], own: bool, needed: bool) -> federation_keys.JobKey:
     """The job's key for the nodes' federation: the user's, else one of its own where this run
-    starts the node doctors itself (``own``), else none (unauthenticated)."""
+    starts the node doctors itself (``own``), else, where it meets other nodes (``needed``),
+    the user's default key (made on first use), else none (unauthenticated)."""
     try:
-        key = federation_store.key_from(environ)
-    except federation_store.FederationKeyError as e:
+        return federation_keys.job_key(environ, own=own, needed=needed)
+    except federation_keys.FederationKeyError as e:
         raise UsageError(str(e)) from None
-    return key if key is not None or not own else federation_store.new_key()
 
 
 def _meeting(args: argparse.Namespace, command: list[str], err) -> rendezvous.Rendezvous | None:

@@ -40,6 +40,7 @@ from nccl_doctor.errors import DoctorError, ExitStatus, LaunchFailed
 from nccl_doctor.status_view import LiveView
 from nccl_doctor.model import TraceSet
 from nccl_doctor.supervisor.federation import Federation, FederatedJob, Rendezvous
+from nccl_doctor.supervisor.federation.keys import JobKey
 from nccl_doctor.supervisor.gpu.nvml import GpuSource, Nvml
 from nccl_doctor.supervisor.gpu.sampler import GpuSampler
 from nccl_doctor.supervisor.launch import Job, exit_status
@@ -94,7 +95,7 @@ class Supervisor:
                  annotators: Sequence[Annotator] | None = None,
                  rendezvous: Rendezvous | None = None, final_wait: float = 300.0,
                  on_report: Callable[[Diagnosis, TraceSet | None], None] | None = None,
-                 cluster: Cluster | None = None, federation_key: bytes | None = None,
+                 cluster: Cluster | None = None, federation_key: JobKey | None = None,
                  launch: Launch | None = None) -> None:
         """``policy`` None runs no watches (post-mortem only); ``announce`` receives the watches'
         events (a hang called, the job stopped) as one-line messages; ``gpu`` opens the GPUs'
@@ -106,7 +107,8 @@ class Supervisor:
         draws report.html from them); ``cluster``: the node doctors of a Ray cluster or a Slurm
         allocation (``--ray``, ``srun``: started with the job, ended with it, followers of this
         supervisor); ``federation_key``: the job's key that authenticates what the nodes'
-        supervisors exchange (None: unauthenticated); ``launch``: the run's first steps
+        supervisors exchange, and where it came from (None, or one without a secret:
+        unauthenticated); ``launch``: the run's first steps
         (start.py), taken already where the job was launched before this supervisor was built
         (None: ``run`` takes them, for ``command`` in ``out_dir`` with ``environ``)."""
         if launch is None:
@@ -123,8 +125,9 @@ class Supervisor:
         self.federation: Federation | None = None
         if rendezvous is not None:
             live = self.live
-            self.federation = Federation(rendezvous, live, host_name(),
-                                         announce=lambda m: live.announce(m), key=federation_key)
+            self.federation = Federation(
+                rendezvous, live, host_name(), announce=lambda m: live.announce(m),
+                key=federation_key.secret if federation_key else None, key_source=federation_key)
             assert isinstance(live, FederatedJob)
             live.federation = self.federation
         self.cluster = cluster
@@ -279,8 +282,8 @@ class Supervisor:
         if self.job is not None:  # new ranks joined the registry: signalled with the job
             self.job.adopt(p.pid for p in self.live.local().values())
         fed = self.federation
-        if fed is not None and fed.following:  # the leader diagnoses: its decisions apply here
-            for raw in fed.follow(snap.counts):  # the leader's decisions, applied as it did
+        if fed is not None and fed.beating:  # the leader diagnoses: its decisions apply here
+            for raw in fed.follow(snap.counts):  # (none without a key: federation/node.py)
                 decision, stop_at = fed.decision_of(raw, str(report_path(self.out_dir)))
                 self._apply(decision, share=False, stop_at=stop_at)
         watches = [] if fed is not None and fed.following else list(self.watches)

@@ -3,6 +3,7 @@ joining, beats, summaries, requests, decisions, a lost follower, a lost leader, 
 
 from __future__ import annotations
 
+import json
 import threading
 import time
 
@@ -339,3 +340,98 @@ def test_a_digest_reads_back_as_each_groups_last_call_with_its_lateness_window()
     assert (last.seq, last.op, last.state) == (100, "all_reduce", trace.events[-1].state)
     assert back.exit.kind is ExitKind.RUNNING and back.meta.host == "node1"
     assert back.meta.sources == {} and back.meta.versions == {}
+
+
+def test_with_a_key_the_follower_believes_the_nonce_the_leader_proves_not_a_replayed_one():
+    """With the job's key, something replays an earlier run's join record (the same key: its
+    name and MAC are good, its nonce is old) over the leader's, again and again, from before the
+    follower comes. The follower joins only under the nonce the leader answers its challenge
+    with; the leader writes its record back each look and counts each overwrite; then the link
+    works as without a key - requests, decisions, the final report - on names nobody else knows."""
+    from nccl_doctor.supervisor.federation import sealing
+    from nccl_doctor.supervisor.federation import store as st
+
+    said: list[str] = []
+    port = free_port()
+    key = b"a-static-key-reused-across-runs"
+    leader = new_link(rdzv(port, 0), "nodeA", leader=True, announce=said.append,
+                      answer=lambda *a: {}, summaries=lambda ended: {"ranks": []}, every=0.05,
+                      key=key)
+    leader.start()
+    leader.wait_started(60)
+    replayer = st.open_store("127.0.0.1", port, leader=False, timeout=10.0)
+    earlier = sealing.Sealed(replayer, key, "")
+    old = earlier.seal(sealing.join_name("127.0.0.1:1"), json.dumps({
+        "format": st.FORMAT, "version": st.VERSION, "job": "127.0.0.1:1", "host": "nodeA",
+        "nonce": "the-earlier-runs-nonce"}).encode())
+    stop = threading.Event()
+
+    def replay():
+        while not stop.is_set():
+            replayer.set(earlier.name(sealing.join_name("127.0.0.1:1")), old)
+            time.sleep(0.03)
+
+    def gather():
+        while not stop.is_set():
+            leader.gather()
+            time.sleep(0.02)
+
+    threads = [threading.Thread(target=replay), threading.Thread(target=gather)]
+    for t in threads:
+        t.start()
+    time.sleep(0.3)
+    answers = []
+    follower = new_link(rdzv(port, 1), "nodeB", leader=False, announce=said.append,
+                        answer=lambda what, ranks, timeout: answers.append(what) or {
+                            "ranks": {str(r): what for r in ranks}},
+                        summaries=lambda ended: {"ranks": []}, every=0.05, quiet_for=0.05,
+                        key=key)
+    follower.start()
+    local = Local({2: 10, 3: 11}, {}, (), False, 1)
+    try:
+        assert until(lambda: (follower.follow(local), follower.t.state is LinkState.JOINED)[1],
+                     60)
+        assert sealing.nonce_of(follower.t.store) == sealing.nonce_of(leader.t.store)
+        assert sealing.nonce_of(follower.t.store) != "the-earlier-runs-nonce"
+        assert until(lambda: (follower.follow(local), leader.remotes)[1])
+    finally:
+        stop.set()
+        for t in threads:
+            t.join()
+    assert leader.t.rejected > 0  # the join record found overwritten, each look
+    # the table's names hold nothing of the doctors': a process without the key finds nothing
+    assert not replayer.check([st.beat_key(follower.t.id)])
+    assert not replayer.check([st.node_key(1)])
+
+    loop_stop = threading.Event()
+
+    def follow_loop():
+        while not loop_stop.is_set():
+            follower.follow(local)
+            time.sleep(0.02)
+
+    loop = threading.Thread(target=follow_loop)
+    loop.start()
+    try:
+        remote = next(iter(leader.remotes.values()))
+        assert until(lambda: (leader.gather(), leader.t.clock() - remote.seen_at < 0.1)[1])
+        assert leader.request("stacks", [3], 5.0) == {"3": "stacks"}
+        leader.publish({"kind": "hang", "stop_job": True})
+    finally:
+        loop_stop.set()
+        loop.join()
+    decisions: list = []
+    assert until(lambda: decisions.extend(follower.follow(local)) or decisions)
+    assert decisions == [{"kind": "hang", "stop_job": True}]
+    got = {}
+    t = threading.Thread(target=lambda: got.setdefault(
+        "final", follower.follower_finish(Local({2: 11, 3: 12}, {}, (), True, 1), 30.0)))
+    t.start()
+    assert until(lambda: (leader.gather(), leader.all_ended())[1])
+    final = {"verdict": "ok", "ranks": [{"rank": 2, "host": "nodeB", "state": "exited"},
+                                        {"rank": 3, "host": "nodeB", "state": "exited"}]}
+    leader.publish_final(final, wait=10.0)
+    t.join(30)
+    assert got["final"] == final
+    leader.close()
+    follower.close()

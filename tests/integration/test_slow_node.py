@@ -163,16 +163,19 @@ def _scrape(urls: list[str]) -> dict[str, dict[str, float]]:
 
 
 def test_a_healthy_job_on_two_hosts_names_no_straggler(tmp_path):
-    """(Without a key, the report says the nodes met unauthenticated.)"""
-    out = tmp_path / "out"
-    proc = nodes(out, {"STEPS": "30"})
+    """(No key given: the nodes, sharing a home directory, use its default key, and the report
+    says so - tests/integration/test_federation_trust.py has the rest.)"""
+    out, home = tmp_path / "out", tmp_path / "home"
+    home.mkdir()
+    proc = nodes(out, {"STEPS": "30", "HOME": str(home)})
     assert proc.returncode == 0, proc.stderr[-3000:]
     for host in HOSTS:
         rep = report(out, host)
         assert rep["verdict"] == "ok" and stragglers(rep) == [], rep["findings"]
     assert stragglers(replayed(out)) == []
-    assert rep["nodes"]["authenticated"] is False
-    assert any("unauthenticated" in n and "NCCL_DOCTOR_FEDERATION_KEY" in n
+    assert rep["nodes"]["authenticated"] is True
+    key = home / ".nccl-doctor" / "federation.key"
+    assert any(f"authenticated with the user's default key {key}" in n
                for n in rep["notes"]), rep["notes"]
 
 

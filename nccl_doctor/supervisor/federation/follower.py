@@ -25,6 +25,8 @@ SUMMARY_EVERY = 10.0
 #: each 102 s, 330 KB/s into the leader; its look then takes seconds, and the straggler watch
 #: looks no more often than 20 times a look's cost anyway).
 NODES_PER_S = 10.0
+#: The most decisions of the leader a follower reads in one look (the watches make a few a run).
+DECISIONS = 16
 #: Up to this many nodes, a quiet node sends its full summary at once (the leader reads them all:
 #: 30 KB a node); beyond, its digest (federation/leader.py asks the suspects for summaries).
 FULL_NODES = 16
@@ -84,7 +86,9 @@ class Follower:
         if self.t.state is LinkState.CONNECTING:
             if self.t.take_pending():
                 self.t.announce(f"joined the job's nodes at {self.t.rdzv.address} (leader: "
-                              f"{self.t.leader_host or '?'}); the leader diagnoses the job")
+                              f"{self.t.leader_host or '?'}); " + (
+                                  "the leader diagnoses the job" if self.t.key is not None else
+                                  "unauthenticated: this node judges its own ranks"))
             elif self.t.refused:
                 self.t.alone(self.t.error)
                 return []
@@ -125,7 +129,8 @@ class Follower:
         return {"n": self._beat_n, "t": time.time(), "host": self.t.host, "node_rank": node_rank,
                 "counts": {str(r): c for r, c in counts.items()},
                 "notes": {str(r): c for r, c in notes.items()}, "down": list(down),
-                "ended": ended, "summary": self._summary_v, "digest": self._digest_v}
+                "ended": ended, "summary": self._summary_v, "digest": self._digest_v,
+                "rejected": self.t.rejected}  # (values this node found forged: the report's)
 
     def _publish(self, local: Local, now: float) -> None:
         key = (tuple(sorted(local.counts.items())), tuple(sorted(local.notes.items())),
@@ -176,9 +181,13 @@ class Follower:
             self._roster = roster
         out = []
         if isinstance(n, int) and n > self._decisions_seen:
-            out = [d for d in st.get_many(
-                self.t.store, [st.decision_key(k) for k in range(self._decisions_seen + 1, n + 1)])
-                if isinstance(d, dict)]
+            # at most DECISIONS a look, those written: without a key the count may be forged
+            # (and a read of a name never written would wait out the store's timeout)
+            n = min(n, self._decisions_seen + DECISIONS)
+            names = [st.decision_key(k) for k in range(self._decisions_seen + 1, n + 1)]
+            if not st.has_all(self.t.store, names):
+                names = [k for k in names if st.has(self.t.store, k)]
+            out = [d for d in st.get_many(self.t.store, names) if isinstance(d, dict)]
             self._decisions_seen = n
         if isinstance(req, dict) and isinstance(req.get("n"), int) and req["n"] > self._requests_done:
             self._requests_done = req["n"]
@@ -229,6 +238,17 @@ class Follower:
             self.t.leader_lost(err)
             self.t.announce(f"{self.t.problem}: this node's report covers it alone")
         return None
+
+    def say_ended(self, local: Local) -> None:
+        """This node's job ended: its last beat says so (no final report is awaited: a node
+        without a key diagnoses its own ranks)."""
+        if self.t.state is not LinkState.JOINED:
+            return
+        try:
+            st.put(self.t.store, st.beat_key(self.t.id), self._beat(
+                local.counts, local.notes, local.down, True, local.node_rank))
+        except st.StoreError:
+            pass  # the leader's store is gone: nothing more to say to it
 
     def _still_coming(self, give_up: float) -> bool:
         loaded, now = self.t.loaded_at, self.t.clock()

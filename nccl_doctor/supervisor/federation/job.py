@@ -29,17 +29,19 @@ class FederatedJob(LiveJob):
 
     @property
     def _link(self) -> Leader | None:
-        """The leader's part, once the nodes have met (None: this node follows, or is alone)."""
+        """The leader's part, once the nodes have met with a key (None: this node follows, is
+        alone, or met the others unauthenticated: their word is not evidence)."""
         fed = self.federation
-        return fed.leader if fed is not None and fed.leading else None
+        return fed.leader if fed is not None and fed.pooled else None
 
     def snapshot(self) -> Snapshot:
         snap = super().snapshot()
         fed = self.federation
         if fed is not None and fed.leader is not None:
             fed.leader.gather()  # (its store coming up, or failing to, is said here)
-        if fed is not None and not fed.leading:
-            snap.load = self.union  # alone, or without its leader: the other hosts are unseen
+        if fed is not None and not fed.pooled:
+            snap.load = self.union  # alone, without its leader, or unauthenticated: the other
+            # hosts are unseen
         link = self._link
         if link is None or fed is None:
             return snap
@@ -62,6 +64,8 @@ class FederatedJob(LiveJob):
         fed = self.federation
         lost: dict[int, tuple[str, int | None]] = {}
         follower = fed.follower if fed is not None else None
+        if fed is not None and not fed.trusted:  # nothing of the store is evidence
+            return replace(local, partial=fed.unpooled)
         if follower is not None and fed is not None and fed.state is LinkState.LEADER_LOST:
             remote = _with_leader(follower, local.world_size)
             when = int(fed.transport.lost_at_wall * 1e9) or None
@@ -70,7 +74,7 @@ class FederatedJob(LiveJob):
             remote = self._link.remote_traces(fresh=not ended)  # ended: the final summaries
             lost = self._link.lost_ranks()
         elif fed is not None and not fed.leading:  # alone: the other hosts' ranks are unseen
-            return replace(local, partial=fed.problem or "this node diagnosed alone")
+            return replace(local, partial=fed.unpooled)
         else:
             return local
         part = TraceSet(ranks={t.rank: t for t in remote}, groups=groups_from_notes(remote),

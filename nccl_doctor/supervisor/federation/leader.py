@@ -100,6 +100,13 @@ def unseen_rank(rank: int, host: str, node_rank: int | None, world_size: int = 0
         events=(), exit=RankExit(ExitKind.RUNNING), integrity=Integrity(), path="")
 
 
+def _trust(t: Transport) -> str:
+    """How the nodes' exchange is authenticated, as the leader's first line says it."""
+    if t.key is None:
+        return "unauthenticated: each node judges its own ranks"
+    return f"authenticated with {t.source.describe()}"
+
+
 class Leader:
     """The node that hosts the coordinator's store and diagnoses the job."""
 
@@ -128,7 +135,7 @@ class Leader:
         if t.state is LinkState.CONNECTING:
             if t.take_pending():
                 t.announce(f"coordinating {t.rdzv.nnodes or 'the'} nodes on "
-                           f"{t.rdzv.address} ({t.rdzv.source})")
+                           f"{t.rdzv.address} ({t.rdzv.source}; {_trust(t)})")
             elif t.error:
                 t.alone(t.error)
         return t.state is LinkState.JOINED
@@ -191,11 +198,11 @@ class Leader:
                     st.node_key(i) for i in self._unread]) else [
                     i for i in self._unread if st.has(self.t.store, st.node_key(i))])
                 if there:
-                    for node in st.get_many(self.t.store, [st.node_key(i) for i in there]):
-                        if isinstance(node, str) and node not in self.remotes:
-                            self.remotes[node] = Remote(node, seen_at=now)
+                    for entry in st.get_many(self.t.store, [st.node_key(i) for i in there]):
+                        self._register(entry, now)
                     for i in there:
                         del self._unread[i]
+            self.t.watch_public()
             remotes = list(self.remotes.values())
             beats = st.get_many(self.t.store, [st.beat_key(r.id) for r in remotes])
         except st.StoreError as err:  # the leader's own store: nothing to be done but say so
@@ -220,6 +227,26 @@ class Leader:
                 self.t.announce(f"LOST: {remote.name} stopped answering for "
                               f"{now - remote.seen_at:.0f} s (ranks "
                               f"{', '.join(map(str, sorted(remote.ranks)))})")
+
+    def _register(self, entry: Any, now: float) -> None:
+        """A follower's entry: its id (without a key), or its id and challenge, which the
+        leader answers under the run's nonce - the proof the follower waits for before it
+        believes anything of this store (transport.py). A follower that registers again (its
+        first try went to a replayed join record) is answered again."""
+        node, challenge = (entry.get("id"), entry.get("challenge")) if isinstance(
+            entry, dict) else (entry, None)
+        if not isinstance(node, str):
+            return
+        if node not in self.remotes:
+            self.remotes[node] = Remote(node, seen_at=now)
+        if isinstance(challenge, str) and self.t.key is not None:
+            st.put(self.t.store, st.welcome_key(node), {"challenge": challenge[:64]})
+
+    def rejected(self) -> int:
+        """Values that failed authentication, as read by the leader and (as their beats say) by
+        each follower."""
+        theirs = (r.beat.get("rejected") for r in self.remotes.values())
+        return self.t.rejected + sum(n for n in theirs if isinstance(n, int) and 0 < n < 2**31)
 
     def remote_counts(self) -> tuple[dict[int, int], dict[int, int]]:
         """(rank -> calls recorded, rank -> notes bytes) of every follower's ranks."""

@@ -15,6 +15,7 @@ from nccl_doctor.capture import summary
 from nccl_doctor.diagnosis import Diagnosis
 from nccl_doctor.errors import DoctorError
 from nccl_doctor.sections import Nodes, NodeState
+from nccl_doctor.supervisor.federation.keys import DEFAULT_KEY
 from nccl_doctor.supervisor.federation.link import (Follower, Leader, Link, LinkState, Local,
                                                     Remote, new_link)
 from nccl_doctor.supervisor.federation.rendezvous import Rendezvous
@@ -38,20 +39,35 @@ def _is_local(host: str) -> bool:
         return False
 
 
+def _unasked(what: str, ranks: list[int], timeout: float) -> dict[str, Any]:
+    return {"ranks": {}}
+
+
+def _unshown(ended: bool, lean: bool = False) -> dict[str, Any]:
+    return {"ranks": [], "unrecorded": {}}
+
+
 class Federation:
     """This supervisor's part in a multi-node job."""
 
     def __init__(self, rdzv: Rendezvous, live: LiveJob, host: str, *,
                  announce: Callable[[str], None], **link_options: Any) -> None:
         """The node leads when its node rank is 0, or (none given) when the coordinator's host
-        is this machine; it follows otherwise."""
-        self.live, self.host = live, host
+        is this machine; it follows otherwise. ``link_options``: the transport's (its ``key``:
+        None, the nodes meet unauthenticated - each judges its own ranks, see ``trusted``)."""
+        self.live, self.host, self.announce = live, host, announce
         rank = rdzv.node_rank
         leads = rank == 0 if rank is not None else _is_local(rdzv.host)
+        trusted = link_options.get("key") is not None
+        # without a key, a follower serves nobody: what it would write (its ranks in brief,
+        # stacks) is read by no node that believes it, and by anyone who reaches the port
         self.link: Link = new_link(rdzv, host, leader=leads, announce=announce,
-                                   answer=self._answer, summaries=self._summaries,
+                                   answer=self._answer if trusted else _unasked,
+                                   summaries=self._summaries if trusted else _unshown,
                                    clock=live.clock, **link_options)
         self.transport = self.link.t
+        self.ignored = 0  # decisions of the leader not applied (no key)
+        self.ignored_stops = 0  # ... of them, those that would have stopped this node's ranks
 
     @property
     def leader(self) -> Leader | None:
@@ -86,12 +102,40 @@ class Federation:
         return self.leader is not None and self.state is LinkState.JOINED
 
     @property
+    def trusted(self) -> bool:
+        """What comes over the store is authenticated (the nodes have the job's key). Without
+        a key anyone who reaches the port can write there, so nothing read there stops a job or
+        becomes evidence: each node's watches and report judge its own ranks, and the nodes
+        meet only so that the leader's report lists them."""
+        return self.transport.key is not None
+
+    @property
+    def pooled(self) -> bool:
+        """The other nodes' ranks are part of this node's evidence: it leads, with a key."""
+        return self.leading and self.trusted
+
+    @property
     def following(self) -> bool:
         """The leader diagnoses this node's ranks (or is being reached): this node's own watches
-        wait."""
-        return self.follower is not None and (
+        wait, and the leader's decisions apply here. Never without a key."""
+        return self.follower is not None and self.trusted and (
             self.state is LinkState.JOINED
             or (self.state is LinkState.CONNECTING and not self.transport.problem))
+
+    @property
+    def beating(self) -> bool:
+        """This node tells the leader of its ranks' progress: it follows, or, without a key,
+        it meets the leader for the report's list of nodes only."""
+        return self.following or (self.follower is not None and not self.trusted
+                                  and self.state in (LinkState.CONNECTING, LinkState.JOINED))
+
+    @property
+    def unpooled(self) -> str:
+        """Why this node's evidence is its own ranks' only (the report's ``partial``)."""
+        if not self.trusted and self.state is not LinkState.ALONE:
+            return ("the nodes met unauthenticated, so the other hosts' ranks were not taken "
+                    "from the coordinator's store")
+        return self.problem or "this node diagnosed alone"
 
     @property
     def remotes(self) -> dict[str, Remote]:
@@ -109,10 +153,20 @@ class Federation:
 
     def follow(self, counts: dict[int, int]) -> list[dict[str, Any]]:
         """A follower's look: its ranks' progress to the leader, the leader's new decisions
-        back (in order)."""
+        back (in order; without a key, none: they are counted, never applied)."""
         if self.follower is None:
             return []
-        return self.follower.follow(self.local(counts, ended=False))
+        decisions = self.follower.follow(self.local(counts, ended=False))
+        if self.trusted or not decisions:
+            return decisions
+        # unauthenticated: anyone could have written them - counted, said once, never applied
+        stops = sum(1 for d in decisions if d.get("stop_job"))
+        if not self.ignored:
+            self.announce("a decision came over the unauthenticated coordinator's store: not "
+                          "applied (without a key this node's own watches judge its ranks)")
+        self.ignored += len(decisions)
+        self.ignored_stops += stops
+        return []
 
     def share_decision(self, decision: Decision, report_path: str) -> None:
         """The leader hands a decision of its watches to every other node (the hang's live
@@ -159,11 +213,15 @@ class Federation:
         if self.leader is None:
             return True
         self.leader.gather()
-        return self.leader.all_ended()
+        # (without a key the other nodes' ends change nothing here: not waited for)
+        return self.leader.all_ended() or not self.trusted
 
     def final_from_leader(self, counts: dict[int, int], wait: float) -> Diagnosis | None:
         """A follower whose job ended: the leader's final report (None: none came)."""
         if self.follower is None:
+            return None
+        if not self.trusted:  # unauthenticated: its report is its own, whatever came
+            self.follower.say_ended(self.local(counts, ended=True))
             return None
         final = self.follower.follower_finish(self.local(counts, ended=True), wait)
         return Diagnosis.from_json(final) if final is not None else None
@@ -171,7 +229,7 @@ class Federation:
     def publish_final(self, diagnosis: Diagnosis, wait: float) -> None:
         """The leader's final report for every node (waits up to ``wait`` s for them to read
         it)."""
-        if self.leader is not None:
+        if self.leader is not None and self.trusted:  # (without a key: no node takes it)
             self.leader.publish_final(diagnosis.to_json(), wait=wait)
 
     def manifest_entry(self) -> dict[str, Any]:
@@ -215,23 +273,45 @@ class Federation:
                 "unrecorded": {str(r): {"why": u.why, "host": u.host}
                                for r, u in sorted(traces.unrecorded.items())}}
 
+    @property
+    def rejected(self) -> int:
+        """Values that failed authentication: read by this node, and (the leader) by the
+        followers, as their beats say."""
+        return self.leader.rejected() if self.leader is not None else self.transport.rejected
+
     def trust_notes(self) -> tuple[str, ...]:
-        """What the report says of who could be heard on the coordinator's store."""
+        """What the report says of who could be heard on the coordinator's store, with which
+        key, and what was not believed."""
         t = self.transport
         if t.state is LinkState.ALONE and not self.remotes:
             return ()  # the nodes never met: nothing was exchanged
-        if t.key is None:
-            return (f"the nodes' supervisors met on {self.rdzv.address} unauthenticated, as "
-                    "torch's own store: any process that reaches that port could write to it. "
-                    f"Give every node the same key ({env.FEDERATION_KEY} or "
-                    f"{env.FEDERATION_KEY_FILE}) to authenticate what they exchange",)
-        n = t.rejected
+        if not self.trusted:
+            why = f" ({t.source.where})" if t.source.where else ""
+            ignored = ""
+            if self.ignored:
+                n, stops = self.ignored, self.ignored_stops
+                ignored = (f"; {n} decision{'s' if n != 1 else ''} of the leader came over it "
+                           f"and {'were' if n != 1 else 'was'} not applied"
+                           + (f" ({stops} would have stopped this node's ranks)" if stops
+                              else ""))
+            return (f"the nodes' supervisors met on {self.rdzv.address} unauthenticated{why}: "
+                    "any process that reaches that port could write there, so nothing read "
+                    "there was believed - no decision, summary or report of another node "
+                    "stopped this node's ranks or became evidence; this report judges this "
+                    f"node's ranks by their own captures{ignored}. Give every node the same key "
+                    f"({env.FEDERATION_KEY} or {env.FEDERATION_KEY_FILE}, or a home directory "
+                    f"they share for the default key ~/{DEFAULT_KEY}) to diagnose them as one "
+                    "job",)
+        notes = [f"what the nodes exchanged on {self.rdzv.address} was authenticated with "
+                 f"{t.source.describe()}"]
+        n = self.rejected
         if n:
             values, were = (f"{n} values", "were") if n != 1 else ("1 value", "was")
-            return (f"{values} on the coordinator's store at {self.rdzv.address} failed "
-                    f"authentication and {were} ignored: something other than this job's doctors "
-                    "wrote there, or a node runs with another key",)
-        return ()
+            notes.insert(0, f"{values} on the coordinator's store at {self.rdzv.address} "
+                            f"failed authentication and {were} ignored: something other than "
+                            "this job's doctors wrote there (forged, overwritten or replayed "
+                            "from an earlier run), or a node runs with another key")
+        return tuple(notes)
 
     # -- the leader's report -------------------------------------------------------------------
     def nodes_section(self, diagnosis: Diagnosis | None = None) -> Nodes:
@@ -251,4 +331,4 @@ class Federation:
         return Nodes(diagnosed_by_host=self.host, diagnosed_by_node_rank=self.rdzv.node_rank,
                      coordinator=self.rdzv.address, rendezvous=self.rdzv.source,
                      expected=expected, nodes=tuple(nodes), authenticated=t.key is not None,
-                     problem=t.problem or "", rejected=t.rejected, missing=missing)
+                     problem=t.problem or "", rejected=self.rejected, missing=missing)

@@ -6,38 +6,37 @@ What each key holds (JSON unless said; ``<id>`` is a node's id, ``<k>`` a counte
 
 | key | written by | holds |
 |---|---|---|
-| ``ncd/magic`` | leader, first | format, version, the job's rendezvous, the leader's host |
+| ``ncd/magic`` | leader, first | format, version, the job's rendezvous, its host, key or not |
+| ``ncd/join/<job>`` | leader (with a key) | the run's nonce, the leader's host (sealing.py) |
 | ``ncd/nodes`` | each follower (``add``) | how many nodes registered (an integer) |
-| ``ncd/node/<i>`` | the i-th follower | its id |
+| ``ncd/node/<i>`` | the i-th follower | its id (with a key: and its challenge) |
+| ``ncd/welcome/<id>`` | leader (with a key) | the follower's challenge, answered under the nonce |
 | ``ncd/beat/<id>`` | each follower, every look | progress counters, notes, ranks down, ended |
-| ``ncd/sum/<id>`` | each follower, when quiet | its ranks in brief (capture/summary.py) |
+| ``ncd/sum/<id>``, ``ncd/dig/<id>`` | each follower, when quiet | its ranks in brief, in digest |
 | ``ncd/req/<id>`` | leader | a request for stacks or Flight Recorder pulls |
 | ``ncd/resp/<id>/<k>`` | the follower | the answer to request k |
 | ``ncd/decision/n``, ``ncd/decision/<k>`` | leader | the watches' decisions, in order |
 | ``ncd/roster`` | leader | every rank's host and node (who was lost with the leader) |
 | ``ncd/final``, ``ncd/final/acks`` | leader; followers (``add``) | the final report; who read it |
 
-With a per-job key (``Sealed``), every value above is stored as ``HMAC-SHA256(key, name NUL
-value) hex``, ``:``, the value: a value whose MAC fails (written by a process that is not one of
-the job's doctors, or moved from another key) reads as absent (``null``) and is counted, never
-believed. The two counters (``ncd/nodes``, ``ncd/final/acks``) are plain integers: a forged count
-only makes the leader look for node ids that do not exist, or stop waiting for a final read.
+Without a key these are the store's names, and anyone who reaches the port may read or write
+them: a node then believes none of it as evidence (federation/node.py). With the job's key
+(sealing.py) each name but ``ncd/magic`` is hidden and each value sealed under the run's nonce;
+``ncd/magic`` stays readable for a node that comes without the key (it says why it cannot
+join), and the leader keeps the names anyone can guess (``PUBLIC``) holding what it wrote
+there: what it finds overwritten or deleted is counted as rejected and written back.
 """
 
 from __future__ import annotations
 
 import datetime
-import hashlib
-import hmac
 import json
-import os
-import secrets
 from typing import Any
 
-from nccl_doctor import bounded_json, env
+from nccl_doctor import bounded_json
 
 FORMAT = "nccl-doctor-federation"
-VERSION = 1
+VERSION = 2  # 2: with a key, hidden names and values bound to the run (sealing.py)
 
 MAGIC = "ncd/magic"
 NODES = "ncd/nodes"
@@ -75,93 +74,18 @@ def decision_key(n: int) -> str:
     return f"ncd/decision/{n}"
 
 
+def welcome_key(node: str) -> str:
+    return f"ncd/welcome/{node}"
+
+
+#: The names anyone can guess (this table's, without a node's id): with a key, the leader
+#: writes them itself and watches them (the announcement in ``MAGIC``, ``0`` in the counters,
+#: ``null`` elsewhere).
+PUBLIC = (MAGIC, NODES, DECISION_N, decision_key(1), ROSTER, FINAL, FINAL_ACKS)
+
+
 class StoreError(Exception):
     """The store cannot be hosted or reached (the message is one line)."""
-
-
-class FederationKeyError(Exception):
-    """The federation's key cannot be read (the message is one line, naming the fix)."""
-
-
-def new_key() -> bytes:
-    """A fresh per-job key (``--ray`` and Slurm runs: handed to their node doctors)."""
-    return secrets.token_hex(32).encode()
-
-
-def key_from(environ: dict[str, str] | os._Environ) -> bytes | None:
-    """The federation's key from ``NCCL_DOCTOR_FEDERATION_KEY`` or the file
-    ``NCCL_DOCTOR_FEDERATION_KEY_FILE`` names (None: neither is set, the federation is
-    unauthenticated); ``FederationKeyError`` when the file cannot be read or either is empty."""
-    text = environ.get(env.FEDERATION_KEY)
-    if text is None and environ.get(env.FEDERATION_KEY_FILE):
-        path = environ[env.FEDERATION_KEY_FILE]
-        try:
-            with open(path, "rb") as f:
-                raw = f.read(4096)
-        except OSError as err:
-            raise FederationKeyError(
-                f"{env.FEDERATION_KEY_FILE}: cannot read {path} ({err.strerror}); give a "
-                "readable file holding the job's key") from None
-        text = raw.decode("utf-8", "replace").strip()
-    if text is None:
-        return None
-    if not text.strip():
-        raise FederationKeyError(f"{env.FEDERATION_KEY} is empty; give the job's key (any "
-                                 "secret text, the same on every node), e.g. from `openssl rand "
-                                 "-hex 32`")
-    return text.strip().encode()
-
-
-class Sealed:
-    """A store whose values carry an HMAC-SHA256 under the job's key (the table above); what
-    fails it reads as ``null`` and is counted in ``rejected``."""
-
-    def __init__(self, store: Any, key: bytes) -> None:
-        self.store, self._key = store, key
-        self.rejected = 0  # values that failed authentication, read so far
-
-    def _mac(self, name: str, value: bytes) -> bytes:
-        mac = hmac.new(self._key, name.encode() + b"\0" + value, hashlib.sha256)
-        return mac.hexdigest().encode()
-
-    def set(self, name: str, value: str) -> None:
-        data = value.encode()
-        self.store.set(name, self._mac(name, data) + b":" + data)
-
-    def _open(self, name: str, raw: bytes) -> bytes:
-        mac, sep, data = bytes(raw).partition(b":")
-        if sep and len(mac) == 64 and hmac.compare_digest(mac, self._mac(name, data)):
-            return data
-        self.rejected += 1
-        return b"null"
-
-    def get(self, name: str) -> bytes:
-        return self._open(name, self.store.get(name))
-
-    def multi_get(self, names: list[str]) -> list[bytes]:
-        return [self._open(n, raw) for n, raw in zip(names, self.store.multi_get(names))]
-
-    def check(self, names: list[str]) -> bool:
-        return self.store.check(names)
-
-    def add(self, name: str, amount: int) -> int:
-        return self.store.add(name, amount)
-
-    def delete_key(self, name: str) -> bool:
-        return self.store.delete_key(name)
-
-    def wait(self, names: list[str], timeout: Any) -> None:
-        self.store.wait(names, timeout)
-
-
-def sealed(store: Any, key: bytes | None) -> Any:
-    """``store`` under the job's key (None: as it is, unauthenticated)."""
-    return store if key is None else Sealed(store, key)
-
-
-def rejected(store: Any) -> int:
-    """How many values read from ``store`` failed authentication."""
-    return store.rejected if isinstance(store, Sealed) else 0
 
 
 def _first_line(err: BaseException) -> str:
