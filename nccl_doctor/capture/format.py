@@ -54,6 +54,9 @@ class EventState(enum.IntEnum):
     ISSUED = 3  # async op returned its Work; see the WAIT record for completion
 
 
+#: A world size or rank above this, in a marker or a file's name, is not believed (they are input)
+MAX_WORLD = 1 << 20
+
 MAGIC = b"NCDOCCAP"
 FORMAT_VERSION = 2
 #: Versions this reader reads. Version 1 (before call paths) left field ``path`` 0 in every

@@ -20,7 +20,7 @@ from pathlib import Path
 from typing import Callable
 
 from nccl_doctor.capture import format as fmt
-from nccl_doctor.capture.unrecorded import MAX_WORLD
+from nccl_doctor.capture.format import MAX_WORLD
 
 # (the names of the files other modules write are spelled here, and those modules import them:
 # a rank reads this module, and importing the GPU series, the stack samples and the manifest

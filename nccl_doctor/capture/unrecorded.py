@@ -21,6 +21,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 from nccl_doctor.capture import format as fmt
+from nccl_doctor.capture.format import MAX_WORLD
 from nccl_doctor import bounded_json
 from nccl_doctor.files import read_regular
 
@@ -31,7 +32,7 @@ __all__ = ["MAX_BYTES", "MAX_HOST", "MAX_WHY", "MAX_WORLD", "kept", "read_unreco
            "write_unrecorded"]
 
 MAX_BYTES = 16 * 1024  # a marker is a few hundred bytes: a bigger file is not ours
-MAX_WORLD = 1 << 20  # a world size or rank above this in a marker is not believed
+# (a world size or rank above this in a marker is not believed: spelled with the format)
 MAX_WHY = 500  # characters of the reason kept (it is one line)
 MAX_HOST = 200  # characters of the host name kept
 _NAME = re.compile(r"rank(\d{5,7})\.[^/]*" + re.escape(fmt.UNRECORDED_SUFFIX))
