@@ -180,6 +180,19 @@ def _wait_for(predicate, timeout: float, what: str) -> None:
     raise AssertionError(f"timed out waiting for {what}")
 
 
+def _doctor_of(pid: int) -> int:
+    """The node's `nccl-doctor run` process: ``pid`` or the first of its descendants running
+    nccl_doctor's CLI (a namespace wrapper may stand in front of it)."""
+    for p in [psutil.Process(pid), *psutil.Process(pid).children(recursive=True)]:
+        try:
+            cmd = " ".join(p.cmdline())
+        except psutil.Error:
+            continue
+        if "nccl_doctor" in cmd and " run " in f" {cmd} " and "reaper" not in cmd:
+            return p.pid
+    raise AssertionError(f"no nccl-doctor run under pid {pid}")
+
+
 def _kill_tree(pid: int) -> None:
     procs = [psutil.Process(pid)]
     procs += procs[0].children(recursive=True)
@@ -202,10 +215,15 @@ def _lines_until(stream, pattern: str, timeout: float) -> re.Match:
     raise AssertionError(f"{pattern!r} not printed: {''.join(seen)[-2000:]}")
 
 
-@pytest.mark.parametrize("lost", ["nodeB", "nodeA"])
+@pytest.mark.parametrize("lost", ["nodeB", "nodeA", "nodeA-doctor"])
 def test_a_lost_node_is_the_root_cause(tmp_path, lost):
     """SIGKILL of one node's supervisor and ranks mid-run: the leader (nodeA) names the lost
-    host and its ranks; when the leader itself is lost, nodeB names it and says so."""
+    host and its ranks; when the leader itself is lost, nodeB names it and says so. SIGKILL of
+    the leader's doctor alone ("nodeA-doctor"): its reaper stops its ranks (a job is never left
+    unwatched), the follower goes on alone and explains the end, and replay of both nodes'
+    directories gives the whole picture."""
+    doctor_only = lost.endswith("-doctor")
+    lost = lost.removesuffix("-doctor")
     out = tmp_path / "nodes"
     proc = nodes(out, ["--script", str(JOBS / "train_loop.py")],
                  {"STEPS": "600", "PAUSE": "0.05"}, wait=False)
@@ -220,7 +238,10 @@ def test_a_lost_node_is_the_root_cause(tmp_path, lost):
         # torch.distributed can take the node doctors longer than the ranks' start)
         joined = _lines_until(proc.stderr, r"joined the job's nodes", 120).string
         time.sleep(3)  # the job trains; the leader's word on its ranks has reached the follower
-        _kill_tree(pids[lost])
+        if doctor_only:
+            os.kill(_doctor_of(pids[lost]), 9)
+        else:
+            _kill_tree(pids[lost])
         _, err = proc.communicate(timeout=180)
         err = joined + err
     finally:
@@ -243,6 +264,13 @@ def test_a_lost_node_is_the_root_cause(tmp_path, lost):
     else:
         assert "the leader (nodeA) was lost" in err
         assert any("the leader (nodeA) was lost" in n for n in rep["notes"])
+    if doctor_only:  # the leader's reaper said why its ranks ended; replay joins both nodes
+        whole = analyze(load(out / "nodeA", out / "nodeB"))
+        assert sorted(r.rank for r in whole.ranks) == [0, 1, 2, 3]
+        assert whole.root_cause.kind is FindingKind.NODE_LOST, whole.root_cause.title
+        assert whole.root_cause.ranks == (0, 1) and whole.verdict is Verdict.CRASH
+        assert any("the supervisor of nodeA (nccl-doctor run) was lost" in n
+                   for n in whole.notes), whole.notes
 
 
 @pytest.mark.parametrize("fixed", [False, True])

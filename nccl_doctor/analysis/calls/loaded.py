@@ -4,22 +4,39 @@ made the capture loader import the analysis, up beside ``analyze``."""
 
 from __future__ import annotations
 
+import time
 from dataclasses import replace
 from pathlib import Path
 
 from nccl_doctor.analysis.calls.ends import Ending, with_ends_known
 from nccl_doctor.capture.capture_set import CaptureSet, JobEnd
 from nccl_doctor.capture.window import DEFAULT, Size
-from nccl_doctor.model import TraceSet
+from nccl_doctor.model import ExitKind, TraceSet
 
 
 def settle(traces: TraceSet, end: JobEnd) -> TraceSet:
     """One capture directory's ``traces`` with each rank's end decided: from the watchdog's
-    record of the stop, whether the job is over, and a stop whose time was lost."""
-    ending = Ending.of(traces.watch, ended=end.ended)
+    record of the stop, whether the job is over, and a stop whose time was lost. One node's
+    directory of a multi-node job whose supervisor was lost (its reaper's record): the node was
+    lost to the job, with the ranks it stopped - as the other nodes saw it live."""
+    lost = traces.watch.lost if traces.watch is not None else None
+    gone = {}
+    if lost is not None and traces.partial:
+        gone = {r: (t.meta.host, int(lost.at * 1e9)) for r, t in traces.ranks.items()
+                if t.exit.kind is ExitKind.RUNNING}
+    ending = Ending.of(traces.watch, ended=end.ended, lost=gone)
     if end.stop_unknown:
         ending = replace(ending, stop_unknown=True)
-    return with_ends_known(traces, ending)
+    settled = with_ends_known(traces, ending)
+    if gone and lost is not None:
+        hosts = ", ".join(sorted({host for host, _ in gone.values()}))
+        sent = ", then ".join(lost.signals) or "signals"
+        when = time.strftime("%H:%M:%S", time.localtime(lost.at))
+        settled = replace(settled, problems=settled.problems + (
+            f"the supervisor of {hosts} (nccl-doctor run) was lost at ~{when}, before the job "
+            f"ended; its reaper stopped that node's ranks ({sent}): the node was lost to the "
+            "job then",))
+    return settled
 
 
 def loaded(captures: CaptureSet) -> TraceSet:
