@@ -344,3 +344,51 @@ def test_the_leader_serves_the_whole_job(tmp_path):
     assert cause and all('callsite="' in line and 'host="nodeB"' in line for line in cause), cause
     assert 'nccl_doctor_nodes{state="joined"} 2.0' in metrics
     assert json.loads((out / "nodeA" / "report.json").read_text())["verdict"] == "hang"
+
+
+def test_followers_go_on_watching_their_own_ranks_once_the_leader_is_lost(tmp_path):
+    """The leader's doctor is SIGKILLed (its reaper stops its ranks); then the follower's own
+    ranks deadlock in a group of their own. The follower says the leader was lost, calls the
+    deadlock itself, stops its job and writes its node report; replay of both nodes'
+    directories names the lost node and the deadlock."""
+    out, flags = tmp_path / "nodes", tmp_path / "flags"
+    flags.mkdir()
+    proc = nodes(out, ["--script", str(JOBS / "follower_hang.py")], {"FLAG_DIR": str(flags)},
+                 wait=False)
+    try:
+        pids = {}
+        for _ in HOSTS:
+            m = _lines_until(proc.stderr, r"node \d+ host (\w+) pid (\d+)", 60)
+            pids[m.group(1)] = int(m.group(2))
+        _wait_for(lambda: len(list((out / "nodeB").glob("rank*.ndcap"))) == 2, 120,
+                  "nodeB's ranks")
+        joined = _lines_until(proc.stderr, r"joined the job's nodes", 120).string
+        time.sleep(3)
+        os.kill(_doctor_of(pids["nodeA"]), 9)  # the leader's doctor alone
+        _wait_for(lambda: (out / "nodeA" / "watchdog.json").is_file(), 60,
+                  "the leader's reaper's record")
+        time.sleep(2)
+        (flags / "go").touch()  # now node 1's ranks deadlock among themselves
+        _, err = proc.communicate(timeout=180)
+        err = joined + err
+    finally:
+        if proc.poll() is None:
+            _kill_tree(proc.pid)
+            proc.communicate()
+    _say_fallback(err)
+    assert "the leader (nodeA) was lost" in err, err[-3000:]
+    rep = report(out, "nodeB")
+    # the follower called the deadlock on its own ranks and stopped them; its report also
+    # says what it saw first: the leader's node lost
+    assert rep["verdict"] == "hang" and rep["watchdog"]["situation"] == "deadlock", err[-3000:]
+    found = {f["kind"]: f for f in rep["findings"]}
+    mismatch = found["collective_mismatch"]
+    assert mismatch["ranks"] == [3] and "broadcast" in mismatch["title"], mismatch["title"]
+    assert found["node_lost"]["ranks"] == [0, 1]
+    assert {r["rank"]: r["state"] for r in rep["ranks"]} == {0: "lost", 1: "lost", 2: "stopped",
+                                                            3: "stopped"}
+    assert any("the leader (nodeA) was lost" in n for n in rep["notes"])
+    whole = analyze(load(out / "nodeA", out / "nodeB"))
+    kinds = {f.kind for f in whole.findings}
+    assert FindingKind.NODE_LOST in kinds and FindingKind.COLLECTIVE_MISMATCH in kinds, \
+        [f.title for f in whole.findings]
