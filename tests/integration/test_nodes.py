@@ -346,11 +346,13 @@ def test_the_leader_serves_the_whole_job(tmp_path):
     assert json.loads((out / "nodeA" / "report.json").read_text())["verdict"] == "hang"
 
 
-def test_followers_go_on_watching_their_own_ranks_once_the_leader_is_lost(tmp_path):
-    """The leader's doctor is SIGKILLed (its reaper stops its ranks); then the follower's own
-    ranks deadlock in a group of their own. The follower says the leader was lost, calls the
-    deadlock itself, stops its job and writes its node report; replay of both nodes'
-    directories names the lost node and the deadlock."""
+@pytest.mark.parametrize("killed", ["doctor", "node"])
+def test_followers_go_on_watching_their_own_ranks_once_the_leader_is_lost(tmp_path, killed):
+    """The leader's doctor is SIGKILLed (its reaper stops its ranks), or its whole node (the
+    doctor and its ranks at once); then the follower's own ranks deadlock in a group of their
+    own. The follower says the leader was lost, calls the deadlock itself, stops its job and
+    writes its node report; replay of both nodes' directories names the lost node and the
+    deadlock."""
     out, flags = tmp_path / "nodes", tmp_path / "flags"
     flags.mkdir()
     proc = nodes(out, ["--script", str(JOBS / "follower_hang.py")], {"FLAG_DIR": str(flags)},
@@ -364,9 +366,12 @@ def test_followers_go_on_watching_their_own_ranks_once_the_leader_is_lost(tmp_pa
                   "nodeB's ranks")
         joined = _lines_until(proc.stderr, r"joined the job's nodes", 120).string
         time.sleep(3)
-        os.kill(_doctor_of(pids["nodeA"]), 9)  # the leader's doctor alone
-        _wait_for(lambda: (out / "nodeA" / "watchdog.json").is_file(), 60,
-                  "the leader's reaper's record")
+        if killed == "doctor":
+            os.kill(_doctor_of(pids["nodeA"]), 9)  # the leader's doctor alone
+            _wait_for(lambda: (out / "nodeA" / "watchdog.json").is_file(), 60,
+                      "the leader's reaper's record")
+        else:
+            _kill_tree(pids["nodeA"])  # the node: its doctor and its ranks at once
         time.sleep(2)
         (flags / "go").touch()  # now node 1's ranks deadlock among themselves
         _, err = proc.communicate(timeout=180)
