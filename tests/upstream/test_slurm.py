@@ -313,3 +313,31 @@ def test_the_time_limit_reads_interrupted_by_slurm_not_a_failure(slurm, tmp_path
     assert re.match(r"interrupted by SIGTERM from Slurm: its time limit \(00:01:00, ending ",
                     report["notes"][0]), report["notes"][0]
     no_job_left(slurm)
+
+
+def test_scancel_signal_reads_interrupted_by_slurm_with_the_sender(slurm, tmp_path):
+    """`scancel --full --signal=TERM` to a running healthy job: slurmstepd delivers it to the
+    batch script's processes. The report reads "interrupted", from Slurm's slurmstepd."""
+    out = tmp_path / "out"
+    log_path = tmp_path / "scancel.log"
+    settings = {"NCCL_DOCTOR": DOCTOR, "PYTHON": PY, "OUT": str(out), "MASTER_ADDR": "127.0.0.1",
+                "MASTER_PORT": str(free_port()), "TRAIN": str(JOBS / "train_loop.py"),
+                "STEPS": "100000", "PAUSE": "0.05"}
+    job = slurm.run(["sbatch", "--nodes=1", "--ntasks-per-node=2", "-o", str(log_path),
+                     str(SCRIPTS / "task-per-rank.sbatch")], timeout=60, env=settings)
+    found = re.search(r"Submitted batch job (\d+)", job.stdout)
+    assert found, (job.stdout, job.stderr)
+    job_id = found.group(1)
+    deadline = time.monotonic() + 120
+    while len(list(out.glob("rank*.ndcap"))) < 2:  # the ranks train
+        assert time.monotonic() < deadline, (log_path.read_text() if log_path.exists() else "")
+        time.sleep(0.5)
+    time.sleep(3)
+    slurm.run(["scancel", "--full", "--signal=TERM", job_id], timeout=60)
+    finished(slurm, job_id, 180)
+    report = json.loads((out / "report.json").read_text())
+    log = log_path.read_text() if log_path.exists() else ""
+    assert report["verdict"] == "interrupted", (report["verdict"], log[-3000:])
+    assert report["notes"][0].startswith("interrupted by SIGTERM from Slurm"), report["notes"][0]
+    assert not [f for f in report["findings"] if f["severity"] == "error"], report["findings"]
+    no_job_left(slurm)
