@@ -47,13 +47,15 @@ def with_attempts(diagnosis: Diagnosis, captures: CaptureSet | Sequence[Path],
         if root is not None:
             findings.append(_of_attempt(root, number))
         if earlier.verdict is not Verdict.OK:
-            failed.append(f"attempt {number} ({root.title if root else earlier.verdict.value})")
+            failed.append(f"attempt {number} ({attempts[-1].summary})")
     last = _attempt(len(keys), keys[-1], starts[keys[-1]], diagnosis)
     attempts.append(last)
     note = (f"the job was launched {len(keys)} times (its launcher restarted it): this report's "
             f"verdict and ranks are {last.label}'s; "
-            + (f"{'; '.join(failed)} failed before it, said in the findings marked with their "
-               "attempt" if failed else "the earlier attempts ended with no problem found"))
+            + (f"{'; '.join(failed)} ended before it" if failed
+               else "the earlier attempts ended with no problem found")
+            + ("; their root causes are the findings marked with their attempt"
+               if findings else ""))
     return replace(diagnosis, attempts=tuple(attempts),
                    findings=diagnosis.findings + tuple(findings),
                    notes=diagnosis.notes + (note,))
@@ -77,10 +79,13 @@ def _over(traces: TraceSet, start_ns: int | None, next_ns: int | None) -> TraceS
 
 def _attempt(number: int, key: AttemptKey, started_ns: int | None, d: Diagnosis) -> Attempt:
     root = d.root_cause
+    summary = root.title if root is not None else "no problem found"
+    if root is None and d.verdict is Verdict.INTERRUPTED:  # its first note says by what
+        summary = next((n.split(": the ranks'", 1)[0] for n in d.notes
+                        if n.startswith("interrupted by")), "interrupted")
     return Attempt(number=number, restart=key[1], requeue=key[0],
                    ranks=tuple(r.rank for r in d.ranks), verdict=d.verdict.value,
-                   summary=root.title if root is not None else "no problem found",
-                   started_ns=started_ns)
+                   summary=summary, started_ns=started_ns)
 
 
 def _of_attempt(finding: Finding, number: int) -> Finding:

@@ -351,8 +351,11 @@ class Watchdog:
         joinings = read_joinings(self.job.out_dir)
         if not joinings:
             return None
-        latest = max(j.attempt for j in joinings.values())  # a launcher's restart: its own
+        # a launcher's restart: its own; a Slurm requeue's launch: never the earlier one's
+        latest = max(max(j.attempt for j in joinings.values()), self._attempt)
         joinings = {r: j for r, j in joinings.items() if j.attempt == latest}
+        if not joinings:
+            return None
         key = tuple(sorted((r, j.pid, j.address, j.world_size) for r, j in joinings.items()))
         first = self._first_seen.setdefault(("rendezvous", key), now)
         self._first_seen = {("rendezvous", key): first}

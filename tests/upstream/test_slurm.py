@@ -341,3 +341,38 @@ def test_scancel_signal_reads_interrupted_by_slurm_with_the_sender(slurm, tmp_pa
     assert report["notes"][0].startswith("interrupted by SIGTERM from Slurm"), report["notes"][0]
     assert not [f for f in report["findings"] if f["severity"] == "error"], report["findings"]
     no_job_left(slurm)
+
+
+def test_a_requeued_job_keeps_its_first_launch_as_an_attempt(slurm, tmp_path):
+    """`sbatch --requeue`, then `scontrol requeue` while it trains: the batch script runs again
+    (SLURM_RESTART_COUNT 1) with the same --out. The final report lists both launches, the
+    first one interrupted by the requeue, the second run to its end."""
+    out = tmp_path / "out"
+    log_path = tmp_path / "requeue.log"
+    settings = {"NCCL_DOCTOR": DOCTOR, "PYTHON": PY, "OUT": str(out), "MASTER_ADDR": "127.0.0.1",
+                "MASTER_PORT": str(free_port()), "TRAIN": str(JOBS / "train_loop.py"),
+                "STEPS": "300", "PAUSE": "0.05"}
+    job = slurm.run(["sbatch", "--requeue", "--nodes=1", "--ntasks-per-node=2", "-o",
+                     str(log_path), "--open-mode=append", str(SCRIPTS / "task-per-rank.sbatch")],
+                    timeout=60, env=settings)
+    found = re.search(r"Submitted batch job (\d+)", job.stdout)
+    assert found, (job.stdout, job.stderr)
+    job_id = found.group(1)
+    deadline = time.monotonic() + 120
+    while len(list(out.glob("rank*.ndcap"))) < 2:  # the first launch trains
+        assert time.monotonic() < deadline, (log_path.read_text() if log_path.exists() else "")
+        time.sleep(0.5)
+    time.sleep(3)
+    slurm.run(["scontrol", "requeue", job_id], timeout=60)
+    record = finished(slurm, job_id, 400)
+    log = log_path.read_text() if log_path.exists() else ""
+    assert record.get("Restarts") == "1", (record, log[-3000:])
+    report = json.loads((out / "report.json").read_text())
+    first, second = report["attempts"]
+    assert (first["requeue"], second["requeue"]) == (0, 1), report["attempts"]
+    assert first["verdict"] in ("interrupted", "crash") and second["verdict"] == "ok", \
+        (report["attempts"], log[-3000:])
+    assert report["verdict"] == "ok"
+    again = replayed(out)  # offline, the same: the first launch's interrupt is its own
+    assert again["verdict"] == "ok" and again["attempts"] == report["attempts"]
+    no_job_left(slurm)
