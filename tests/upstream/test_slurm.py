@@ -291,20 +291,30 @@ def test_stopping_cancels_the_jobs_own_steps_on_every_node_and_no_other(slurm, t
 
 
 # -- a job's end that is Slurm's doing ------------------------------------------------------------
+def training(slurm: SlurmCluster, tmp_path: Path, steps: int, *options: str
+             ) -> tuple[str, Path, Path]:
+    """A healthy 2-rank job of ``steps`` steps submitted by the docs' task-per-rank script
+    (``options``: sbatch's); (its id, its --out, its log) once its ranks train."""
+    out, log_path = tmp_path / "out", tmp_path / "job.log"
+    settings = {"NCCL_DOCTOR": DOCTOR, "PYTHON": PY, "OUT": str(out), "MASTER_ADDR": "127.0.0.1",
+                "MASTER_PORT": str(free_port()), "TRAIN": str(JOBS / "train_loop.py"),
+                "STEPS": str(steps), "PAUSE": "0.05"}
+    job = slurm.run(["sbatch", "--nodes=1", "--ntasks-per-node=2", "-o", str(log_path),
+                     *options, str(SCRIPTS / "task-per-rank.sbatch")], timeout=60, env=settings)
+    found = re.search(r"Submitted batch job (\d+)", job.stdout)
+    assert found, (job.stdout, job.stderr)
+    deadline = time.monotonic() + 120
+    while len(list(out.glob("rank*.ndcap"))) < 2:  # the ranks train
+        assert time.monotonic() < deadline, (log_path.read_text() if log_path.exists() else "")
+        time.sleep(0.5)
+    return found.group(1), out, log_path
+
+
 def test_the_time_limit_reads_interrupted_by_slurm_not_a_failure(slurm, tmp_path):
     """A healthy job that outlives its one-minute --time: Slurm ends it. The report reads
     "interrupted", by Slurm's time limit - never a crash or a hang of the ranks."""
-    out = tmp_path / "out"
-    log_path = tmp_path / "limit.log"
-    settings = {"NCCL_DOCTOR": DOCTOR, "PYTHON": PY, "OUT": str(out), "MASTER_ADDR": "127.0.0.1",
-                "MASTER_PORT": str(free_port()), "TRAIN": str(JOBS / "train_loop.py"),
-                "STEPS": "100000", "PAUSE": "0.05"}
-    job = slurm.run(["sbatch", "--time=1", "--nodes=1", "--ntasks-per-node=2", "-o",
-                     str(log_path), str(SCRIPTS / "task-per-rank.sbatch")], timeout=60,
-                    env=settings)
-    found = re.search(r"Submitted batch job (\d+)", job.stdout)
-    assert found, (job.stdout, job.stderr)
-    record = finished(slurm, found.group(1), 300)
+    job_id, out, log_path = training(slurm, tmp_path, 100000, "--time=1")
+    record = finished(slurm, job_id, 300)
     assert record.get("JobState") == "TIMEOUT", record
     report = json.loads((out / "report.json").read_text())
     log = log_path.read_text() if log_path.exists() else ""
@@ -318,20 +328,7 @@ def test_the_time_limit_reads_interrupted_by_slurm_not_a_failure(slurm, tmp_path
 def test_scancel_signal_reads_interrupted_by_slurm_with_the_sender(slurm, tmp_path):
     """`scancel --full --signal=TERM` to a running healthy job: slurmstepd delivers it to the
     batch script's processes. The report reads "interrupted", from Slurm's slurmstepd."""
-    out = tmp_path / "out"
-    log_path = tmp_path / "scancel.log"
-    settings = {"NCCL_DOCTOR": DOCTOR, "PYTHON": PY, "OUT": str(out), "MASTER_ADDR": "127.0.0.1",
-                "MASTER_PORT": str(free_port()), "TRAIN": str(JOBS / "train_loop.py"),
-                "STEPS": "100000", "PAUSE": "0.05"}
-    job = slurm.run(["sbatch", "--nodes=1", "--ntasks-per-node=2", "-o", str(log_path),
-                     str(SCRIPTS / "task-per-rank.sbatch")], timeout=60, env=settings)
-    found = re.search(r"Submitted batch job (\d+)", job.stdout)
-    assert found, (job.stdout, job.stderr)
-    job_id = found.group(1)
-    deadline = time.monotonic() + 120
-    while len(list(out.glob("rank*.ndcap"))) < 2:  # the ranks train
-        assert time.monotonic() < deadline, (log_path.read_text() if log_path.exists() else "")
-        time.sleep(0.5)
+    job_id, out, log_path = training(slurm, tmp_path, 100000)
     time.sleep(3)
     slurm.run(["scancel", "--full", "--signal=TERM", job_id], timeout=60)
     finished(slurm, job_id, 180)
@@ -347,21 +344,7 @@ def test_a_requeued_job_keeps_its_first_launch_as_an_attempt(slurm, tmp_path):
     """`sbatch --requeue`, then `scontrol requeue` while it trains: the batch script runs again
     (SLURM_RESTART_COUNT 1) with the same --out. The final report lists both launches, the
     first one interrupted by the requeue, the second run to its end."""
-    out = tmp_path / "out"
-    log_path = tmp_path / "requeue.log"
-    settings = {"NCCL_DOCTOR": DOCTOR, "PYTHON": PY, "OUT": str(out), "MASTER_ADDR": "127.0.0.1",
-                "MASTER_PORT": str(free_port()), "TRAIN": str(JOBS / "train_loop.py"),
-                "STEPS": "300", "PAUSE": "0.05"}
-    job = slurm.run(["sbatch", "--requeue", "--nodes=1", "--ntasks-per-node=2", "-o",
-                     str(log_path), "--open-mode=append", str(SCRIPTS / "task-per-rank.sbatch")],
-                    timeout=60, env=settings)
-    found = re.search(r"Submitted batch job (\d+)", job.stdout)
-    assert found, (job.stdout, job.stderr)
-    job_id = found.group(1)
-    deadline = time.monotonic() + 120
-    while len(list(out.glob("rank*.ndcap"))) < 2:  # the first launch trains
-        assert time.monotonic() < deadline, (log_path.read_text() if log_path.exists() else "")
-        time.sleep(0.5)
+    job_id, out, log_path = training(slurm, tmp_path, 300, "--requeue", "--open-mode=append")
     time.sleep(3)
     slurm.run(["scontrol", "requeue", job_id], timeout=60)
     record = finished(slurm, job_id, 400)
