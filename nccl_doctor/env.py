@@ -5,6 +5,7 @@ Declared once here; nothing else spells these strings.
 
 from __future__ import annotations
 
+import os
 from typing import Mapping
 
 #: Capture directory. Its presence turns the recorder on in every Python process of the job.
@@ -54,6 +55,13 @@ def attempt_of(environ: Mapping[str, str]) -> tuple[int, int]:
         except ValueError:
             out.append(0)
     return out[0], out[1]
+
+
+def own_launch() -> tuple[int, int]:
+    """The launch this process's environment names as its scheduler's (a Slurm requeue's
+    count; its elastic restarts are its ranks' to say): an earlier launch's ranks left in the
+    same directory are never this one's."""
+    return attempt_of(os.environ)[0], 0
 
 
 #: This host's name as nccl-doctor reports it, instead of the system's (tests that simulate

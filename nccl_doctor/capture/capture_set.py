@@ -46,7 +46,6 @@ from nccl_doctor.capture.union import Attempt, newest_per_rank, of_attempt, unio
 from nccl_doctor.errors import DoctorError, ExitStatus
 from nccl_doctor.gpu.readings import GpuTrace
 from nccl_doctor.model import RankMeta, RankTrace, TraceSet
-from nccl_doctor.watch_log import WatchLog
 from nccl_doctor.stacks.samples import StackSample
 
 #: Told (captures read, captures in all) as a set reads its captures (replay's progress bar).
@@ -302,20 +301,6 @@ class CaptureSet:
             self._found = found
         return found
 
-    def _this_attempts_watch(self, traces: TraceSet,
-                             scans: dict[Path, _First | DoctorError]) -> TraceSet:
-        """``traces`` with what the watchdog recorded before this launch attempt began left
-        out: a restarted job's record (watchdog.json) holds every attempt's decisions - an
-        earlier one's interrupt or hang is not this attempt's (analysis/attempts.py reads each
-        earlier attempt's window)."""
-        starts = self.attempts(scans)
-        chosen = self._attempt_read(scans)
-        start = starts.get(chosen)
-        if traces.watch is None or start is None or chosen == min(starts, default=chosen):
-            return traces
-        kept = tuple(e for e in traces.watch.events if e.at * 1e9 >= start)
-        return replace(traces, watch=WatchLog(kept) if kept else None)
-
     def _other_attempts(self) -> set[Path]:
         """The captures of attempts other than the one read (from their headers)."""
         chosen = self._attempt_read({})
@@ -340,12 +325,8 @@ class CaptureSet:
             starts[meta.attempt] = meta.started_ns if held is None else min(held, meta.started_ns)
         marked: dict[Attempt, int | None] = {}
         for d in self.capture_dirs:
-            if not d.is_dir():
-                continue
-            for marks in (early_exit.attempts_in(d), joining.attempts_in(d)):
-                for key, at in marks.items():
-                    held = marked.get(key)
-                    marked[key] = at if held is None else held if at is None else min(held, at)
+            for key, at in (joining.launches_begun(d) if d.is_dir() else {}).items():
+                marked[key] = early_exit.earliest(marked.get(key), at)
         for key, at in marked.items():
             if starts.get(key) is None:
                 starts[key] = at
@@ -501,7 +482,6 @@ class CaptureSet:
         kept = self.evidence(d) if needs and (d.is_dir() or d in self._evidence) else None
         if kept is not None and self.attach:
             traces = with_evidence(traces, kept)
-            traces = self._this_attempts_watch(traces, scans)
         lost = lifecycle.lost(manifest, kept.watch if kept else None) if self.replay else None
         ended = self.job_ended
         if ended is None:  # a job its reaper stopped: ranks without an exit were stopped

@@ -138,9 +138,13 @@ def attempts_in(directory: Path) -> dict[tuple[int, int], int | None]:
     """The launch attempts whose ranks left a record here, each with its earliest time."""
     out: dict[tuple[int, int], int | None] = {}
     for _, ended, _ in _records(directory, []):
-        held, at = out.get(ended.attempt), ended.time_ns
-        out[ended.attempt] = at if held is None else held if at is None else min(held, at)
+        out[ended.attempt] = earliest(out.get(ended.attempt), ended.time_ns)
     return out
+
+
+def earliest(a: int | None, b: int | None) -> int | None:
+    """The earlier of two times, either unknown (None)."""
+    return b if a is None else a if b is None else min(a, b)
 
 
 def _records(directory: Path, notes: list[str]) -> Iterator[tuple[int, EarlyExit, int]]:

@@ -26,6 +26,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any, Iterator
 
 from nccl_doctor import bounded_json
+from nccl_doctor.capture import early_exit
 from nccl_doctor.capture.early_exit import read_attempt, stem
 from nccl_doctor.capture.names import JOINING_SUFFIX
 from nccl_doctor.capture.unrecorded import MAX_HOST, MAX_WORLD
@@ -86,6 +87,16 @@ def attempts_in(directory: Path) -> dict[tuple[int, int], int]:
     out: dict[tuple[int, int], int] = {}
     for joining in _records(directory):
         out[joining.attempt] = min(out.get(joining.attempt, joining.time_ns), joining.time_ns)
+    return out
+
+
+def launches_begun(directory: Path) -> dict[tuple[int, int], int | None]:
+    """The launch attempts whose ranks began joining, or raised before it, in ``directory``
+    (a ranks' attempt known before, or without, any capture), each with its earliest time."""
+    out: dict[tuple[int, int], int | None] = {}
+    for marks in (early_exit.attempts_in(directory), attempts_in(directory)):
+        for key, at in marks.items():
+            out[key] = early_exit.earliest(out.get(key), at)
     return out
 
 

@@ -3,12 +3,11 @@ written since the previous one (capture/follow.py)."""
 
 from __future__ import annotations
 
-import os
 from dataclasses import replace
 from pathlib import Path
 from typing import Protocol
 
-from nccl_doctor.capture import early_exit, joining
+from nccl_doctor.capture import joining
 from nccl_doctor.capture import format as fmt
 from nccl_doctor.capture.assemble import assemble, beside, contents
 from nccl_doctor.capture.capture_set import CaptureSet, passed_over
@@ -19,7 +18,7 @@ from nccl_doctor.capture.names import (
     EARLY_EXIT_SUFFIX, JOINING_SUFFIX, FolderChanges, capture_files)
 from nccl_doctor.capture.union import newest_per_rank, of_attempt
 from nccl_doctor.capture.window import DEFAULT, P2P_WHOLE, Size
-from nccl_doctor.env import attempt_of
+from nccl_doctor.env import own_launch
 from nccl_doctor.errors import DoctorError
 from nccl_doctor.gpu.readings import GpuTrace
 from nccl_doctor.gpu.series import GPU_JSONL
@@ -72,7 +71,7 @@ class LiveCaptures:
         self._cut: dict[int, tuple[RankTrace, RankTrace]] = {}  # id -> (trace, its newest part)
         self._last: TraceSet | None = None
         # (a Slurm requeue's own launch, as in supervisor/probe.py's Registry)
-        self._marker_attempts: set[tuple[int, int]] = {(attempt_of(os.environ)[0], 0)}
+        self._marker_attempts: set[tuple[int, int]] = {own_launch()}
         #: the launch attempts seen so far (more than one: the launcher restarted the job)
         self.attempts: set[tuple[int, int]] = set()
         self._folder = FolderChanges(directory)
@@ -94,9 +93,7 @@ class LiveCaptures:
         if moved:
             self._beside = (stamps, self.beside.read())
             # the launch attempts whose ranks raised or began joining before any capture
-            self._marker_attempts = (set(early_exit.attempts_in(self.directory))
-                                     | set(joining.attempts_in(self.directory))
-                                     | {(attempt_of(os.environ)[0], 0)})
+            self._marker_attempts = set(joining.launches_begun(self.directory)) | {own_launch()}
         same = len(read) == len(self._read) and all(a is b for a, b in zip(read, self._read))
         if same and not moved and self._last is not None:
             return self._last

@@ -13,8 +13,8 @@ from typing import Callable
 import psutil
 
 from nccl_doctor.capture import format as fmt
-from nccl_doctor.capture import early_exit, joining
-from nccl_doctor.env import attempt_of, host_name
+from nccl_doctor.capture import joining
+from nccl_doctor.env import attempt_of, host_name, own_launch
 from nccl_doctor.capture.names import FolderChanges, capture_files
 from nccl_doctor.capture.reader import read_counters
 from nccl_doctor.errors import DoctorError
@@ -51,7 +51,7 @@ class Registry:
         self._paths: list[Path] = []
         # a Slurm requeue's own launch (its supervisor's environment says which): an earlier
         # launch's captures left in the directory are never this one's ranks
-        self._marker_attempts: set[tuple[int, int]] = {(attempt_of(os.environ)[0], 0)}
+        self._marker_attempts: set[tuple[int, int]] = {own_launch()}
         self.attempt: tuple[int, int] = (0, 0)  # the latest launch attempt seen
         self._folder = FolderChanges(directory, clock=clock)
 
@@ -97,9 +97,7 @@ class Registry:
         if not self._folder.moved():
             return
         self._paths = capture_files(self.directory)
-        self._marker_attempts = (set(early_exit.attempts_in(self.directory))
-                                 | set(joining.attempts_in(self.directory))
-                                 | {(attempt_of(os.environ)[0], 0)})
+        self._marker_attempts = set(joining.launches_begun(self.directory)) | {own_launch()}
         for gone in set(self._maps) - set(self._paths):
             self._maps.pop(gone).close()
 

@@ -46,6 +46,28 @@ class Ending:
                    signals=watch.signals if watch is not None else (), lost=lost or {})
 
 
+def this_attempts(watch: WatchLog | None, traces: TraceSet) -> WatchLog | None:
+    """``watch`` (the watchdog's record) without what it recorded before ``traces``' ranks
+    began, where they are a launcher's restart: watchdog.json, and a supervisor's own record,
+    hold every attempt's decisions - an earlier one's hang (``--on-hang restart``), interrupt
+    (a Slurm requeue) or stop is not this attempt's (analysis/attempts.py gives each earlier
+    attempt its own window)."""
+    if watch is None:
+        return None
+    attempts = {t.meta.attempt for t in traces.ranks.values()}
+    attempts |= {j.attempt for j in traces.joining.values()}
+    attempts |= {e.attempt for e in traces.early_exits.values()}
+    if attempts <= {(0, 0)}:  # the first launch: all it recorded is its own
+        return watch
+    starts = [t.meta.started_ns for t in traces.ranks.values() if t.meta.started_ns]
+    starts += [j.time_ns for j in traces.joining.values() if j.time_ns]  # (no capture made:
+    starts += [e.time_ns for e in traces.early_exits.values() if e.time_ns]  # its records)
+    if not starts:
+        return watch
+    kept = tuple(e for e in watch.events if e.at * 1e9 >= min(starts))
+    return WatchLog(kept) if kept else None
+
+
 def with_ends_known(traces: TraceSet, ending: Ending) -> TraceSet:
     """``traces`` with each rank's end decided from ``ending``: a rank still running on a lost
     host is lost; a rank that ended abnormally, cleanly with a known time, or not at all after

@@ -8,7 +8,7 @@ import time
 from dataclasses import replace
 from pathlib import Path
 
-from nccl_doctor.analysis.calls.ends import Ending, with_ends_known
+from nccl_doctor.analysis.calls.ends import Ending, this_attempts, with_ends_known
 from nccl_doctor.capture.capture_set import CaptureSet, JobEnd
 from nccl_doctor.capture.window import DEFAULT, Size
 from nccl_doctor.model import ExitKind, TraceSet
@@ -18,7 +18,9 @@ def settle(traces: TraceSet, end: JobEnd) -> TraceSet:
     """One capture directory's ``traces`` with each rank's end decided: from the watchdog's
     record of the stop, whether the job is over, and a stop whose time was lost. One node's
     directory of a multi-node job whose supervisor was lost (its reaper's record): the node was
-    lost to the job, with the ranks it stopped - as the other nodes saw it live."""
+    lost to the job, with the ranks it stopped - as the other nodes saw it live. (What the
+    record holds of a launcher's earlier attempts is theirs: ``this_attempts``.)"""
+    traces = replace(traces, watch=this_attempts(traces.watch, traces))
     lost = traces.watch.lost if traces.watch is not None else None
     gone = {}
     if lost is not None and traces.partial:

@@ -22,6 +22,7 @@ from dataclasses import replace
 from typing import Sequence
 
 from nccl_doctor.analysis.calls import annotate
+from nccl_doctor.analysis.calls.ends import this_attempts
 from nccl_doctor.analysis.what.hang import hang_diagnosis
 from nccl_doctor.analysis.what.wait_chain import not_yet
 from nccl_doctor.diagnosis import Diagnosis, Finding, Severity, Verdict
@@ -34,10 +35,9 @@ def with_watch(diagnosis: Diagnosis, traces: TraceSet,
                watch: WatchLog | None = None) -> Diagnosis:
     """``diagnosis`` (the post mortem) as the watchdog left it (``watch``, default the record
     the traces carry): unchanged unless a hang it called stands."""
-    watch = watch if watch is not None else traces.watch
+    # (an earlier launch attempt's decisions are not these ranks': --on-hang restart)
+    watch = this_attempts(watch if watch is not None else traces.watch, traces)
     hang = watch.hang if watch is not None else None
-    if hang is not None and _before_these_ranks(hang.at, traces):
-        hang = None  # called on an earlier launch attempt's ranks (--on-hang restart)
     if watch is not None and hang is None and watch.interrupted is not None:
         return interrupted(diagnosis, watch.interrupted)
     if watch is None or hang is None:
@@ -61,21 +61,6 @@ def with_watch(diagnosis: Diagnosis, traces: TraceSet,
         notes.append("the job ended after the hang was diagnosed")
     return replace(d, watchdog=account,
                    notes=d.notes + tuple(n for n in notes if n not in d.notes))
-
-
-def _before_these_ranks(at: float, traces: TraceSet) -> bool:
-    """Whether a hang called at ``at`` came before every rank of ``traces`` started, these
-    ranks a launcher's restart: it restarted the ranks the hang was called on (``--on-hang
-    restart``), and the hang is not this attempt's."""
-    attempts = {t.meta.attempt for t in traces.ranks.values()}
-    attempts |= {j.attempt for j in traces.joining.values()}
-    attempts |= {e.attempt for e in traces.early_exits.values()}
-    if attempts <= {(0, 0)}:  # the first launch: any hang called is its own
-        return False
-    starts = [t.meta.started_ns for t in traces.ranks.values() if t.meta.started_ns]
-    starts += [j.time_ns for j in traces.joining.values() if j.time_ns]  # (no capture made:
-    starts += [e.time_ns for e in traces.early_exits.values() if e.time_ns]  # its records)
-    return bool(starts) and at * 1e9 < min(starts)
 
 
 def _standing(post: Diagnosis, live: Diagnosis, own: Finding | None) -> Diagnosis:
