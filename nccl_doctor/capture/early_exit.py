@@ -190,7 +190,7 @@ def _parse(raw: bytes, rank: int) -> tuple[EarlyExit, int]:
     frames = doc.get("traceback")
     traceback = tuple(f for f in (_location(x) for x in (
         frames[:MAX_FRAMES] if isinstance(frames, list) else ())) if f is not None)
-    from nccl_doctor.model import EarlyExit  # (the reader's: a rank writes, and does not import the model)
+    from nccl_doctor.model import EarlyExit  # (a rank writes: no model)
 
     return EarlyExit(
         exception=f"{tp[:MAX_NAME]}: {message}" if message else tp[:MAX_NAME],

@@ -128,7 +128,7 @@ def _parse(body: bytes, rank: int) -> Joining:
     world, local = raw.get("world_size"), raw.get("local_world_size")
     if not isinstance(world, int) or not 0 < world <= MAX_WORLD:
         raise ValueError("no world size")
-    from nccl_doctor.model import Joining  # (the reader's: a rank writes, and does not import the model)
+    from nccl_doctor.model import Joining  # (a rank writes: no model)
 
     return Joining(
         rank=rank, world_size=world,

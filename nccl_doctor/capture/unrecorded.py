@@ -62,7 +62,7 @@ def write_unrecorded(directory: Path, stem: str, rank: int, world_size: int, hos
 def kept(why: str, host: str) -> Unrecorded:
     """An unrecorded rank as the analysis keeps it, from a marker or a node's summary: its
     reason and host cut to their bounds."""
-    from nccl_doctor.model import Unrecorded  # (the reader's: a rank writes, and does not import the model)
+    from nccl_doctor.model import Unrecorded  # (a rank writes: no model)
 
     return Unrecorded(why[:MAX_WHY], host[:MAX_HOST])
 
