@@ -249,6 +249,7 @@ class Nodes:
     expected: int | None  # nodes the job was launched on (None: not known)
     nodes: tuple[NodeState, ...]
     authenticated: bool = False  # the nodes sealed what they exchanged with a key
+    key: str = ""  # which key it was, as said ("the key in NCCL_DOCTOR_FEDERATION_KEY")
     problem: str = ""  # why the nodes did not (all) meet
     rejected: int = 0  # values on the store that failed authentication
     missing: int = 0  # expected nodes that never joined
@@ -262,6 +263,8 @@ class Nodes:
         if self.problem:
             out["problem"] = self.problem
         out["authenticated"] = self.authenticated
+        if self.key:
+            out["key"] = self.key
         if self.rejected:
             out["rejected"] = self.rejected
         if self.missing:
@@ -282,6 +285,7 @@ class Nodes:
                    expected=_opt_int(raw.get("expected")),
                    nodes=tuple(NodeState.from_json(n) for n in raw.get("nodes") or ()),
                    authenticated=bool(raw.get("authenticated", False)),
+                   key=str(raw.get("key") or ""),
                    problem=str(raw.get("problem") or ""), rejected=int(raw.get("rejected") or 0),
                    missing=int(raw.get("missing") or 0))
 

@@ -52,7 +52,8 @@ def _diagnosis() -> Diagnosis:
                     rendezvous="--rdzv", expected=2,
                     nodes=(NodeState("a", 0, (0,), "leader", "ok"),
                            NodeState("b", 1, (1,), "follower", "lost")),
-                    authenticated=True, missing=0),
+                    authenticated=True, key="the key in NCCL_DOCTOR_FEDERATION_KEY",
+                    missing=0),
         ray=Ray(actors={0: RayActor("Trainer", "0a0b0c0d0000", "", "a")},
                 groups={"0": RayGroup((0, 1), "the world")}))
 
@@ -79,6 +80,7 @@ def test_the_json_keeps_report_json_keys() -> None:
     assert raw["ray"]["actors"]["0"]["class"] == "Trainer"
     assert raw["nodes"]["diagnosed_by"] == {"host": "a", "node_rank": 0}
     assert "missing" not in raw["nodes"] and raw["nodes"]["authenticated"] is True
+    assert raw["nodes"]["key"] == "the key in NCCL_DOCTOR_FEDERATION_KEY"
     assert raw["findings"][0]["branch"]["culprit"] is True
 
 

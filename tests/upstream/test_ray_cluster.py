@@ -200,6 +200,7 @@ def test_a_healthy_job_on_two_nodes_reads_ok_on_both(cluster, tmp_path):
     assert leader["verdict"] == "ok" and leader["findings"] == [], leader["findings"]
     # the node doctors got the job's key through Ray (their actors' runtime_env)
     assert leader["nodes"]["authenticated"] is True and "rejected" not in leader["nodes"]
+    assert leader["nodes"]["key"] == "a key made for this run and handed to its node doctors"
     assert leader["notes"] == [], leader["notes"]  # no warning, no note
     assert [(r["rank"], r["host"]) for r in leader["ranks"]] == [
         (0, "nodeA"), (1, "nodeA"), (2, "nodeB"), (3, "nodeB")]

@@ -127,6 +127,7 @@ def test_torchrun_per_node_healthy_one_report_on_both_nodes(slurm, tmp_path):
     assert hosts == {0: "nodeA", 1: "nodeA", 2: "nodeB", 3: "nodeB"}
     nodes = leader["nodes"]
     assert nodes["rendezvous"].startswith("Slurm allocation") and nodes["authenticated"] is True
+    assert nodes["key"] == "a key made for this run and handed to its node doctors", nodes
     assert [n["state"] for n in nodes["nodes"]] == ["ok", "ended"]
     no_job_left(slurm)
 

@@ -15,7 +15,7 @@ from nccl_doctor.capture import summary
 from nccl_doctor.diagnosis import Diagnosis
 from nccl_doctor.errors import DoctorError
 from nccl_doctor.sections import Nodes, NodeState
-from nccl_doctor.supervisor.federation.keys import DEFAULT_KEY
+from nccl_doctor.supervisor.federation.keys import DEFAULT_KEY, KeyKind
 from nccl_doctor.supervisor.federation.link import (Follower, Leader, Link, LinkState, Local,
                                                     Remote, new_link)
 from nccl_doctor.supervisor.federation.rendezvous import Rendezvous
@@ -302,8 +302,11 @@ class Federation:
                     f"({env.FEDERATION_KEY} or {env.FEDERATION_KEY_FILE}, or a home directory "
                     f"they share for the default key ~/{DEFAULT_KEY}) to diagnose them as one "
                     "job",)
-        notes = [f"what the nodes exchanged on {self.rdzv.address} was authenticated with "
-                 f"{t.source.describe()}"]
+        # a key the user gave, or one this run made and handed out, goes without saying (the
+        # report's nodes.key names it); the default key in the home directory is said: the
+        # user never asked for that file
+        notes = ([f"what the nodes exchanged on {self.rdzv.address} was authenticated with "
+                  f"{t.source.describe()}"] if t.source.kind is KeyKind.DEFAULT else [])
         n = self.rejected
         if n:
             values, were = (f"{n} values", "were") if n != 1 else ("1 value", "was")
@@ -331,4 +334,5 @@ class Federation:
         return Nodes(diagnosed_by_host=self.host, diagnosed_by_node_rank=self.rdzv.node_rank,
                      coordinator=self.rdzv.address, rendezvous=self.rdzv.source,
                      expected=expected, nodes=tuple(nodes), authenticated=t.key is not None,
+                     key=t.source.describe() if t.key is not None else "",
                      problem=t.problem or "", rejected=self.rejected, missing=missing)
