@@ -2,7 +2,11 @@
 SIGINT, SIGTERM and SIGHUP reaching ``nccl-doctor run`` are forwarded to it. The user's first
 one is held as an ``Interrupted`` event until the supervisor's loop keeps it (a handler that
 wrote watchdog.json could interleave with the loop's own write); a third means "stop now"
-(SIGKILL): the job ignored two polite ones."""
+(SIGKILL): the job ignored two polite ones.
+
+A signal may also reach the job's processes and not nccl-doctor: Slurm's ``--signal=TERM@60``
+goes to the job's steps (the ranks), ``scancel --signal`` without ``--full`` too, and srun then
+ends with 128 + the signal. ``outside_end`` reads that end as the interrupt it was."""
 
 from __future__ import annotations
 
@@ -19,6 +23,10 @@ if TYPE_CHECKING:  # (made in the supervisor's loop: nothing is imported in a si
     from nccl_doctor.watch_log import Interrupted
 
 FORWARDED = (signal.SIGINT, signal.SIGTERM, signal.SIGHUP)
+#: signals a job ends by that someone sent it - a person, a scheduler (``--signal`` may name
+#: any; USR1 and USR2 are the usual ones) - where a crash ends by SIGSEGV, SIGABRT or SIGBUS and
+#: the OOM killer by SIGKILL
+SENT = (*FORWARDED, signal.SIGUSR1, signal.SIGUSR2)
 
 
 class SignalForwarder:
@@ -53,12 +61,7 @@ class SignalForwarder:
             return None
         from nccl_doctor.watch_log import Interrupted
         at, name, sender = pending
-        job_id = os.environ.get(SLURM_JOB_ID)
-        if job_id:  # a batch job's signal: the time limit, preemption, scancel?
-            from nccl_doctor.supervisor.slurm.allocation import why_signalled
-            why = why_signalled(job_id, at)
-            sender = f"Slurm: {why}" + (f" ({sender})" if sender else "") if why else sender
-        return Interrupted((name,), at=at, sender=sender)
+        return Interrupted((name,), at=at, sender=_with_slurm(sender, at))
 
     def launched(self) -> None:
         """The job is launched: a signal that came while it was being launched (its processes
@@ -82,3 +85,33 @@ class SignalForwarder:
         wake = getattr(job, "wake", None)
         if wake is not None:
             wake()  # the supervisor reports the interrupt now, not at its next look
+
+
+def _with_slurm(sender: str, at: float) -> str:
+    """``sender`` with what Slurm says of a signal its batch job got at ``at`` (the time limit,
+    preemption, scancel), where it says anything."""
+    job_id = os.environ.get(SLURM_JOB_ID)
+    if not job_id:
+        return sender
+    from nccl_doctor.supervisor.slurm.allocation import why_signalled
+    why = why_signalled(job_id, at)
+    return f"Slurm: {why}" + (f" ({sender})" if sender else "") if why else sender
+
+
+def outside_end(returncode: int, launcher: str) -> Interrupted | None:
+    """The job's end read as an interrupt when its launcher (``launcher``: its command's name)
+    ended by a signal someone sent (SENT) - killed by it, or with 128 + it as srun and the
+    shells end - that never reached nccl-doctor; None for any other end. (The caller knows
+    that nccl-doctor itself sent the job nothing.)"""
+    number = -returncode if returncode < 0 else returncode - 128 if returncode > 128 else 0
+    try:
+        sig = signal.Signals(number)
+    except ValueError:
+        return None
+    if sig not in SENT:
+        return None
+    from nccl_doctor.watch_log import Interrupted
+    at = round(time.time(), 3)
+    how = f"killed by {sig.name}" if returncode < 0 else f"with status {returncode}"
+    sender = (f"sent to the job's processes, not to nccl-doctor: {launcher} ended {how}")
+    return Interrupted((sig.name,), at=at, sender=_with_slurm(sender, at))

@@ -23,6 +23,7 @@ federation/node.py, the only door to the other nodes).
 from __future__ import annotations
 
 import enum
+import os
 import time
 from dataclasses import dataclass, replace
 from pathlib import Path
@@ -49,10 +50,11 @@ from nccl_doctor.supervisor.policy import HangPolicy
 from nccl_doctor.supervisor.cluster import Cluster
 from nccl_doctor.supervisor.silent_watch import SilentWatch
 from nccl_doctor.supervisor.straggler_watch import StragglerWatch
+from nccl_doctor.supervisor.signals import outside_end
 from nccl_doctor.supervisor.start import Launch, supervisor_entry
 from nccl_doctor.supervisor.stopper import Stopper
 from nccl_doctor.supervisor.watchdog import Watchdog
-from nccl_doctor.watch_log import WatchEvent
+from nccl_doctor.watch_log import HangCalled, Interrupted, Stopped, WatchEvent
 
 
 class State(enum.Enum):
@@ -221,6 +223,7 @@ class Supervisor:
                 self.tick()
                 job.wait(self._sleep())  # (returns as soon as the job exits)
             self._keep_interrupt()
+            self._keep_outside_end(code)
             if self.cluster is not None:
                 self.cluster.end()  # the node doctors end their nodes' jobs, then report
             self._wait_for_nodes()
@@ -329,6 +332,18 @@ class Supervisor:
         if interrupt is not None:
             self._keep(interrupt)
             self._interrupted_report()
+
+    def _keep_outside_end(self, code: int) -> None:
+        """A job ended by a signal sent to its processes and not to nccl-doctor (Slurm's
+        ``--signal`` to the steps) is interrupted, as the same signal sent here would be - when
+        nothing of nccl-doctor's (a stop, an interrupt forwarded, a hang called) explains it."""
+        watch = self.live.run_files.watch_log()
+        if watch is not None and any(isinstance(e, (HangCalled, Interrupted, Stopped))
+                                     for e in watch.events):
+            return
+        interrupt = outside_end(code, os.path.basename(self.launch.command[0]))
+        if interrupt is not None:
+            self._keep(interrupt)
 
     def _interrupted_report(self) -> None:
         """report.json at once, as the job stands when the interrupt came: a scheduler's
