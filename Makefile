@@ -8,18 +8,32 @@ BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
 DEMO_OUT ?= nccl-doctor-out/demo
 
-.PHONY: demo test test-all install tools bench readme-table clean
+.PHONY: demo test test-all install tools bench readme-table cli-docs clean
 
 # The project, then the functional collectives' C++ kernel against the torch just installed
 # (setup.py: pip's isolated build has no torch to build it with). Optional, as the C ring is:
 # where it cannot be built (no C++ compiler) the Python kernel records the same calls, slower.
 # About 20 s of compiling on the 2-core VM; never built at run time.
+# The build says nothing: a warning of setuptools about this project (a deprecated setting, a
+# directory of data not declared as a package) fails the install, before a later setuptools
+# makes it an error. The project is installed a second time, alone (4 s), for its own build's
+# words: the first install's are mixed with its dependencies'. Setuptools' one note that an
+# editable install is editable is no warning about the project. tests/unit/test_packaging.py is
+# the quick twin of this check.
+BUILD_LOG := $(VENV)/build.log
 $(STAMP): pyproject.toml setup.py constraints.txt nccl_doctor/capture/_ring.c nccl_doctor/supervisor/_senders.c \
 		nccl_doctor/rank/recorder/_functional_kernel.cpp
 	$(PYTHON) -m venv $(VENV)
 	$(BIN)/python -m pip install --quiet --upgrade pip
 	$(BIN)/python -m pip install --quiet -c constraints.txt -e '.[test]'
-	$(BIN)/python -W ignore setup.py --quiet build_ext --inplace
+	$(BIN)/python -m pip install --quiet --no-deps -e . 2>$(BUILD_LOG) \
+		|| { cat $(BUILD_LOG) >&2; exit 1; }
+	$(BIN)/python setup.py --quiet build_ext --inplace 2>>$(BUILD_LOG) \
+		|| { cat $(BUILD_LOG) >&2; exit 1; }
+	@if grep -E '[A-Za-z_]*Warning: ' $(BUILD_LOG) | grep -qv 'Warning: Editable installation'; then \
+	  cat $(BUILD_LOG) >&2; \
+	  echo "make install: the build warned (above): fix pyproject.toml or setup.py" >&2; exit 1; \
+	fi
 	touch $(STAMP)
 
 install: $(STAMP)
@@ -90,6 +104,11 @@ bench: $(STAMP)
 # the README's performance table, from the figures benchmarks recorded (docs/benchmarks/results.txt)
 readme-table: $(STAMP)
 	$(BIN)/python benchmarks/readme_table.py
+
+# the command line's words from its parser: docs/cli.md and the synopses README.md and docs/
+# show (tests/unit/test_cli_reference.py fails when they drift)
+cli-docs: $(STAMP)
+	$(BIN)/python docs/cli_reference.py
 
 clean:
 	rm -rf $(VENV) nccl-doctor-out .pytest_cache build nccl_doctor/capture/_ring*.so \

@@ -1,6 +1,8 @@
 """The typed result of an analysis: a ``Diagnosis`` made of ``Finding``s and ``RankSummary``s.
 
 Reporters render it; ``to_json`` is ``report.json`` (schema_version 1, docs/report-json.md).
+In a notebook a ``Diagnosis`` or a ``Finding`` shows as report.html's fragment (``_repr_html_``,
+reporters/html.py ``fragment``); its ``repr`` is one short line.
 Its sections are typed: a finding's evidence (one class per kind, finding_evidence.py), its
 call path and branch, the stack classes, each rank's last collective and capture, the nodes and
 the Ray actors (sections.py), each with its JSON form beside it.
@@ -13,6 +15,7 @@ import json
 from dataclasses import dataclass, field
 from typing import Any, Mapping
 
+from nccl_doctor import words
 from nccl_doctor._version import __version__
 from nccl_doctor.capture.roles import Role
 from nccl_doctor.finding_evidence import Evidence, MissingEvidence, evidence_for
@@ -129,6 +132,19 @@ class Finding:
         trainer.is_global_zero:`` (its else branch, a jump, the library, said after)."""
         return self.branch.line_text if self.branch is not None else None
 
+    def __repr__(self) -> str:
+        """One line: ``<Finding error collective_mismatch (root cause) rank 1: all_reduce /
+        broadcast #6 of group 0: ops differ (...) at train.py:15>``."""
+        listed = _cut(words.ranges(self.ranks, ","), 24)
+        ranks = f" {'rank' if len(self.ranks) == 1 else 'ranks'} {listed}" if self.ranks else ""
+        return (f"<Finding {self.severity.value} {self.kind.value}"
+                f"{' (root cause)' if self.root_cause else ''}{ranks}: {_cut(self.title, 64)}"
+                f"{_at(self.callsite)}>")
+
+    def _repr_html_(self) -> str | None:
+        """The finding as report.html shows it, alone (a notebook's output: ``notebook_html``)."""
+        return notebook_html(self)
+
     def to_json(self) -> dict[str, Any]:
         return {
             "kind": self.kind.value, "severity": self.severity.value, "title": self.title,
@@ -221,6 +237,9 @@ class Diagnosis:
     command: tuple[str, ...] = ()
     exit_status: int | None = None
     notes: tuple[str, ...] = ()  # what the analysis could not see (incomplete captures, ...)
+    # what is said for the record only (report.json, the HTML page; not the console): what
+    # changes nothing in a healthy run (calls issued from C++, which the recorder does not see)
+    details: tuple[str, ...] = ()
     groups: Mapping[str, tuple[int, ...]] = field(default_factory=dict)
     source: str = ""
     # Live diagnoses only: the ranks' stacks grouped STAT-style, and how the watchdog came to
@@ -241,6 +260,20 @@ class Diagnosis:
     def root_cause(self) -> Finding | None:
         return next((f for f in self.findings if f.root_cause), None)
 
+    def __repr__(self) -> str:
+        """One line: ``<Diagnosis hang: all_reduce / broadcast #6 of group 0: ops differ (...)
+        at train.py:15 - 2 findings, 4 ranks>`` (the root cause's title, where it ran)."""
+        root = self.root_cause
+        what = f": {_cut(root.title, 64)}{_at(root.callsite)}" if root is not None else ""
+        n = len(self.findings)
+        return (f"<Diagnosis {self.verdict.value}{what} - {n} finding{'' if n == 1 else 's'}, "
+                f"{self.world_size} rank{'' if self.world_size == 1 else 's'}>")
+
+    def _repr_html_(self) -> str | None:
+        """report.html's content (a notebook's output: ``notebook_html``), with the stacks'
+        tree; the timeline is drawn from the captures (``Job``'s display)."""
+        return notebook_html(self)
+
     def to_json(self) -> dict[str, Any]:
         return {
             "schema_version": SCHEMA_VERSION, "tool_version": __version__,
@@ -250,6 +283,7 @@ class Diagnosis:
             "findings": [f.to_json() for f in self.findings],
             "groups": {name: list(ranks) for name, ranks in self.groups.items()},
             "notes": list(self.notes), "source": self.source,
+            **({"details": list(self.details)} if self.details else {}),
             "stack_classes": [c.to_json() for c in self.stack_classes],
             "watchdog": self.watchdog.to_json(),
             **({"nodes": self.nodes.to_json()} if self.nodes is not None else {}),
@@ -271,6 +305,7 @@ class Diagnosis:
                 command=tuple(str(c) for c in raw.get("command", [])),
                 exit_status=raw.get("exit_status"),
                 notes=tuple(str(n) for n in raw.get("notes", [])),
+                details=tuple(str(n) for n in raw.get("details") or []),
                 groups={str(k): tuple(v) for k, v in (raw.get("groups") or {}).items()},
                 source=str(raw.get("source", "")),
                 stack_classes=stack_classes_from_json(raw.get("stack_classes") or ()),
@@ -285,6 +320,40 @@ class Diagnosis:
     def to_json_text(self) -> str:
         """``report.json``'s text."""
         return json.dumps(self.to_json(), indent=2, sort_keys=False) + "\n"
+
+
+def notebook_html(obj: Diagnosis | Finding) -> str | None:
+    """``obj`` as a notebook shows it: the first renderer of the plugin group
+    ``nccl_doctor.notebook`` that draws it - nccl-doctor's own is report.html's fragment
+    (data/notebook.py) - or None (the notebook shows ``repr``)."""
+    from nccl_doctor.entry_points import NOTEBOOK, load
+
+    for _name, render, _error in load(NOTEBOOK):
+        drawn = render(obj) if callable(render) else None
+        if drawn is not None:
+            return str(drawn)
+    return None
+
+
+def _cut(text: str, limit: int) -> str:
+    """``text`` on one line, at most ``limit`` characters, its control characters shown
+    (reporters/escape.py: it comes from the job)."""
+    from nccl_doctor.reporters.escape import visible
+
+    text = visible(" ".join(text.split()))
+    return text if len(text) <= limit else text[:limit - 3] + "..."
+
+
+def _at(callsite: str | None) -> str:
+    """`` at train.py:15``: a callsite as the reports print it (short), at most 40 characters
+    (its end kept: the file's name and line)."""
+    if not callsite:
+        return ""
+    from nccl_doctor.paths import short_path
+    from nccl_doctor.reporters.escape import visible
+
+    place = visible(short_path(callsite))
+    return f" at {place if len(place) <= 40 else '...' + place[-37:]}"
 
 
 def _object(raw: Any) -> Mapping[str, Any]:

@@ -5,7 +5,9 @@ distribution's, registered in these entry-point groups. The one place that loads
   recognise a known upstream bug in a finding, or a library call that is collective
   (nccl_doctor.analysis.calls.annotate);
 - ``nccl_doctor.integrations``: sequences of ``Integration`` (a module name and a patch applied
-  when the rank imports it), installed in every rank (nccl_doctor.rank.hooks).
+  when the rank imports it), installed in every rank (nccl_doctor.rank.hooks);
+- ``nccl_doctor.notebook``: ``(Diagnosis | Finding) -> str | None``, the HTML a notebook shows
+  for it (nccl_doctor.diagnosis ``notebook_html``; nccl-doctor's own: report.html's fragment).
 """
 
 from __future__ import annotations
@@ -20,6 +22,7 @@ from typing import Any, Iterator
 
 KNOWN_ISSUES = "nccl_doctor.known_issues"
 INTEGRATIONS = "nccl_doctor.integrations"
+NOTEBOOK = "nccl_doctor.notebook"
 #: nccl-doctor's own plugins per group, ``(name, object reference)`` in the order they run, loaded
 #: by name (not through the installed metadata, which an interpreter that merely imports
 #: nccl_doctor from a path may not have): the known-issue rules, then the catalog of collective
@@ -28,6 +31,7 @@ BUILTIN: dict[str, tuple[tuple[str, str], ...]] = {
     KNOWN_ISSUES: (("builtin", "nccl_doctor.plugins.known_issues:annotate"),
                    ("collective_calls", "nccl_doctor.plugins.collective_calls:annotate")),
     INTEGRATIONS: (("builtin", "nccl_doctor.plugins.integrations:INTEGRATIONS"),),
+    NOTEBOOK: (("html", "nccl_doctor.data.notebook:html"),),
 }
 
 

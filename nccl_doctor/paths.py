@@ -195,6 +195,25 @@ def _is_user_copy(path: str) -> bool:
     return any(d in path for d in _USER_COPIES)
 
 
+# the repository's top-level reproducers/, installed as nccl_doctor.reproducers (an editable
+# install runs them from there)
+_REPRODUCERS_DIR = os.path.join(os.path.dirname(_PLUGINS_DIR), "reproducers") + os.sep
+
+
+def shipped(path: str) -> bool:
+    """One of nccl-doctor's own example programs, reproducers or reference trainers: user code
+    to the analysis (their lines are blamed as a user's), but not the user's."""
+    return _is_user_copy(path) or (bool(_OWN_DIRS) and path.startswith(_REPRODUCERS_DIR))
+
+
+def whose(path: str) -> str:
+    """How a report names the owner of a line of user code: "your ", or "nccl-doctor's " for
+    its own examples, reproducers and trainers (the demo's); "" for library code."""
+    if not is_user_file(path):
+        return ""
+    return "nccl-doctor's " if shipped(path) else "your "
+
+
 #: where an installed file's package root is: the last site-packages or dist-packages on its
 #: path, else the standard library's directory (lib/python3.X)
 _ROOTS = (re.compile(rf"{_SEP}(?:site|dist)-packages{_SEP}"),

@@ -4,12 +4,20 @@ hanging CI.
 ``--nccl-doctor`` (ini: ``nccl_doctor = true``): every torchrun / ``python -m
 torch.distributed.run`` / ``accelerate launch`` / deepspeed subprocess a test starts runs under
 the doctor (``--nccl-doctor-hang-after``, default 60 s); a hang there is stopped in seconds and
-fails the test with the diagnosis.
+fails the test with the diagnosis. A crash of such a job is diagnosed too: a test that then fails
+(on its own: the test decides whether a crash is a failure) shows the diagnosis after its own
+traceback, and its capture is kept. The test sees its process as without the doctor: ``args``,
+output, the job's exit status (124 when the doctor stopped a hang).
 
 A test failed with a diagnosis is a failed test, as pytest's own: counted as ``failed``, listed
 ``FAILED path::test - <root cause>`` in the short summary, the diagnosis its failure text and the
 root cause its ``message`` in JUnit XML (with the property ``nccl_doctor=diagnosed``); the
 capture's path in the failure's ``nccl-doctor`` section.
+
+The failure text is laid out to the width of the terminal pytest runs in (``COLUMNS`` first), or
+not wrapped at all on a pipe or a file; pytest-xdist's workers are told the width pytest's own
+process chose (theirs have no terminal, and inherit the ``COLUMNS=80`` that importing readline
+writes into the controller's C environment, unseen by its ``os.environ``).
 
 The capture of a failed test is kept where pytest's temporary directories (which rotate away
 after three runs) do not reach: ``--nccl-doctor-keep DIR`` (ini: ``nccl_doctor_keep``), by default
@@ -18,9 +26,9 @@ each test; without the cache plugin the temporary directory is named instead).
 
 ``@pytest.mark.distributed(world_size=2, timeout=120, backend="gloo")`` runs the test function
 in ``world_size`` processes with torch.distributed initialised (testing/spawn.py, a free port),
-under the recorder and the watchdog. A deadlock, a mismatch, a crash of any rank or the timeout fails the
-test with the diagnosis as its failure text and an ``nccl-doctor`` report section; an assertion
-error on any rank shows that rank's traceback. A passing test passes quietly.
+under the recorder and the watchdog. A deadlock, a mismatch, a crash of any rank or the timeout
+fails the test with the diagnosis as its failure text and an ``nccl-doctor`` report section; an
+assertion error on any rank shows that rank's traceback. A passing test passes quietly.
 
 The ranks are forked by a fork server (testing/zygote.py: one per pytest process or xdist worker,
 started when the session collects a distributed test, stopped at its end) that has imported torch
@@ -40,6 +48,9 @@ MARKER = "distributed"
 DEFAULTS = {"world_size": 2, "timeout": 120.0, "backend": "gloo"}
 PROPERTY = "nccl_doctor"  # user property set on a report the doctor failed (survives xdist)
 DEFAULT_HANG_AFTER = 60.0
+#: the width a failure text is laid out for when it is not wrapped (a pipe, a file)
+NO_WRAP = 1 << 16
+_WIDTH_INPUT = "nccl_doctor_width"  # the controller's width, in an xdist worker's workerinput
 
 
 def pytest_addoption(parser: pytest.Parser) -> None:
@@ -47,7 +58,8 @@ def pytest_addoption(parser: pytest.Parser) -> None:
     group.addoption("--nccl-doctor", action="store_true", default=None,
                     help="run every distributed job a test launches as a subprocess (torchrun, "
                          "python -m torch.distributed.run, accelerate launch, deepspeed) under "
-                         "nccl-doctor: a hang fails the test with the diagnosis")
+                         "nccl-doctor: a hang fails the test with the diagnosis, a crash is "
+                         "diagnosed in the test's failure")
     group.addoption("--nccl-doctor-hang-after", type=float, default=None, metavar="SECONDS",
                     help=f"for those jobs: any wait past this is a hang (default "
                          f"{DEFAULT_HANG_AFTER:.0f}); certain deadlocks are called in seconds")
@@ -128,17 +140,25 @@ def pytest_runtest_makereport(item: pytest.Item, call: pytest.CallInfo):
     if isinstance(failure, DistributedFailure):
         report.longrepr = failure_repr(item, failure.text, failure.reason, failure.section)
     launches = item.stash.get(_LAUNCHES, None)
-    hangs = launches.hangs() if launches is not None else []
-    if hangs:
+    runs = launches.diagnosed() if launches is not None else []
+    hangs = [r for r in runs if r.get("verdict") == "hang"]
+    # a crash is the test's to judge (it may expect one): told about only when the test fails
+    runs = runs if hangs or report.failed else []
+    if runs:
         from nccl_doctor.testing.launches import describe, reason
 
-        for h in hangs:
-            h["_capture"] = str(keep(item, Path(h["_capture"])))
-        report.outcome = "failed"
-        report.longrepr = failure_repr(  # the diagnosis once, in full; the captures named once
-            item, "\n\n".join(describe(h) for h in hangs), reason(hangs[0]),
-            "\n".join(f"hang: {h.get('_capture')} (nccl-doctor replay it)" for h in hangs))
-    if report.failed and item.stash.get(_DIAGNOSED, False) or hangs:
+        for n, r in enumerate(runs):
+            r["_capture"] = str(keep(item, Path(r["_capture"]), n if len(runs) > 1 else None))
+        # the diagnosis once, in full; the captures named once
+        text = "\n\n".join(describe(r) for r in runs)
+        section = "\n".join(f"{r.get('verdict')}: {r.get('_capture')} (nccl-doctor replay it)"
+                             for r in runs)
+        if hangs:  # the doctor stopped the job: its diagnosis is the failure
+            report.outcome = "failed"
+            report.longrepr = failure_repr(item, text, reason(hangs[0]), section)
+        else:
+            report.longrepr = with_crash(item, report.longrepr, text, reason(runs[0]), section)
+    if report.failed and item.stash.get(_DIAGNOSED, False) or runs:
         # a failed test, counted and listed as pytest's own; this property (kept by xdist,
         # written to JUnit XML from the test's later reports) says the doctor diagnosed it
         report.user_properties.append((PROPERTY, "diagnosed"))
@@ -148,9 +168,25 @@ def pytest_runtest_makereport(item: pytest.Item, call: pytest.CallInfo):
 _DIAGNOSED = pytest.StashKey()
 
 
-def keep(item: pytest.Item, capture: Path) -> Path:
+def with_crash(item: pytest.Item, longrepr, text: str, reason: str, section: str):
+    """The test's own failure (its traceback, its assertion) followed by the diagnosis of the
+    job it launched that crashed: ``reason`` becomes the failure's one line (the short
+    summary's, the JUnit ``message``), ``section`` its ``nccl-doctor`` section."""
+    from _pytest._code.code import ExceptionRepr, ReprEntryNative
+
+    if not isinstance(longrepr, ExceptionRepr):
+        return failure_repr(item, f"{longrepr}\n\n{text}", reason, section)
+    longrepr.reprtraceback.reprentries.append(ReprEntryNative([text.rstrip("\n") + "\n"]))
+    if longrepr.reprcrash is not None:
+        longrepr.reprcrash.message = reason
+    longrepr.addsection("nccl-doctor", section)
+    return longrepr
+
+
+def keep(item: pytest.Item, capture: Path, n: int | None = None) -> Path:
     """Copy a failed test's capture where it outlives pytest's temporary directories; the
-    path the report names (the temporary one if the copy cannot be made)."""
+    path the report names (the temporary one if the copy cannot be made). ``n``: which of the
+    test's captures this is, when it kept several (the jobs it launched)."""
     import re
     import shutil
 
@@ -165,6 +201,8 @@ def keep(item: pytest.Item, capture: Path) -> Path:
     else:
         return capture
     dest = base / re.sub(r"[^A-Za-z0-9_.-]+", "_", item.nodeid).strip("_")[:150]
+    if n is not None:
+        dest = dest.with_name(f"{dest.name}.{n}")
     try:
         if dest.exists():
             shutil.rmtree(dest)  # the last failure of this test
@@ -176,12 +214,37 @@ def keep(item: pytest.Item, capture: Path) -> Path:
 
 def pytest_configure(config: pytest.Config) -> None:
     _which_code(config)
+    workerinput = getattr(config, "workerinput", None)
+    if workerinput is not None and _WIDTH_INPUT in workerinput:
+        config.stash[_WIDTH] = workerinput[_WIDTH_INPUT]
+    else:  # pytest's own stdout, not captured yet: its terminal's width, or None on a pipe
+        import sys
+
+        from nccl_doctor.reporters import layout
+
+        config.stash[_WIDTH] = layout.width_of(sys.stdout)
     config.addinivalue_line(
         "markers",
         f"{MARKER}(world_size=2, timeout=120, backend='gloo'): run the test in world_size "
         "torch.distributed processes under nccl-doctor; a hang or desync fails it with the "
         "diagnosis",
     )
+
+
+_WIDTH = pytest.StashKey()
+
+
+@pytest.hookimpl(optionalhook=True)
+def pytest_configure_node(node) -> None:
+    """pytest-xdist: a worker lays failures out for the controller's terminal, not for its own
+    pipe and the ``COLUMNS=80`` it inherits (readline's, in the controller)."""
+    node.workerinput[_WIDTH_INPUT] = node.config.stash.get(_WIDTH, None)
+
+
+def failure_width(config: pytest.Config) -> int:
+    """The columns a failure text is laid out for: the terminal's, else unwrapped."""
+    width = config.stash.get(_WIDTH, None)
+    return NO_WRAP if width is None else width
 
 
 @pytest.hookimpl(trylast=True)
@@ -250,7 +313,8 @@ def pytest_pyfunc_call(pyfuncitem: pytest.Function) -> bool | None:
             pyfuncitem.stash[_DIAGNOSED] = True
         if outcome.capture is not None:
             outcome.capture = keep(pyfuncitem, outcome.capture)
-        raise DistributedFailure(outcome.failure_text(), outcome.reason(), outcome.section())
+        raise DistributedFailure(outcome.failure_text(failure_width(pyfuncitem.config)),
+                                 outcome.reason(), outcome.section())
     return True
 
 

@@ -211,10 +211,20 @@ class WatchLog:
         return next((e for e in self.events if isinstance(e, Interrupted)), None)
 
     def _stops(self) -> list[Stopped | Interrupted]:
-        """What began stopping the job: nccl-doctor, for the standing hang; else the user."""
+        """What began stopping the job: nccl-doctor, for the standing hang (or the user, when
+        nccl-doctor left the hung job running: --on-hang report); else the user."""
         if self.hang is not None:
-            return [e for e in self._since_hang() if isinstance(e, Stopped)]
+            since = self._since_hang()
+            return ([e for e in since if isinstance(e, Stopped)]
+                    or [e for e in since if isinstance(e, Interrupted)][:1])
         return [self.interrupted] if self.interrupted is not None else []
+
+    @property
+    def interrupted_after_hang(self) -> Interrupted | None:
+        """The user's interrupt that ended a job nccl-doctor left running once it called the
+        standing hang (--on-hang report)."""
+        stops = self._stops() if self.hang is not None else []
+        return stops[0] if stops and isinstance(stops[0], Interrupted) else None
 
     @property
     def lost(self) -> SupervisorLost | None:

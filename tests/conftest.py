@@ -39,6 +39,7 @@ SHARED = {
     "tests/integration/test_watchdog.py": "stopped_hangs",
     "tests/integration/test_replay_live.py": "stopped_hangs",
     "tests/integration/test_data_api.py": "stopped_hangs",
+    "tests/integration/test_notebook_display.py": "stopped_hangs",
     "tests/integration/test_nodes.py": "nodes",
     "tests/e2e/test_cli.py": "clean_capture",
     "tests/e2e/test_console_width.py": "console_width",

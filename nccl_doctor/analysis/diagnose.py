@@ -71,12 +71,10 @@ SILENT_PASSES: tuple[Pass, ...] = (
 )
 
 NOT_RECORDED_NOTE = (
-    "no rank joined a process group under the recorder, so nothing was recorded: processes "
-    "started by something that did not inherit nccl-doctor's environment are not recorded (a "
-    "Ray cluster started beforehand with `ray start`, a scheduler's own launcher, a container "
-    "runtime): start the ranks under `nccl-doctor run` (Ray: let the driver start Ray, or pass "
-    "the doctor's NCCL_DOCTOR_* variables and PYTHONPATH to the workers in ray.init's "
-    "runtime_env env_vars); a program with no torch.distributed has nothing to diagnose"
+    "no rank joined a process group under the recorder: nothing to diagnose if the program "
+    "makes no torch.distributed calls; else its ranks did not inherit nccl-doctor's "
+    "environment (a Ray cluster started before, a scheduler's launcher, a container: "
+    "docs/findings.md#verdicts)"
 )
 
 def _not_recorded(traces: TraceSet) -> str:
@@ -160,8 +158,9 @@ def analyze(traces: TraceSet, passes: tuple[Pass, ...] = PASSES,
         findings = _with_unseen(findings, traces)
     except Exception as err:  # as for a pass: the report goes on without it
         notes.append(f"placing the unrecorded calls failed on this capture ({err!r})")
+    unseen: list[str] = []
     try:
-        notes.extend(unseen_lines(traces))
+        unseen = unseen_lines(traces)
     except Exception as err:  # as for a pass: the report goes on without it
         notes.append(f"looking for unrecorded calls failed on this capture ({err!r})")
     for rank, u in traces.unrecorded.items():
@@ -200,10 +199,14 @@ def analyze(traces: TraceSet, passes: tuple[Pass, ...] = PASSES,
     elif traces.gpu is not None and traces.gpu.stopped:
         notes.append(f"{traces.gpu.stopped} (GPU evidence after that is missing)")
     annotators = annotate.installed() if annotators is None else annotators
+    verdict = _verdict(findings, traces)
+    # calls issued from C++ change nothing in a healthy run: said for the record only
+    healthy = verdict is Verdict.OK
     diagnosis = annotate.apply(Diagnosis(
-        verdict=_verdict(findings, traces), findings=tuple(findings),
+        verdict=verdict, findings=tuple(findings),
         ranks=tuple(_summaries(traces)), world_size=traces.world_size, command=traces.command,
-        exit_status=traces.exit_status, notes=tuple(notes),
+        exit_status=traces.exit_status, notes=tuple(notes if healthy else [*notes, *unseen]),
+        details=tuple(unseen if healthy else ()),
         groups={name: g.ranks for name, g in sorted(traces.groups.items())}, source=traces.source,
         partial=damage_partial(traces), ray=actors.summary(traces),
     ), annotators, annotate.versions_of(traces))

@@ -26,7 +26,6 @@ def register(sub: argparse._SubParsersAction) -> None:
                    help=f"which reproducer (default: {DEFAULT})")
     p.add_argument("--fixed", action="store_true", help="run its fixed variant")
     p.add_argument("--list", action="store_true", help="list the reproducers and exit")
-    run_cli.add_options(p)
     p.add_argument("--variant", default=None, metavar="NAME",
                    help="another variant of the reproducer (see --list): e.g. packing, the "
                         "control of sft_packing_false, or abort, gloo's own abort in "
@@ -35,6 +34,7 @@ def register(sub: argparse._SubParsersAction) -> None:
                    help="where the reproducer runs: cuda (NCCL, one GPU per rank, or ranks "
                         "sharing GPUs through NCCL's socket path), cpu (gloo), or auto (the "
                         "default): cuda when torch sees a GPU")
+    run_cli.add_options(p)  # (after its own: the synopsis shows those first)
     p.set_defaults(func=demo)
 
 

@@ -11,7 +11,7 @@ import traceback
 from typing import NoReturn, Sequence
 
 from nccl_doctor._version import __version__
-from nccl_doctor.cli import check, demo, export, pipes, replay, run
+from nccl_doctor.cli import check, demo, export, pipes, replay, run, usage
 from nccl_doctor.cli.pipes import OutputClosed
 from nccl_doctor.errors import DoctorError, ExitStatus
 from nccl_doctor.reporters.escape import visible
@@ -22,6 +22,21 @@ COMMANDS = (run, replay, export, check, demo)
 class _Parser(argparse.ArgumentParser):
     def error(self, message: str) -> None:  # one line, exit status 2, like every other error
         self.exit(ExitStatus.USAGE, f"nccl-doctor: error: {message} (see nccl-doctor --help)\n")
+
+    # The usage line is made from the parser when it is shown (cli/usage.py), never written by
+    # hand: it cannot leave a flag out, and it is the synopsis the README and docs/ show.
+    def format_usage(self) -> str:
+        self._own_usage()
+        return super().format_usage()
+
+    def format_help(self) -> str:
+        self._own_usage()
+        return super().format_help()
+
+    def _own_usage(self) -> None:
+        if self.usage is None:
+            made = usage.synopsis(self, usage.help_width(), prefix="usage: ")
+            self.usage = made.replace("%", "%%")  # (argparse fills in %(prog)s)
 
 
 def build_parser() -> argparse.ArgumentParser:

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import argparse
 import os
+import signal
 import sys
 from dataclasses import replace
 from pathlib import Path
@@ -41,11 +42,7 @@ def register(sub: argparse._SubParsersAction) -> None:
     p = sub.add_parser(
         "run", help=HELP, description=HELP[0].upper() + HELP[1:] + ". The command's output "
         "passes through unchanged; nccl-doctor exits with the command's own exit status.",
-        usage="nccl-doctor run [--out DIR] [--force] [--quiet] [--on-hang report|kill|restart] "
-              "[--hang-after SECONDS] [--stuck-after SECONDS] [--fail-on suspect] [--no-watch] "
-              "[--no-gpu] [--no-redact] [--coordinator HOST:PORT] [--node-rank N] [--nnodes N] "
-              "[--ray [ADDRESS]] [--slurm] -- COMMAND [ARGS...]",
-    )
+    )  # (its usage line is made from these options: cli/usage.py)
     add_options(p)
     p.add_argument("command", nargs=argparse.REMAINDER, metavar="COMMAND",
                    help="the launch command, after --")
@@ -220,9 +217,25 @@ def supervise(args: argparse.Namespace, command: list[str]) -> int:
 
 def _supervise(args: argparse.Namespace, command: list[str], served: serving.Serving | None,
                err: TextIO) -> int:
+    parent_was = claim.DEFAULT_PARENT.is_dir()
+    out = prepare_out_dir(args.out, args.force)
+    try:
+        return _supervise_in(out, args, command, served, err)
+    except BaseException:
+        if args.out is None:  # a launch that failed leaves no empty run directory behind
+            for folder in (out, None if parent_was else claim.DEFAULT_PARENT):
+                try:
+                    if folder is not None:
+                        folder.rmdir()
+                except OSError:  # not empty: what the run made is kept
+                    pass
+        raise
+
+
+def _supervise_in(out: Path, args: argparse.Namespace, command: list[str],
+                  served: serving.Serving | None, err: TextIO) -> int:
     from nccl_doctor.supervisor.start import Launch
 
-    out = prepare_out_dir(args.out, args.force)
     policy = None if args.no_watch else HangPolicy(on_hang=OnHang(args.on_hang),
                                                    hang_after=args.hang_after,
                                                    stuck_after=args.stuck_after)
@@ -275,6 +288,10 @@ def _supervise(args: argparse.Namespace, command: list[str], served: serving.Ser
         return launch.unwatched()
     try:
         result = supervisor.run()
+    except KeyboardInterrupt:  # a second Ctrl-C once the job had ended: the post mortem too
+        err.write(f"\nnccl-doctor: interrupted again: stopped without a report; `nccl-doctor "
+                  f"replay {out}` diagnoses what was recorded\n")
+        return 128 + signal.SIGINT
     finally:
         if display is not None:
             display.close()
@@ -291,8 +308,8 @@ def _supervise(args: argparse.Namespace, command: list[str], served: serving.Ser
         page = result.report_path.with_name(REPORT_HTML)
         err.write(f"Wrote {result.report_path}" + (f" and {page}" if page.is_file() else "")
                   + "\n")
-    if served is not None:  # the report is on the terminal first
-        served.linger()
+    if served is not None:  # the report is on the terminal first; after Ctrl-C, no wait
+        served.linger(wait=not result.by_user)
     from nccl_doctor.cli.output import verdict_status
     return verdict_status(result.diagnosis, result.exit_status, args.fail_on)
 

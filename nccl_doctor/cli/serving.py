@@ -83,8 +83,9 @@ class Serving:
         self.publisher.page = page
         supervisor.attach(self.publisher)
 
-    def linger(self) -> None:
-        """The final report published; served ``linger_s`` more when its verdict is not ok, or
+    def linger(self, wait: bool = True) -> None:
+        """The final report published; served ``linger_s`` more when its verdict is not ok
+        (and ``wait``: not after the user's Ctrl-C - the user is at the terminal), or
         until it has been read (the endpoint's ``final_read``: the report fetched and, if
         Prometheus was scraping, its scrape of the final look). A failure here costs the
         endpoint's last look, never the run's result."""
@@ -95,7 +96,7 @@ class Serving:
         except Exception as err:  # noqa: BLE001 - the run is over and reported
             self.err.write(f"nccl-doctor: the endpoint's final look failed ({err!r})\n")
             return
-        if self.publisher.current.verdict in ("ok", "none") or self.linger_s <= 0:
+        if self.publisher.current.verdict in ("ok", "none") or self.linger_s <= 0 or not wait:
             return
         self.err.write(f"nccl-doctor: serving the final report at {self.endpoint.url} for "
                        f"{self.linger_s:.0f} s more, or until it is read (Ctrl-C ends it)\n")

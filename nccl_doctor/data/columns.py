@@ -59,6 +59,9 @@ COLUMNS: dict[str, str] = {
     "t_exit": "when it returned (UTC); NaT: no exit (still inside, died there, or a Flight "
               "Recorder entry whose work did not complete)",
     "duration_s": "t_exit - t_enter in seconds; NaN without an exit",
+    "waited_s": "seconds the rank spent in the call: duration_s where it returned; where it "
+                "never did (state entered: a hang), from its entry to the end of the rank's "
+                "capture - its exit, else the job's stop or end, else its last record",
     "state": "returned, entered (no exit), failed (raised) or issued (async: see its wait)",
     "in_flight": "returned on the CPU, but Flight Recorder shows its work not completed: the "
                  "rank waits in it (state reads entered; with fr= or the watchdog's pulls)",
@@ -86,7 +89,8 @@ _CALLS = np.array(sorted(_KIND_NAME), dtype=np.uint8)
 _NAT = np.iinfo(np.int64).min  # numpy's NaT as int64
 #: the dtype of each column that is not int32, for a table of no call (the same schema)
 _EMPTY = {"pid": np.int64, "seq": np.int64, "torch_seq": np.int64, "nbytes": np.int64,
-          "t_enter": np.int64, "t_exit": np.int64, "duration_s": np.float64, "in_flight": bool,
+          "t_enter": np.int64, "t_exit": np.int64, "duration_s": np.float64,
+          "waited_s": np.float64, "in_flight": bool,
           "async": bool, "composite": bool, "thread": np.int64, "idx": np.int64,
           "parent": np.int64}
 
@@ -113,9 +117,11 @@ def categories() -> dict[str, Categories]:
     return {name: Categories() for name in TEXT}
 
 
-def in_flight(part: Columns, idx: set[int], cats: Mapping[str, Categories]) -> Columns:
+def in_flight(part: Columns, idx: set[int], cats: Mapping[str, Categories],
+              end_ns: int | None = None) -> Columns:
     """``part`` (in ``cats``' codes) with the calls numbered ``idx`` made what Flight Recorder
-    says they are: still in flight, the rank inside them (capture/flight_recorder.py)."""
+    says they are: still in flight, the rank inside them (capture/flight_recorder.py) until
+    ``end_ns``, the end of its capture (``rank_end``; None: unknown, ``waited_s`` NaN)."""
     if not idx or not len(part["idx"]):
         return part
     at = np.isin(part["idx"], np.fromiter(idx, dtype=np.int64, count=len(idx)))
@@ -124,7 +130,38 @@ def in_flight(part: Columns, idx: set[int], cats: Mapping[str, Categories]) -> C
     out["in_flight"] = part["in_flight"] | at
     out["t_exit"] = np.where(at, _NAT, part["t_exit"])
     out["duration_s"] = np.where(at, np.nan, part["duration_s"])
+    if "waited_s" in part:
+        left = np.nan if end_ns is None else (end_ns - part["t_enter"]) / 1e9
+        out["waited_s"] = np.where(at, left, part["waited_s"])
     return out
+
+
+def rank_end(last_ns: int, exit_ns: int | None, job_end: Iterable[int] = ()) -> int:
+    """Where a rank's capture ends (ns), for the calls it never returned from (``waited_s``):
+    its exit, where the capture records one (``exit_ns``: an exception's or the interpreter's
+    exit, ``exit_time``); else the first of its job's stop and end (``job_end``: the
+    watchdog's stop, the manifest's end) at or after its last record; else its last record
+    (``last_ns``: its latest entry, exit or note). Never before its last record: a rank
+    blocked in a call records nothing more, so its last record is that call's entry."""
+    if exit_ns is not None:
+        return max(last_ns, exit_ns)
+    return min((t for t in job_end if t >= last_ns), default=last_ns)
+
+
+def exit_time(notes: Iterable[Mapping[str, object]]) -> tuple[int | None, int]:
+    """(when the rank left, as its notes say - its exception's time, else its interpreter's
+    exit's, as capture/reader.py ``_exit_from`` reads them; None: neither recorded, the time
+    of its latest note; 0: none)."""
+    left: dict[str, int] = {}
+    latest = 0
+    for note in notes:
+        when = note.get("time_ns")
+        if isinstance(when, int) and not isinstance(when, bool):
+            latest = max(latest, when)
+            kind = note.get("note")
+            if kind in ("exception", "exit"):
+                left[str(kind)] = when
+    return left.get("exception", left.get("exit")), latest
 
 
 Columns = dict[str, np.ndarray]
@@ -146,10 +183,12 @@ class Raw:
     sig: np.ndarray  # per row: its signature
     texts: list[tuple[str | None, ...]]  # per signature: its SIGNED values
     attempt: int = 1  # the launch attempt's number (Job: 1 the first)
+    end_ns: int = 0  # where the rank's capture ends (``rank_end``)
 
 
-def raw_calls(capture: CaptureColumns | Scan) -> Raw:
-    """The calls of one capture read as columns (reader.CaptureColumns, or a follower's Scan)."""
+def raw_calls(capture: CaptureColumns | Scan, job_end: Iterable[int] = ()) -> Raw:
+    """The calls of one capture read as columns (reader.CaptureColumns, or a follower's Scan);
+    ``job_end``: when its job was stopped or ended (``rank_end``), ns."""
     if isinstance(capture, Scan):
         d = capture.decoded
         cols: Mapping[str, np.ndarray] = {name: d.rows[name] for name in FIELDS}
@@ -175,6 +214,12 @@ def raw_calls(capture: CaptureColumns | Scan) -> Raw:
     seq = col("seq", np.int64)
     t_enter = col("t_enter", np.int64)
     t_exit = np.where(done, col("t_exit", np.int64), _NAT)
+    duration = np.where(done, (t_exit - t_enter) / 1e9, np.nan)
+    # every record's times, calls or not: where the rank's capture ends
+    left, noted = exit_time(capture.notes)
+    last = max(noted, int(cols["t_enter"].max()) if len(cols["t_enter"]) else 0,
+               int(cols["t_exit"][exited].max()) if exited.any() else 0)
+    end = rank_end(last, left, job_end)
     flags = col("flags")
     out: Columns = {
         "seq": np.where(seq >= 0, seq - col("seq_offset").astype(np.int64), -1),
@@ -184,7 +229,8 @@ def raw_calls(capture: CaptureColumns | Scan) -> Raw:
         "group_size": col("group_size", np.int32),
         "t_enter": t_enter,
         "t_exit": t_exit,
-        "duration_s": np.where(done, (t_exit - t_enter) / 1e9, np.nan),
+        "duration_s": duration,
+        "waited_s": np.where(done, duration, (end - t_enter) / 1e9),
         "in_flight": np.zeros(n, dtype=bool),
         "async": (flags & int(EventFlag.ASYNC)) != 0,
         "composite": (flags & int(EventFlag.COMPOSITE)) != 0,
@@ -217,7 +263,7 @@ def raw_calls(capture: CaptureColumns | Scan) -> Raw:
                       *places[place],
                       (EventSource.FUNCTIONAL if ksf >> 24 else EventSource.RECORDER).value))
     return Raw(capture.meta.rank, capture.meta.host, capture.meta.pid, out,
-               sig.astype(np.int32), texts)
+               sig.astype(np.int32), texts, end_ns=end)
 
 
 _COLLECTIVE, _P2P = int(EventKind.COLLECTIVE), int(EventKind.P2P)
@@ -281,12 +327,19 @@ def _issuing(frames: tuple[Location, ...], user: Location | None,
     return str(place) if place else None
 
 
-def trace_columns(trace: RankTrace, cats: Mapping[str, Categories],
-                  attempt: int = 1) -> Columns:
-    """The calls among one rank's typed events, as the same columns (of launch ``attempt``)."""
+def trace_columns(trace: RankTrace, cats: Mapping[str, Categories], attempt: int = 1,
+                  job_end: Iterable[int] = (), end_ns: int | None = None) -> Columns:
+    """The calls among one rank's typed events, as the same columns (of launch ``attempt``);
+    ``waited_s`` up to ``end_ns`` (the rank's end, where its capture's columns said it), else
+    up to the end ``rank_end`` finds in its events and the job's stop or end (``job_end``)."""
     calls = [e for e in trace.events if e.kind in (EventKind.COLLECTIVE, EventKind.P2P)]
     meta = trace.meta
     n = len(calls)
+    if end_ns is None:
+        left, noted = exit_time(trace.notes)
+        last = max([noted, *(e.t_enter_ns for e in trace.events),
+                    *(e.t_exit_ns for e in trace.events if e.t_exit_ns is not None)])
+        end_ns = rank_end(last, left, job_end)
 
     def text(name: str, values: Iterable[str | None]) -> np.ndarray:
         return np.fromiter((cats[name].code(v) for v in values), dtype=np.int32, count=n)
@@ -296,6 +349,9 @@ def trace_columns(trace: RankTrace, cats: Mapping[str, Categories],
 
     t_exit = ints(e.t_exit_ns if e.done and e.t_exit_ns is not None else _NAT for e in calls)
     t_enter = ints(e.t_enter_ns for e in calls)
+    duration = np.where(t_exit != _NAT, (t_exit - t_enter) / 1e9, np.nan)
+    # (a Flight Recorder entry that completed has no exit time: it did not wait to the end)
+    entered = np.fromiter((not e.done for e in calls), bool, n)
     return {
         "rank": np.full(n, meta.rank, dtype=np.int32),
         "host": np.full(n, cats["host"].code(meta.host), dtype=np.int32),
@@ -313,7 +369,8 @@ def trace_columns(trace: RankTrace, cats: Mapping[str, Categories],
         "group_size": ints((e.group_size for e in calls), np.int32),
         "t_enter": t_enter,
         "t_exit": t_exit,
-        "duration_s": np.where(t_exit != _NAT, (t_exit - t_enter) / 1e9, np.nan),
+        "duration_s": duration,
+        "waited_s": np.where(entered, (end_ns - t_enter) / 1e9, duration),
         "state": text("state", (_STATE_NAME[int(e.state)] for e in calls)),
         "in_flight": np.fromiter((e.in_flight for e in calls), bool, n),
         "async": np.fromiter((bool(e.flags & EventFlag.ASYNC) for e in calls), bool, n),
@@ -487,7 +544,7 @@ class Table:
                 col = numbers[name]
                 if name in ("t_enter", "t_exit"):
                     chunks[name].append(_arrow(pa.timestamp("ns", tz="UTC"), col, col == _NAT))
-                elif name == "duration_s":
+                elif name in ("duration_s", "waited_s"):
                     chunks[name].append(_arrow(pa.float64(), col, np.isnan(col)))
                 else:
                     chunks[name].append(_arrow(pa.from_numpy_dtype(col.dtype), col))

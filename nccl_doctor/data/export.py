@@ -24,9 +24,9 @@ FORMATS = ("parquet", "csv")
 # (data/columns.py's COLUMNS and TEXT: that module imports numpy and the reader, this one must
 # not; a test holds them equal)
 _COLUMNS = ("rank", "host", "pid", "attempt", "group", "seq", "torch_seq", "op", "kind", "input", "output",
-            "nbytes", "peer", "group_size", "t_enter", "t_exit", "duration_s", "state",
-            "in_flight", "async", "composite", "callsite", "function", "api_callsite", "issuing",
-            "thread", "idx", "parent", "source")
+            "nbytes", "peer", "group_size", "t_enter", "t_exit", "duration_s", "waited_s",
+            "state", "in_flight", "async", "composite", "callsite", "function", "api_callsite",
+            "issuing", "thread", "idx", "parent", "source")
 _TEXT = ("host", "group", "op", "kind", "input", "output", "state", "callsite", "function",
          "api_callsite", "issuing", "source")
 _SUFFIXES = {".parquet": "parquet", ".pq": "parquet", ".csv": "csv"}
@@ -110,7 +110,8 @@ def _parquet(chunks: Iterable[pd.DataFrame], part: Path) -> int:
 #: and greatest value, for a reader's filters to skip row groups) for the numbers: those of the
 #: text columns cost another 0.8 s, and their row groups are rarely told apart by them.
 _DELTAS = ("t_enter", "t_exit", "seq", "torch_seq", "idx")
-_OPTIONS = {"use_dictionary": [name for name in _COLUMNS if name not in (*_DELTAS, "duration_s")],
+_OPTIONS = {"use_dictionary": [name for name in _COLUMNS
+                               if name not in (*_DELTAS, "duration_s", "waited_s")],
             "column_encoding": {name: "DELTA_BINARY_PACKED" for name in _DELTAS},
             "write_statistics": [name for name in _COLUMNS if name not in _TEXT]}
 

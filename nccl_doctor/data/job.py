@@ -49,8 +49,28 @@ class Job:
         self._captures = CaptureSet(*self.paths, fr=self.fr, hold_columns=True)
 
     def __repr__(self) -> str:
+        """One line, reading no capture: ``<Job 4 ranks, /runs/run-1>`` (the ranks its
+        manifests say; none for a lone capture file or Flight Recorder dumps)."""
+        world = 0
+        for directory in self._captures.directories:
+            try:
+                manifest = self._captures.manifest(directory)
+            except DoctorError:
+                continue
+            world = max(world, manifest.world_size or 0) if manifest is not None else world
         where = ", ".join(map(str, self.paths))
-        return f"<nccl_doctor.Job {where}>"
+        where = where if len(where) <= 100 else "..." + where[-97:]
+        return f"<Job {f'{world} ranks, ' if world else ''}{where}>"
+
+    def _repr_html_(self) -> str:
+        """What a notebook shows for the job: its diagnosis, as ``replay``'s report.html
+        draws it, timeline included (reporters/html.py ``fragment``) - diagnosed when
+        displayed, each time (``diagnose()``: the captures read once, kept)."""
+        from nccl_doctor.analysis.page_builder import page
+        from nccl_doctor.reporters.html import fragment
+
+        diagnosis = self.diagnose()
+        return fragment(diagnosis, page(self.traces, diagnosis))
 
     # -- what replay reads -------------------------------------------------------------------
     @cached_property
@@ -188,17 +208,24 @@ class Job:
             earlier = CaptureSet(*self.paths, attempt=key, evidence=False, job_ended=True,
                                  replay=False)
             yield from self._attempt_parts(earlier, cats, False, number, flight=False)
-        yield from self._attempt_parts(self._captures, cats, hold, max(1, len(attempts)))
+        yield from self._attempt_parts(self._captures, cats, hold, max(1, len(attempts)),
+                                       last=True)
 
     def _attempt_parts(self, captures_set: CaptureSet, cats: dict[str, columns.Categories],
-                       hold: bool, number: int, flight: bool = True,
+                       hold: bool, number: int, flight: bool = True, last: bool = False,
                        ) -> Iterator[columns.Columns | columns.Raw]:
         """One attempt's ranks' columns, in rank order: from its capture read as columns (as
         the set holds it, else read here - ``hold``: then held by the set, while the job is
         small), or from its events where only Flight Recorder saw the job (dumps, or calls
-        merged from ``fr``: the last attempt's, ``flight``)."""
+        merged from ``fr``: the last attempt's, ``flight``). The calls a rank never returned
+        from waited until its exit, else the job's stop or end (``last`` attempt's: an
+        earlier one's ranks ended when its launcher restarted them, unrecorded), else its
+        last record (columns.rank_end)."""
         captures = captures_set.capture_dirs
         scans = captures_set.chosen()
+        # (a capture file opened alone still ends with its run: its directory's)
+        ends = {d: job_end(captures_set, d) for d in {p.parent for p in scans.values()}
+                if not captures_set.is_dumps(d)} if last else {}
         # Flight Recorder's view (dumps given, or the pulls the watchdog kept): replay's
         # merge says which calls it saw alone, and which returned calls are still in flight
         pulled = any((d / watch_record.FR_DIR).is_dir() for d in captures if d.is_dir())
@@ -214,8 +241,9 @@ class Job:
                 flying[rank] = {e.idx for e in t.events
                                 if e.in_flight and e.source is not EventSource.FLIGHT_RECORDER}
         order = sorted({*scans, *fr_only})
-        read = ahead(partial(_raw, captures_set), [scans[r] for r in order if r in scans])
+        read = ahead(partial(_raw, captures_set, ends), [scans[r] for r in order if r in scans])
         for rank in order:
+            raw = None
             if rank in scans:
                 made, raw = next(read)
                 if hold:
@@ -223,7 +251,8 @@ class Job:
                 if raw is not None and number != 1:
                     raw = replace(raw, attempt=number)
                 if raw is not None and flying.get(rank):  # (Flight Recorder's view merged)
-                    yield columns.in_flight(columns.coded(raw, cats), flying[rank], cats)
+                    yield columns.in_flight(columns.coded(raw, cats), flying[rank], cats,
+                                            raw.end_ns)
                 elif raw is not None:
                     yield raw
             if rank in fr_only:
@@ -231,7 +260,8 @@ class Job:
                 if rank in scans:  # only what Flight Recorder added
                     trace = replace(trace, events=tuple(
                         e for e in trace.events if e.source is EventSource.FLIGHT_RECORDER))
-                yield columns.trace_columns(trace, cats, number)
+                yield columns.trace_columns(trace, cats, number,
+                                            end_ns=raw.end_ns if raw is not None else None)
 
 
 _RANK_COLUMNS = ("rank", "host", "pid", "local_rank", "node_rank", "world_size", "started",
@@ -270,11 +300,29 @@ class Chunks:
         self._used = True
 
 
-def _raw(captures: CaptureSet, path: Path) -> tuple[Read | DoctorError, columns.Raw | None]:
+def _raw(captures: CaptureSet, ends: dict[Path, tuple[int, ...]], path: Path,
+         ) -> tuple[Read | DoctorError, columns.Raw | None]:
     """One capture (as the set holds it, else read here: a reading thread) and its calls
-    (``columns.raw_calls``; None: it cannot be read)."""
+    (``columns.raw_calls``, up to its directory's job end ``ends``; None: it cannot be
+    read)."""
     made = captures.fresh(path)
-    return made, None if isinstance(made, DoctorError) else columns.raw_calls(made)
+    return made, None if isinstance(made, DoctorError) else columns.raw_calls(
+        made, ends.get(path.parent, ()))
+
+
+def job_end(captures: CaptureSet, directory: Path) -> tuple[int, ...]:
+    """When the job of capture ``directory`` was stopped (the watchdog's stop: nccl-doctor's,
+    for a hang, or the user's interrupt) and when it ended (its manifest), ns - what is
+    known: a rank that records no exit of its own waited in its last call until then
+    (columns.rank_end)."""
+    try:
+        manifest = captures.manifest(directory)
+    except DoctorError:
+        manifest = None
+    watch = captures.evidence(directory).watch
+    times = (watch.stopped_at if watch is not None else None,
+             manifest.ended_at if manifest is not None else None)
+    return tuple(round(t * 1e9) for t in times if t is not None)
 
 
 _LATENESS_COLUMNS = ("rank", "host", "calls", "last", "per_call_s", "per_step_s",

@@ -2,19 +2,25 @@
 opens from a file:// URL, attached to a ticket or a CI artifact. Rendered with Jinja2 (autoescape
 on: every string from the job - callsites, exception text, the command - is text, never markup)
 from the diagnosis and the ``Page`` the analysis drew from the captures (nccl_doctor/analysis/
-page.py: the timeline, the GPU samples). The drawings are inline SVG laid out here; the page has no JavaScript."""
+page.py: the timeline, the GPU samples). The drawings are inline SVG laid out here; the page has no JavaScript.
+
+``fragment`` is the same report as one element of another page - what a Jupyter notebook shows
+for a ``Diagnosis`` (its ``_repr_html_``): the page's content (templates/report_body.html.j2,
+one template for both) in a ``<div>``, with the page's stylesheet scoped to that element, so
+that it styles the report and nothing else of the notebook."""
 
 from __future__ import annotations
 
 import functools
 import json
+import re
 from pathlib import Path
 from typing import Any, TextIO
 
 import jinja2
 
 from nccl_doctor._version import __version__
-from nccl_doctor.diagnosis import Diagnosis, FindingKind
+from nccl_doctor.diagnosis import Diagnosis, Finding, FindingKind
 from nccl_doctor.finding_evidence import Evidence, GpuBusyEvidence
 from nccl_doctor.gpu.readings import GpuTrace
 from nccl_doctor.page_model import Page, Timeline, rank_ranges
@@ -25,6 +31,8 @@ from nccl_doctor.reporters.templating import environment
 _TEMPLATES = Path(__file__).parent / "templates"
 #: Points per GPU series drawn (a days-long run is sampled down to this).
 MAX_POINTS = 400
+#: The class of the fragment's element, the scope of its stylesheet.
+FRAGMENT_CLASS = "nccl-doctor-report"
 
 
 class HtmlReporter:
@@ -48,10 +56,50 @@ def _template() -> tuple[jinja2.Template, str]:
     return env.get_template("report.html.j2"), (_TEMPLATES / "report.css").read_text()
 
 
-def render(diagnosis: Diagnosis, page: Page) -> str:
+@functools.lru_cache(maxsize=1)
+def _fragment_template() -> tuple[jinja2.Template, str]:
+    """The fragment's template and its scoped stylesheet, loaded once per process."""
     template, css = _template()
+    return template.environment.get_template("report_fragment.html.j2"), scoped(
+        css, f".{FRAGMENT_CLASS}")
+
+
+def render(diagnosis: Diagnosis, page: Page) -> str:
+    """``report.html``: the whole page."""
+    template, css = _template()
+    return _render(template, css, diagnosis, page, whole=True)
+
+
+def fragment(diagnosis: Diagnosis, page: Page | None = None) -> str:
+    """The report as one ``<div>`` of another page (a notebook's output), its stylesheet
+    scoped to it; ``page``: what it draws beyond the diagnosis (None: the diagnosis alone)."""
+    template, css = _fragment_template()
+    return _render(template, css, diagnosis, page or Page(), whole=False)
+
+
+def finding_fragment(finding: Finding) -> str:
+    """One finding as the report shows it, alone in a ``<div>`` of another page (a notebook's
+    output), with the report's scoped stylesheet."""
+    template, css = _fragment_template()
+    return template.render(one=finding, evidence=[_evidence_rows(finding.evidence)], css=css)
+
+
+def scoped(css: str, root: str) -> str:
+    """``css`` (report.css: plain rules, no at-rules) applying only inside the element
+    ``root`` selects: each selector prefixed with it, the page's ``body`` and ``main`` made
+    ``root`` itself."""
+    def rule(m: re.Match[str]) -> str:
+        space, selectors, block = m.groups()
+        return space + ", ".join(root if s in ("body", "main") else f"{root} {s}"
+                                 for s in map(str.strip, selectors.split(","))) + block
+
+    return re.sub(r"(\s*)([^{}]+?)(\s*\{[^{}]*\})", rule, css)
+
+
+def _render(template: jinja2.Template, css: str, diagnosis: Diagnosis, page: Page,
+            whole: bool) -> str:
     return template.render(
-        d=diagnosis, root=diagnosis.root_cause, lanes=_lanes(page.timeline),
+        whole=whole, one=None, d=diagnosis, root=diagnosis.root_cause, lanes=_lanes(page.timeline),
         tree=page.tree, gpus=_gpu_charts(page.gpu, diagnosis),
         skews=_skew_chart(page.skews, diagnosis), versions=page.versions,
         gpu_reason=page.gpu.reason if page.gpu is not None and not page.gpu.available

@@ -5,10 +5,11 @@ Per rank: ``nccl_doctor_rank_calls_total`` (the capture's progress counter),
 Per job: ``nccl_doctor_hang_detected`` (1 from the watchdog's call until the process exits),
 ``nccl_doctor_phase``, ``nccl_doctor_run_state`` and ``nccl_doctor_verdict`` (1 for the current
 one), ``nccl_doctor_findings`` by kind, ``nccl_doctor_root_cause`` (1 per culprit rank of the root
-cause, labelled with the finding's kind, the rank's host and the call site),
-``nccl_doctor_straggler_skew_seconds``, ``nccl_doctor_rank_lateness_seconds``,
+cause, labelled with the finding's kind, the rank's host, the call site and the branch on the
+rank), ``nccl_doctor_straggler_skew_seconds``, ``nccl_doctor_rank_lateness_seconds``,
 ``nccl_doctor_straggler_cost_seconds_total``, ``nccl_doctor_nodes`` (joined, lost, expected),
-``nccl_doctor_quiet_seconds``. docs/serve.md lists them with example queries.
+``nccl_doctor_quiet_seconds``. Their labels are declared once (``LABELS``); docs/serve.md lists
+them.
 """
 
 from __future__ import annotations
@@ -22,6 +23,36 @@ from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metri
 from nccl_doctor.serve.state import Published
 
 PREFIX = "nccl_doctor"
+
+# Each metric's labels, by the name a query uses (a counter's with ``_total``): the families below
+# are made with these, and docs/serve.md lists them (tests/unit/test_cli_reference.py keeps the
+# page's label lists the same as this table).
+LABELS: dict[str, tuple[str, ...]] = {
+    f"{PREFIX}_rank_calls_total": ("rank", "host"),
+    f"{PREFIX}_rank_seconds_since_progress": ("rank", "host"),
+    f"{PREFIX}_rank_state": ("rank", "host", "state"),
+    f"{PREFIX}_hang_detected": (),
+    f"{PREFIX}_phase": ("phase",),
+    f"{PREFIX}_run_state": ("state",),
+    f"{PREFIX}_verdict": ("verdict",),
+    f"{PREFIX}_findings": ("kind",),
+    f"{PREFIX}_root_cause": ("rank", "host", "kind", "callsite", "branch"),
+    f"{PREFIX}_straggler_skew_seconds": ("rank",),
+    f"{PREFIX}_rank_lateness_seconds": ("rank", "host"),
+    f"{PREFIX}_straggler_cost_seconds_total": ("rank", "host"),
+    f"{PREFIX}_nodes": ("state",),
+    f"{PREFIX}_quiet_seconds": (),
+}
+
+
+def _gauge(name: str, documentation: str, **value: float) -> GaugeMetricFamily:
+    full = f"{PREFIX}_{name}"
+    return GaugeMetricFamily(full, documentation, labels=LABELS[full] or None, **value)
+
+
+def _counter(name: str, documentation: str) -> CounterMetricFamily:
+    full = f"{PREFIX}_{name}"
+    return CounterMetricFamily(full, documentation, labels=LABELS[f"{full}_total"])
 
 
 def render(pub: Published) -> bytes:
@@ -41,14 +72,11 @@ class _Collector:
 
 def families(pub: Published) -> Iterator[Metric]:
     view = pub.view
-    calls = CounterMetricFamily(f"{PREFIX}_rank_calls", "calls the rank has recorded so far "
-                                "(its capture's progress counter)", labels=["rank", "host"])
-    since = GaugeMetricFamily(f"{PREFIX}_rank_seconds_since_progress",
-                              "seconds since the rank last recorded a call",
-                              labels=["rank", "host"])
-    state = GaugeMetricFamily(f"{PREFIX}_rank_state", "1 for the rank's state as the watchdog "
-                              "last saw it (running, computing, waiting, awaited, stopped, "
-                              "ended)", labels=["rank", "host", "state"])
+    calls = _counter("rank_calls", "calls the rank has recorded so far (its capture's progress "
+                     "counter)")
+    since = _gauge("rank_seconds_since_progress", "seconds since the rank last recorded a call")
+    state = _gauge("rank_state", "1 for the rank's state as the watchdog last saw it (running, "
+                   "computing, waiting, awaited, stopped, ended)")
     hosts = {}
     for r in view.ranks if view is not None else ():
         labels = [str(r.rank), r.host]
@@ -58,35 +86,30 @@ def families(pub: Published) -> Iterator[Metric]:
         state.add_metric([*labels, r.state.value], 1)
     yield from (calls, since, state)
 
-    yield GaugeMetricFamily(f"{PREFIX}_hang_detected", "1 while a hang the watchdog called "
-                            "stands: from the call until this process exits (through the stop, "
-                            "the analysis and --serve-linger), unless progress retracts it; "
-                            "0 otherwise", value=1 if pub.hang_detected else 0)
-    phase = GaugeMetricFamily(f"{PREFIX}_phase", "1 for the job's phase (starting, running, "
-                              "computing, waiting_on_peers, ended, analysing, done; hang from "
-                              "the call until this process exits)", labels=["phase"])
+    yield _gauge("hang_detected", "1 while a hang the watchdog called stands: from the call "
+                 "until this process exits (through the stop, the analysis and --serve-linger), "
+                 "unless progress retracts it; 0 otherwise", value=1 if pub.hang_detected else 0)
+    phase = _gauge("phase", "1 for the job's phase (starting, running, computing, "
+                   "waiting_on_peers, ended, analysing, done; hang from the call until this "
+                   "process exits)")
     phase.add_metric([pub.phase], 1)
-    run = GaugeMetricFamily(f"{PREFIX}_run_state", "1 for the run's state (starting, running, "
-                            "ended, analysing, done: the job is over, its report final)",
-                            labels=["state"])
+    run = _gauge("run_state", "1 for the run's state (starting, running, ended, analysing, done: "
+                 "the job is over, its report final)")
     run.add_metric([pub.state], 1)
-    verdict = GaugeMetricFamily(f"{PREFIX}_verdict", "1 for the newest report's verdict "
-                                "(none before the first report)", labels=["verdict"])
+    verdict = _gauge("verdict", "1 for the newest report's verdict (none before the first "
+                     "report)")
     verdict.add_metric([pub.verdict], 1)
     yield from (phase, run, verdict)
 
-    findings = GaugeMetricFamily(f"{PREFIX}_findings", "findings of the newest report, by kind",
-                                 labels=["kind"])
+    findings = _gauge("findings", "findings of the newest report, by kind")
     by_kind = Counter(f.kind.value for f in (pub.report.findings if pub.report else ()))
     for kind, n in sorted(by_kind.items()):
         findings.add_metric([kind], n)
     yield findings
 
     cause = pub.root_cause
-    root = GaugeMetricFamily(f"{PREFIX}_root_cause", "1 for each culprit rank of the newest "
-                             "report's root cause (branch: the branch on the rank that split the "
-                             "ranks, path:line)", labels=["rank", "host", "kind", "callsite",
-                                                          "branch"])
+    root = _gauge("root_cause", "1 for each culprit rank of the newest report's root cause "
+                  "(branch: the branch on the rank that split the ranks, path:line)")
     if cause is not None:
         branch = cause.branch
         where = f"{branch.path}:{branch.line}" if branch is not None else ""
@@ -95,34 +118,31 @@ def families(pub: Published) -> Iterator[Metric]:
             root.add_metric([str(rank), host, cause.kind.value, cause.callsite or "", where], 1)
     yield root
 
-    skew = GaugeMetricFamily(f"{PREFIX}_straggler_skew_seconds", "a late rank's median lateness "
-                             "at the collectives it was last to (the straggler watch's latest)",
-                             labels=["rank"])
+    skew = _gauge("straggler_skew_seconds", "a late rank's median lateness at the collectives "
+                  "it was last to (the straggler watch's latest)")
     for rank, seconds in sorted(pub.skew_s.items()):
         skew.add_metric([str(rank)], seconds)
     yield skew
 
-    late = GaugeMetricFamily(f"{PREFIX}_rank_lateness_seconds", "how late the rank arrives at "
-                             "collectives per step, after the first member (across hosts "
-                             "without comparing clocks; the straggler watch's latest)",
-                             labels=["rank", "host"])
+    late = _gauge("rank_lateness_seconds", "how late the rank arrives at collectives per step, "
+                  "after the first member (across hosts without comparing clocks; the straggler "
+                  "watch's latest)")
     yield _per_rank(late, pub.lateness_s, lambda rank: hosts.get(rank) or _host_of(pub, rank))
 
-    cost = CounterMetricFamily(f"{PREFIX}_straggler_cost_seconds", "time the other ranks "
-                               "waited for this rank, the last to arrive, at collectives "
-                               "skewed past 20 ms (their median wait, summed per collective)",
-                               labels=["rank", "host"])
+    cost = _counter("straggler_cost_seconds", "time the other ranks waited for this rank, the "
+                    "last to arrive, at collectives skewed past 20 ms (their median wait, summed "
+                    "per collective)")
     yield _per_rank(cost, pub.cost_s, lambda rank: hosts.get(rank) or _host_of(pub, rank))
 
-    nodes = GaugeMetricFamily(f"{PREFIX}_nodes", "nodes of the job: joined, lost, expected "
-                              "(multi-node and Ray jobs; 1 joined otherwise)", labels=["state"])
+    nodes = _gauge("nodes", "nodes of the job: joined, lost, expected (multi-node and Ray "
+                   "jobs; 1 joined otherwise)")
     for key, n in sorted(pub.nodes.items()):
         nodes.add_metric([key], n)
     yield nodes
 
     if view is not None:
-        yield GaugeMetricFamily(f"{PREFIX}_quiet_seconds", "seconds since any rank recorded a "
-                                "call", value=view.quiet_s)
+        yield _gauge("quiet_seconds", "seconds since any rank recorded a call",
+                     value=view.quiet_s)
 
 
 def _per_rank(family: Metric, values: Mapping[int, float],

@@ -155,16 +155,21 @@ class Job:
             return True
         return True
 
-    def reap_stragglers(self, grace: float = 5.0) -> bool:
-        """After the leader exits, give leftover processes ``grace`` seconds, then stop them.
+    def reap_stragglers(self, grace: float = 5.0, kill: bool = False) -> bool:
+        """After the leader exits, give leftover processes ``grace`` seconds, then stop them:
+        SIGTERM, and SIGKILL five seconds later - or at once (``kill``: after the user's
+        Ctrl-C, which they had already).
 
         Returns True if any process had to be stopped (an orphan the launcher left behind).
         """
         deadline = time.monotonic() + grace
         while self.group_alive() and time.monotonic() < deadline:
-            time.sleep(0.1)
+            time.sleep(0.05)
         if not self.group_alive():
             return False
+        if kill:
+            self.signal(signal.SIGKILL)
+            return True
         self.signal(signal.SIGTERM)
         deadline = time.monotonic() + 5.0
         while self.group_alive() and time.monotonic() < deadline:

@@ -1,8 +1,10 @@
 """What the terminal sends goes on to the job: the job runs in its own process group, so
 SIGINT, SIGTERM and SIGHUP reaching ``nccl-doctor run`` are forwarded to it. The user's first
 one is held as an ``Interrupted`` event until the supervisor's loop keeps it (a handler that
-wrote watchdog.json could interleave with the loop's own write); a third means "stop now"
-(SIGKILL): the job ignored two polite ones.
+wrote watchdog.json could interleave with the loop's own write); a second means "stop now"
+(SIGKILL). Ctrl-C is the user's, at the terminal: what the first SIGINT leaves running is
+killed a moment later (``CTRL_C_GRACE``: the supervisor's Stopper), so the command ends within
+two seconds - a rank blocked in a collective never sees its KeyboardInterrupt.
 
 A signal may also reach the job's processes and not nccl-doctor: Slurm's ``--signal=TERM@60``
 goes to the job's steps (the ranks), ``scancel --signal`` without ``--full`` too, and srun then
@@ -27,6 +29,9 @@ FORWARDED = (signal.SIGINT, signal.SIGTERM, signal.SIGHUP)
 #: any; USR1 and USR2 are the usual ones) - where a crash ends by SIGSEGV, SIGABRT or SIGBUS and
 #: the OOM killer by SIGKILL
 SENT = (*FORWARDED, signal.SIGUSR1, signal.SIGUSR2)
+#: seconds the job has to end after the user's Ctrl-C (its own handlers: a checkpoint saved,
+#: torchrun ending its workers) before what is left of it is killed
+CTRL_C_GRACE = 1.0
 
 
 class SignalForwarder:
@@ -76,7 +81,7 @@ class SignalForwarder:
             self._pending = (round(time.time(), 3), signal.Signals(sig).name,
                              senders.sender(sig))
         self.count += 1
-        sig = signal.SIGKILL if self.count >= 3 else sig
+        sig = signal.SIGKILL if self.count >= 2 else sig
         job = self.job()
         if job is None:  # still being launched: sent once it is (``launched``)
             self._unsent = sig

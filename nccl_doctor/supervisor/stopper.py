@@ -26,6 +26,7 @@ class Stopper:
         self.stopping = False  # the job is being stopped for a hang
         self.term_at: float | None = None  # when a job whose ranks were asked to exit gets SIGTERM
         self.kill_at: float | None = None  # when the job stopped for a hang gets SIGKILL
+        self.cut_at: float | None = None  # when what the user's Ctrl-C left gets SIGKILL
         # --on-hang restart: the hung ranks' processes (pid -> start time) and when those still
         # there get SIGKILL
         self.ending: tuple[float, dict[int, float]] | None = None
@@ -53,6 +54,13 @@ class Stopper:
         else:
             self._terminate(stop)
 
+    def cut_short(self, grace: float) -> None:
+        """The user's Ctrl-C, forwarded already: what of the job is still there after
+        ``grace`` gets SIGKILL (a rank blocked in a collective never raises its
+        KeyboardInterrupt). Not a stop for a hang: the ranks' ends are the interrupt's."""
+        if self.kill_at is None and self.cut_at is None:
+            self.cut_at = self.live.clock() + grace
+
     def end_ranks(self, pids: tuple[int, ...] = ()) -> None:
         """``--on-hang restart``: SIGTERM to this host's ranks, SIGKILL after the kill grace to
         those still there - a failure their launcher restarts them for (an exit request would
@@ -76,6 +84,9 @@ class Stopper:
         if self.term_at is not None and now >= self.term_at:
             self.term_at = None  # the ranks were asked to exit; the launcher is still there
             self._terminate()
+        if self.cut_at is not None and now >= self.cut_at:
+            self.cut_at = None  # (the interrupt kept explains the ends: no Stopped)
+            self.signal(signal.SIGKILL)
         if self.kill_at is not None and now >= self.kill_at:
             self.signal(signal.SIGKILL)  # the grace after SIGTERM is over
             self.kill_at = None

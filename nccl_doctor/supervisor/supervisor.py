@@ -50,7 +50,7 @@ from nccl_doctor.supervisor.policy import HangPolicy
 from nccl_doctor.supervisor.cluster import Cluster
 from nccl_doctor.supervisor.silent_watch import SilentWatch
 from nccl_doctor.supervisor.straggler_watch import StragglerWatch
-from nccl_doctor.supervisor.signals import outside_end
+from nccl_doctor.supervisor.signals import CTRL_C_GRACE, outside_end
 from nccl_doctor.supervisor.start import Launch, supervisor_entry
 from nccl_doctor.supervisor.stopper import Stopper
 from nccl_doctor.supervisor.watchdog import Watchdog
@@ -82,6 +82,7 @@ class RunResult:
     analysis_error: str | None = None
     stopped_orphans: bool = False
     stopped_for_hang: bool = False  # the watchdog stopped the job (--on-hang kill)
+    by_user: bool = False  # the user's Ctrl-C ended the job (no report is served on: --serve)
 
 
 #: The longest the loop sleeps while nothing moves (a watch or listener without ``due`` is
@@ -134,6 +135,7 @@ class Supervisor:
             live.federation = self.federation
         self.cluster = cluster
         self.stopper = Stopper(self.live, self.run_id, self._keep, cluster)
+        self._ctrl_c = False  # the user's Ctrl-C came (the job is ended within CTRL_C_GRACE)
         self.stopper.job = launch.job
         launch.stopping = lambda: self.stopper.stopping
         self.signals = launch.signals
@@ -212,6 +214,7 @@ class Supervisor:
 
     def _run(self) -> RunResult:
         launch = self.launch
+        ended = False
         try:
             job = launch.job or self._launch()
             self.live.captures.manifest = launch.manifest  # held: never read back
@@ -227,15 +230,20 @@ class Supervisor:
             if self.cluster is not None:
                 self.cluster.end()  # the node doctors end their nodes' jobs, then report
             self._wait_for_nodes()
+            ended = True
         except DoctorError:
             self.state = State.DONE
             raise
         finally:
-            launch.signals.restore()
+            if not ended:
+                launch.signals.restore()
             if self.gpu is not None:
                 self.gpu.close()  # its last sample lands before the analysis reads it
         self._to(State.ENDED)
-        stopped = job.reap_stragglers()
+        try:  # (a second Ctrl-C meanwhile kills what the launcher left: SignalForwarder)
+            stopped = self._reap(job)
+        finally:
+            launch.signals.restore()
         job.release()
         drop_empty_fault_files(self.out_dir)  # every rank is gone: none can fault any more
         status = exit_status(code)
@@ -253,7 +261,17 @@ class Supervisor:
             if self.cluster is not None:
                 self.cluster.close(self.final_wait)
         self._to(State.DONE)
-        return RunResult(status, diagnosis, report, error, stopped, stopped_for_hang)
+        return RunResult(status, diagnosis, report, error, stopped, stopped_for_hang,
+                         self._ctrl_c)
+
+    def _reap(self, job: Job) -> bool:
+        """The processes the job's launcher left, stopped: whether there were any. After the
+        user's Ctrl-C they are killed when its grace is over."""
+        if not self._ctrl_c:
+            return job.reap_stragglers()
+        cut_at = self.stopper.cut_at
+        return job.reap_stragglers(
+            max(0.0, cut_at - self.live.clock()) if cut_at is not None else 0.0, kill=True)
 
     def _launch(self) -> Job:
         """The launch inside the supervisor (the job not launched before it was built): the
@@ -311,7 +329,8 @@ class Supervisor:
         without one: ``poll_interval``) and listeners (without one: ``MAX_SLEEP``), within
         ``poll_interval`` and ``MAX_SLEEP``."""
         fast = self.poll_interval
-        if (self._moved or self.stopper.stopping or self.federation is not None
+        if (self._moved or self.stopper.stopping or self.stopper.cut_at is not None
+                or self.federation is not None
                 or self.cluster is not None):
             return fast
         now = self.live.clock()
@@ -329,8 +348,15 @@ class Supervisor:
         """The user's interrupt, kept beside the captures: the ranks' ends that follow are its
         doing, and the analysis diagnoses the job as it was when it came."""
         interrupt = self.signals.take_interrupt()
-        if interrupt is not None:
-            self._keep(interrupt)
+        if interrupt is None:
+            return
+        self._keep(interrupt)
+        if self.watchdog is not None:
+            self.watchdog.interrupted = True
+        if interrupt.signals == ("SIGINT",):  # the user at the terminal: the job ends now
+            self._ctrl_c = True
+            self.stopper.cut_short(CTRL_C_GRACE)
+        else:  # a scheduler's: its SIGKILL may follow before the job's end
             self._interrupted_report()
 
     def _keep_outside_end(self, code: int) -> None:

@@ -90,6 +90,8 @@ class Watchdog:
         assert job.policy is not None
         self.job, self.policy, self.clock = job, job.policy, job.clock
         self.state = WatchState.WATCHING
+        # the user's interrupt came (the supervisor says): the ranks' ends that follow are its
+        self.interrupted = False
         self.diagnosis: Diagnosis | None = None  # the standing hang diagnosis, if any
         self.detected_at: float | None = None
         self._counts: dict[int, int] = {}
@@ -137,8 +139,8 @@ class Watchdog:
         if snap.counts != self._counts:
             self._counts = dict(snap.counts)
             self._fr_dumps, self._fr_signature = None, None  # Python calls moved: pull afresh
-            if self.state is WatchState.HANG:
-                return self._after_hang(snap, now)
+            if self.state is WatchState.HANG:  # (the interrupt's ends are not the backend's)
+                return None if self.interrupted else self._after_hang(snap, now)
             self._progressed(now)
             return None
         quiet_for, since_look = now - self._progress_at, now - self._last_look
@@ -568,8 +570,8 @@ class Watchdog:
     def settle(self, traces: TraceSet) -> Decision | None:
         """The job has ended (``traces``: its captures, post mortem): what became of the calls a
         standing hang was called on, which the job may have ended too soon to show live."""
-        if self.diagnosis is None or self.stopped_job:
-            return None  # no hang, or nccl-doctor ended the calls itself
+        if self.diagnosis is None or self.stopped_job or self.interrupted:
+            return None  # no hang, or nccl-doctor or the user's interrupt ended the calls
         return self._settle(traces, {}, self.clock(), ended=True)
 
     def _settle(self, traces: TraceSet, fr: dict[int, dict[str, Any]], now: float,

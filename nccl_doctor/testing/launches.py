@@ -3,13 +3,17 @@
 While such a test runs, ``subprocess.Popen`` rewrites a launch command (torchrun,
 ``python -m torch.distributed.run``/``.launch``, ``accelerate launch``, deepspeed) into
 ``python -m nccl_doctor run --quiet --out DIR --hang-after S -- COMMAND``: a hang is called and
-the job stopped in seconds, and the test then fails with the diagnosis read from DIR.
+the job stopped in seconds, and the test then fails with the diagnosis read from DIR; a crash
+is diagnosed there too, for the test's failure. The test sees the process it started: ``args``
+its own command, the job's output and exit status (``run`` passes them through; 124 when it
+stopped a hang).
 """
 
 from __future__ import annotations
 
 import os
 import shlex
+import shutil
 import subprocess
 import sys
 from pathlib import Path
@@ -40,6 +44,20 @@ def is_launch(argv: Sequence[str]) -> bool:
     return False
 
 
+def _startable(argv: Sequence[str], env: Any, cwd: Any) -> bool:
+    """Whether ``argv[0]`` can be started: if not, the command is left as it is, for Popen to
+    raise the FileNotFoundError the test would get without the doctor."""
+    head = str(argv[0])
+    if os.sep in head:
+        return os.access(os.path.join(str(cwd or ""), head), os.X_OK)
+    path = (env if env is not None else os.environ).get("PATH", os.defpath)
+    return shutil.which(head, path=path) is not None
+
+
+#: the verdicts (report.json) of a launched run that the test's failure is told about
+DIAGNOSED = ("hang", "crash")
+
+
 class Launches:
     """Rewrites launch commands while ``active``; remembers each run's capture directory."""
 
@@ -48,7 +66,7 @@ class Launches:
         self.runs: list[Path] = []
         self._original = subprocess.Popen.__init__
 
-    def wrap(self, args: Any, shell: bool) -> Any:
+    def wrap(self, args: Any, shell: bool, env: Any = None, cwd: Any = None) -> Any:
         out = self.base / f"launch{len(self.runs)}"
         doctor = [sys.executable, "-m", "nccl_doctor", "run", "--quiet", "--force", "--out",
                   str(out), "--hang-after", str(self.hang_after), "--"]
@@ -58,7 +76,8 @@ class Launches:
                 return args
             self.runs.append(out)
             return " ".join(shlex.quote(w) for w in doctor) + " " + args
-        if isinstance(args, (list, tuple)) and is_launch([str(a) for a in args]):
+        if (isinstance(args, (list, tuple)) and is_launch([str(a) for a in args])
+                and _startable(args, env, cwd)):
             self.runs.append(out)
             return doctor + [str(a) for a in args]
         return args
@@ -67,7 +86,11 @@ class Launches:
         launches, original = self, self._original
 
         def __init__(popen: Any, args: Any, *a: Any, **kw: Any) -> None:
-            original(popen, launches.wrap(args, bool(kw.get("shell"))), *a, **kw)
+            wrapped = launches.wrap(args, bool(kw.get("shell")), kw.get("env"), kw.get("cwd"))
+            original(popen, wrapped, *a, **kw)
+            # what the test sees of its process (CompletedProcess.args, CalledProcessError.cmd,
+            # TimeoutExpired.cmd) is its own command, not the doctor's around it
+            popen.args = args
 
         subprocess.Popen.__init__ = __init__  # type: ignore[method-assign]
         return self
@@ -75,31 +98,44 @@ class Launches:
     def __exit__(self, *exc: object) -> None:
         subprocess.Popen.__init__ = self._original  # type: ignore[method-assign]
 
-    def hangs(self) -> list[dict]:
-        """The report of every launched run that the doctor diagnosed as hung."""
+    def diagnosed(self) -> list[dict]:
+        """The report (report.json) of every launched run the doctor diagnosed as hung or
+        crashed, in launch order; ``_capture`` names its capture directory."""
         out = []
         for run in self.runs:
             try:
                 report = bounded_json.load_file(run / "report.json")
             except (OSError, ValueError):
                 continue
-            if report.get("verdict") == "hang":
+            if isinstance(report, dict) and report.get("verdict") in DIAGNOSED:
                 report["_capture"] = str(run)
                 out.append(report)
         return out
 
 
+def _what(report: dict) -> str:
+    """What became of a launched run, in words."""
+    if report.get("verdict", "hang") == "hang":
+        return "hung"
+    status = report.get("exit_status")
+    return f"crashed (exit status {status})" if isinstance(status, int) else "crashed"
+
+
 def reason(report: dict) -> str:
-    """A hang report (report.json) in one line: its root cause."""
+    """A hang's or a crash's report (report.json) in one line: its root cause."""
     root = next((f for f in report.get("findings", []) if f.get("root_cause")), None)
+    hung = report.get("verdict", "hang") == "hang"
     if root is None:
-        return "a job this test launched hung; nccl-doctor stopped it"
-    return visible(f"a job this test launched hung: {root.get('kind')}: {root.get('title')}")
+        return ("a job this test launched hung; nccl-doctor stopped it" if hung
+                else f"a job this test launched {_what(report)}")
+    return visible(f"a job this test launched {'hung' if hung else 'crashed'}: "
+                   f"{root.get('kind')}: {root.get('title')}")
 
 
 def describe(report: dict) -> str:
-    """A hang report (report.json) as failure text."""
-    lines = ["nccl-doctor: a job this test launched hung; it was stopped"]
+    """A hang's or a crash's report (report.json) as failure text."""
+    stopped = "; it was stopped" if report.get("verdict", "hang") == "hang" else ""
+    lines = [f"nccl-doctor: a job this test launched {_what(report)}{stopped}"]
     root = next((f for f in report.get("findings", []) if f.get("root_cause")), None)
     if root is not None:
         lines += [f"ROOT CAUSE {root.get('kind')}: {root.get('title')}", root.get("detail", "")]

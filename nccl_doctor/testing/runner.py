@@ -55,17 +55,18 @@ class Outcome:
         """What the failure's ``nccl-doctor`` section says: where the capture is kept."""
         return f"capture: {self.capture} (nccl-doctor replay it)" if self.capture else ""
 
-    def failure_text(self) -> str:
+    def failure_text(self, width: int | None = None) -> str:
         """The diagnosis first (culprit rank, collective, sequence number, callsite, stacks),
-        then each failing rank's traceback (testing/worker.py leaves out nccl-doctor's own
-        frames). The capture is named once, by ``section``."""
+        laid out for ``width`` columns (None: this process's terminal's), then each failing
+        rank's traceback (testing/worker.py leaves out nccl-doctor's own frames). The capture
+        is named once, by ``section``."""
         parts = []
         if self.timed_out:
             parts.append("the distributed test ran past its timeout and was stopped")
         if self.diagnosis is not None and (self.diagnosis.verdict is not Verdict.OK
                                            or self.diagnosis.findings):
             buffer = io.StringIO()
-            ConsoleReporter().render(self.diagnosis, buffer, color=False)
+            ConsoleReporter(width).render(self.diagnosis, buffer, color=False)
             parts.append(buffer.getvalue().rstrip())
         silent = []
         for rank, r in sorted(self.ranks.items()):

@@ -83,11 +83,16 @@ def test_cpo_logits_gather_hangs_where_the_padded_logits_are_gathered(tmp_path, 
     assert "ROOT CAUSE collective_mismatch" in proc.stderr
     assert f["evidence"]["known_issue"]["rule"] == "A"  # no TRL here: the general fix
     assert "known issue" in proc.stderr and "gather a reduced value" in f["hint"]
+    # the demo's trainer is nccl-doctor's, not the user's
+    assert "rank 1: nccl-doctor's " in f["detail"] and "your " not in f["detail"], f["detail"]
 
 
 def test_cpo_logits_gather_fixed_is_ok(tmp_path, device):
     proc, report, _ = demo(tmp_path, device, "cpo_logits_gather", "--fixed")
     assert proc.returncode == 0 and report["verdict"] == "ok", proc.stderr[-3000:]
+    # a healthy report is short: the calls issued from C++ are for the record (report.json)
+    assert report["notes"] == [] and "note:" not in proc.stderr, proc.stderr[-3000:]
+    assert any("not recorded: issued from C++" in d for d in report["details"]), report
 
 
 def test_zero3_generate_hangs_in_the_weight_gather(tmp_path, device):

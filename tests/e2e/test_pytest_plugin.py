@@ -208,3 +208,107 @@ def test_nccl_doctor_option_catches_a_hanging_torchrun(pytester: pytest.Pytester
     pytester.makeini("[pytest]\nnccl_doctor = true\n")
     again = pytester.runpytest_subprocess("-p", "no:cacheprovider", "-k", "clean", timeout=600)
     assert again.parseoutcomes().get("passed") == 1
+
+
+CRASHING = '''
+import json, os, subprocess, sys
+
+import pytest
+import torch.distributed as dist
+
+COMMAND = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node=2",
+           JOB]
+
+
+def launch(tmp_path):
+    proc = subprocess.run(COMMAND, env=dict(os.environ, END="raise", SEEN=str(tmp_path)),
+                          capture_output=True, text=True, timeout=240)
+    return proc
+
+
+def test_launches_a_crashing_job(tmp_path):
+    proc = launch(tmp_path)
+    with open(SEEN, "w") as f:  # what the test saw of its process
+        json.dump({"args": proc.args, "returncode": proc.returncode, "stdout": proc.stdout,
+                   "stderr": proc.stderr}, f)
+    assert proc.returncode == 0
+
+
+def test_expects_the_crash(tmp_path):
+    assert launch(tmp_path).returncode != 0
+
+
+@pytest.mark.distributed(world_size=2, timeout=60)
+def test_assert_on_rank_1():
+    assert dist.get_rank() != 1, "rank 1 disagrees with rank 0 about the sum"
+'''
+
+
+@pytest.mark.parametrize("mode", ["serial", "xdist"])
+def test_nccl_doctor_option_diagnoses_a_crashing_torchrun(
+        mode: str, pytester: pytest.Pytester, monkeypatch: pytest.MonkeyPatch):
+    """A job a test launches that crashes (one rank raises) fails the test, when it fails, with
+    the diagnosis after its own traceback, and the capture is kept; the test sees its process
+    as without the doctor (its command, its exit status, its output). Under pytest-xdist the
+    failure text is the same: not hard-wrapped at the 80 columns of a worker's environment."""
+    import json
+    from pathlib import Path
+
+    monkeypatch.delenv("COLUMNS", raising=False)  # a pipe, no width: no line is wrapped
+    monkeypatch.setenv("CI", "true")  # the short summary's reasons are not cut (pytest's rule)
+    job = Path(__file__).parent.parent / "integration" / "jobs" / "ends.py"
+    seen = pytester.path / "seen.json"
+    pytester.makepyfile(test_launch=f"JOB = {str(job)!r}\nSEEN = {str(seen)!r}\n" + CRASHING)
+    extra = ["-p", "xdist", "-n", "2"] if mode == "xdist" else []
+    result = pytester.runpytest_subprocess("-p", "no:cacheprovider", "-rA", "--nccl-doctor",
+                                           "--nccl-doctor-keep=kept", "--junitxml=junit.xml",
+                                           *extra, timeout=600)
+    out = result.stdout.str()
+    assert result.parseoutcomes() == {"passed": 1, "failed": 2}, out[-3000:]
+    # what the test saw: its own command, the job's exit status (torchrun's 1) and output
+    saw = json.loads(seen.read_text())
+    assert saw["args"][1:] == ["-m", "torch.distributed.run", "--standalone",
+                               "--nproc-per-node=2", str(job)], saw["args"]
+    assert saw["returncode"] == 1
+    assert "rank 1 says hello" in saw["stdout"] and "nccl_doctor" not in saw["stdout"]
+    assert "ValueError: rank 1 gives up" in saw["stderr"] and "ChildFailedError" in saw["stderr"]
+    # the failure: the test's own assertion, then the diagnosis naming the rank, the error and
+    # its line, then the kept capture; one line in the short summary with the root cause
+    line = 1 + job.read_text().splitlines().index('                raise ValueError("rank 1 '
+                                                   'gives up")')
+    title = (f"rank_exited: rank 1 raised ValueError: rank 1 gives up at {job}:{line} while its "
+             "peers still needed it")
+    assert (f"FAILED test_launch.py::test_launches_a_crashing_job - a job this test launched "
+            f"crashed: {title}") in result.outlines, out[-3000:]
+    crash = failure_of(out, "test_launches_a_crashing_job")
+    assert "assert 1 == 0" in crash and "nccl-doctor: a job this test launched crashed" in crash
+    assert crash.index("assert 1 == 0") < crash.index("ROOT CAUSE")
+    # a line longer than 80 columns, whole (under xdist as well)
+    long_line = f"ROOT CAUSE {title}"
+    assert len(long_line) > 80 and long_line in crash.splitlines(), crash
+    assert crash.count("ROOT CAUSE") == 1 and crash.count("(nccl-doctor replay it)") == 1
+    kept = re.search(r"^crash: (\S+) \(nccl-doctor replay it\)$", crash, re.M)
+    assert kept is not None, crash
+    assert Path(kept.group(1)).parent == pytester.path / "kept"
+    assert (Path(kept.group(1)) / "report.json").is_file()
+    assert "PASSED test_launch.py::test_expects_the_crash" in out
+    assert sorted(p.name for p in (pytester.path / "kept").iterdir()) == [
+        "test_launch.py_test_assert_on_rank_1", "test_launch.py_test_launches_a_crashing_job"]
+    # a distributed test's diagnosis too is laid out for pytest's terminal, not a worker's
+    failed_rank = failure_of(out, "test_assert_on_rank_1")
+    fix = re.search(r"^ROOT CAUSE rank_exited: rank 1 raised AssertionError: rank 1 disagrees "
+                    r"with rank 0 about the sum at test_launch\.py:\d+$", failed_rank, re.M)
+    assert fix is not None and len(fix.group(0)) > 80, failed_rank
+    # JUnit XML: the root cause is the message, the same unwrapped text the body
+    suite = ET.parse(pytester.path / "junit.xml").getroot().find("testsuite")
+    assert suite is not None
+    cases = {case.get("name"): case for case in suite.iter("testcase")}
+    failure = cases["test_launches_a_crashing_job"].find("failure")
+    assert failure is not None
+    assert failure.get("message") == f"a job this test launched crashed: {title}"
+    assert long_line in failure.text.splitlines(), failure.text
+    assert kept.group(0) in failure.text
+    assert fix.group(0) in cases["test_assert_on_rank_1"].find("failure").text
+    assert ("nccl_doctor", "diagnosed") in [
+        (p.get("name"), p.get("value"))
+        for p in cases["test_launches_a_crashing_job"].iter("property")]

@@ -105,8 +105,24 @@ def replay_calls(out: Path):
     parts = []
     for _, trace in sorted(traces.ranks.items()):
         recorded = tuple(e for e in trace.events if e.source is not EventSource.FLIGHT_RECORDER)
-        parts.append(columns.trace_columns(replace(trace, events=recorded), cats))
+        parts.append(columns.trace_columns(replace(trace, events=recorded), cats,
+                                           job_end=job_end(Path(trace.path).parent)))
     return columns.frame(parts, cats)
+
+
+def job_end(directory: Path) -> tuple[int, ...]:
+    """When the job of capture ``directory`` was stopped and ended (ns), read here from its
+    watchdog.json and manifest: where ``waited_s`` of a call never returned ends
+    (nccl_doctor/data/columns.py rank_end)."""
+    from nccl_doctor.capture.manifest import read_manifest
+    from nccl_doctor.capture.watch_record import read_watch_log
+
+    if not directory.is_dir():
+        return ()
+    watch, manifest = read_watch_log(directory), read_manifest(directory)
+    times = (watch.stopped_at if watch is not None else None,
+             manifest.ended_at if manifest is not None else None)
+    return tuple(round(t * 1e9) for t in times if t is not None)
 
 
 def plain(frame):

@@ -187,9 +187,12 @@ def test_a_call_flight_recorder_saw_unfinished_reads_in_flight(tmp_path, stopped
     assert flying["state"].tolist() == ["entered"] and flying["t_exit"].isna().all()
     assert flying["duration_s"].isna().all()
     # every row as replay's merged read has it
+    from nccl_doctor.capture.capture_set import CaptureSet
     from nccl_doctor.data import columns
+    from nccl_doctor.data.job import job_end
     cats = columns.categories()
-    reference = columns.frame([columns.trace_columns(t, cats)
+    ended = job_end(CaptureSet(out), out)  # (the hung calls wait until the stop)
+    reference = columns.frame([columns.trace_columns(t, cats, job_end=ended)
                                for _, t in sorted(job.traces.ranks.items())], cats)
     pd.testing.assert_frame_equal(plain(merged), plain(reference))
     # without the dump, the same row is what the rank recorded: returned

@@ -174,3 +174,14 @@ def test_each_side_says_its_line_of_yours_with_its_code(tb, tmp_path):
     assert sides[(0,)]["your_code"] == "dist.barrier()"
     assert sides[(1,)]["your_line"].endswith(f"train.py:{after.line}")
     assert f"rank 1: your {sides[(1,)]['your_line']} `dist.all_reduce(t)`" in root.detail
+
+
+def test_a_line_of_nccl_doctors_own_trainers_is_not_called_the_users():
+    from nccl_doctor import paths
+    from nccl_doctor.trainers import preference
+    from nccl_doctor.reproducers import cpo_logits_gather
+
+    assert paths.whose(preference.__file__) == "nccl-doctor's "
+    assert paths.whose(cpo_logits_gather.__file__) == "nccl-doctor's "
+    assert paths.whose("/home/me/train.py") == "your "
+    assert paths.whose(paths.__file__) == ""  # nccl-doctor's own library code is no user's

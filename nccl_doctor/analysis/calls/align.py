@@ -8,6 +8,7 @@ from dataclasses import dataclass, field
 from typing import Callable, TypeVar
 
 from nccl_doctor.model import Event, EventKind, EventSource, EventState, RankTrace, TraceSet
+from nccl_doctor.words import ranks_verb
 
 #: Ops that are one operation under several names (deprecated aliases and renames).
 OP_ALIASES = {
@@ -173,14 +174,19 @@ UNSEEN_WHY = ("issued from C++ without a Python frame (a C++ extension, a functi
 
 
 def unseen_lines(traces: TraceSet) -> list[str]:
-    """One line per rank and group whose recorded calls skip sequence numbers."""
+    """One line per group and the sequence numbers its recorded calls skip, the ranks that
+    skipped the same said together."""
     out = []
     for name, timeline in timelines(traces).items():
+        alike: dict[tuple[int, ...], list[int]] = {}
         for rank, seqs in sorted(timeline.unseen.items()):
+            alike.setdefault(tuple(seqs), []).append(rank)
+        for seqs, ranks in alike.items():
             shown = ", ".join(f"#{s}" for s in seqs[:6]) + (" ..." if len(seqs) > 6 else "")
             many = len(seqs) > 1
-            out.append(f"rank {rank} made {'collectives' if many else 'a collective'} at "
-                       f"{'sequence numbers' if many else 'sequence number'} {shown} of group "
-                       f"{name} that {'were' if many else 'was'} not recorded: {UNSEEN_WHY}; "
-                       "the calls after keep their own numbers, and no rank is blamed for them")
+            out.append(ranks_verb(ranks, f"made {'collectives' if many else 'a collective'} at "
+                                  f"{'sequence numbers' if many else 'sequence number'} {shown} "
+                                  f"of group {name} that {'were' if many else 'was'} not "
+                                  f"recorded: {UNSEEN_WHY}; the calls after keep their own "
+                                  "numbers, and no rank is blamed for them"))
     return out

@@ -37,8 +37,8 @@ def call_site(e: Event, versions: Mapping[str, str] = _NO_VERSIONS) -> str:
     if issuing is None or entry is None or issuing == entry:
         text = site(issuing or entry)
     else:
-        yours = "your " if paths.is_user_file(entry.path) else ""
-        text = f"{issuing.text('in')}{_library(issuing, versions)} <- {yours}{site(entry)}"
+        text = (f"{issuing.text('in')}{_library(issuing, versions)} <- "
+                f"{paths.whose(entry.path)}{site(entry)}")
     return f"{text} ({e.context})" if e.context else text
 
 

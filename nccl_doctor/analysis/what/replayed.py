@@ -24,8 +24,9 @@ from typing import Sequence
 from nccl_doctor.analysis.calls import annotate
 from nccl_doctor.analysis.calls.ends import this_attempts
 from nccl_doctor.analysis.what.hang import hang_diagnosis
+from nccl_doctor.analysis.what.moment import doing_at
 from nccl_doctor.analysis.what.wait_chain import not_yet
-from nccl_doctor.diagnosis import Diagnosis, Finding, Severity, Verdict
+from nccl_doctor.diagnosis import Diagnosis, Finding, FindingKind, Severity, Verdict
 from nccl_doctor.model import TraceSet
 from nccl_doctor.watch_log import Interrupted, WatchLog
 
@@ -39,7 +40,7 @@ def with_watch(diagnosis: Diagnosis, traces: TraceSet,
     watch = this_attempts(watch if watch is not None else traces.watch, traces)
     hang = watch.hang if watch is not None else None
     if watch is not None and hang is None and watch.interrupted is not None:
-        return interrupted(diagnosis, watch.interrupted)
+        return interrupted(diagnosis, watch.interrupted, traces)
     if watch is None or hang is None:
         return diagnosis
     own = diagnosis.root_cause
@@ -53,7 +54,11 @@ def with_watch(diagnosis: Diagnosis, traces: TraceSet,
                       root_from_captures=root is not None and own is not None
                       and root.same_call(own))
     notes = list(watch.aftermath)
-    if watch.stopped_at is not None:
+    by_user = watch.interrupted_after_hang
+    if by_user is not None:
+        notes.insert(0, _interrupt_note(by_user, traces, int(by_user.at * 1e9)) + (
+            "; the ranks' ends that followed are the interrupt's doing, not failures"))
+    elif watch.stopped_at is not None:
         sent = ", then ".join(dict.fromkeys(watch.signals)) or "signals"
         notes.append(f"nccl-doctor stopped the job after diagnosing the hang ({sent}); the "
                      "ranks' ends that followed are its doing, not failures")
@@ -81,19 +86,62 @@ def _standing(post: Diagnosis, live: Diagnosis, own: Finding | None) -> Diagnosi
                    stack_classes=live.stack_classes, watchdog=live.watchdog)
 
 
-def interrupted(diagnosis: Diagnosis, event: Interrupted) -> Diagnosis:
+#: findings of a wait: at an interrupt, what the ranks were doing when it came - a call some
+#: entered and the others had not yet, a wait outside the collectives - never a hang by
+#: themselves (only the watchdog, which saw the wait go on, calls one); a mismatch of the
+#: ranks' calls is one whenever it is seen
+WAITS = frozenset({FindingKind.MISSING_COLLECTIVE, FindingKind.STALL, FindingKind.BLOCKED_WAIT,
+                   FindingKind.GPU_BUSY_HANG})
+
+
+def interrupted(diagnosis: Diagnosis, event: Interrupted, traces: TraceSet | None = None,
+                ) -> Diagnosis:
     """``diagnosis`` of a job a signal from outside interrupted: "interrupted", with who sent
-    what and when - never a crash or a hang of the ranks for that alone. A hang called, or an
-    error, before the signal came stays the verdict and the root cause."""
-    sent = ", ".join(event.signals) or "a signal"
-    who = f" from {event.sender}" if event.sender else ""
-    when = f" at {time.strftime('%H:%M:%S', time.localtime(event.at))}"
-    note = (f"interrupted by {sent}{who}{when}: the ranks' ends that followed are the "
-            "interrupt's doing, not failures; this is the job as it was when it came")
-    verdict = diagnosis.verdict
-    came = event.at * 1e9
-    before = [f for f in diagnosis.findings if f.severity is Severity.ERROR
+    what, when, after how long, and what the ranks were doing at that moment - never a crash or
+    a hang of the ranks for that alone. An error found before the signal came (a mismatch of
+    the ranks' calls, a rank that raised) stays the verdict and the root cause; a wait in
+    progress is what the ranks were doing (``traces``: where it is read from)."""
+    came = int(event.at * 1e9)
+    this = [f for f in diagnosis.findings if f.attempt is None]
+    waits = [f for f in this if f.kind in WAITS]
+    findings = [f for f in diagnosis.findings if f not in waits]
+    before = [f for f in findings if f.attempt is None and f.severity is Severity.ERROR
               and (f.time_ns is None or f.time_ns < came)]
-    if verdict in (Verdict.OK, Verdict.SUSPECT) or (verdict is Verdict.CRASH and not before):
+    verdict = diagnosis.verdict
+    if not before and verdict in (Verdict.OK, Verdict.SUSPECT, Verdict.CRASH, Verdict.HANG):
         verdict = Verdict.INTERRUPTED
-    return replace(diagnosis, verdict=verdict, notes=(note,) + diagnosis.notes)
+    elif before and not any(f.root_cause for f in before):
+        root = before[0]
+        findings = [replace(f, root_cause=f is root) if f.attempt is None else f
+                    for f in findings]
+    note = _interrupt_note(event, traces, came) + (
+        "; the ranks' ends that followed are the interrupt's doing, not failures")
+    return replace(diagnosis, verdict=verdict, findings=tuple(findings),
+                   notes=(note,) + diagnosis.notes)
+
+
+def _interrupt_note(event: Interrupted, traces: TraceSet | None, came: int) -> str:
+    """"interrupted by you (SIGINT from the terminal (Ctrl-C)) after 12.4 s, at 17:05:10; at
+    that moment rank 0 had waited ..." - by anything else: "interrupted by SIGTERM from Slurm:
+    its time limit (...) at 14:39:00" and the same."""
+    sent = ", ".join(event.signals) or "a signal"
+    if event.signals == ("SIGINT",):
+        said = f"interrupted by you ({sent}" + (f" from {event.sender})" if event.sender
+                                                 else ")")
+    else:
+        said = f"interrupted by {sent}" + (f" from {event.sender}" if event.sender else "")
+    starts = [t.meta.started_ns for t in (traces.ranks.values() if traces else ())
+              if t.meta.started_ns]
+    if starts and came > min(starts):
+        said += f" after {_duration(came - min(starts))},"
+    said += f" at {time.strftime('%H:%M:%S', time.localtime(event.at))}"
+    doing = doing_at(traces, came) if traces is not None else ""
+    return said + (f"; at that moment {doing}" if doing else "")
+
+
+def _duration(ns: int) -> str:
+    s = ns / 1e9
+    if s < 60:
+        return f"{s:.1f} s"
+    m, s = divmod(int(s), 60)
+    return f"{m} min {s} s" if m < 60 else f"{m // 60} h {m % 60} min"
