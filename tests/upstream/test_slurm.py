@@ -311,16 +311,23 @@ def training(slurm: SlurmCluster, tmp_path: Path, steps: int, *options: str
     return found.group(1), out, log_path
 
 
+def interrupted(out: Path, log_path: Path) -> dict:
+    """The report of a job Slurm interrupted: "interrupted", no error found (never a crash or a
+    hang of the ranks)."""
+    report = json.loads((out / "report.json").read_text())
+    log = log_path.read_text() if log_path.exists() else ""
+    assert report["verdict"] == "interrupted", (report["verdict"], log[-3000:])
+    assert not [f for f in report["findings"] if f["severity"] == "error"], report["findings"]
+    return report
+
+
 def test_the_time_limit_reads_interrupted_by_slurm_not_a_failure(slurm, tmp_path):
     """A healthy job that outlives its one-minute --time: Slurm ends it. The report reads
     "interrupted", by Slurm's time limit - never a crash or a hang of the ranks."""
     job_id, out, log_path = training(slurm, tmp_path, 100000, "--time=1")
     record = finished(slurm, job_id, 300)
     assert record.get("JobState") == "TIMEOUT", record
-    report = json.loads((out / "report.json").read_text())
-    log = log_path.read_text() if log_path.exists() else ""
-    assert report["verdict"] == "interrupted", (report["verdict"], log[-3000:])
-    assert not [f for f in report["findings"] if f["severity"] == "error"], report["findings"]
+    report = interrupted(out, log_path)
     assert re.match(r"interrupted by SIGTERM from Slurm: its time limit \(00:01:00, ending ",
                     report["notes"][0]), report["notes"][0]
     no_job_left(slurm)
@@ -370,10 +377,7 @@ def test_a_signal_to_the_steps_before_the_time_limit_reads_interrupted(slurm, tm
     Slurm's time limit."""
     job_id, out, log_path = training(slurm, tmp_path, 100000, "--time=3", "--signal=TERM@90")
     finished(slurm, job_id, 300)
-    report = json.loads((out / "report.json").read_text())
-    log = log_path.read_text() if log_path.exists() else ""
-    assert report["verdict"] == "interrupted", (report["verdict"], log[-3000:])
-    assert not [f for f in report["findings"] if f["severity"] == "error"], report["findings"]
+    report = interrupted(out, log_path)
     assert re.match(r"interrupted by SIGTERM from Slurm: its time limit \(00:03:00, ending .*"
                     r"sent to the job's processes, not to nccl-doctor: srun ended with status "
                     r"143", report["notes"][0]), report["notes"][0]
@@ -388,10 +392,7 @@ def test_a_signal_to_the_batch_script_reaches_the_doctor_it_execs(slurm, tmp_pat
     job_id, out, log_path = training(slurm, tmp_path, 100000, "--time=3",
                                      "--signal=B:TERM@90")
     finished(slurm, job_id, 300)
-    report = json.loads((out / "report.json").read_text())
-    log = log_path.read_text() if log_path.exists() else ""
-    assert report["verdict"] == "interrupted", (report["verdict"], log[-3000:])
-    assert not [f for f in report["findings"] if f["severity"] == "error"], report["findings"]
+    report = interrupted(out, log_path)
     assert re.match(r"interrupted by SIGTERM from Slurm: its time limit \(00:03:00, ",
                     report["notes"][0]), report["notes"][0]
     assert "slurmstepd" in report["notes"][0], report["notes"][0]
