@@ -206,12 +206,15 @@ def shipped(path: str) -> bool:
     return _is_user_copy(path) or (bool(_OWN_DIRS) and path.startswith(_REPRODUCERS_DIR))
 
 
+def owner(path: str) -> str:
+    """Whose a line of user code is, as a report says it: "your", or "nccl-doctor's" for its
+    own examples, reproducers and trainers (the demo's)."""
+    return "nccl-doctor's" if shipped(path) else "your"
+
+
 def whose(path: str) -> str:
-    """How a report names the owner of a line of user code: "your ", or "nccl-doctor's " for
-    its own examples, reproducers and trainers (the demo's); "" for library code."""
-    if not is_user_file(path):
-        return ""
-    return "nccl-doctor's " if shipped(path) else "your "
+    """``owner`` and a space before a line of user code; "" before library code."""
+    return f"{owner(path)} " if is_user_file(path) else ""
 
 
 #: where an installed file's package root is: the last site-packages or dist-packages on its

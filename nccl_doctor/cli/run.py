@@ -223,12 +223,8 @@ def _supervise(args: argparse.Namespace, command: list[str], served: serving.Ser
         return _supervise_in(out, args, command, served, err)
     except BaseException:
         if args.out is None:  # a launch that failed leaves no empty run directory behind
-            for folder in (out, None if parent_was else claim.DEFAULT_PARENT):
-                try:
-                    if folder is not None:
-                        folder.rmdir()
-                except OSError:  # not empty: what the run made is kept
-                    pass
+            from nccl_doctor.supervisor.start import remove_empty
+            remove_empty([out] if parent_was else [claim.DEFAULT_PARENT, out])
         raise
 
 

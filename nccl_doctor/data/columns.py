@@ -21,14 +21,14 @@ from __future__ import annotations
 import mmap
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import TYPE_CHECKING, Callable, Iterable, Mapping
+from typing import TYPE_CHECKING, Any, Callable, Iterable, Mapping
 
 import numpy as np
 
 from nccl_doctor import call_path
 from nccl_doctor.capture.capture_set import read_file
 from nccl_doctor.capture.follow import Scan
-from nccl_doctor.capture.reader import CaptureColumns
+from nccl_doctor.capture.reader import CaptureColumns, _exit_from
 from nccl_doctor.capture.records import FIELDS, _call_path, distinct_rows
 from nccl_doctor.errors import DoctorError
 from nccl_doctor.location import Location
@@ -148,20 +148,19 @@ def rank_end(last_ns: int, exit_ns: int | None, job_end: Iterable[int] = ()) -> 
     return min((t for t in job_end if t >= last_ns), default=last_ns)
 
 
-def exit_time(notes: Iterable[Mapping[str, object]]) -> tuple[int | None, int]:
-    """(when the rank left, as its notes say - its exception's time, else its interpreter's
-    exit's, as capture/reader.py ``_exit_from`` reads them; None: neither recorded, the time
-    of its latest note; 0: none)."""
-    left: dict[str, int] = {}
-    latest = 0
-    for note in notes:
-        when = note.get("time_ns")
-        if isinstance(when, int) and not isinstance(when, bool):
-            latest = max(latest, when)
-            kind = note.get("note")
-            if kind in ("exception", "exit"):
-                left[str(kind)] = when
-    return left.get("exception", left.get("exit")), latest
+def exit_time(notes: Iterable[Mapping[str, Any]]) -> tuple[int | None, int]:
+    """(when the rank left, as its notes say - the time of the exit capture/reader.py
+    ``_exit_from`` reads from them: its exception's, else its interpreter's exit's; None:
+    neither recorded, the time of its latest note; 0: none)."""
+    notes = list(notes)
+    times = [_ns(n.get("time_ns")) for n in notes]
+    return _ns(_exit_from(notes, None).time_ns), max((t for t in times if t is not None),
+                                                       default=0)
+
+
+def _ns(value: object) -> int | None:
+    """A recorded time (ns), or None for anything that is not one (a capture is input)."""
+    return value if isinstance(value, int) and not isinstance(value, bool) else None
 
 
 Columns = dict[str, np.ndarray]

@@ -81,10 +81,10 @@ class Launch:
         try:
             self._claim = Claim(self.out_dir, self.command)
         except OutDirInUse:
-            _remove_empty(created)
+            remove_empty(created)
             raise
         except OSError as err:
-            _remove_empty(created)
+            remove_empty(created)
             raise unwritable("--out", self.out_dir, err) from None
         self._created = created
 
@@ -131,7 +131,7 @@ class Launch:
         """Nothing ran: the claim released, the directories this run made removed if empty,
         so that nothing is left behind to block ``--out``."""
         self.release()
-        _remove_empty(self._created)
+        remove_empty(self._created)
 
     def release(self) -> None:
         if self._claim is not None:
@@ -156,7 +156,8 @@ def _make_dir(path: Path) -> list[Path]:
     return list(reversed(missing))
 
 
-def _remove_empty(created: list[Path]) -> None:
+def remove_empty(created: list[Path]) -> None:
+    """The directories a run made (outermost first), removed where they are still empty."""
     for folder in reversed(created):
         try:
             folder.rmdir()

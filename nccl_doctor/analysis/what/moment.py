@@ -6,16 +6,12 @@ from __future__ import annotations
 
 import os
 
+from nccl_doctor.analysis.calls.wording import call_name, duration
 from nccl_doctor.model import Event, RankTrace, TraceSet
 from nccl_doctor.words import ranks_verb
 
 #: the parts of the sentence said (the rest counted)
 MAX_PARTS = 4
-
-
-def _seconds(ns: float) -> str:
-    s = ns / 1e9
-    return f"{s:.2f} s" if s < 10 else f"{s:.0f} s"
 
 
 def _last_before(trace: RankTrace, at_ns: int) -> Event | None:
@@ -30,10 +26,9 @@ def _last_before(trace: RankTrace, at_ns: int) -> Event | None:
 def _call(e: Event) -> str:
     """"all_reduce #8 (group 0) at train.py:48": the file by its name alone, so that the words
     are the same wherever they are said (the live run's working directory, a replay's)."""
-    seq = f" #{e.seq}" if e.seq >= 0 else ""
     where = (f" at {os.path.basename(e.callsite.path)}:{e.callsite.line}"
              if e.callsite is not None else "")
-    return f"{e.op}{seq} (group {e.group}){where}"
+    return call_name(e) + where
 
 
 def doing_at(traces: TraceSet, at_ns: int) -> str:
@@ -53,7 +48,7 @@ def doing_at(traces: TraceSet, at_ns: int) -> str:
             waiting[_call(e)] = ([*ranks, rank], max(longest, at_ns - e.t_enter_ns))
         else:
             outside.setdefault(_call(e), []).append(rank)
-    parts = [ranks_verb(ranks, f"had waited {_seconds(waited)} in {call}")
+    parts = [ranks_verb(ranks, f"had waited {duration(waited / 1e9)} in {call}")
              for call, (ranks, waited) in waiting.items()]
     parts += [ranks_verb(ranks, f"was outside the collectives, after {call}")
               for call, ranks in outside.items()]

@@ -56,8 +56,7 @@ def with_watch(diagnosis: Diagnosis, traces: TraceSet,
     notes = list(watch.aftermath)
     by_user = watch.interrupted_after_hang
     if by_user is not None:
-        notes.insert(0, _interrupt_note(by_user, traces, int(by_user.at * 1e9)) + (
-            "; the ranks' ends that followed are the interrupt's doing, not failures"))
+        notes.insert(0, _interrupt_note(by_user, traces))
     elif watch.stopped_at is not None:
         sent = ", then ".join(dict.fromkeys(watch.signals)) or "signals"
         notes.append(f"nccl-doctor stopped the job after diagnosing the hang ({sent}); the "
@@ -114,16 +113,16 @@ def interrupted(diagnosis: Diagnosis, event: Interrupted, traces: TraceSet | Non
         root = before[0]
         findings = [replace(f, root_cause=f is root) if f.attempt is None else f
                     for f in findings]
-    note = _interrupt_note(event, traces, came) + (
-        "; the ranks' ends that followed are the interrupt's doing, not failures")
     return replace(diagnosis, verdict=verdict, findings=tuple(findings),
-                   notes=(note,) + diagnosis.notes)
+                   notes=(_interrupt_note(event, traces),) + diagnosis.notes)
 
 
-def _interrupt_note(event: Interrupted, traces: TraceSet | None, came: int) -> str:
+def _interrupt_note(event: Interrupted, traces: TraceSet | None) -> str:
     """"interrupted by you (SIGINT from the terminal (Ctrl-C)) after 12.4 s, at 17:05:10; at
-    that moment rank 0 had waited ..." - by anything else: "interrupted by SIGTERM from Slurm:
-    its time limit (...) at 14:39:00" and the same."""
+    that moment rank 0 had waited ...; the ranks' ends that followed are the interrupt's doing,
+    not failures" - by anything else: "interrupted by SIGTERM from Slurm: its time limit (...)
+    at 14:39:00" and the same."""
+    came = int(event.at * 1e9)
     sent = ", ".join(event.signals) or "a signal"
     if event.signals == ("SIGINT",):
         said = f"interrupted by you ({sent}" + (f" from {event.sender})" if event.sender
@@ -136,7 +135,8 @@ def _interrupt_note(event: Interrupted, traces: TraceSet | None, came: int) -> s
         said += f" after {_duration(came - min(starts))},"
     said += f" at {time.strftime('%H:%M:%S', time.localtime(event.at))}"
     doing = doing_at(traces, came) if traces is not None else ""
-    return said + (f"; at that moment {doing}" if doing else "")
+    return (said + (f"; at that moment {doing}" if doing else "")
+            + "; the ranks' ends that followed are the interrupt's doing, not failures")
 
 
 def _duration(ns: int) -> str:

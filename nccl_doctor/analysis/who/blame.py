@@ -412,9 +412,10 @@ def _said_yours(sides: list[Side], traces: TraceSet, sources: Sources) -> list[s
             owner = f"{package} {version}" if version else (package or "library code")
             out.append(f"{ranks_text(list(side.ranks))}: in {owner}'s "
                        f"{where.function or '?'} ({paths.short_path(where.path)}:{where.line}), "
-                       f"from {_whose(side.your_line)}{site(side.your_line)}{quoted}")
+                       f"from {paths.owner(side.your_line.path)} {site(side.your_line)}"
+                       f"{quoted}")
         else:
-            out.append(f"{ranks_text(list(side.ranks))}: {_whose(side.your_line)}"
+            out.append(f"{ranks_text(list(side.ranks))}: {paths.owner(side.your_line.path)} "
                        f"{site(side.your_line)}{quoted}")
     return out
 
@@ -532,8 +533,3 @@ def _line_text(sources: Sources, loc: Location) -> str:
         return ""
     lines = sources.lines(loc.path)
     return lines[loc.line - 1].strip()[:160] if 0 < loc.line <= len(lines) else ""
-
-
-def _whose(line: Location) -> str:
-    """"your " - or "nccl-doctor's " for a line of its own reproducers and trainers."""
-    return "nccl-doctor's " if paths.shipped(line.path) else "your "

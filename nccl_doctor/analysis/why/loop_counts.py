@@ -108,8 +108,8 @@ def _from_user_lines(sides: list[Side], traces: TraceSet, ranks: list[int],
         # (every rank called from it: a line one side never reached is the desync itself)
         said = _fewer(counts) if counts and min(counts.values()) > 0 else None
         if said is not None:
-            mine = "nccl-doctor's" if paths.shipped(line.path) else "your"
-            text = (f"The ranks made a different number of calls from {mine} {site(line)}: "
+            text = (f"The ranks made a different number of calls from {paths.owner(line.path)} "
+                    f"{site(line)}: "
                     f"{said} - a loop in what it calls ran {DIFFERENT_COUNTS} per "
                     "rank. The fault may lie on either side: every rank must run it as often "
                     "as the others.")
