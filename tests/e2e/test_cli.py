@@ -64,6 +64,19 @@ def test_run_of_a_missing_program(tmp_path):
     assert "command not found" in one_error_line(proc)
 
 
+def test_a_failed_launch_leaves_no_empty_run_directory(tmp_path):
+    """Without --out the run makes nccl-doctor-out/run-...: a launch that fails removes it,
+    and nccl-doctor-out/ too where the run made that; a directory holding anything stays."""
+    proc = doctor("run", "--", "no-such-program-xyz", cwd=tmp_path)
+    assert proc.returncode == ExitStatus.LAUNCH_FAILED, proc.stderr
+    assert list(tmp_path.iterdir()) == []
+    kept = tmp_path / "nccl-doctor-out" / "earlier-run"
+    kept.mkdir(parents=True)
+    proc = doctor("run", "--", "no-such-program-xyz", cwd=tmp_path)
+    assert proc.returncode == ExitStatus.LAUNCH_FAILED, proc.stderr
+    assert list((tmp_path / "nccl-doctor-out").iterdir()) == [kept]
+
+
 @pytest.mark.parametrize("setup,status,words", [
     ("missing", ExitStatus.NOT_FOUND, "does not exist"),
     ("empty", ExitStatus.NOT_FOUND, "is empty"),
