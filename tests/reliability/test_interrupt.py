@@ -159,6 +159,10 @@ def test_ctrl_c_is_the_users_it_ends_the_job_and_the_run_at_once(tmp_path, press
     assert "rank 0 had waited" in report["notes"][0], report["notes"][0]
     assert {r["state"] for r in report["ranks"]} == {"stopped"}, report["ranks"]
     assert not [p for p in rank_pids(out) if alive(p)]
+    replay = subprocess.run([*CLI, "replay", str(out), "--format", "json"], text=True,
+                            capture_output=True, timeout=120)
+    again = json.loads(replay.stdout)  # the same offline
+    assert (again["verdict"], again["notes"][0]) == ("interrupted", report["notes"][0])
 
 
 def test_ctrl_c_after_a_hang_was_called_keeps_the_hang(tmp_path):
@@ -186,3 +190,8 @@ def test_ctrl_c_after_a_hang_was_called_keeps_the_hang(tmp_path):
     assert "KeyboardInterrupt" not in json.dumps([report["findings"], report["notes"]])
     assert report["notes"][0].startswith("interrupted by you (SIGINT"), report["notes"]
     assert not [p for p in rank_pids(out) if alive(p)]
+    replay = subprocess.run([*CLI, "replay", str(out), "--format", "json"], text=True,
+                            capture_output=True, timeout=120)
+    again = json.loads(replay.stdout)  # the same offline
+    again_root = next(f for f in again["findings"] if f["root_cause"])
+    assert (again["verdict"], again_root) == ("hang", root), again["findings"]
