@@ -19,8 +19,9 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Iterable, Mapping, Sequence
 
-from nccl_doctor.source.branch import branches
+from nccl_doctor.source.branch import branches, leaves_function
 from nccl_doctor.source.rank_flow import call_name
+from nccl_doctor.source.rank_terms import membership_subjects
 from nccl_doctor.source.source_text import Sources
 from nccl_doctor.check.generate import generate_findings
 from nccl_doctor.source.sharding import Shown
@@ -272,8 +273,11 @@ def _site_findings(site: Site, sources: Sources, module: Module, lines: list[str
                                         call=orders, condition=b.text, condition_line=b.line,
                                         names=tuple(b.names), how=b.via[0] if b.via else ""))
             continue
-        if not site.user and (_members_only(module.tree, b.line, b.names, site)
-                              or _local_creation(module.tree, site)):
+        if b.kind == "jump" and _both_leave(module.tree, b.line):
+            continue
+        if _of_members(module.tree, b.line, site) or not site.user and (
+                _members_only(module.tree, b.line, b.names, site)
+                or _local_creation(module.tree, site)):
             continue
         entry = _entry(site, module.versions)
         code = "ND003" if b.kind in ("jump", "for") else (
@@ -387,6 +391,31 @@ def _members_only(tree: ast.Module, line: int, names: Sequence[str], site: Site)
                  and n.lineno == line), None)
     return (isinstance(test, ast.Compare) and len(test.ops) == 1
             and isinstance(test.ops[0], (ast.In, ast.NotIn)))
+
+
+def _both_leave(tree: ast.Module, line: int) -> bool:
+    """Each arm of the rank-dependent ``if`` at ``line`` may leave the function, each under its
+    own test of what that side holds (``if rank == 0: if not full: return ... else: if
+    placeholder: return ...``): the ways out are written to agree, side by side - read as the
+    design, not said (the run still names such a branch when a rank took it)."""
+    node = next((n for n in ast.walk(tree) if isinstance(n, ast.If) and n.lineno == line), None)
+    return node is not None and bool(node.orelse) and leaves_function(node.body) \
+        and leaves_function(node.orelse)
+
+
+def _of_members(tree: ast.Module, line: int, site: Site) -> bool:
+    """The condition at ``line`` asks whether this rank is in a group or mesh
+    (``_rank_not_in_group(pg)``, ``not mesh._is_current_rank_part_of_mesh()``) and the call is
+    handed that same group or mesh: only its members make the call, which is right (an early
+    way out for the others included)."""
+    test = next((n.test for n in ast.walk(tree) if isinstance(n, (ast.If, ast.While))
+                 and n.lineno == line), None)
+    subjects = set(membership_subjects(test)) if test is not None else set()
+    call = _call_at(tree, site) if subjects else None
+    if call is None:
+        return False
+    return any(ast.unparse(n) in subjects for arg in (*call.args, *(k.value for k in call.keywords))
+               for n in ast.walk(arg))
 
 
 def _name(site: Site) -> str:

@@ -500,8 +500,8 @@ def _leaving(statements: Sequence[ast.AST], own_loop: bool) -> str | None:
     """The first statement among ``statements`` that leaves the loop holding the frame's line
     or its function: continue, break, return or raise; None if none does."""
     for node, loop in _walk_statements(statements, own_loop):
-        if isinstance(node, (ast.Return, ast.Raise)) or (
-                isinstance(node, (ast.Continue, ast.Break)) and loop):
+        if isinstance(node, ast.Return) or (isinstance(node, ast.Raise) and not _asserts(node)) \
+                or (isinstance(node, (ast.Continue, ast.Break)) and loop):
             return type(node).__name__.lower()
     return None
 
@@ -509,9 +509,17 @@ def _leaving(statements: Sequence[ast.AST], own_loop: bool) -> str | None:
 def _leaves(statements: Sequence[ast.AST], own_loop: bool) -> bool:
     """Whether ``statements`` hold a return or raise, or a continue/break of the loop holding
     the frame's line."""
-    for node, loop in _walk_statements(statements, own_loop):
-        if isinstance(node, (ast.Return, ast.Raise)):
-            return True
-        if isinstance(node, (ast.Continue, ast.Break)) and loop:
-            return True
-    return False
+    return _leaving(statements, own_loop) is not None
+
+
+def leaves_function(statements: Sequence[ast.AST]) -> bool:
+    """Whether ``statements`` may return or raise (an assert written out aside)."""
+    return _leaving(statements, own_loop=False) is not None
+
+
+def _asserts(node: ast.Raise) -> bool:
+    """``raise AssertionError(...)``: an assert written out (torch writes its own so, to survive
+    ``python -O``) - what its author holds true on every rank, not a way out some ranks take;
+    were it false, the rank fails loudly (a crash the launcher ends and the run names)."""
+    exc = node.exc.func if isinstance(node.exc, ast.Call) else node.exc
+    return isinstance(exc, ast.Name) and exc.id == "AssertionError"

@@ -21,7 +21,7 @@ from typing import Callable, Iterator, Mapping, Protocol
 
 from nccl_doctor.source.source_text import Region, Sources
 
-__all__ = ["Deps", "Resolver", "rank_like", "unique", "RANK_NAMES", "RANK_CALLS", "RANK_ENV"]
+__all__ = ["Deps", "Resolver", "membership_subjects", "rank_like", "unique", "RANK_NAMES", "RANK_CALLS", "RANK_ENV"]
 
 # Names and attributes that hold a rank or a test of it (torch, Lightning, accelerate, HF Trainer).
 RANK_NAMES = frozenset({
@@ -55,13 +55,27 @@ _WORDS = re.compile(r"[A-Z]?[a-z0-9]+|[A-Z0-9]+(?![a-z])")
 _RANK_WORD = re.compile(r"rank\d*")
 
 
+# Words naming *a chosen* rank (the source of a broadcast, the owner of a shard) or a mode that
+# says which ranks get a result (``rank0_only``): given alike to every rank, as torch requires of
+# ``src``/``dst``/``root`` - not this rank. ``is_src_rank`` (a test of this rank) keeps its ``is``.
+# ``per`` names a quantity for each rank (``tokens_per_rank``), alike on every rank.
+_DESIGNATING = frozenset({"src", "source", "dst", "dest", "destination", "root", "target",
+                          "peer", "owner", "only", "per"})
+_TESTING = frozenset({"is", "am", "my", "this", "own", "current", "cur", "local"})
+
+
 def rank_like(identifier: str) -> bool:
-    """Whether a name or attribute holds a rank by its name: ``RANK_NAMES``, any ``rank_zero``,
-    or ``rank`` (``rank0``) as one of its words (ddp_rank, tpRank, RANK_ID; not ranks)."""
+    """Whether a name or attribute holds this rank by its name: ``RANK_NAMES``, any
+    ``rank_zero``, or ``rank`` (``rank0``) as one of its words (ddp_rank, tpRank, RANK_ID; not
+    ranks) - unless another word says it names a chosen rank or a mode every rank is given alike
+    (``src_rank``, ``group_dst_rank``, ``rank0_only``: ``_DESIGNATING``)."""
     low = identifier.lower()
     if low in RANK_NAMES or "rank_zero" in low or "rankzero" in low:
         return True
-    return any(_RANK_WORD.fullmatch(w.lower()) for w in _WORDS.findall(identifier))
+    words = [w.lower() for w in _WORDS.findall(identifier)]
+    if not any(_RANK_WORD.fullmatch(w) for w in words):
+        return False
+    return not (_DESIGNATING.intersection(words) and not _TESTING.intersection(words))
 
 
 def unique(names: tuple[str, ...]) -> tuple[str, ...]:
@@ -214,7 +228,7 @@ class Deps:
         stack: list[tuple[ast.AST, bool]] = [(node, True)]
         while stack:
             current, value = stack.pop()
-            if _uniform(current):
+            if _uniform(current) or _unset_or_world(current):
                 continue  # (its result is the same on every rank, whatever it was passed)
             if self._matches(current, value):
                 if not self._made_uniform(current):
@@ -244,6 +258,8 @@ class Deps:
         if isinstance(node, ast.UnaryOp):
             return self.derives(node.operand)
         if isinstance(node, ast.Compare):
+            if _unset_or_world(node):
+                return False
             return self.derives(node.left) or any(self.derives(c) for c in node.comparators)
         if isinstance(node, ast.IfExp):
             return any(self.derives(n) for n in (node.test, node.body, node.orelse))
@@ -320,6 +336,90 @@ class Deps:
             if text:
                 return text
         return ast.unparse(node)
+
+
+# ``rank OP value`` that only asks whether there is a rank at all: -1 is torch's and HF's "not in
+# the group" / "not distributed" (``get_rank(g) > -1``, ``local_rank == -1``, ``rank >= 0``).
+_SET_TESTS = {(ast.Gt, -1), (ast.GtE, 0), (ast.Eq, -1), (ast.NotEq, -1), (ast.Lt, 0),
+              (ast.LtE, -1)}
+
+# Word pairs naming a test of this rank's membership (``_rank_not_in_group(g)``,
+# ``mesh._is_current_rank_part_of_mesh()``, ``is_member(g)``).
+_MEMBERSHIP = ({"in", "group"}, {"in", "mesh"}, {"part", "of"}, {"member"}, {"membership"})
+
+
+def membership_subjects(test: ast.AST) -> tuple[str, ...]:
+    """The groups or meshes (as written) a condition asks whether this rank belongs to - every
+    part of it such a test, under ``not``, ``and``, ``or`` - else ().
+
+    Only a group's members make its collectives, so a way out for the ranks outside a group
+    before one of that group's collectives splits nobody."""
+    if isinstance(test, ast.UnaryOp) and isinstance(test.op, ast.Not):
+        return membership_subjects(test.operand)
+    if isinstance(test, ast.BoolOp):
+        parts = [membership_subjects(v) for v in test.values]
+        return unique(tuple(t for p in parts for t in p)) if all(parts) else ()
+    grouped = _set_test(test)
+    if grouped is not None:
+        return tuple(ast.unparse(a) for a in (*grouped.args, *(k.value for k in grouped.keywords)))
+    if not isinstance(test, ast.Call):
+        return ()
+    name = _terminal(test.func)
+    words = {w.lower() for w in _WORDS.findall(name or "")}
+    if not any(pair <= words for pair in _MEMBERSHIP):
+        return ()
+    subjects = [ast.unparse(a) for a in (*test.args, *(k.value for k in test.keywords))]
+    if isinstance(test.func, ast.Attribute):
+        subjects.append(ast.unparse(test.func.value))
+    return unique(tuple(subjects))
+
+
+def _set_test(node: ast.AST) -> ast.Call | ast.Name | ast.Attribute | None:
+    """The rank side of ``rank > -1``, ``get_rank(g) < 0``, ``local_rank == -1`` (``_SET_TESTS``),
+    else None."""
+    if not (isinstance(node, ast.Compare) and len(node.ops) == 1):
+        return None
+    left, right = node.left, node.comparators[0]
+    value = right if isinstance(right, (ast.Constant, ast.UnaryOp)) else None
+    try:
+        number = ast.literal_eval(value) if value is not None else None
+    except (ValueError, TypeError, SyntaxError):
+        return None
+    if isinstance(number, bool) or not isinstance(number, int) \
+            or (type(node.ops[0]), number) not in _SET_TESTS:
+        return None
+    name = _terminal(left.func if isinstance(left, ast.Call) else left)
+    return left if name is not None and (rank_like(name) or name in RANK_CALLS) else None
+
+
+def _unset_or_world(node: ast.AST) -> bool:
+    """``rank is None`` (``_none_test``), or a test of whether there is a rank at all that names
+    no group (``get_rank() > -1``, ``local_rank == -1``): alike on every rank of a job. With a
+    group (``get_rank(g) < 0``) it asks for membership (``membership_subjects``)."""
+    if _none_test(node):
+        return True
+    side = _set_test(node)
+    return side is not None and not (isinstance(side, ast.Call)
+                                     and (side.args or side.keywords))
+
+
+def _none_test(node: ast.AST) -> bool:
+    """``rank is None``, ``src_rank is not None``, ``get_rank() is None``: whether a rank is set
+    at all, which is alike on every rank of a job (all have one, or none). Only a rank by its own
+    name: a value computed from the rank (``out = x if rank == 0 else None``) may be None on some
+    ranks alone."""
+    if not (isinstance(node, ast.Compare) and len(node.ops) == 1
+            and isinstance(node.ops[0], (ast.Is, ast.IsNot))):
+        return False
+    sides = (node.left, node.comparators[0])
+    if not any(isinstance(s, ast.Constant) and s.value is None for s in sides):
+        return False
+    other = next((s for s in sides if not (isinstance(s, ast.Constant) and s.value is None)),
+                 None)
+    if other is None:
+        return False
+    name = _terminal(other.func if isinstance(other, ast.Call) else other)
+    return name is not None and (rank_like(name) or name in RANK_CALLS)
 
 
 def _uniform(node: ast.AST) -> bool:

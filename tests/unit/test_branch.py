@@ -146,6 +146,12 @@ def test_rank_like_names() -> None:
         assert rank_like(name), name
     for name in ("ranks", "world_size", "frank", "ranking", "num_ranks", "cranky", "zero"):
         assert not rank_like(name), name
+    # a chosen rank, or a mode every rank is given alike - unless it tests this rank
+    for name in ("src_rank", "dst_rank", "group_src_rank", "rank0_only", "tokens_per_rank",
+                 "root_rank", "target_rank", "src_data_rank"):
+        assert not rank_like(name), name
+    for name in ("is_src_rank", "current_rank", "my_root_rank", "local_rank"):
+        assert rank_like(name), name
 
 
 def test_data_flow_from_rank_to_a_local_name(tmp_path: Path) -> None:

@@ -112,6 +112,103 @@ def test_what_splits_nobody_is_said_nowhere(tmp_path):
     assert found(write(tmp_path, HEALTHY)) == []
 
 
+# torch.distributed's own idioms (its optimizer, FSDP, DTensor and sharded-tensor code): a way
+# out for the ranks outside the group the collective is on, a test of whether a rank is set at
+# all, a chosen rank or a mode every rank is given, an assert written out, ways out written on
+# both sides of the rank's test.
+IDIOMS = """\
+import torch.distributed as dist
+from torch.distributed import distributed_c10d as c10d
+
+
+def mesh_broadcast(t, mesh):
+    dist.broadcast(t, src=0)
+
+
+def average(params, group, src_rank, rank0_only):
+    if c10d._rank_not_in_group(group):
+        return
+    if src_rank is None:
+        return params
+    dist.all_reduce(params, group=group)
+    if rank0_only:
+        dist.broadcast(params, src=0, group=group)
+
+
+def gather(out, dst, mesh, x):
+    rank = dist.get_rank()
+    if rank == dst:
+        if out is None:
+            raise AssertionError
+    if not mesh._is_current_rank_part_of_mesh():
+        return None
+    dist.gather(x, dst=dst, group=mesh.get_group())
+    mesh_broadcast(x, mesh)
+
+
+def state(value, group):
+    if dist.get_rank(group) == 0:
+        if value is None:
+            return value
+    else:
+        if value is not None:
+            return value
+    dist.broadcast(value, src=0, group=group)
+
+
+def setup(tokens_per_rank, n, group):
+    if not (dist.is_initialized() and dist.get_rank() > -1):
+        raise RuntimeError("not distributed")
+    if tokens_per_rank < n:
+        dist.barrier()
+    if dist.get_rank(group) < 0:
+        return
+    dist.all_reduce(n, group=group)
+"""
+
+# ... and their twins that do split the ranks.
+IDIOMS_BROKEN = """\
+import torch.distributed as dist
+from torch.distributed import distributed_c10d as c10d
+
+
+def average(params, group):
+    if c10d._rank_not_in_group(group):
+        return
+    dist.all_reduce(params)
+
+
+def check(x):
+    rank = dist.get_rank()
+    if rank == 0:
+        if x is None:
+            raise ValueError("no x on rank 0")
+    dist.barrier()
+
+
+def chosen(x):
+    src_rank = dist.get_rank()
+    if src_rank == 0:
+        dist.broadcast(x, src=0)
+
+
+def late(x):
+    if dist.get_rank() > 0:
+        dist.barrier()
+"""
+
+
+def test_torchs_own_idioms_split_nobody_and_their_broken_twins_are_found(tmp_path):
+    assert found(write(tmp_path, IDIOMS)) == []
+    path = write(tmp_path, IDIOMS_BROKEN, "broken.py")
+    assert found(path) == [
+        ("ND003", line(path, "dist.all_reduce(params)"), line(path, "_rank_not_in_group")),
+        ("ND003", line(path, "dist.barrier()"), line(path, "if rank == 0:")),
+        ("ND001", line(path, "dist.broadcast(x, src=0)"), line(path, "if src_rank == 0:")),
+        ("ND001", line(path, "dist.barrier()", "def late"), line(path, "get_rank() > 0")),
+    ]
+
+
 def test_an_ignore_comment_on_the_call_or_the_condition_silences_its_rule(tmp_path):
     path = write(tmp_path, """\
 import torch.distributed as dist
