@@ -450,9 +450,8 @@ class Table:
         if n:
             first = numbers["rank"]
             self.firsts.append(int(first if np.isscalar(first) else first[0]))
-        if not self.whole:
-            self.pieces.append(({name: np.full(n, numbers[name], dtype=dtype) if np.isscalar(
-                numbers[name]) else numbers[name] for name, dtype in NUMBERS.items()}, sig))
+        if not self.whole:  # (a rank's own number - its rank, pid, attempt - kept as one)
+            self.pieces.append(({name: numbers[name] for name in NUMBERS}, sig))
             self.codes.append(codes)
             self.n += n
             return
@@ -522,25 +521,38 @@ class Table:
     def arrow(self) -> pa.Table:
         """The table as an Arrow table, as pyarrow makes one of the DataFrame (``frame``):
         text columns as dictionaries, NaT and NaN as nulls (its columns let go by this
-        object; no pandas). Parts kept apart are a chunk each."""
+        object; no pandas). Parts kept apart are a chunk each; their text, and a number each
+        part holds one of (its rank), one chunk for them all."""
         import pyarrow as pa
 
         if self.whole or self.firsts != sorted(set(self.firsts)):
             cols, sig, codes = self._columns()
-            pieces = [(cols, sig, codes)]
-        else:
-            pieces = [(numbers, sig, codes) for (numbers, sig), codes
-                      in zip(self.pieces, self.codes) if len(sig)]
+            pieces = [(cols, sig)]
+        else:  # the parts in their order: their signatures and codes as one table's
+            pieces = [(numbers, sig) for numbers, sig in self.pieces if len(sig)]
+            offsets = np.cumsum([0] + [len(c) for c in self.codes[:-1]], dtype=np.int32)
+            sig = np.concatenate([s + o for (_, s), o in zip(self.pieces, offsets)]) \
+                if pieces else np.zeros(0, dtype=np.int32)
+            codes = np.concatenate(self.codes) if self.codes else \
+                np.zeros((0, len(TEXT)), dtype=np.int32)
             self.pieces, self.codes = [], []
         dictionaries = {name: _arrow_text(self.cats[name].values) for name in TEXT}
         chunks: dict[str, list[pa.Array]] = {name: [] for name in COLUMNS}
-        for numbers, sig, codes in pieces:
-            for name, at in zip(TEXT, _taken(codes, sig, [np.int32] * len(TEXT))):
-                nulls = at < 0 if (codes[:, TEXT.index(name)] < 0).any() else None
-                chunks[name].append(pa.DictionaryArray.from_arrays(
-                    _arrow(pa.int32(), at, nulls), dictionaries[name], safe=False))
-            for name in NUMBERS:
+        for name, at in zip(TEXT, _taken(codes, sig, [np.int32] * len(TEXT))):
+            nulls = at < 0 if (codes[:, TEXT.index(name)] < 0).any() else None
+            chunks[name].append(pa.DictionaryArray.from_arrays(
+                _arrow(pa.int32(), at, nulls), dictionaries[name], safe=False))
+        lengths = [len(sig) for _, sig in pieces]
+        for name, dtype in NUMBERS.items():
+            if all(np.isscalar(numbers[name]) for numbers, _ in pieces):  # one per part
+                repeated = np.repeat(np.array([numbers[name] for numbers, _ in pieces],
+                                              dtype=dtype), lengths)
+                chunks[name].append(_arrow(pa.from_numpy_dtype(repeated.dtype), repeated))
+                continue
+            for numbers, rows in pieces:
                 col = numbers[name]
+                if np.isscalar(col):
+                    col = np.full(len(rows), col, dtype=dtype)
                 if name in ("t_enter", "t_exit"):
                     chunks[name].append(_arrow(pa.timestamp("ns", tz="UTC"), col, col == _NAT))
                 elif name in ("duration_s", "waited_s"):

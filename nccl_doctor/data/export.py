@@ -116,6 +116,12 @@ _OPTIONS = {"use_dictionary": [name for name in _COLUMNS
             "write_statistics": [name for name in _COLUMNS if name not in _TEXT]}
 
 
+#: The file is written through a buffer of this size: the writer's own writes are a page of a
+#: column each (31,000 write and 17,000 lseek calls for 10 million rows, 0.6 s of the writing
+#: thread's time, unbuffered).
+_BUFFER = 8 << 20
+
+
 class _Writer:
     """A Parquet file written by a thread of its own, a table at a time (``put``: at most one
     waiting); its first error raised in the caller's thread, at the next ``put`` or at the
@@ -149,27 +155,30 @@ class _Writer:
             raise self.error
 
     def _write(self) -> None:
+        import pyarrow as pa
         import pyarrow.parquet as pq
 
-        writer = None
+        writer = sink = None
         try:
             while True:
                 table = self.tables.get()
                 if table is None:
                     break
                 if writer is None:
-                    writer = pq.ParquetWriter(self.part, table.schema, **_OPTIONS)
+                    sink = pa.output_stream(self.part, buffer_size=_BUFFER)
+                    writer = pq.ParquetWriter(sink, table.schema, **_OPTIONS)
                 writer.write_table(table)
         except BaseException as err:  # (raised in the caller's thread)
             self.error = err
             while self.tables.get() is not None:  # let the caller finish putting
                 pass
         finally:
-            if writer is not None:
-                try:
-                    writer.close()
-                except BaseException as err:
-                    self.error = self.error or err
+            for closing in (writer, sink):  # (the writer's footer, then the buffer's rest)
+                if closing is not None:
+                    try:
+                        closing.close()
+                    except BaseException as err:
+                        self.error = self.error or err
 
     def __exit__(self, *exc: object) -> None:
         if self.started:
