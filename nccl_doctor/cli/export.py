@@ -43,7 +43,7 @@ def run(args: argparse.Namespace) -> int:
         raise UsageError(f"-o {args.output} is a directory: name the file to write")
     job = Job(*args.capture, fr=args.fr)
     try:
-        rows = export.write(job.iter_calls(), args.output, fmt)
+        rows = export.write(job.iter_calls, args.output, fmt)
     except ImportError:
         raise UsageError("Parquet needs pyarrow: pip install 'nccl-doctor[parquet]' "
                          "(or write CSV: -o FILE.csv)") from None

@@ -113,6 +113,62 @@ def test_a_parquet_file_that_cannot_be_written_is_an_os_error_and_leaves_nothing
 
 def test_export_names_the_columns_as_the_table_does():
     assert export._COLUMNS == tuple(columns.COLUMNS) and export._TEXT == columns.TEXT
+    # required in the file: the columns held as integers or booleans, times aside (NaT)
+    held = {name for name, dtype in columns.NUMBERS.items() if dtype.kind in "iub"}
+    assert set(export._NEVER_NULL) == held - {"t_enter", "t_exit"}
+
+
+def test_columns_the_first_chunk_fills_are_required_until_a_later_chunk_leaves_one_empty(
+        tmp_path):
+    """Chunks made afresh on demand (``Job.iter_calls``): what the first chunk has no empty
+    value in is written required; a later chunk with one there starts the file again, with
+    that column nullable - nothing lost either way."""
+    cats = columns.categories()
+
+    def chunk(function: str | None) -> pd.DataFrame:
+        part = {name: np.arange(2).astype(columns._EMPTY.get(name, np.int32))
+                for name in columns.COLUMNS}
+        for name in columns.TEXT:
+            part[name] = np.full(2, cats[name].code("x"), np.int32)
+        part["function"] = np.array([cats["function"].code("f"), cats["function"].code(function)],
+                                    np.int32)
+        return columns.frame([part], cats)
+
+    made = []
+
+    def chunks(*functions):
+        def again():
+            made.append(1)
+            return iter([chunk(f) for f in functions])
+        return again
+
+    assert export.write(chunks("g", "h"), tmp_path / "full.parquet", "parquet") == 4
+    assert not pq.read_schema(tmp_path / "full.parquet").field("function").nullable
+    assert len(made) == 1
+    assert export.write(chunks("g", None), tmp_path / "empty.parquet", "parquet") == 4
+    assert pq.read_schema(tmp_path / "empty.parquet").field("function").nullable
+    assert len(made) == 3  # (read twice)
+    back = pq.read_table(tmp_path / "empty.parquet").to_pandas()
+    assert back["function"].tolist()[:3] == ["f", "g", "f"] and pd.isna(back["function"][3])
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["empty.parquet", "full.parquet"]
+
+
+def test_a_parquet_file_has_its_never_null_columns_required_and_reads_back_the_same(tmp_path):
+    cats = columns.categories()
+    part = {name: np.arange(4).astype(columns._EMPTY.get(name, np.int32))
+            for name in columns.COLUMNS}
+    part["t_exit"] = np.array([1, columns._NAT, 3, 4])
+    part["duration_s"] = np.array([0.5, np.nan, 1.0, 2.0])
+    for name in columns.TEXT:
+        part[name] = np.array([cats[name].code("x"), -1, cats[name].code("y"), -1], np.int32)
+    frame = columns.frame([dict(part)], cats)
+    export.write(iter([frame]), tmp_path / "calls.parquet", "parquet")
+    schema = pq.read_schema(tmp_path / "calls.parquet")
+    assert {f.name for f in schema if not f.nullable} == set(export._NEVER_NULL)
+    back = pq.read_table(tmp_path / "calls.parquet").to_pandas()
+    assert back["t_exit"].isna().tolist() == [False, True, False, False]
+    assert back["function"].isna().tolist() == [False, True, False, True]
+    assert back["rank"].tolist() == [0, 1, 2, 3]
 
 
 def test_export_writes_parquet_without_pandas(tmp_path):
