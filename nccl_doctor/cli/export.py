@@ -42,6 +42,7 @@ def run(args: argparse.Namespace) -> int:
     if args.output.is_dir():
         raise UsageError(f"-o {args.output} is a directory: name the file to write")
     job = Job(*args.capture, fr=args.fr)
+    export.keep_freed_memory()
     try:
         rows = export.write(job.iter_calls, args.output, fmt)
     except ImportError:
