@@ -93,7 +93,8 @@ test: $(STAMP)
 	$(PYTEST) -n $(TEST_WORKERS)
 
 # Every tier: the default one, upstream (TRL), frameworks (Lightning, Accelerate, Trainer,
-# DeepSpeed), ray, slurm, serve (Prometheus, Chromium), demos, meshes, nodes, soak and fuzz. CI
+# DeepSpeed), ray, slurm, serve (Prometheus, Chromium), demos, meshes, compile, plugin, nodes,
+# soak and fuzz. CI
 # runs it.
 test-all: $(STAMP) tools
 	@$(COMPILE)

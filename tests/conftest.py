@@ -90,6 +90,10 @@ TIERS: dict[str, tuple[str, ...]] = {
     "demos": ("tests/e2e/test_demo.py",),  # every reproducer through nccl-doctor demo
     # 2-D and 3-D meshes (FSDP2 + TP, pp x dp x tp on 8 ranks) and waits through their groups
     "meshes": ("tests/integration/test_mesh_jobs.py", "tests/integration/test_wait_chain_jobs.py"),
+    # jobs whose step Inductor compiles (8-11 s a job on 2 cores)
+    "compile": ("tests/integration/test_compiled_jobs.py",),
+    # the pytest plugin driving whole pytest sessions (pytester) that launch real jobs
+    "plugin": ("tests/e2e/test_pytest_plugin.py", "tests/reliability/test_pytest_plugin_faults.py"),
     "nodes": ("tests/integration/test_nodes.py", "tests/integration/test_slow_node.py",
               "tests/integration/test_federation_link.py",  # several node doctors at once
               "tests/integration/test_federation_trust.py"),

@@ -4,7 +4,8 @@ CPU), FSDP2 - recorded live, diagnosed live and in replay; calls nothing records
 C++) never turn into a culprit; the rank that left first is the cause, not the peer its leaving
 broke (tests/integration/jobs/functional.py). The healthy jobs run under each recording kernel
 (tests/integration/functional_kernels.py), the others under the one a rank chooses (the C++ one
-where it is built)."""
+where it is built). The jobs that compile (Inductor: 8-11 s each) are test_compiled_jobs.py's,
+in the compile tier."""
 
 from __future__ import annotations
 
@@ -36,10 +37,15 @@ def calls(out: Path):
 
 
 @pytest.mark.parametrize("kernel", KERNELS)
-@pytest.mark.parametrize("scenario", ["dtensor_healthy", "tp_healthy", "fsdp2_healthy",
-                                      "compile_healthy"])
+@pytest.mark.parametrize("scenario", ["dtensor_healthy", "tp_healthy", "fsdp2_healthy"])
 def test_a_healthy_job_is_ok_and_its_functional_calls_are_recorded(run_job, scenario, kernel):
-    job, live, again = run(run_job, scenario, **kernel_env(kernel))
+    """(The compiled one: test_compiled_jobs.py, the compile tier.)"""
+    healthy(scenario, *run(run_job, scenario, **kernel_env(kernel)))
+
+
+def healthy(scenario: str, job, live: dict, again: dict) -> None:
+    """A healthy job's reports, live and replayed, and its calls: each rank's functional
+    calls in step with its peers', at the user's line."""
     for report in (live, again):
         assert not [f for f in report["findings"] if f["severity"] == "error"], report["findings"]
         # gloo's threads abort a rank at interpreter exit now and then when a device mesh still
@@ -118,21 +124,6 @@ def test_a_rank_skipping_a_step_is_blamed_with_its_branch(run_job, scenario):
         assert root["ranks"] == [1], root
         assert root["branch"]["line"] == line_of(SCRIPT, text), root["branch"]
         assert f"functional.py:{line_of(SCRIPT, said, where)}" in root["detail"], root["detail"]
-
-
-def test_a_compiled_step_run_once_more_is_diagnosed_at_the_users_line(run_job):
-    job, live, again = run(run_job, "compile_extra")
-    for report in (live, again):
-        assert report["verdict"] == "hang", report["findings"]
-        root = root_of(report)
-        assert root["kind"] == "collective_mismatch", root
-        assert root["ranks"] == [1], root
-        sides = {tuple(s["ranks"]): s for s in root["evidence"]["sides"]}
-        assert sides[(1,)]["op"] == "all_reduce" and sides[(0,)]["op"] == "barrier", sides
-        assert sides[(1,)]["your_line"].endswith(f":{line_of(SCRIPT, 'x = fn(x)')}"), sides
-    df = calls(job.out)
-    compiled = df[(df["source"] == "functional") & (df["rank"] == 1)]
-    assert len(compiled) == 4, compiled  # every compiled call, Inductor's included
 
 
 def desyncs(report: dict) -> list[dict]:
