@@ -360,8 +360,9 @@ def membership_subjects(test: ast.AST) -> tuple[str, ...]:
         parts = [membership_subjects(v) for v in test.values]
         return unique(tuple(t for p in parts for t in p)) if all(parts) else ()
     grouped = _set_test(test)
-    if grouped is not None:
-        return tuple(ast.unparse(a) for a in (*grouped.args, *(k.value for k in grouped.keywords)))
+    if grouped is not None:  # (``get_rank(g) < 0``; a rank with no group: every rank's alike)
+        return tuple(ast.unparse(a) for a in (*grouped.args, *(k.value for k in grouped.keywords))
+                     ) if isinstance(grouped, ast.Call) else ()
     if not isinstance(test, ast.Call):
         return ()
     name = _terminal(test.func)

@@ -195,6 +195,13 @@ def chosen(x):
 def late(x):
     if dist.get_rank() > 0:
         dist.barrier()
+
+
+def mixed(x, g):
+    rank = dist.get_rank()
+    if dist.get_rank(g) < 0 or rank == 1:
+        return
+    dist.barrier(group=g)
 """
 
 
@@ -206,6 +213,7 @@ def test_torchs_own_idioms_split_nobody_and_their_broken_twins_are_found(tmp_pat
         ("ND003", line(path, "dist.barrier()"), line(path, "if rank == 0:")),
         ("ND001", line(path, "dist.broadcast(x, src=0)"), line(path, "if src_rank == 0:")),
         ("ND001", line(path, "dist.barrier()", "def late"), line(path, "get_rank() > 0")),
+        ("ND003", line(path, "dist.barrier(group=g)"), line(path, "get_rank(g) < 0 or rank")),
     ]
 
 
