@@ -118,7 +118,8 @@ class Job:
 
     def _outside(self) -> list[int]:
         """Adopted ranks still running outside the job's process group (a pid now reused by
-        another process does not count: its start time differs)."""
+        another process does not count: its start time differs). Called from more than one
+        thread (the supervisor's loop, a signal passed on, a caller's stop)."""
         out = []
         for pid, created in list(self._ranks.items()):
             alive = started(pid) == created
@@ -126,8 +127,8 @@ class Job:
                 outside = alive and os.getpgid(pid) != self.pgid
             except OSError:
                 alive = outside = False
-            if not alive:
-                del self._ranks[pid]
+            if not alive:  # (another thread - a stop, a signal passed on - may have seen it)
+                self._ranks.pop(pid, None)
             elif outside:
                 out.append(pid)
         return out
