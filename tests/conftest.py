@@ -54,9 +54,38 @@ SHARED = {
 }
 
 
+#: Groups whose files' tests share one session fixture, not a module's: only the tests that ask
+#: for it (by its name among their arguments) go with the group; the file's others go to
+#: whichever worker is free, as any other test does (a 25 s straggler test of test_watchdog.py
+#: needs no stopped hang, and held the group's worker 100 s longer).
+SHARED_FIXTURES = {"stopped_hangs": "stopped_hang"}
+
+
 def shared_scope(nodeid: str) -> str:
     """The unit of work a test goes to a worker in: its file's group, or itself."""
-    return SHARED.get(nodeid.split("::", 1)[0], nodeid)
+    path, _, name = nodeid.partition("::")
+    group = SHARED.get(path)
+    if group is None:
+        return nodeid
+    fixture = SHARED_FIXTURES.get(group)
+    if fixture is not None and fixture not in _arguments(path).get(name.split("[")[0], {fixture}):
+        return nodeid
+    return group
+
+
+_ARGUMENTS: dict[str, dict[str, set[str]]] = {}
+
+
+def _arguments(path: str) -> dict[str, set[str]]:
+    """Each test function of the file at ``path`` (relative to the repository) -> its
+    arguments, read from its source once (the scheduler sees node ids, not fixtures)."""
+    if path not in _ARGUMENTS:
+        import ast
+
+        tree = ast.parse((Path(__file__).parent.parent / path).read_text())
+        _ARGUMENTS[path] = {node.name: {a.arg for a in node.args.args}
+                            for node in tree.body if isinstance(node, ast.FunctionDef)}
+    return _ARGUMENTS[path]
 
 
 @pytest.hookimpl(optionalhook=True)  # pytest-xdist's hook: -p no:xdist runs without it
