@@ -21,7 +21,8 @@ from typing import Callable, Iterator, Mapping, Protocol
 
 from nccl_doctor.source.source_text import Region, Sources
 
-__all__ = ["Deps", "Resolver", "membership_subjects", "rank_like", "unique", "RANK_NAMES", "RANK_CALLS", "RANK_ENV"]
+__all__ = ["Deps", "Resolver", "membership_subjects", "rank_like", "unique", "RANK_NAMES",
+           "RANK_CALLS", "RANK_ENV"]
 
 # Names and attributes that hold a rank or a test of it (torch, Lightning, accelerate, HF Trainer).
 RANK_NAMES = frozenset({
