@@ -29,7 +29,10 @@ def main() -> None:
     with open(path + ".part", "w") as f:
         json.dump(seen, f)
     os.replace(path + ".part", path)  # whole when it appears
-    print(f"rank {rank} says hello", flush=True)
+    # one write of the whole line: print's text and its newline are two writes where stdout is
+    # unbuffered (PYTHONUNBUFFERED), and two ranks on one pipe interleaved them (seen under -n 4)
+    sys.stdout.write(f"rank {rank} says hello\n")
+    sys.stdout.flush()
     dist.init_process_group("gloo")
     end = os.environ.get("END", "clean")
     for step in range(4):
