@@ -316,17 +316,22 @@ def _ignored(lines: list[str], line: int, code: str) -> bool:
 
 def _both_arms(tree: ast.Module, line: int, site: Site) -> bool:
     """The ``if`` at ``line`` makes the site's collective (or calls its function) in both arms."""
-    for node in ast.walk(tree):
-        if isinstance(node, ast.If) and node.lineno == line and node.orelse:
-            arms = [_made(node.body), _made(node.orelse)]
-            name = _name(site)
-            return all(name in made for made in arms)
-    return False
+    node = _statement_at(tree, line, ast.If)
+    if node is None or not node.orelse:
+        return False
+    name = _name(site)
+    return all(name in _made(arm) for arm in (node.body, node.orelse))
 
 
 _GROUP_KEYWORDS = frozenset({"group", "pg", "process_group"})
 _CREATIONS = frozenset({"new_group", "new_subgroups", "new_subgroups_by_enumeration",
                         "split_group", "init_device_mesh", "DeviceMesh"})
+
+
+def _statement_at(tree: ast.Module, line: int, kinds: type | tuple[type, ...]) -> ast.AST | None:
+    """The statement of ``kinds`` (an ``if``, a ``while``) starting at ``line``: the condition
+    a branch names."""
+    return next((n for n in ast.walk(tree) if isinstance(n, kinds) and n.lineno == line), None)
 
 
 def _call_at(tree: ast.Module, site: Site) -> ast.Call | None:
@@ -350,9 +355,8 @@ def _creation_order(tree: ast.Module, line: int, site: Site) -> tuple[int, int, 
     first creation in the ``if``'s body (line, column) and the two orders, or None."""
     if _name(site) not in _CREATIONS:
         return None
-    node = next((n for n in ast.walk(tree) if isinstance(n, ast.If) and n.lineno == line
-                 and n.orelse), None)
-    if node is None:
+    node = _statement_at(tree, line, ast.If)
+    if node is None or not node.orelse:
         return None
     arms = [_creations(node.body), _creations(node.orelse)]
     texts = [[t for _, _, t in arm] for arm in arms]
@@ -387,8 +391,7 @@ def _members_only(tree: ast.Module, line: int, names: Sequence[str], site: Site)
     group_names = {n.id for g in groups for n in ast.walk(g) if isinstance(n, ast.Name)}
     if group_names & {name.split(".")[0] for name in names}:
         return True
-    test = next((n.test for n in ast.walk(tree) if isinstance(n, (ast.If, ast.While))
-                 and n.lineno == line), None)
+    test = getattr(_statement_at(tree, line, (ast.If, ast.While)), "test", None)
     return (isinstance(test, ast.Compare) and len(test.ops) == 1
             and isinstance(test.ops[0], (ast.In, ast.NotIn)))
 
@@ -398,7 +401,7 @@ def _both_leave(tree: ast.Module, line: int) -> bool:
     own test of what that side holds (``if rank == 0: if not full: return ... else: if
     placeholder: return ...``): the ways out are written to agree, side by side - read as the
     design, not said (the run still names such a branch when a rank took it)."""
-    node = next((n for n in ast.walk(tree) if isinstance(n, ast.If) and n.lineno == line), None)
+    node = _statement_at(tree, line, ast.If)
     return node is not None and bool(node.orelse) and leaves_function(node.body) \
         and leaves_function(node.orelse)
 
@@ -408,8 +411,7 @@ def _of_members(tree: ast.Module, line: int, site: Site) -> bool:
     (``_rank_not_in_group(pg)``, ``not mesh._is_current_rank_part_of_mesh()``) and the call is
     handed that same group or mesh: only its members make the call, which is right (an early
     way out for the others included)."""
-    test = next((n.test for n in ast.walk(tree) if isinstance(n, (ast.If, ast.While))
-                 and n.lineno == line), None)
+    test = getattr(_statement_at(tree, line, (ast.If, ast.While)), "test", None)
     subjects = set(membership_subjects(test)) if test is not None else set()
     call = _call_at(tree, site) if subjects else None
     if call is None:

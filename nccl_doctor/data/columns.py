@@ -549,10 +549,10 @@ class Table:
                                               dtype=dtype), lengths)
                 chunks[name].append(_arrow(pa.from_numpy_dtype(repeated.dtype), repeated))
                 continue
-            for numbers, rows in pieces:
+            for (numbers, _), n in zip(pieces, lengths):
                 col = numbers[name]
                 if np.isscalar(col):
-                    col = np.full(len(rows), col, dtype=dtype)
+                    col = np.full(n, col, dtype=dtype)
                 if name in ("t_enter", "t_exit"):
                     chunks[name].append(_arrow(pa.timestamp("ns", tz="UTC"), col, col == _NAT))
                 elif name in ("duration_s", "waited_s"):

@@ -232,7 +232,7 @@ class _View:
         return or raise, or a continue/break of a loop that holds the line; nearest first."""
         found: list[Branch] = []
         for node, own_loop in _walk_statements(statements, own_loop=True):
-            if isinstance(node, ast.If) and _leaves(node.body + node.orelse, own_loop):
+            if isinstance(node, ast.If) and _leaving(node.body + node.orelse, own_loop):
                 names = self.deps.names(node.test)
                 if names:
                     found.append(self._branch("jump", node.lineno, names, skips=True))
@@ -504,12 +504,6 @@ def _leaving(statements: Sequence[ast.AST], own_loop: bool) -> str | None:
                 or (isinstance(node, (ast.Continue, ast.Break)) and loop):
             return type(node).__name__.lower()
     return None
-
-
-def _leaves(statements: Sequence[ast.AST], own_loop: bool) -> bool:
-    """Whether ``statements`` hold a return or raise, or a continue/break of the loop holding
-    the frame's line."""
-    return _leaving(statements, own_loop) is not None
 
 
 def leaves_function(statements: Sequence[ast.AST]) -> bool:

@@ -287,7 +287,7 @@ class Deps:
     def _matches(self, node: ast.AST, value: bool = True) -> bool:
         if isinstance(node, ast.Call):
             name = _terminal(node.func)
-            if name is not None and (name in RANK_CALLS or rank_like(name)):
+            if _rank_term(name):
                 return True
             if name == "getattr" and len(node.args) >= 2:  # getattr(args, "local_rank", -1)
                 attribute = node.args[1]
@@ -390,8 +390,8 @@ def _set_test(node: ast.AST) -> ast.Call | ast.Name | ast.Attribute | None:
     if isinstance(number, bool) or not isinstance(number, int) \
             or (type(node.ops[0]), number) not in _SET_TESTS:
         return None
-    name = _terminal(left.func if isinstance(left, ast.Call) else left)
-    return left if name is not None and (rank_like(name) or name in RANK_CALLS) else None
+    return left if _rank_term(_terminal(left.func if isinstance(left, ast.Call) else left)) \
+        else None
 
 
 def _unset_or_world(node: ast.AST) -> bool:
@@ -420,8 +420,13 @@ def _none_test(node: ast.AST) -> bool:
                  None)
     if other is None:
         return False
-    name = _terminal(other.func if isinstance(other, ast.Call) else other)
-    return name is not None and (rank_like(name) or name in RANK_CALLS)
+    return _rank_term(_terminal(other.func if isinstance(other, ast.Call) else other))
+
+
+def _rank_term(name: str | None) -> bool:
+    """A name, attribute or called function that is this rank by its name (``rank_like``) or
+    returns it (``RANK_CALLS``)."""
+    return name is not None and (name in RANK_CALLS or rank_like(name))
 
 
 def _uniform(node: ast.AST) -> bool:
