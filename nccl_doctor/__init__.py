@@ -6,12 +6,13 @@ Importing this package is cheap (no torch): the job's every Python process loads
 from __future__ import annotations
 
 import os
-from pathlib import Path
-from typing import TYPE_CHECKING
 
 from nccl_doctor._version import __version__
 
-if TYPE_CHECKING:
+TYPE_CHECKING = False  # (typing and pathlib unimported: the job's supervisor's reaper imports
+if TYPE_CHECKING:      # this package, with nothing else, at every run)
+    from pathlib import Path
+
     from nccl_doctor.data.job import Job
 
 __all__ = ["__version__", "Job", "install", "mark_step", "observe_completions", "observe_metrics",
@@ -56,6 +57,8 @@ def install(directory: str | os.PathLike[str] | None = None) -> Path:
     replay them with ``nccl-doctor replay DIR``. Safe to call before or after
     ``init_process_group``, and more than once.
     """
+    from pathlib import Path
+
     from nccl_doctor import env
     from nccl_doctor.rank import bootstrap
     chosen = Path(directory or os.environ.get(env.CAPTURE_DIR) or "nccl-doctor-capture")

@@ -6,7 +6,10 @@ Declared once here; nothing else spells these strings.
 from __future__ import annotations
 
 import os
-from typing import Mapping
+
+TYPE_CHECKING = False  # (typing unimported: the reaper imports this module, at every run)
+if TYPE_CHECKING:
+    from collections.abc import Mapping
 
 #: Capture directory. Its presence turns the recorder on in every Python process of the job.
 CAPTURE_DIR = "NCCL_DOCTOR_DIR"

@@ -1289,11 +1289,13 @@ static PyTypeObject CallType = {
 /* ---- Recorded: the function that replaces a torch.distributed one --------------------------
  *
  * Recorded(call, fn, python, finish, fail, is_p2p, failed, returned): the call's enter, ``fn``,
- * its leave, with the recorder's ``finish`` for what leave does not do and ``python`` (the
- * Python path) when enter declines - without a Python frame, an argument tuple or a token: the
- * arguments go on to ``fn`` as they came (vectorcall). It has a __dict__ (functools
- * .update_wrapper fills it: __wrapped__, __name__, ...) and binds like a function. An exception
- * of ``fn`` reaches the caller unchanged.
+ * its leave, with the recorder's ``finish`` for what leave does not do and the Python path when
+ * enter declines - without a Python frame, an argument tuple or a token: the arguments go on to
+ * ``fn`` as they came (vectorcall). ``python`` makes the Python path (called with no argument,
+ * the first time enter declines: a process whose calls all take the fast path never builds its
+ * closures, ~30 objects per function). It has a __dict__ (functools.update_wrapper fills it:
+ * __wrapped__, __name__, ...) and binds like a function. An exception of ``fn`` reaches the
+ * caller unchanged.
  */
 
 typedef struct {
@@ -1302,6 +1304,7 @@ typedef struct {
     PyObject *fn, *python, *finish, *fail, *dict;
     PyObject *is_p2p, *failed, *returned; /* finish()'s constant arguments */
     vectorcallfunc vectorcall;
+    int python_made; /* python is the Python path itself, no longer its maker */
 } Recorded;
 
 /* finish(idx, grec, seq, stack, flags, measure, is_p2p, state, result) */
@@ -1335,6 +1338,26 @@ static void recorder_failed(Recorded *self) {
     PyErr_Clear();
 }
 
+/* The Python path, made by its maker the first time it is needed (then kept): 0, or -1 with
+   the maker's error handed to ``fail`` (a KeyboardInterrupt and the like stay set: -2). */
+static int python_path(Recorded *self) {
+    PyObject *made = PyObject_CallNoArgs(self->python);
+    if (made == NULL) {
+        if (!PyErr_ExceptionMatches(PyExc_Exception))
+            return -2;
+        recorder_failed(self);
+        return -1;
+    }
+    if (self->python_made) { /* another thread made it while this one did (the maker ran
+                                Python code): theirs is kept */
+        Py_DECREF(made);
+        return 0;
+    }
+    Py_SETREF(self->python, made);
+    self->python_made = 1;
+    return 0;
+}
+
 static PyObject *Recorded_vectorcall(Recorded *self, PyObject *const *argv, size_t nargsf,
                                      PyObject *kwnames) {
     Args a = {argv, PyVectorcall_NARGS(nargsf),
@@ -1343,8 +1366,14 @@ static PyObject *Recorded_vectorcall(Recorded *self, PyObject *const *argv, size
     int r = enter_call(self->call, &a, &e, NULL);
     if (r < 0)
         return NULL;
-    if (r == 0)
+    if (r == 0) {
+        int made = self->python_made ? 0 : python_path(self);
+        if (made == -2)
+            return NULL;
+        if (made < 0) /* the recorder's own failure: this call goes unrecorded */
+            return PyObject_Vectorcall(self->fn, argv, nargsf, kwnames);
         return PyObject_Vectorcall(self->python, argv, nargsf, kwnames);
+    }
     PyObject *result = PyObject_Vectorcall(self->fn, argv, nargsf, kwnames);
     if (result == NULL) { /* the call's exception: recorded, then the caller's, unchanged */
         PyObject *type, *value, *tb;

@@ -174,3 +174,20 @@ def test_a_run_imports_numpy_with_one_blas_thread_and_leaves_the_environment_as_
     assert _threads_after(same) == 1
     if (os.cpu_count() or 1) > 1:  # (the control: numpy as the job would import it)
         assert _threads_after("import numpy") > 1
+
+
+def test_the_reaper_starts_with_the_interpreter_s_own_modules(tmp_path):
+    """Every run starts a reaper (supervisor/reaper.py): as ``Reaper`` starts it (no ``site``),
+    it reads its pipe and exits on ``done`` having imported none of what a supervisor's loss
+    needs (psutil, pathlib), nor typing or subprocess; nccl_doctor is found all the same."""
+    from nccl_doctor.supervisor import reaper
+
+    probe = reaper._MAIN.replace(
+        "sys.exit(reaper.main(sys.argv[1:]))",
+        "code = reaper.main(sys.argv[1:]); "
+        "print(sorted(m for m in ('site', 'psutil', 'pathlib', 'typing', 'subprocess', "
+        "'nccl_doctor.env') if m in sys.modules), code)")
+    env = {**os.environ, "PYTHONPATH": reaper._own_path()}
+    out = subprocess.run([sys.executable, "-S", "-c", probe, str(tmp_path), "-"], env=env,
+                         input="job 1\ndone\n", capture_output=True, text=True, check=True)
+    assert out.stdout.split() == ["['nccl_doctor.env']", "0"]

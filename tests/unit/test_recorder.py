@@ -211,6 +211,43 @@ def test_fast_and_python_paths_write_the_same_records(tmp_path) -> None:
     assert fast.taken[11:] == ["fast"] * 6 + ["python"] + ["fast"] * 4
 
 
+@needs_fast
+def test_the_python_path_is_made_when_the_fast_path_first_declines(tmp_path, monkeypatch) -> None:
+    made: list[str] = []
+    real = wrappers._recorded
+
+    def counted(rec, call, fn):
+        made.append(call.spec.name)
+        return real(rec, call, fn)
+
+    monkeypatch.setattr(wrappers, "_recorded", counted)
+    d = FakeDist(tmp_path, "fast")
+    t = torch.ones(4)
+    for _ in range(2):  # the first call of a line is cold (the Python path), the next fast
+        d.all_reduce(t)
+        d.all_gather([torch.zeros(4), torch.zeros(4)], t)
+    assert made == ["all_reduce", "all_gather"]  # each once, at its first call
+    assert d.taken == ["python", "python", "fast", "fast"]
+    for _ in range(2):  # not uniform: the Python path every time, made once
+        d.all_gather([torch.zeros(4), torch.zeros(5)], t)
+    assert made == ["all_reduce", "all_gather"] and d.taken[4:] == ["python", "python"]
+    assert [r["output"] for r in d.records()][-2:] == ["float32[4];float32[5]"] * 2
+
+
+@needs_fast
+def test_a_python_path_that_cannot_be_made_disables_the_recorder_not_the_call(
+        tmp_path, monkeypatch, capsys) -> None:
+    def broken(rec, call, fn):
+        raise RuntimeError("no room for the closure")
+
+    monkeypatch.setattr(wrappers, "_recorded", broken)
+    d = FakeDist(tmp_path, "fast")
+    t = torch.ones(4)
+    assert d.all_reduce(t) is None and d.world.seq == 1  # the call ran, unrecorded
+    assert "recorder disabled" in capsys.readouterr().err
+    assert d.rec.writer.count == 0 and d.all_reduce(t) is None and d.world.seq == 2
+
+
 def call_from_two_lines(d: FakeDist, t: torch.Tensor) -> None:
     d.all_reduce(t)
     d.all_reduce(t)

@@ -126,9 +126,10 @@ class Recorder:
         write_unrecorded(self.directory, stem, rank, world, host, f"it {reason}")
 
     # -- the C fast path ---------------------------------------------------------------------
-    def fast_wrapper(self, call: BoundCall, fn: Callable, python: Callable) -> Any:
-        """``fn`` recorded by the C fast path (a capture/_ring.c Recorded, which leaves to
-        ``python``, the Python path, what it cannot record), or None: the Python path only."""
+    def fast_wrapper(self, call: BoundCall, fn: Callable, python: Callable[[], Callable]) -> Any:
+        """``fn`` recorded by the C fast path (a capture/_ring.c Recorded, which leaves what it
+        cannot record to the Python path, made by ``python()`` when first needed), or None: the
+        Python path only."""
         if self._call_type is None:
             return None
         try:

@@ -38,7 +38,8 @@ class Recorder(Protocol):
 
     def fail(self, err: BaseException, why: str | None = None) -> None: ...
 
-    def fast_wrapper(self, call: BoundCall, fn: Callable, python: Callable) -> Any: ...
+    def fast_wrapper(self, call: BoundCall, fn: Callable,
+                     python: Callable[[], Callable]) -> Any: ...
 
     def open(self) -> None: ...
 
@@ -106,9 +107,11 @@ def wrap(rec: Recorder, call: BoundCall, fn: Callable) -> Callable:
 
     With the C fast path, the replacement is a capture/_ring.c ``Recorded``: enter, ``fn``, leave
     in C, no Python frame of its own; the Python path (called by it, so one frame less above the
-    caller) records what the C path declines."""
-    python = _recorded(rec, call, fn)
-    wrapper: Any = rec.fast_wrapper(call, fn, python) or python
+    caller) records what the C path declines. It is made the first time the C path declines
+    (``functools.partial``: its closure is ~30 objects per function, kept for the process's life,
+    enough to cost a short job one more full garbage collection of torch's objects)."""
+    wrapper: Any = (rec.fast_wrapper(call, fn, functools.partial(_recorded, rec, call, fn))
+                    or _recorded(rec, call, fn))
     functools.update_wrapper(wrapper, fn)
     wrapper.__nccl_doctor__ = True
     return wrapper
