@@ -54,10 +54,11 @@ demo: $(STAMP)
 # their ranks are forked by a fork server that imported torch once: nccl_doctor/testing/zygote.py);
 # the files whose tests share one real job stay on one worker, so that the job runs once
 # (tests/conftest.py SHARED). The default tier's jobs mostly wait (for a hang to be called, a
-# straggler to be sampled): three workers overlap those waits on two cores (6 min 39 s, against
-# 7 min 30 s with two; four gave 6 min 34 s). Every tier keeps two: its heavy jobs (8-rank
-# meshes, DeepSpeed, Ray) need the memory and the cores. TEST_WORKERS=0 runs it in one process.
-TEST_WORKERS ?= 3
+# straggler to be sampled): four workers overlap those waits on two cores (6 min 1 s on
+# 2026-11-28, against 6 min 22 s with three, the same tests). Every tier keeps two: its heavy
+# jobs (8-rank meshes, DeepSpeed, Ray) need the memory and the cores. TEST_WORKERS=0 runs it in
+# one process.
+TEST_WORKERS ?= 4
 ALL_WORKERS ?= 2
 PYTEST = $(BIN)/python -m pytest -rs --durations=30 --dist loadgroup
 # Bytecode for the package, written once (every rank, supervisor and test process imports it;

@@ -8,6 +8,8 @@ from pathlib import Path
 
 import pytest
 
+from nccl_doctor.testing.spawn import command as spawn_command
+
 CLI = [sys.executable, "-m", "nccl_doctor"]
 JOBS = Path(__file__).parent.parent / "integration" / "jobs"
 
@@ -20,9 +22,8 @@ def doctor(*args: str, timeout: float = 240, **kwargs) -> subprocess.CompletedPr
 def clean_capture(tmp_path_factory) -> Path:
     """A real 2-rank capture of a healthy job, made once; copy it before changing it."""
     out = tmp_path_factory.mktemp("clean") / "cap"
-    proc = doctor("run", "--quiet", "--out", str(out), "--", sys.executable, "-m",
-                  "torch.distributed.run", "--standalone", "--nproc-per-node=2",
-                  str(JOBS / "clean.py"))
+    proc = doctor("run", "--quiet", "--out", str(out), "--",
+                  *spawn_command(2, [str(JOBS / "clean.py")]))
     assert proc.returncode == 0, proc.stderr[-3000:]
     return out
 
@@ -34,4 +35,4 @@ def capture_copy(clean_capture: Path, tmp_path: Path) -> Path:
     return dst
 
 
-__all__ = ["CLI", "doctor", "os"]
+__all__ = ["CLI", "doctor", "os", "spawn_command"]

@@ -9,13 +9,12 @@ import json
 import os
 import shutil
 import subprocess
-import sys
 from pathlib import Path
 
 import pytest
 from rich.cells import cell_len
 
-from .conftest import CLI, JOBS
+from .conftest import CLI, JOBS, spawn_command
 
 
 
@@ -27,10 +26,9 @@ def hung(tmp_path_factory) -> tuple[Path, Path, str]:
     shutil.copy(JOBS / "skip_broadcast.py", cwd / "train.py")
     out = cwd / "cap"
     env = dict(os.environ, SKIPPER="1", COLUMNS="80")
-    proc = subprocess.run([*CLI, "run", "--out", str(out), "--", sys.executable, "-m",
-                           "torch.distributed.run", "--standalone", "--nproc-per-node=3",
-                           "train.py"], cwd=cwd, env=env, capture_output=True, text=True,
-                          timeout=240)
+    proc = subprocess.run([*CLI, "run", "--out", str(out), "--",
+                           *spawn_command(3, ["train.py"])], cwd=cwd, env=env,
+                          capture_output=True, text=True, timeout=240)
     assert proc.returncode == 124, proc.stderr[-3000:]
     return cwd, out, proc.stderr
 

@@ -16,7 +16,7 @@ import time
 import pyte
 import pytest
 
-from .conftest import CLI, JOBS, doctor
+from .conftest import CLI, JOBS, doctor, spawn_command
 
 pytestmark = pytest.mark.integration
 
@@ -24,8 +24,14 @@ ROWS, COLS = 16, 100
 
 
 def torchrun(nproc: int, script: str) -> list[str]:
+    """torchrun's command (its banner and its workers' output, through it, on the terminal)."""
     return [sys.executable, "-m", "torch.distributed.run", "--standalone",
             f"--nproc-per-node={nproc}", str(JOBS / script)]
+
+
+def spawn(nproc: int, script: str) -> list[str]:
+    """The ranks forked by the fork server, where the launcher is not what is looked at."""
+    return spawn_command(nproc, [str(JOBS / script)])
 
 
 def on_terminal(args: list[str], env: dict[str, str], timeout: float = 180):
@@ -93,7 +99,7 @@ def test_bar_shows_the_hang_as_it_is_called(tmp_path):
     env = dict(os.environ, SKIPPER="1")
     env.pop("CI", None)
     code, screen, bottoms, raw = on_terminal(
-        [*CLI, "run", "--out", str(tmp_path / "o"), "--", *torchrun(3, "skip_broadcast.py")], env)
+        [*CLI, "run", "--out", str(tmp_path / "o"), "--", *spawn(3, "skip_broadcast.py")], env)
     assert code == 124, raw[-2000:]
     phases = [b for b in bottoms if b.startswith(" nccl-doctor")]
     assert any(" deadlock " in b for b in phases) and any(" hang " in b for b in phases), phases
@@ -102,7 +108,7 @@ def test_bar_shows_the_hang_as_it_is_called(tmp_path):
 
 
 def test_plain_status_when_not_a_tty(tmp_path):
-    proc = doctor("run", "--out", str(tmp_path / "o"), "--", *torchrun(3, "skip_broadcast.py"),
+    proc = doctor("run", "--out", str(tmp_path / "o"), "--", *spawn(3, "skip_broadcast.py"),
                   env=dict(os.environ, SKIPPER="2"))
     assert proc.returncode == 124, proc.stderr[-3000:]
     assert "\x1b" not in proc.stderr  # no escape codes in a log
@@ -114,7 +120,7 @@ def test_plain_status_when_not_a_tty(tmp_path):
 
 
 def test_quiet_prints_nothing_of_its_own(tmp_path):
-    proc = doctor("run", "--quiet", "--out", str(tmp_path / "o"), "--", *torchrun(3,
+    proc = doctor("run", "--quiet", "--out", str(tmp_path / "o"), "--", *spawn(3,
                   "skip_broadcast.py"), env=dict(os.environ, SKIPPER="2"))
     assert proc.returncode == 124
     assert not [ln for ln in proc.stderr.splitlines() if ln.startswith("nccl-doctor")], \

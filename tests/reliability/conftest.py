@@ -9,6 +9,8 @@ import sys
 import time
 from pathlib import Path
 
+from nccl_doctor.testing.spawn import command as spawn_command
+
 CLI = [sys.executable, "-m", "nccl_doctor"]
 JOBS = Path(__file__).parent.parent / "integration" / "jobs"
 
@@ -18,8 +20,17 @@ def doctor(*args: str, timeout: float = 240, **kwargs) -> subprocess.CompletedPr
 
 
 def torchrun(nproc: int, script: Path | str, *args: str) -> list[str]:
+    """torchrun's command: for the tests whose subject is the launcher (its signals, its
+    sessions, its restarts, its own output)."""
     return [sys.executable, "-m", "torch.distributed.run", "--standalone",
             f"--nproc-per-node={nproc}", str(script), *args]
+
+
+def spawn(nproc: int, script: Path | str, *args: str) -> list[str]:
+    """The command starting ``nproc`` ranks of ``script`` as torchrun would, forked by this test
+    process's fork server (nccl_doctor/testing/spawn.py): for the rest, a job whose launcher is
+    not what the test is about (about 4 s of CPU less than torchrun's on 2 cores)."""
+    return spawn_command(nproc, [str(script), *args])
 
 
 def rank_pids(out: Path) -> list[int]:
@@ -44,4 +55,4 @@ def alive(pid: int) -> bool:
         return False
 
 
-__all__ = ["CLI", "JOBS", "doctor", "torchrun", "rank_pids", "wait_for", "alive", "os"]
+__all__ = ["CLI", "JOBS", "doctor", "torchrun", "spawn", "rank_pids", "wait_for", "alive", "os"]

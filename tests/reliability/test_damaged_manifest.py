@@ -13,7 +13,7 @@ import pytest
 from nccl_doctor.capture.manifest import MANIFEST
 from nccl_doctor.errors import ExitStatus
 
-from .conftest import JOBS, doctor, torchrun
+from .conftest import JOBS, doctor, spawn
 
 pytestmark = pytest.mark.integration
 
@@ -22,7 +22,7 @@ pytestmark = pytest.mark.integration
 def healthy(tmp_path_factory) -> tuple[Path, dict]:
     """A real 2-rank capture of a healthy job, and its replay's report."""
     out = tmp_path_factory.mktemp("healthy") / "cap"
-    proc = doctor("run", "--quiet", "--out", str(out), "--", *torchrun(2, JOBS / "clean.py"))
+    proc = doctor("run", "--quiet", "--out", str(out), "--", *spawn(2, JOBS / "clean.py"))
     assert proc.returncode == 0, proc.stderr[-3000:]
     replay = doctor("replay", "--format", "json", str(out))
     assert replay.returncode == 0, replay.stderr[-3000:]

@@ -20,7 +20,7 @@ from nccl_doctor.reporters import status_line
 from nccl_doctor.reporters.console import ConsoleReporter
 from nccl_doctor.reporters.escape import visible
 
-from .conftest import doctor, os, torchrun
+from .conftest import doctor, os, spawn
 
 pytestmark = pytest.mark.integration
 
@@ -39,7 +39,7 @@ def assert_no_control(text: str) -> None:
 def injected(tmp_path_factory) -> tuple[Path, str]:
     """A 2-rank gloo job whose rank 1 raised the exception, run under the doctor; (out, output)."""
     out = tmp_path_factory.mktemp("escapes") / "out"
-    proc = doctor("run", "--out", str(out), "--", *torchrun(2, JOB),
+    proc = doctor("run", "--out", str(out), "--", *spawn(2, JOB),
                   env={**os.environ, env.HOSTNAME: HOST})
     assert proc.returncode == 1, proc.stderr[-3000:]
     return out, proc.stdout + proc.stderr
@@ -93,7 +93,7 @@ def test_a_callsite_named_like_a_script_tag_is_text_on_the_page(tmp_path):
     job = folder / "script>.py"
     job.write_text(JOB.read_text())
     out = tmp_path / "out"
-    proc = doctor("run", "--out", str(out), "--", *torchrun(2, job))
+    proc = doctor("run", "--out", str(out), "--", *spawn(2, job))
     assert proc.returncode == 1, proc.stderr[-3000:]
     page = (out / "report.html").read_text()
     tree = html5lib.parse(page, namespaceHTMLElements=False)

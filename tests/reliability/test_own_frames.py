@@ -15,7 +15,7 @@ from nccl_doctor.errors import ExitStatus
 from nccl_doctor.stacks.rank_stack import parse_stack_json, stack_from_json
 from nccl_doctor.supervisor.pyspy import PYSPY_ENV
 
-from .conftest import JOBS, doctor, os, torchrun
+from .conftest import JOBS, doctor, os, spawn, torchrun
 
 pytestmark = pytest.mark.integration
 
@@ -54,7 +54,7 @@ def test_a_stack_waiting_in_work_wait_ends_at_the_user_s_line(tmp_path, source):
 
 def test_a_healthy_run_leaves_no_fault_file(tmp_path):
     out = tmp_path / "out"
-    proc = doctor("run", "--out", str(out), "--", *torchrun(2, JOBS / "clean.py"))
+    proc = doctor("run", "--out", str(out), "--", *spawn(2, JOBS / "clean.py"))
     assert proc.returncode == 0, proc.stderr[-3000:]
     assert len(list(out.glob(f"*{fmt.CAPTURE_SUFFIX}"))) == 2
     assert list(out.glob(f"*{fmt.FAULT_SUFFIX}")) == []

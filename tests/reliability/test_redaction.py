@@ -15,7 +15,7 @@ from nccl_doctor.analysis.calls.loaded import load_capture_dir
 from nccl_doctor.capture.manifest import MANIFEST, Manifest, read_manifest
 from nccl_doctor.rank.recorder import core
 
-from .conftest import JOBS, doctor, os, torchrun
+from .conftest import JOBS, doctor, os, spawn
 
 M = redact.MASK
 
@@ -182,7 +182,7 @@ def _run(out: Path, *options: str) -> None:
     job_env = {**os.environ, "HF_TOKEN": ENV_SECRET, "WANDB_API_KEY": ENV_SECRET}
     job_env.pop(env.NO_REDACT, None)
     proc = doctor("run", "--quiet", "--out", str(out), *options, "--",
-                  *torchrun(2, JOBS / "clean.py", *SECRETS), env=job_env)
+                  *spawn(2, JOBS / "clean.py", *SECRETS), env=job_env)
     assert proc.returncode == 0, proc.stderr[-3000:]
 
 

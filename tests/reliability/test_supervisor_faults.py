@@ -12,7 +12,7 @@ import pytest
 
 from nccl_doctor.errors import ExitStatus
 
-from .conftest import CLI, JOBS, alive, doctor, os, rank_pids, torchrun, wait_for
+from .conftest import CLI, JOBS, alive, doctor, os, rank_pids, spawn, torchrun, wait_for
 
 pytestmark = pytest.mark.integration
 
@@ -119,7 +119,7 @@ def test_unwritable_paths_are_one_line_naming_the_flag(tmp_path, args, flag):
     afile.write_text("x")
     capture = tmp_path / "cap"
     if "{capture}" in args:
-        made = doctor("run", "--quiet", "--out", str(capture), "--", *torchrun(2, JOBS / "clean.py"))
+        made = doctor("run", "--quiet", "--out", str(capture), "--", *spawn(2, JOBS / "clean.py"))
         assert made.returncode == 0, made.stderr
     proc = doctor(*[a.format(file=afile, capture=capture) for a in args])
     assert proc.returncode == ExitStatus.UNWRITABLE, proc.stderr
@@ -130,7 +130,7 @@ def test_unwritable_paths_are_one_line_naming_the_flag(tmp_path, args, flag):
 
 def test_one_rank_file_is_replayed_as_one_rank(tmp_path):
     out = tmp_path / "cap"
-    made = doctor("run", "--quiet", "--out", str(out), "--", *torchrun(2, JOBS / "clean.py"))
+    made = doctor("run", "--quiet", "--out", str(out), "--", *spawn(2, JOBS / "clean.py"))
     assert made.returncode == 0, made.stderr
     for one in sorted(out.glob("rank*.ndcap")):
         replay = doctor("replay", str(one), "--format", "json")
