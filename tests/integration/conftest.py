@@ -29,6 +29,15 @@ class JobRun:
     out: Path
 
 
+def own_home(out: Path) -> str:
+    """A home directory of the test's own, beside ``out`` (made here): for node doctors, which
+    make and share the user's default federation key there (``~/.nccl-doctor``) - a test never
+    writes the real one."""
+    home = out.parent / "home"
+    home.mkdir(exist_ok=True)
+    return str(home)
+
+
 def torchrun(nproc: int, *target: str) -> list[str]:
     return [sys.executable, "-m", "torch.distributed.run", "--standalone",
             f"--nproc-per-node={nproc}", *target]

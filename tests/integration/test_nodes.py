@@ -20,6 +20,7 @@ from pathlib import Path
 import psutil
 import pytest
 
+from conftest import own_home  # (this directory: on sys.path)
 from nccl_doctor.analysis.calls.loaded import load
 from nccl_doctor.analysis import analyze
 from nccl_doctor.diagnosis import FindingKind, Verdict
@@ -33,10 +34,11 @@ HOSTS = ("nodeA", "nodeB")
 
 def nodes(out: Path, target: list[str], env: dict[str, str], *more: str,
           wait: bool = True, timeout: float = 240):
-    """Two nodes, each under its own nccl-doctor run --out OUT/HOST."""
+    """Two nodes, each under its own nccl-doctor run --out OUT/HOST, at home in the test's own
+    directory (``own_home``) unless ``env`` gives HOME."""
     cmd = [sys.executable, "-m", "nccl_doctor.reproducers.nodes", "--doctor", str(out),
            "--hosts", ",".join(HOSTS), *more, *target]
-    environ = dict(os.environ, **env)
+    environ = {**os.environ, "HOME": own_home(out), **env}
     if not wait:
         return subprocess.Popen(cmd, env=environ, stdout=subprocess.PIPE,
                                 stderr=subprocess.PIPE, text=True)

@@ -17,6 +17,7 @@ from pathlib import Path
 import pytest
 
 import nccl_doctor
+from conftest import own_home  # (this directory: on sys.path)
 from nccl_doctor.reproducers.nodes import free_port
 from nccl_doctor.supervisor.federation.rendezvous import doctor_port
 
@@ -30,7 +31,7 @@ def nodes(out: Path, env: dict[str, str], *more: str, wait: bool = True, port: i
     cmd = [sys.executable, "-m", "nccl_doctor.reproducers.nodes", "--doctor", str(out),
            "--hosts", ",".join(HOSTS), "--master-port", str(port or free_port()), *more,
            "--script", str(JOB)]
-    environ = dict(os.environ, **env)
+    environ = {**os.environ, "HOME": own_home(out), **env}
     if not wait:
         return subprocess.Popen(cmd, env=environ, stdout=subprocess.PIPE,
                                 stderr=subprocess.PIPE, text=True)
