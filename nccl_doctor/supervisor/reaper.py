@@ -249,10 +249,10 @@ def main(argv: list[str]) -> int:
         ranks.update(of_run(run_id))
     sent = stop_job(pgid, ranks)
     try:
+        from pathlib import Path
+
         from nccl_doctor.capture import watch_record
         from nccl_doctor.watch_log import SupervisorLost
-
-        from pathlib import Path
 
         watch_record.append_event(Path(out_dir), SupervisorLost(tuple(sent), round(lost_at, 3)))
     except Exception:  # the directory is gone or unwritable: the job was stopped all the same
