@@ -39,6 +39,17 @@ def test_the_parser_imports_no_command_s_work(argv):
     assert _imported(code, NOT_FOR_THE_PARSER) == []
 
 
+def test_a_command_s_parser_imports_no_other_command():
+    code = ("from nccl_doctor.cli.main import build_parser\n"
+            "build_parser(['run', '--', 'true']).parse_args(['run', '--', 'true'])")
+    others = ("nccl_doctor.cli.demo", "nccl_doctor.reproducers", "nccl_doctor.cli.check",
+              "nccl_doctor.cli.export", "nccl_doctor.cli.replay", "nccl_doctor.cli.run")
+    assert _imported(code, others) == ["nccl_doctor.cli.run"]
+    # no command named (a typo, --help): every command is registered, as the help lists them
+    assert _imported("from nccl_doctor.cli.main import build_parser\nbuild_parser(['rnu'])",
+                     others) == list(others)
+
+
 def test_the_probe_sees_an_import():
     assert _imported("import pandas", ("pandas", "numpy")) == ["pandas", "numpy"]
     # (the calls table's columns need pandas only to make a frame: export writes Arrow)
